@@ -1,0 +1,50 @@
+"""The output dtypes of spec 1.0 (float32, float16, bfloat16) and their names."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["OUTPUT_DTYPES", "as_float32_input", "dtype_name", "resolve_dtype"]
+
+#: The output dtypes a decoder or matmul produces, by their spec names.
+OUTPUT_DTYPES: dict[str, np.dtype[Any]] = {
+    "float32": np.dtype(np.float32),
+    "float16": np.dtype(np.float16),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+}
+
+
+def resolve_dtype(dtype: Any) -> np.dtype[Any]:
+    """``"bfloat16"``, ``np.float16``, ``ml_dtypes.bfloat16``... -> one of :data:`OUTPUT_DTYPES`."""
+    if isinstance(dtype, str):
+        if dtype in OUTPUT_DTYPES:
+            return OUTPUT_DTYPES[dtype]
+    else:
+        try:
+            d = np.dtype(dtype)
+        except TypeError:
+            d = None
+        if d is not None and d in OUTPUT_DTYPES.values():
+            return d
+    raise ValueError(f"output dtype: expected one of {sorted(OUTPUT_DTYPES)}, found {dtype!r}")
+
+
+def dtype_name(dtype: Any) -> str:
+    """The spec name of an output dtype."""
+    d = resolve_dtype(dtype)
+    return next(k for k, v in OUTPUT_DTYPES.items() if v == d)
+
+
+def as_float32_input(x: Any, what: str) -> npt.NDArray[np.float32]:
+    """An input tensor as float32. float16 and bfloat16 convert exactly; float64 is rounded
+    to nearest-even float32 (documented); anything else is refused."""
+    a = np.asarray(x)
+    if a.dtype in (np.float32, np.float16, np.dtype(ml_dtypes.bfloat16), np.float64):
+        return a.astype(np.float32, copy=False)
+    raise ValueError(
+        f"{what}: expected a float32, float16, bfloat16 or float64 array, found dtype {a.dtype}"
+    )

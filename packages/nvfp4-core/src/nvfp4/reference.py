@@ -1,0 +1,348 @@
+"""The bit-exact numpy reference of spec 1.0.
+
+Everything here is vectorized over elements and blocks (the only Python loops run over
+experts). The functions are the definition the conformance suite measures backends
+against:
+
+* :func:`quantize` - the reference encoder, bit-identical to NVIDIA ModelOpt's
+  ``NVFP4QTensor.quantize`` on float32 input (spec 1.0, "The reference encoder");
+* :func:`dequantize` - exact decoding to float32 / float16 / bfloat16;
+* :func:`qmm`, :func:`gather_qmm` - W4A16 matmuls accumulated in float64 on the exactly
+  decoded weights, the global applied once after accumulation;
+* :func:`quantize_activations`, :func:`qmm_w4a4` - W4A4 emulation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .dtypes import as_float32_input, resolve_dtype
+from .planes import (
+    NVFP4Planes,
+    check_global_shape,
+    check_partitions,
+    expand_row_global,
+    validate,
+)
+from .spec import (
+    BLOCK_SIZE,
+    E2M1_BOUNDS,
+    E2M1_ODD_BOUNDS,
+    E2M1_VALUES,
+    E4M3_MAX,
+    E4M3_MIN_SUBNORMAL,
+    E4M3_VALUES,
+    GLOBAL_AMAX_DIVISOR,
+    e4m3_encode_exact,
+    e4m3_round,
+)
+
+__all__ = [
+    "block_scale_bytes",
+    "dequantize",
+    "dequantize_unscaled",
+    "e2m1_encode",
+    "gather_qmm",
+    "global_from_amax",
+    "pack_codes",
+    "qmm",
+    "qmm_w4a4",
+    "quantize",
+    "quantize_activations",
+    "unpack_codes",
+]
+
+#: Scale byte written for an activation block holding NaN or Inf: 0x7F decodes to NaN,
+#: so the output rows that read it are non-finite instead of silently wrong.
+NONFINITE_BLOCK_SCALE = 0x7F
+
+
+# ------------------------------------------------------------------------------ codes
+def pack_codes(codes: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
+    """``[..., K]`` codes (0..15) -> ``[..., K/2]`` bytes, element 2j in the low nibble."""
+    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
+
+
+def unpack_codes(packed: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
+    """``[..., K/2]`` bytes -> ``[..., K]`` codes (inverse of :func:`pack_codes`)."""
+    out = np.empty((*packed.shape[:-1], packed.shape[-1] * 2), dtype=np.uint8)
+    out[..., 0::2] = packed & 0x0F
+    out[..., 1::2] = packed >> 4
+    return out
+
+
+def e2m1_encode(q: npt.NDArray[np.float32], negative: npt.NDArray[np.bool_]) -> npt.NDArray[np.uint8]:
+    """Round scaled values to E2M1 codes: magnitude to nearest, ties to even, saturating at 6.
+
+    ``searchsorted(bounds, |q|, 'left')`` counts the bounds strictly below ``|q|``, which
+    is the nearest magnitude index and rounds every tie down; the ties whose even
+    neighbour is above (0.75, 1.75, 3.5) get +1. The sign bit is ``negative`` (the
+    encoder passes ``x < 0``, so -0.0 encodes as code 0).
+    """
+    mag = np.abs(q)
+    idx = np.searchsorted(E2M1_BOUNDS, mag, side="left").astype(np.uint8)
+    idx += np.isin(mag, E2M1_ODD_BOUNDS).astype(np.uint8)
+    return idx | (negative.astype(np.uint8) << 3)
+
+
+# ---------------------------------------------------------------------------- globals
+def global_from_amax(amax: npt.ArrayLike) -> npt.NDArray[np.float32]:
+    """Decode global of a tensor (or partition, or expert) with this amax: ``amax / 2688``
+    in float32; an amax of 0 gives 1.0 (spec 1.0; ModelOpt would give NaN bytes)."""
+    a = np.asarray(amax, dtype=np.float32)
+    g = (a / np.float32(GLOBAL_AMAX_DIVISOR)).astype(np.float32)
+    return np.where(a == 0, np.float32(1.0), g).astype(np.float32)
+
+
+def _first_nonfinite(x: npt.NDArray[np.float32], what: str) -> None:
+    finite = np.isfinite(x)
+    if not finite.all():
+        idx = tuple(int(i) for i in np.argwhere(~finite)[0])
+        raise ValueError(f"{what}: non-finite value {x[idx]!r} at index {idx}; NVFP4 cannot encode it")
+
+
+def block_scale_bytes(
+    block_amax: npt.NDArray[np.float32], row_global: npt.NDArray[np.float32]
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.float32]]:
+    """E4M3 block scales of the reference encoder, steps 2 of spec 1.0:
+
+    ``s = block_amax / (6 * global)`` in float32 (the product first); ``s == 0`` becomes
+    1.0; clamp to ``[2^-9, 448]``; round to E4M3, nearest-even. Returns the bytes and
+    their exact float32 values. ``row_global`` broadcasts against ``block_amax`` (it has
+    a trailing axis of 1 for the blocks of a row).
+    """
+    denom = (np.float32(6.0) * row_global).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        s = (block_amax / denom).astype(np.float32)
+    s = np.where(s == 0, np.float32(1.0), s)
+    s = np.clip(s, np.float32(E4M3_MIN_SUBNORMAL), np.float32(E4M3_MAX)).astype(np.float32)
+    s_rounded = e4m3_round(s)
+    return e4m3_encode_exact(s_rounded), s_rounded
+
+
+# --------------------------------------------------------------------------- quantize
+def quantize(
+    w: Any,
+    global_scale: Any = None,
+    *,
+    partitions: tuple[int, ...] | list[int] | None = None,
+    name: str = "tensor",
+) -> NVFP4Planes:
+    """The reference NVFP4 encoder (spec 1.0, "The reference encoder").
+
+    Args:
+        w: ``[N, K]`` or ``[E, N, K]`` float32 (float16 / bfloat16 convert exactly; float64
+            is first rounded to float32). K must be a multiple of 16. NaN or Inf is refused
+            with a ``ValueError`` naming the first bad index.
+        global_scale: the decode global to use (scalar, ``(E,)``, ``(P,)`` or ``(E, P)``,
+            finite and > 0). ``None`` computes it as ``amax / 2688`` per expert and per
+            partition (1.0 where the amax is 0). Pass the shared global of a fused
+            layer to reproduce ModelOpt's bytes for q/k/v or gate/up.
+        partitions: row boundaries ``(0, ..., N)`` of fused partitions, each with its own
+            global.
+        name: the tensor name carried by the planes and their errors.
+
+    Every operation is float32, in this order (identical to ModelOpt):
+    ``s = block_amax / (6 * global)``; ``s == 0 -> 1``; clamp ``[2^-9, 448]``; E4M3
+    nearest-even; ``q = x / (e4m3(s) * global)``; E2M1 nearest-even, saturating at 6;
+    sign bit ``x < 0``.
+    """
+    x = as_float32_input(w, f"quantize({name!r})")
+    if x.ndim not in (2, 3):
+        raise ValueError(f"quantize({name!r}): expected [N, K] or [E, N, K], found shape {x.shape}")
+    k = x.shape[-1]
+    if k == 0 or k % BLOCK_SIZE:
+        raise ValueError(f"quantize({name!r}): K must be a positive multiple of 16, found {k}")
+    _first_nonfinite(x, f"quantize({name!r})")
+    if any(d == 0 for d in x.shape[:-1]):
+        raise ValueError(f"quantize({name!r}): expected at least one row and expert, found shape {x.shape}")
+    parts = tuple(partitions) if partitions is not None else None
+    n = x.shape[-2]
+    check_partitions(parts, n, name)
+
+    if global_scale is None:
+        # amax per expert (axis 0 of a 3-D tensor) and per partition (row ranges).
+        absx = np.abs(x)
+        row_amax = absx.max(axis=-1)  # [E?, N]
+        if parts is None:
+            amax = row_amax.max(axis=-1)  # [E?] or ()
+        else:
+            amax = np.stack(
+                [row_amax[..., a:b].max(axis=-1) for a, b in zip(parts, parts[1:], strict=False)],
+                axis=-1,
+            )
+        g = global_from_amax(amax)
+    else:
+        g = np.asarray(global_scale, dtype=np.float32)
+        if not (np.isfinite(g).all() and (g > 0).all()):
+            raise ValueError(f"quantize({name!r}): global_scale must be finite and > 0, found {g!r}")
+    experts = x.shape[0] if x.ndim == 3 else None
+    check_global_shape(g, experts, parts, name)
+    row_g = expand_row_global(g, parts, experts, n)  # [E?, N]
+
+    blocks = x.reshape(*x.shape[:-1], k // BLOCK_SIZE, BLOCK_SIZE)
+    block_amax = np.abs(blocks).max(axis=-1)  # [E?, N, K/16]
+    scale_bytes, scale_values = block_scale_bytes(block_amax, row_g[..., None])
+    # q = x / (e4m3(s) * global): the product in float32 first, then one division.
+    denom = (scale_values * row_g[..., None]).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = (blocks / denom[..., None]).astype(np.float32)
+    codes = e2m1_encode(q, blocks < 0).reshape(x.shape)
+    return NVFP4Planes(
+        codes=pack_codes(codes),
+        scales=scale_bytes.reshape(*x.shape[:-1], k // BLOCK_SIZE),
+        global_scale=g,
+        partitions=parts,
+        name=name,
+    )
+
+
+# ------------------------------------------------------------------------- dequantize
+def dequantize_unscaled(planes: NVFP4Planes) -> npt.NDArray[np.float32]:
+    """``e2m1(code) * e4m3(scale)`` for every element, without the global: exact in float32
+    (an E2M1 value times an E4M3 value has at most 6 significant bits)."""
+    codes = unpack_codes(planes.codes)
+    values = E2M1_VALUES[codes].reshape(*planes.scales.shape, BLOCK_SIZE)
+    values *= E4M3_VALUES[planes.scales][..., None]
+    return values.reshape(planes.shape)
+
+
+def dequantize(planes: NVFP4Planes, dtype: Any = np.float32) -> npt.NDArray[Any]:
+    """Decode planes exactly (spec 1.0, "Decoding").
+
+    ``value = e2m1(code) * e4m3(scale) * global``: the first product is exact, the multiply
+    by the (per-row) global rounds once in float32, and float16 / bfloat16 outputs are
+    that float32 result cast with round-to-nearest-even.
+    """
+    validate(planes)
+    out_dtype = resolve_dtype(dtype)
+    v = dequantize_unscaled(planes)
+    v *= planes.row_global()[..., None]
+    return v if out_dtype == np.float32 else v.astype(out_dtype)
+
+
+# ----------------------------------------------------------------------------- matmul
+def _out(y: npt.NDArray[np.float64], out_dtype: Any) -> npt.NDArray[Any]:
+    if out_dtype is None or np.dtype(out_dtype) == np.float64:
+        return y
+    return y.astype(np.float32).astype(resolve_dtype(out_dtype))
+
+
+def _check_x(x: Any, k: int, what: str) -> npt.NDArray[np.float32]:
+    a = as_float32_input(x, what)
+    if a.ndim < 1 or a.shape[-1] != k:
+        raise ValueError(f"{what}: x must be [..., K] with K = {k}, found shape {a.shape}")
+    return a
+
+
+def qmm(x: Any, w: NVFP4Planes, *, out_dtype: Any = np.float32) -> npt.NDArray[Any]:
+    """W4A16 reference: ``y[..., n] = (sum_k x[..., k] * e2m1*e4m3[n, k]) * global[n]``.
+
+    The weights are decoded exactly, the sum is accumulated in float64, and the per-row
+    global is applied once after accumulation. ``out_dtype=None`` (or float64) returns the
+    float64 result the tolerances are measured against; otherwise it is rounded to float32
+    and then to ``out_dtype``.
+    """
+    validate(w)
+    if w.num_experts is not None:
+        raise ValueError(f"qmm({w.name!r}): expert-stacked weights go through gather_qmm")
+    a = _check_x(x, w.k, f"qmm({w.name!r})")
+    wd = dequantize_unscaled(w).astype(np.float64)
+    y = a.astype(np.float64) @ wd.T
+    y *= w.row_global().astype(np.float64)
+    return _out(y, out_dtype)
+
+
+def gather_qmm(
+    x: Any,
+    w: NVFP4Planes,
+    expert_ids: Any,
+    *,
+    sorted_indices: bool = False,
+    out_dtype: Any = np.float32,
+) -> npt.NDArray[Any]:
+    """MoE W4A16 reference: row ``m`` of ``x`` times expert ``expert_ids[m]`` of ``w``.
+
+    ``w`` is ``[E, N, K]`` with a scalar, ``(E,)`` or ``(E, P)`` global. An expert id outside
+    ``[0, E)`` gives an exactly zero output row. ``sorted_indices`` is accepted for interface
+    parity (the reference result does not depend on it; a sorted hint that is false is
+    refused so backends that trust it are tested against honest callers).
+    """
+    validate(w)
+    e = w.num_experts
+    if e is None:
+        raise ValueError(f"gather_qmm({w.name!r}): weights must be [E, N, K], found {w.shape}")
+    a = _check_x(x, w.k, f"gather_qmm({w.name!r})")
+    if a.ndim != 2:
+        raise ValueError(f"gather_qmm({w.name!r}): x must be [M, K], found shape {a.shape}")
+    ids = np.asarray(expert_ids)
+    if ids.shape != (a.shape[0],) or not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(
+            f"gather_qmm({w.name!r}): expert_ids must be integer [M] with M = {a.shape[0]}, "
+            f"found {ids.dtype} {ids.shape}"
+        )
+    if sorted_indices and ids.size and np.any(np.diff(ids) < 0):
+        raise ValueError(f"gather_qmm({w.name!r}): sorted_indices=True but expert_ids are not sorted")
+    y = np.zeros((a.shape[0], w.n), dtype=np.float64)
+    row_g = w.row_global()
+    for expert in np.unique(ids[(ids >= 0) & (ids < e)]):
+        rows = ids == expert
+        wd = dequantize_unscaled(
+            NVFP4Planes(w.codes[expert], w.scales[expert], np.float32(1.0), name=w.name)
+        ).astype(np.float64)
+        y[rows] = (a[rows].astype(np.float64) @ wd.T) * row_g[expert].astype(np.float64)
+    return _out(y, out_dtype)
+
+
+# ------------------------------------------------------------------------ activations
+def quantize_activations(x: Any, input_scale: Any = None, *, name: str = "activation") -> NVFP4Planes:
+    """Quantize activations ``[M, K]`` to NVFP4 with the weight block rule (W4A4).
+
+    The global is the checkpoint's static ``input_scale`` (a decode multiplier, as ModelOpt
+    stores it) when given, else dynamic: ``amax / 2688`` over the finite values. A block
+    holding NaN or Inf gets scale byte 0x7F (NaN) and zero codes, so it decodes to NaN and
+    the output rows that read it are non-finite; nothing raises.
+    """
+    a = as_float32_input(x, f"quantize_activations({name!r})")
+    if a.ndim != 2:
+        raise ValueError(f"quantize_activations({name!r}): x must be [M, K], found shape {a.shape}")
+    m, k = a.shape
+    if k == 0 or k % BLOCK_SIZE:
+        raise ValueError(f"quantize_activations({name!r}): K must be a positive multiple of 16, found {k}")
+    finite = np.isfinite(a)
+    clean = np.where(finite, a, np.float32(0.0))
+    if input_scale is None:
+        g = global_from_amax(np.abs(clean).max() if clean.size else np.float32(0.0))
+    else:
+        g = np.asarray(input_scale, dtype=np.float32).reshape(())
+        if not (np.isfinite(g) and g > 0):
+            raise ValueError(f"quantize_activations({name!r}): input_scale must be finite and > 0, found {g!r}")
+    p = quantize(clean, g, name=name)
+    bad_block = ~finite.reshape(m, k // BLOCK_SIZE, BLOCK_SIZE).all(axis=-1)
+    if bad_block.any():
+        scales = p.scales.copy()
+        scales[bad_block] = NONFINITE_BLOCK_SCALE
+        codes = unpack_codes(p.codes).reshape(m, k // BLOCK_SIZE, BLOCK_SIZE)
+        codes[bad_block] = 0
+        p = p.replace(scales=scales, codes=pack_codes(codes.reshape(m, k)))
+    return p
+
+
+def qmm_w4a4(
+    x: Any, w: NVFP4Planes, *, input_scale: Any = None, out_dtype: Any = np.float32
+) -> npt.NDArray[Any]:
+    """W4A4 reference: activations quantized by :func:`quantize_activations`, then
+    ``(sum_k xq*wq) * global_x * global_w[n]`` accumulated in float64."""
+    validate(w)
+    if w.num_experts is not None:
+        raise ValueError(f"qmm_w4a4({w.name!r}): expert-stacked weights are not supported here")
+    a = _check_x(x, w.k, f"qmm_w4a4({w.name!r})")
+    lead = a.shape[:-1]
+    xp = quantize_activations(a.reshape(-1, w.k), input_scale, name=f"{w.name}.input")
+    xd = dequantize_unscaled(xp).astype(np.float64)
+    wd = dequantize_unscaled(w).astype(np.float64)
+    y = (xd @ wd.T) * (w.row_global().astype(np.float64) * np.float64(xp.global_scale))
+    return _out(y.reshape(*lead, w.n), out_dtype)
