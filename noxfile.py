@@ -176,9 +176,10 @@ def _runnable_here() -> list[str]:
             continue
         if hw == "metal" and sys.platform not in ("darwin", "linux"):
             continue
-        if hw in ("cuda", "rocm") and os.environ.get("TRITON_INTERPRET") != "1":
-            if not Path("/dev/nvidiactl" if hw == "cuda" else "/dev/kfd").exists():
-                continue
+        device = Path("/dev/nvidiactl" if hw == "cuda" else "/dev/kfd")
+        interpret = os.environ.get("TRITON_INTERPRET") == "1"
+        if hw in ("cuda", "rocm") and not interpret and not device.exists():
+            continue
         names.append(hw)
     return names
 

@@ -107,7 +107,13 @@ class Backend(Protocol):
         ...
 
     def gather_qmm(
-        self, x: Any, w: Any, expert_ids: Any, *, sorted_indices: bool = False, out_dtype: Any = None
+        self,
+        x: Any,
+        w: Any,
+        expert_ids: Any,
+        *,
+        sorted_indices: bool = False,
+        out_dtype: Any = None,
     ) -> Any:
         """MoE: row ``m`` of ``x`` times expert ``expert_ids[m]``; ids outside ``[0, E)``
         give exactly zero rows."""

@@ -28,8 +28,9 @@ def resolve_dtype(dtype: Any) -> np.dtype[Any]:
             d = np.dtype(dtype)
         except TypeError:
             d = None
-        if d is not None and d in OUTPUT_DTYPES.values():
-            return d
+        for known in OUTPUT_DTYPES.values():
+            if d == known:
+                return known
     raise ValueError(f"output dtype: expected one of {sorted(OUTPUT_DTYPES)}, found {dtype!r}")
 
 

@@ -23,6 +23,7 @@ the scale bytes and the globals (O(n)); loaders and transcoders call it.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,7 +126,7 @@ class NVFP4Planes:
 
     def replace(self, **changes: Any) -> NVFP4Planes:
         """A copy with some fields changed (validated again)."""
-        fields = {
+        fields: dict[str, Any] = {
             "codes": self.codes,
             "scales": self.scales,
             "global_scale": self.global_scale,
@@ -149,7 +150,8 @@ def expand_row_global(
     if partitions is None or g.ndim == 0:
         per = g.reshape(-1, 1) if (num_experts is not None and g.ndim == 1) else g
         return np.ascontiguousarray(np.broadcast_to(per, shape), dtype=np.float32)
-    sizes = np.diff(np.asarray(partitions, dtype=np.int64))
+    bounds = np.asarray(partitions, dtype=np.int64)
+    sizes = bounds[1:] - bounds[:-1]
     return np.repeat(g, sizes, axis=-1).astype(np.float32, copy=False)
 
 
@@ -206,7 +208,7 @@ def check_partitions(parts: tuple[int, ...] | None, n: int, name: str) -> None:
         raise PlaneError(name, "partitions", "integer row boundaries", parts)
     if len(parts) < 2 or parts[0] != 0 or parts[-1] != n:
         raise PlaneError(name, "partitions", f"(0, ..., {n}) with at least 2 entries", parts)
-    if any(b <= a for a, b in zip(parts, parts[1:], strict=False)):
+    if any(b <= a for a, b in itertools.pairwise(parts)):
         raise PlaneError(name, "partitions", "strictly increasing row boundaries", parts)
 
 

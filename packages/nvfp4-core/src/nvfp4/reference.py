@@ -14,6 +14,7 @@ against:
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -74,7 +75,9 @@ def unpack_codes(packed: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
     return out
 
 
-def e2m1_encode(q: npt.NDArray[np.float32], negative: npt.NDArray[np.bool_]) -> npt.NDArray[np.uint8]:
+def e2m1_encode(
+    q: npt.NDArray[np.float32], negative: npt.NDArray[np.bool_]
+) -> npt.NDArray[np.uint8]:
     """Round scaled values to E2M1 codes: magnitude to nearest, ties to even, saturating at 6.
 
     ``searchsorted(bounds, |q|, 'left')`` counts the bounds strictly below ``|q|``, which
@@ -85,7 +88,7 @@ def e2m1_encode(q: npt.NDArray[np.float32], negative: npt.NDArray[np.bool_]) -> 
     mag = np.abs(q)
     idx = np.searchsorted(E2M1_BOUNDS, mag, side="left").astype(np.uint8)
     idx += np.isin(mag, E2M1_ODD_BOUNDS).astype(np.uint8)
-    return idx | (negative.astype(np.uint8) << 3)
+    return (idx | (negative.astype(np.uint8) << np.uint8(3))).astype(np.uint8)
 
 
 # ---------------------------------------------------------------------------- globals
@@ -101,7 +104,9 @@ def _first_nonfinite(x: npt.NDArray[np.float32], what: str) -> None:
     finite = np.isfinite(x)
     if not finite.all():
         idx = tuple(int(i) for i in np.argwhere(~finite)[0])
-        raise ValueError(f"{what}: non-finite value {x[idx]!r} at index {idx}; NVFP4 cannot encode it")
+        raise ValueError(
+            f"{what}: non-finite value {x[idx]!r} at index {idx}; NVFP4 cannot encode it"
+        )
 
 
 def block_scale_bytes(
@@ -158,7 +163,9 @@ def quantize(
         raise ValueError(f"quantize({name!r}): K must be a positive multiple of 16, found {k}")
     _first_nonfinite(x, f"quantize({name!r})")
     if any(d == 0 for d in x.shape[:-1]):
-        raise ValueError(f"quantize({name!r}): expected at least one row and expert, found shape {x.shape}")
+        raise ValueError(
+            f"quantize({name!r}): expected at least one row and expert, found shape {x.shape}"
+        )
     parts = tuple(partitions) if partitions is not None else None
     n = x.shape[-2]
     check_partitions(parts, n, name)
@@ -171,14 +178,16 @@ def quantize(
             amax = row_amax.max(axis=-1)  # [E?] or ()
         else:
             amax = np.stack(
-                [row_amax[..., a:b].max(axis=-1) for a, b in zip(parts, parts[1:], strict=False)],
+                [row_amax[..., a:b].max(axis=-1) for a, b in itertools.pairwise(parts)],
                 axis=-1,
             )
         g = global_from_amax(amax)
     else:
         g = np.asarray(global_scale, dtype=np.float32)
         if not (np.isfinite(g).all() and (g > 0).all()):
-            raise ValueError(f"quantize({name!r}): global_scale must be finite and > 0, found {g!r}")
+            raise ValueError(
+                f"quantize({name!r}): global_scale must be finite and > 0, found {g!r}"
+            )
     experts = x.shape[0] if x.ndim == 3 else None
     check_global_shape(g, experts, parts, name)
     row_g = expand_row_global(g, parts, experts, n)  # [E?, N]
@@ -285,20 +294,24 @@ def gather_qmm(
             f"found {ids.dtype} {ids.shape}"
         )
     if sorted_indices and ids.size and np.any(np.diff(ids) < 0):
-        raise ValueError(f"gather_qmm({w.name!r}): sorted_indices=True but expert_ids are not sorted")
+        raise ValueError(
+            f"gather_qmm({w.name!r}): sorted_indices=True but expert_ids are not sorted"
+        )
     y = np.zeros((a.shape[0], w.n), dtype=np.float64)
     row_g = w.row_global()
     for expert in np.unique(ids[(ids >= 0) & (ids < e)]):
         rows = ids == expert
         wd = dequantize_unscaled(
-            NVFP4Planes(w.codes[expert], w.scales[expert], np.float32(1.0), name=w.name)
+            NVFP4Planes(w.codes[expert], w.scales[expert], np.ones((), np.float32), name=w.name)
         ).astype(np.float64)
         y[rows] = (a[rows].astype(np.float64) @ wd.T) * row_g[expert].astype(np.float64)
     return _out(y, out_dtype)
 
 
 # ------------------------------------------------------------------------ activations
-def quantize_activations(x: Any, input_scale: Any = None, *, name: str = "activation") -> NVFP4Planes:
+def quantize_activations(
+    x: Any, input_scale: Any = None, *, name: str = "activation"
+) -> NVFP4Planes:
     """Quantize activations ``[M, K]`` to NVFP4 with the weight block rule (W4A4).
 
     The global is the checkpoint's static ``input_scale`` (a decode multiplier, as ModelOpt
@@ -311,7 +324,9 @@ def quantize_activations(x: Any, input_scale: Any = None, *, name: str = "activa
         raise ValueError(f"quantize_activations({name!r}): x must be [M, K], found shape {a.shape}")
     m, k = a.shape
     if k == 0 or k % BLOCK_SIZE:
-        raise ValueError(f"quantize_activations({name!r}): K must be a positive multiple of 16, found {k}")
+        raise ValueError(
+            f"quantize_activations({name!r}): K must be a positive multiple of 16, found {k}"
+        )
     finite = np.isfinite(a)
     clean = np.where(finite, a, np.float32(0.0))
     if input_scale is None:
@@ -319,7 +334,9 @@ def quantize_activations(x: Any, input_scale: Any = None, *, name: str = "activa
     else:
         g = np.asarray(input_scale, dtype=np.float32).reshape(())
         if not (np.isfinite(g) and g > 0):
-            raise ValueError(f"quantize_activations({name!r}): input_scale must be finite and > 0, found {g!r}")
+            raise ValueError(
+                f"quantize_activations({name!r}): input_scale must be finite and > 0, found {g!r}"
+            )
     p = quantize(clean, g, name=name)
     bad_block = ~finite.reshape(m, k // BLOCK_SIZE, BLOCK_SIZE).all(axis=-1)
     if bad_block.any():

@@ -32,7 +32,14 @@ class ReferenceBackend:
             spec_versions=SUPPORTED_SPEC_VERSIONS,
             priority=0,
             capabilities=frozenset(
-                {"dequantize", "qmm", "gather_qmm", "fused_partitions", "quantize_activations", "w4a4"}
+                {
+                    "dequantize",
+                    "qmm",
+                    "gather_qmm",
+                    "fused_partitions",
+                    "quantize_activations",
+                    "w4a4",
+                }
             ),
             version=_version(),
             package="nvfp4-core",
@@ -74,7 +81,9 @@ class ReferenceBackend:
     def qmm_w4a4(
         self, x: Any, w: NVFP4Planes, *, input_scale: Any = None, out_dtype: Any = None
     ) -> npt.NDArray[Any]:
-        return reference.qmm_w4a4(x, w, input_scale=input_scale, out_dtype=self._out_dtype(x, out_dtype))
+        return reference.qmm_w4a4(
+            x, w, input_scale=input_scale, out_dtype=self._out_dtype(x, out_dtype)
+        )
 
     def from_numpy(self, a: npt.NDArray[Any]) -> npt.NDArray[Any]:
         return np.asarray(a)

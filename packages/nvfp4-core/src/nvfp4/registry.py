@@ -90,7 +90,9 @@ class BackendEntry:
         except Exception as exc:
             return Availability(False, f"availability() raised {type(exc).__name__}: {exc}")
         if not isinstance(a, Availability):
-            return Availability(False, f"availability() returned {type(a).__name__}, not Availability")
+            return Availability(
+                False, f"availability() returned {type(a).__name__}, not Availability"
+            )
         return a
 
 
@@ -104,7 +106,9 @@ def discover() -> dict[str, BackendEntry]:
     """Every installed backend, by name. ``reference`` is always present (core provides it
     even when run from a source tree without installed metadata)."""
     found: dict[str, BackendEntry] = {
-        "reference": BackendEntry("reference", "nvfp4.reference_backend:backend", _reference_factory)
+        "reference": BackendEntry(
+            "reference", "nvfp4.reference_backend:backend", _reference_factory
+        )
     }
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name == "reference":
@@ -119,7 +123,10 @@ def discover() -> dict[str, BackendEntry]:
 
 def _spec_ok(b: Any) -> str:
     versions = tuple(getattr(getattr(b, "info", None), "spec_versions", ()) or ())
-    if set(versions) & set(SUPPORTED_SPEC_VERSIONS) or os.environ.get(SKIP_VERSION_CHECK_ENV) == "1":
+    if (
+        set(versions) & set(SUPPORTED_SPEC_VERSIONS)
+        or os.environ.get(SKIP_VERSION_CHECK_ENV) == "1"
+    ):
         return ""
     return (
         f"it implements spec {', '.join(versions) or 'none'} and this nvfp4-core implements "

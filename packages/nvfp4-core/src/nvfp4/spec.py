@@ -73,7 +73,10 @@ def require_spec(version: str) -> str:
     supported versions otherwise.
     """
     if not isinstance(version, str):
-        raise SpecVersionError(f"spec version must be a string like '1.0', found {version!r}")
+        raise SpecVersionError(
+            f"spec version must be a string like '1.0', found {version!r}; "
+            f"supported: {', '.join(SUPPORTED_SPEC_VERSIONS)}"
+        )
     if version not in SUPPORTED_SPEC_VERSIONS:
         raise SpecVersionError(
             f"NVFP4 spec {version!r} is not implemented by this nvfp4-core; "
@@ -167,7 +170,8 @@ def e4m3_round(s: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
     s = np.asarray(s, dtype=np.float32)
     _, exp = np.frexp(s)  # s = m * 2^exp with m in [0.5, 1): the binade exponent is exp - 1
     step = np.ldexp(np.float32(1.0), np.maximum(exp - 1, -6) - 3).astype(np.float32)
-    return (np.rint(s / step) * step).astype(np.float32)
+    rounded: npt.NDArray[np.float32] = (np.rint(s / step) * step).astype(np.float32)
+    return rounded
 
 
 def e4m3_encode_exact(values: npt.NDArray[np.float32]) -> npt.NDArray[np.uint8]:
