@@ -204,6 +204,8 @@ def check_partitions(parts: tuple[int, ...] | None, n: int, name: str) -> None:
     """Partition boundaries are integers ``(0, ..., N)``, strictly increasing."""
     if parts is None:
         return
+    if not isinstance(parts, tuple):
+        raise PlaneError(name, "partitions", "a tuple of row boundaries", type(parts).__name__)
     if not all(isinstance(b, (int, np.integer)) and not isinstance(b, bool) for b in parts):
         raise PlaneError(name, "partitions", "integer row boundaries", parts)
     if len(parts) < 2 or parts[0] != 0 or parts[-1] != n:

@@ -230,14 +230,18 @@ def dequantize(planes: NVFP4Planes, dtype: Any = np.float32) -> npt.NDArray[Any]
     out_dtype = resolve_dtype(dtype)
     v = dequantize_unscaled(planes)
     v *= planes.row_global()[..., None]
-    return v if out_dtype == np.float32 else v.astype(out_dtype)
+    if out_dtype == np.float32:
+        return v
+    with np.errstate(over="ignore"):  # float16 overflow to +-inf is the cast's defined result
+        return v.astype(out_dtype)
 
 
 # ----------------------------------------------------------------------------- matmul
 def _out(y: npt.NDArray[np.float64], out_dtype: Any) -> npt.NDArray[Any]:
     if out_dtype is None or np.dtype(out_dtype) == np.float64:
         return y
-    return y.astype(np.float32).astype(resolve_dtype(out_dtype))
+    with np.errstate(over="ignore"):
+        return y.astype(np.float32).astype(resolve_dtype(out_dtype))
 
 
 def _check_x(x: Any, k: int, what: str) -> npt.NDArray[np.float32]:
