@@ -4,6 +4,7 @@
 * :class:`NVFP4Planes`, :func:`validate`, :class:`PlaneError` - the canonical planes;
 * :func:`quantize`, :func:`dequantize` and :mod:`nvfp4.reference` - the bit-exact reference;
 * :mod:`nvfp4.layouts` - lossless transcoders (ModelOpt, compressed-tensors, MLX, GGUF, 128x4);
+* :mod:`nvfp4.fusion` and :mod:`nvfp4.sharding` - fused partitions, expert stacks, tensor parallelism;
 * :func:`get_backend` and :mod:`nvfp4.backend` - the backend contract and its registry.
 """
 

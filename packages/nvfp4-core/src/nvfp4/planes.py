@@ -233,7 +233,7 @@ def check_global_shape(
 def _check_content(p: NVFP4Planes) -> None:
     """O(n) checks: every scale byte a valid positive E4M3 value, every global finite > 0."""
     s = p.scales
-    bad = (s & 0x80) | (s == 0x7F)
+    bad = s >= 0x7F  # 0x7F is NaN; every byte with bit 7 set is >= 0x80
     if bad.any():
         idx = tuple(int(i) for i in np.argwhere(bad)[0])
         byte = int(s[idx])
