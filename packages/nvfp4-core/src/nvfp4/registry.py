@@ -55,7 +55,7 @@ class BackendUnavailable(RuntimeError):
         self.reason = reason
         self.installed = installed
         hint = ""
-        if name in KNOWN_PACKAGES:
+        if name in KNOWN_PACKAGES and name not in installed:
             hint = f" (it comes with `pip install {KNOWN_PACKAGES[name]}`)"
         super().__init__(
             f"NVFP4 backend {name!r} is unavailable: {reason}{hint}. "
@@ -79,6 +79,9 @@ class BackendEntry:
                 self.backend = self.factory()
             except Exception as exc:  # a broken plugin must not take the others down
                 self.error = f"loading {self.source} failed: {type(exc).__name__}: {exc}"
+            else:
+                if self.backend is None:
+                    self.error = f"loading {self.source} failed: its factory returned None"
         return self.backend
 
     def availability(self) -> Availability:
