@@ -1,0 +1,147 @@
+"""Which kind of NVFP4 checkpoint a path holds.
+
+=================== =========================================================================
+flavour             recognised by
+=================== =========================================================================
+``modelopt``        a directory whose ``hf_quant_config.json`` has ``quantization.quant_algo``
+                    an NVFP4 algorithm or ``MIXED_PRECISION`` (with per-layer
+                    ``quantized_layers``), or whose ``config.json`` has
+                    ``quantization_config.quant_method == "modelopt"``
+``compressed-       a directory whose ``config.json`` has ``quantization_config`` with
+tensors``           ``quant_method == "compressed-tensors"`` and ``format ==
+                    "nvfp4-pack-quantized"`` (or ``"mixed-precision"`` with an
+                    ``nvfp4-pack-quantized`` config group)
+``mlx``             a directory whose ``config.json`` has a ``quantization`` block with
+                    ``mode == "nvfp4"`` (written by :func:`nvfp4.checkpoint.write_mlx`)
+``gguf``            a file starting with the magic ``GGUF``
+=================== =========================================================================
+
+Anything else is refused with :class:`CheckpointError` saying what was found.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Final, Literal
+
+__all__ = [
+    "FLAVOURS",
+    "MODELOPT_NVFP4_ALGOS",
+    "CheckpointError",
+    "Flavour",
+    "detect_flavour",
+    "import_gguf",
+    "read_json",
+]
+
+Flavour = Literal["modelopt", "compressed-tensors", "mlx", "gguf"]
+#: Every flavour, in the order the CLI lists them.
+FLAVOURS: Final[tuple[Flavour, ...]] = ("modelopt", "compressed-tensors", "mlx", "gguf")
+#: ModelOpt ``quant_algo`` values whose weights are NVFP4 planes (the decoder is the same;
+#: they differ in activations, pre-quant scales or the encoder's global).
+MODELOPT_NVFP4_ALGOS: Final = frozenset(
+    {"NVFP4", "W4A16_NVFP4", "NVFP4_AWQ", "W4A8_NVFP4_FP8", "NVFP4_SVD"}
+)
+CT_NVFP4_FORMAT: Final = "nvfp4-pack-quantized"
+GGUF_MAGIC: Final = b"GGUF"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read or written as asked (missing files, unknown
+    flavour, inconsistent config or tensors, an existing destination). The message is one
+    line naming the path or tensor concerned."""
+
+
+def import_gguf() -> ModuleType:
+    """The ``gguf`` package (gguf-py), or :class:`CheckpointError` saying how to get it."""
+    try:
+        return importlib.import_module("gguf")
+    except ImportError:
+        raise CheckpointError(
+            "GGUF support needs the 'gguf' package (pip install 'gguf>=0.17')"
+        ) from None
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from ``path``, or :class:`CheckpointError` naming the file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path}: not readable JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, found {type(data).__name__}")
+    return data
+
+
+def _is_gguf(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4) == GGUF_MAGIC
+
+
+def _modelopt_algo(hf_quant: dict[str, Any]) -> str | None:
+    q = hf_quant.get("quantization")
+    if not isinstance(q, dict):
+        return None
+    algo = q.get("quant_algo")
+    return algo if isinstance(algo, str) else None
+
+
+def detect_flavour(path: str | os.PathLike[str]) -> Flavour:
+    """The flavour of the checkpoint at ``path`` (see the module docstring).
+
+    Raises :class:`CheckpointError` when the path does not exist or holds no NVFP4
+    checkpoint this package reads, saying what it found.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointError(f"{p}: no such file or directory")
+    if p.is_file():
+        if _is_gguf(p):
+            return "gguf"
+        raise CheckpointError(
+            f"{p}: unknown flavour (a file that is not GGUF; HF checkpoints are directories)"
+        )
+    config = read_json(p / "config.json") if (p / "config.json").is_file() else {}
+    hf_quant_path = p / "hf_quant_config.json"
+    hf_quant = read_json(hf_quant_path) if hf_quant_path.is_file() else {}
+
+    mlx_q = config.get("quantization")
+    if isinstance(mlx_q, dict) and mlx_q.get("mode") == "nvfp4":
+        return "mlx"
+    algo = _modelopt_algo(hf_quant)
+    if algo is not None and (algo in MODELOPT_NVFP4_ALGOS or algo == "MIXED_PRECISION"):
+        return "modelopt"
+    qc = config.get("quantization_config")
+    if isinstance(qc, dict):
+        method = qc.get("quant_method")
+        if method == "modelopt":
+            return "modelopt"
+        if method == "compressed-tensors":
+            fmt = qc.get("format")
+            groups = qc.get("config_groups") or {}
+            group_formats = {g.get("format") for g in groups.values() if isinstance(g, dict)}
+            if fmt == CT_NVFP4_FORMAT or (
+                fmt == "mixed-precision" and CT_NVFP4_FORMAT in group_formats
+            ):
+                return "compressed-tensors"
+            raise CheckpointError(
+                f"{p}: unknown flavour (compressed-tensors format {fmt!r}, not {CT_NVFP4_FORMAT!r})"
+            )
+        found = f"quantization_config.quant_method {method!r}"
+    elif algo is not None:
+        found = f"hf_quant_config.json quant_algo {algo!r}"
+    elif not config and not hf_quant:
+        found = "no config.json"
+    else:
+        found = "config.json without an NVFP4 quantization config"
+    raise CheckpointError(
+        f"{p}: unknown flavour ({found}; expected ModelOpt, compressed-tensors "
+        "nvfp4-pack-quantized, nvfp4 MLX or GGUF)"
+    )

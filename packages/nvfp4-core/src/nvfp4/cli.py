@@ -1,0 +1,391 @@
+"""The ``nvfp4`` command: inspect, convert and verify NVFP4 checkpoints.
+
+::
+
+    nvfp4 inspect PATH [--json]
+    nvfp4 convert SRC DST --to {modelopt,compressed-tensors,mlx,gguf} [--force]
+                  [--max-shard-bytes N]
+    nvfp4 verify A B
+
+``PATH``, ``SRC``, ``A`` and ``B`` are Hugging Face checkpoint directories (ModelOpt,
+compressed-tensors, or this package's MLX layout) or GGUF files. ``convert`` streams tensor
+by tensor with a progress bar on stderr and is atomic: it writes a temporary sibling of DST
+and renames it at the end, so an error, Ctrl-C or SIGTERM leaves no DST (a SIGKILL leaves
+at most a hidden ``.DST.nvfp4-tmp.*`` sibling, removed by the next convert to DST).
+
+Exit status: 0 on success; 1 when ``verify`` finds a difference; 2 on bad input (missing
+files, a truncated or lying safetensors header, an unknown flavour, malformed planes, K not
+a multiple of 64 for GGUF, an existing DST without ``--force``), with a one-line reason on
+stderr and no traceback; 130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+import numpy as np
+import numpy.typing as npt
+
+from .checkpoint import FLAVOURS, Checkpoint, CheckpointError, open_checkpoint, write_checkpoint
+from .checkpoint.atomic import interrupt_on_signals
+from .checkpoint.writers import DEFAULT_MAX_SHARD_BYTES
+from .planes import NVFP4Planes, PlaneError
+from .safetensors_io import SafetensorsError
+from .spec import SPEC_VERSION
+
+__all__ = ["main"]
+
+#: Errors that are the input's fault: one line on stderr, exit 2.
+BAD_INPUT = (CheckpointError, SafetensorsError, PlaneError, OSError)
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    if isinstance(e, OSError) and not text:
+        text = type(e).__name__
+    return text
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover
+
+
+# ============================================================================ inspect
+def _spec_of(ck: Checkpoint) -> str:
+    block = ck.quant_config.get("nvfp4")
+    if isinstance(block, dict) and block.get("spec_version"):
+        return str(block["spec_version"])
+    return f"{SPEC_VERSION} (read as; the file records none)"
+
+
+def _report(ck: Checkpoint) -> tuple[dict[str, Any], list[str]]:
+    """The inspect report and the validation errors."""
+    names = ck.quantized_names()
+    tensors: list[dict[str, Any]] = []
+    errors: list[str] = []
+    globals_by_name: dict[str, float] = {}
+    for name in names:
+        shape = ck.plane_shape(name)
+        entry: dict[str, Any] = {"name": name, "shape": list(shape.shape)}
+        try:
+            p = ck.planes(name)
+            g = float(np.asarray(p.global_scale).reshape(-1)[0]) if p.global_scale.size else 0.0
+            entry["global_scale"] = g
+            globals_by_name[name] = g
+            entry["input_scale"] = ck.input_scale(name)
+        except (PlaneError, CheckpointError, SafetensorsError) as e:
+            entry["error"] = _one_line(e)
+            errors.append(_one_line(e))
+        tensors.append(entry)
+    shapes: dict[str, int] = {}
+    for t in tensors:
+        key = "x".join(str(d) for d in t["shape"])
+        shapes[key] = shapes.get(key, 0) + 1
+    gvals = list(globals_by_name.values())
+    ivals = [t["input_scale"] for t in tensors if t.get("input_scale") is not None]
+    fused = []
+    for key, members in ck.fused_groups().items():
+        gs = [globals_by_name[m] for m in members if m in globals_by_name]
+        ratio = max(gs) / min(gs) if gs and min(gs) > 0 else float("nan")
+        fused.append({"name": key, "members": members, "globals": gs, "max_ratio": ratio})
+    experts = {k: len(v) for k, v in ck.expert_groups().items()}
+    plain_bytes = 0
+    for n in ck.tensor_names():
+        dt, shp = ck.tensor_info(n)
+        plain_bytes += int(np.prod(shp)) * dt.itemsize
+    report = {
+        "path": str(ck.path),
+        "flavour": ck.flavour,
+        "spec_version": _spec_of(ck),
+        "quantized": {
+            "count": len(names),
+            "shapes": shapes,
+            "bytes": sum(ck.plane_shape(n).nbytes for n in names),
+            "global_scale": {"min": min(gvals), "max": max(gvals)} if gvals else None,
+            "input_scales": {"count": len(ivals), "min": min(ivals), "max": max(ivals)}
+            if ivals
+            else {"count": 0},
+        },
+        "other_tensors": {"count": len(ck.tensor_names()), "bytes": plain_bytes},
+        "expert_groups": experts,
+        "fused_groups": fused,
+        "validation": {"checked": len(names), "valid": len(names) - len(errors), "errors": errors},
+        "tensors": tensors,
+    }
+    return report, errors
+
+
+def _print_report(r: dict[str, Any], out: TextIO) -> None:
+    q = r["quantized"]
+    print(f"path:         {r['path']}", file=out)
+    print(f"flavour:      {r['flavour']}", file=out)
+    print(f"spec version: {r['spec_version']}", file=out)
+    print(f"NVFP4 tensors: {q['count']} ({_human(q['bytes'])} of codes and scales)", file=out)
+    for shape, count in sorted(q["shapes"].items()):
+        print(f"  [{shape}] x {count}", file=out)
+    if q["global_scale"]:
+        g = q["global_scale"]
+        print(f"global scales (decode): {g['min']:.6g} .. {g['max']:.6g}", file=out)
+    i = q["input_scales"]
+    if i["count"]:
+        print(f"input scales (decode):  {i['count']}, {i['min']:.6g} .. {i['max']:.6g}", file=out)
+    else:
+        print("input scales: none (weight-only)", file=out)
+    o = r["other_tensors"]
+    print(f"other tensors: {o['count']} ({_human(o['bytes'])})", file=out)
+    if r["expert_groups"]:
+        sizes = sorted(set(r["expert_groups"].values()))
+        print(
+            f"expert groups: {len(r['expert_groups'])} (experts per group: "
+            f"{', '.join(map(str, sizes))})",
+            file=out,
+        )
+    fused = r["fused_groups"]
+    differ = [f for f in fused if f["max_ratio"] != 1.0]
+    worst = max((f["max_ratio"] for f in fused), default=1.0)
+    print(
+        f"fused groups: {len(fused)}; globals differ in {len(differ)} (largest ratio {worst:.6g})",
+        file=out,
+    )
+    for f in differ[:10]:
+        print(f"  {f['name']}: ratio {f['max_ratio']:.6g}", file=out)
+    v = r["validation"]
+    print(f"validation: {v['valid']}/{v['checked']} NVFP4 tensors valid", file=out)
+    for e in v["errors"][:10]:
+        print(f"  {e}", file=out)
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    with open_checkpoint(args.path) as ck:
+        report, errors = _report(ck)
+    if args.json:
+        json.dump(report, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        _print_report(report, sys.stdout)
+    if errors:
+        print(
+            f"nvfp4: error: {len(errors)} malformed NVFP4 tensor(s): {errors[0]}", file=sys.stderr
+        )
+        return 2
+    return 0
+
+
+# ============================================================================ convert
+class _Bar:
+    """A progress bar with tensors and bytes on stderr (redrawn in place on a terminal,
+    a line every second otherwise)."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.tty = out.isatty()
+        self.start = self.last = time.monotonic()
+
+    def __call__(self, done: int, total: int, done_bytes: int, total_bytes: int) -> None:
+        now = time.monotonic()
+        final = done == total
+        if done == 0 or (not final and now - self.last < (0.1 if self.tty else 1.0)):
+            return
+        self.last = now
+        width = 30
+        filled = width * done_bytes // total_bytes if total_bytes else width
+        bar = "#" * filled + "-" * (width - filled)
+        rate = done_bytes / max(now - self.start, 1e-9)
+        line = (
+            f"[{bar}] {done}/{total} tensors  {_human(done_bytes)}/{_human(total_bytes)}"
+            f"  {_human(rate)}/s"
+        )
+        if self.tty:
+            self.out.write("\r" + line + ("\n" if final else ""))
+        else:
+            self.out.write(line + "\n")
+        self.out.flush()
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    start = time.monotonic()
+    with open_checkpoint(args.src) as ck:
+        dst = write_checkpoint(
+            args.dst,
+            ck,
+            args.to,
+            force=args.force,
+            progress=_Bar(sys.stderr),
+            max_shard_bytes=args.max_shard_bytes,
+        )
+        count = len(ck.quantized_names())
+        other = len(ck.tensor_names())
+    secs = time.monotonic() - start
+    print(
+        f"wrote {dst} ({args.to}: {count} NVFP4 tensors, {other} other tensors, {secs:.2f} s)",
+        file=sys.stderr,
+    )
+    return 0
+
+
+# ============================================================================= verify
+def _first_diff(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> str | None:
+    if a.shape != b.shape:
+        return f"shape {tuple(a.shape)} vs {tuple(b.shape)}"
+    neq = a != b
+    if not neq.any():
+        return None
+    idx = tuple(int(i) for i in np.argwhere(neq)[0])
+    return f"at {idx}: {a[idx]!r} vs {b[idx]!r} ({int(neq.sum())} differ)"
+
+
+def _ulps(x: float, y: float) -> int:
+    a = np.asarray([x, y], dtype=np.float32).view(np.int32).astype(np.int64)
+    return int(abs(a[0] - a[1]))
+
+
+def _compare_planes(
+    name: str, pa: NVFP4Planes, pb: NVFP4Planes, ulp_ok: int
+) -> tuple[str | None, int]:
+    for what, x, y in (("codes", pa.codes, pb.codes), ("scale bytes", pa.scales, pb.scales)):
+        d = _first_diff(np.asarray(x), np.asarray(y))
+        if d:
+            return f"tensor {name!r}: {what} differ {d}", 0
+    ga = np.asarray(pa.global_scale, dtype=np.float32).reshape(-1)
+    gb = np.asarray(pb.global_scale, dtype=np.float32).reshape(-1)
+    if ga.shape != gb.shape:
+        return (
+            f"tensor {name!r}: global shape {pa.global_scale.shape} vs {pb.global_scale.shape}",
+            0,
+        )
+    worst = max((_ulps(float(x), float(y)) for x, y in zip(ga, gb, strict=True)), default=0)
+    if worst > ulp_ok:
+        return (
+            f"tensor {name!r}: global {ga.tolist()} vs {gb.tolist()} ({worst} ulp apart, "
+            f"{ulp_ok} allowed)"
+        ), worst
+    if pa.partitions != pb.partitions:
+        return f"tensor {name!r}: partitions {pa.partitions} vs {pb.partitions}", 0
+    return None, worst
+
+
+def _verify(
+    a: Checkpoint, b: Checkpoint, ulps: int | None = None
+) -> tuple[str | None, dict[str, int]]:
+    ulp_ok = ulps if ulps is not None else int("compressed-tensors" in (a.flavour, b.flavour))
+    qa, qb = a.quantized_names(), set(b.quantized_names())
+    for n in qa:
+        if n not in qb:
+            return f"NVFP4 tensor {n!r} is in A but not in B", {}
+    for n in b.quantized_names():
+        if n not in set(qa):
+            return f"NVFP4 tensor {n!r} is in B but not in A", {}
+    stats = {"nvfp4": 0, "one_ulp_globals": 0, "other": 0}
+    for n in qa:
+        diff, ulps = _compare_planes(n, a.planes(n), b.planes(n), ulp_ok)
+        if diff:
+            return diff, stats
+        ia, ib = a.input_scale(n), b.input_scale(n)
+        if (ia is None) != (ib is None):
+            return f"tensor {n!r}: input_scale {ia} vs {ib}", stats
+        if ia is not None and ib is not None and _ulps(ia, ib) > ulp_ok:
+            return f"tensor {n!r}: input_scale {ia!r} vs {ib!r}", stats
+        stats["nvfp4"] += 1
+        stats["one_ulp_globals"] += int(ulps > 0)
+    ta, tb = a.tensor_names(), set(b.tensor_names())
+    for n in ta:
+        if n not in tb:
+            return f"tensor {n!r} is in A but not in B", stats
+    for n in b.tensor_names():
+        if n not in set(ta):
+            return f"tensor {n!r} is in B but not in A", stats
+    for n in ta:
+        x, y = np.asarray(a.tensor(n)), np.asarray(b.tensor(n))
+        if x.dtype != y.dtype:
+            x, y = x.astype(np.float64), y.astype(np.float64)
+        d = _first_diff(x, y)
+        if d:
+            return f"tensor {n!r}: values differ {d}", stats
+        stats["other"] += 1
+    return None, stats
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    with open_checkpoint(args.a) as a, open_checkpoint(args.b) as b:
+        diff, stats = _verify(a, b, args.global_ulps)
+        flavours = f"{a.flavour} vs {b.flavour}"
+    if diff:
+        print(f"DIFFER ({flavours}): {diff}")
+        return 1
+    extra = (
+        f"; {stats['one_ulp_globals']} globals 1 ulp apart (a compressed-tensors reciprocal)"
+        if stats["one_ulp_globals"]
+        else ""
+    )
+    print(
+        f"SAME ({flavours}): {stats['nvfp4']} NVFP4 tensors identical (codes, scale bytes, "
+        f"globals, input scales){extra}; {stats['other']} other tensors equal"
+    )
+    return 0
+
+
+# =============================================================================== main
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="nvfp4",
+        description="Inspect, convert and verify NVFP4 checkpoints "
+        "(ModelOpt, compressed-tensors, MLX, GGUF).",
+        epilog="Exit status: 0 ok, 1 verify found a difference, 2 bad input, 130 interrupted.",
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+    i = sub.add_parser("inspect", help="flavour, shapes, globals, fused groups, validation")
+    i.add_argument("path")
+    i.add_argument("--json", action="store_true", help="machine-readable report")
+    i.set_defaults(func=_cmd_inspect)
+    c = sub.add_parser("convert", help="transcode a checkpoint to another flavour (lossless)")
+    c.add_argument("src")
+    c.add_argument("dst")
+    c.add_argument("--to", required=True, choices=FLAVOURS)
+    c.add_argument("--force", action="store_true", help="replace an existing DST")
+    c.add_argument(
+        "--max-shard-bytes",
+        type=int,
+        default=DEFAULT_MAX_SHARD_BYTES,
+        help="split Hugging Face outputs into shards of at most this many bytes",
+    )
+    c.set_defaults(func=_cmd_convert)
+    v = sub.add_parser("verify", help="do two checkpoints hold the same NVFP4 weights?")
+    v.add_argument("a")
+    v.add_argument("b")
+    v.add_argument(
+        "--global-ulps",
+        type=int,
+        default=None,
+        help="float32 ulps allowed between globals and input scales (default: 1 when either "
+        "side is compressed-tensors, whose reciprocal global may move by 1 ulp, else 0)",
+    )
+    v.set_defaults(func=_cmd_verify)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``nvfp4`` command; returns the exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        with interrupt_on_signals():
+            status: int = args.func(args)
+        return status
+    except BAD_INPUT as e:
+        print(f"nvfp4: error: {_one_line(e)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("nvfp4: interrupted (no output was left behind)", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,399 @@
+"""Safetensors files, read lazily and written as a stream.
+
+The format (https://huggingface.co/docs/safetensors): 8 bytes little-endian header length
+``n``, ``n`` bytes of UTF-8 JSON ``{name: {"dtype", "shape", "data_offsets": [begin, end]},
+"__metadata__": {str: str}}``, then the data buffer; offsets are relative to the buffer,
+which every tensor covers exactly (no holes, no overlaps, nothing after the last tensor).
+
+* :class:`SafetensorsFile` parses and validates the header only (reading no tensor data),
+  and hands out one tensor at a time as a read-only ``numpy.memmap``: a checkpoint of any
+  size is read with the memory of the tensor in use. A header that lies (length beyond the
+  file, offsets out of range, overlapping or leaving holes, a byte size that disagrees with
+  dtype and shape, an unknown dtype) is refused with :class:`SafetensorsError` naming the
+  file and the tensor.
+* :class:`SafetensorsWriter` writes the header first, from the names, dtypes and shapes
+  given up front, then takes the tensors one by one in that order, so a file is written
+  without holding its tensors together in memory. :func:`save_file` is the one-call form.
+
+Dtypes map to numpy as the safetensors library's numpy/torch front ends do, with
+``F8_E4M3`` -> ``ml_dtypes.float8_e4m3fn``, ``F8_E5M2`` -> ``ml_dtypes.float8_e5m2``,
+``F8_E8M0`` -> ``ml_dtypes.float8_e8m0fnu`` and ``BF16`` -> ``ml_dtypes.bfloat16``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any, Final
+
+import ml_dtypes
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "DTYPES",
+    "SafetensorsError",
+    "SafetensorsFile",
+    "SafetensorsWriter",
+    "TensorInfo",
+    "dtype_name",
+    "read_header",
+    "save_file",
+]
+
+#: safetensors dtype string -> numpy dtype (all little-endian).
+DTYPES: Final[Mapping[str, np.dtype[Any]]] = {
+    "BOOL": np.dtype(np.bool_),
+    "U8": np.dtype("<u1"),
+    "I8": np.dtype("<i1"),
+    "U16": np.dtype("<u2"),
+    "I16": np.dtype("<i2"),
+    "U32": np.dtype("<u4"),
+    "I32": np.dtype("<i4"),
+    "U64": np.dtype("<u8"),
+    "I64": np.dtype("<i8"),
+    "F16": np.dtype("<f2"),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "F32": np.dtype("<f4"),
+    "F64": np.dtype("<f8"),
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+    "F8_E8M0": np.dtype(ml_dtypes.float8_e8m0fnu),
+}
+
+#: The longest header this reader accepts (the safetensors library's limit is 100 MB).
+MAX_HEADER_BYTES: Final = 100_000_000
+_ALIGN: Final = 8
+
+
+class SafetensorsError(ValueError):
+    """A malformed or unreadable safetensors file; the message names the file (and the
+    tensor where one is concerned)."""
+
+
+def dtype_name(dtype: npt.DTypeLike) -> str:
+    """The safetensors dtype string of a numpy dtype (``float32`` -> ``"F32"``)."""
+    dt = np.dtype(dtype)
+    if dt.byteorder == ">":
+        dt = dt.newbyteorder("<")
+    for name, known in DTYPES.items():
+        if known == dt:
+            return name
+    raise SafetensorsError(f"dtype {dt} has no safetensors equivalent")
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One header entry: ``start``/``end`` are absolute byte positions in the file."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    start: int
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
+
+    @property
+    def numpy_dtype(self) -> np.dtype[Any]:
+        return DTYPES[self.dtype]
+
+
+def _fail(path: Path, what: str, tensor: str | None = None) -> SafetensorsError:
+    where = f"{path}" + (f", tensor {tensor!r}" if tensor is not None else "")
+    return SafetensorsError(f"safetensors file {where}: {what}")
+
+
+def read_header(path: str | os.PathLike[str]) -> tuple[dict[str, TensorInfo], dict[str, str]]:
+    """Parse and validate the header of a safetensors file without reading its data.
+
+    Returns ``(tensors, metadata)``: the entries in file order (by offset) and the
+    ``__metadata__`` map. Raises :class:`SafetensorsError` (naming the file and the tensor)
+    for a truncated file, a header length beyond the file, invalid JSON, an unknown dtype,
+    a negative or non-integer shape, offsets out of range, overlapping or leaving holes,
+    a byte size that disagrees with dtype and shape, or bytes after the last tensor;
+    :class:`FileNotFoundError` when the file is missing.
+    """
+    p = Path(path)
+    size = p.stat().st_size
+    with open(p, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise _fail(p, f"truncated: {size} bytes, too short for the 8-byte header length")
+        (n,) = struct.unpack("<Q", head)
+        if n > size - 8:
+            raise _fail(p, f"header length {n} runs beyond the file ({size} bytes)")
+        if n > MAX_HEADER_BYTES:
+            raise _fail(p, f"header length {n} exceeds {MAX_HEADER_BYTES} bytes")
+        raw = f.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise _fail(p, f"header is not valid UTF-8 JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise _fail(p, f"header is a JSON {type(header).__name__}, expected an object")
+    meta_raw = header.pop("__metadata__", {})
+    if not isinstance(meta_raw, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in meta_raw.items()
+    ):
+        raise _fail(p, "__metadata__ must map strings to strings")
+    metadata: dict[str, str] = dict(meta_raw)
+    data_start = 8 + n
+    data_size = size - data_start
+    entries = [_parse_entry(p, name, entry, data_start) for name, entry in header.items()]
+    entries.sort(key=lambda t: (t.start, t.end))
+    cursor = data_start
+    for t in entries:
+        if t.start != cursor:
+            what = "overlaps the previous tensor" if t.start < cursor else "leaves a hole"
+            raise _fail(
+                p,
+                f"data_offsets [{t.start - data_start}, {t.end - data_start}] {what} "
+                f"(expected to start at {cursor - data_start})",
+                t.name,
+            )
+        if t.end > size:
+            raise _fail(
+                p,
+                f"data ends at byte {t.end - data_start} of the buffer but the file holds "
+                f"only {data_size} data bytes (truncated?)",
+                t.name,
+            )
+        cursor = t.end
+    if cursor != size:
+        raise _fail(p, f"{size - cursor} bytes after the last tensor's data")
+    return {t.name: t for t in entries}, metadata
+
+
+def _parse_entry(p: Path, name: str, entry: Any, data_start: int) -> TensorInfo:
+    if not isinstance(entry, dict):
+        raise _fail(p, f"header entry is a {type(entry).__name__}, expected an object", name)
+    dtype = entry.get("dtype")
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise _fail(p, f"dtype {dtype!r} is not one of {', '.join(DTYPES)}", name)
+    shape = entry.get("shape")
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        raise _fail(p, f"shape {shape!r} is not a list of non-negative integers", name)
+    offsets = entry.get("data_offsets")
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets)
+        or offsets[1] < offsets[0]
+    ):
+        raise _fail(p, f"data_offsets {offsets!r} are not [begin, end] with begin <= end", name)
+    expected = math.prod(shape) * DTYPES[dtype].itemsize
+    found = offsets[1] - offsets[0]
+    if expected != found:
+        raise _fail(
+            p,
+            f"{dtype} {shape} needs {expected} bytes but data_offsets {offsets} span {found}",
+            name,
+        )
+    return TensorInfo(name, dtype, tuple(shape), data_start + offsets[0], data_start + offsets[1])
+
+
+class SafetensorsFile:
+    """A safetensors file opened lazily: the header is parsed (and validated) on open,
+    tensors are memory-mapped one at a time by :meth:`get`.
+
+    Usable as a context manager. The arrays returned stay valid after :meth:`close` (each
+    holds its own map, released when the array is garbage-collected).
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._tensors, self.metadata = read_header(self.path)
+
+    def __enter__(self) -> SafetensorsFile:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Nothing to release (maps belong to their arrays); kept for symmetry."""
+
+    def names(self) -> list[str]:
+        """Tensor names in file order."""
+        return list(self._tensors)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tensors
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+    def info(self, name: str) -> TensorInfo:
+        """The header entry of ``name`` (KeyError naming the file when absent)."""
+        try:
+            return self._tensors[name]
+        except KeyError:
+            raise KeyError(f"tensor {name!r} not in {self.path}") from None
+
+    def get(self, name: str) -> npt.NDArray[Any]:
+        """Tensor ``name`` as a read-only memory-mapped array (a plain empty array for a
+        tensor of zero bytes)."""
+        t = self.info(name)
+        dt = t.numpy_dtype
+        if t.nbytes == 0:
+            return np.zeros(t.shape, dtype=dt)
+        try:
+            arr: npt.NDArray[Any] = np.memmap(
+                self.path, dtype=dt, mode="r", offset=t.start, shape=t.shape
+            )
+        except (OSError, ValueError) as e:
+            raise _fail(self.path, f"cannot map the tensor's data ({e})", name) from None
+        return arr
+
+
+def _header_bytes(
+    entries: Sequence[tuple[str, str, tuple[int, ...]]], metadata: Mapping[str, str] | None
+) -> tuple[bytes, list[int]]:
+    header: dict[str, Any] = {}
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    offset = 0
+    sizes = []
+    for name, dtype, shape in entries:
+        if dtype not in DTYPES:
+            raise SafetensorsError(f"tensor {name!r}: dtype {dtype!r} is not a safetensors dtype")
+        nbytes = math.prod(shape) * DTYPES[dtype].itemsize
+        header[name] = {
+            "dtype": dtype,
+            "shape": [int(d) for d in shape],
+            "data_offsets": [offset, offset + nbytes],
+        }
+        offset += nbytes
+        sizes.append(nbytes)
+    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-(8 + len(raw)) % _ALIGN)  # the library pads so the data starts aligned
+    return struct.pack("<Q", len(raw)) + raw, sizes
+
+
+class SafetensorsWriter:
+    """Write a safetensors file as a stream.
+
+    ``entries`` fixes the names, dtypes (safetensors strings) and shapes up front; the
+    header is written on open, and :meth:`write` must then be called once per entry, in
+    order, with an array of exactly that dtype and shape. :meth:`close` checks that every
+    entry was written. Nothing is kept in memory but the array being written.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        entries: Iterable[tuple[str, str, Sequence[int]]],
+        metadata: Mapping[str, str] | None = None,
+        *,
+        fsync: bool = True,
+    ) -> None:
+        self.path = Path(path)
+        self._entries = [(n, d, tuple(int(x) for x in s)) for n, d, s in entries]
+        names = [e[0] for e in self._entries]
+        if len(set(names)) != len(names):
+            dup = next(n for n in names if names.count(n) > 1)
+            raise SafetensorsError(f"{self.path}: tensor {dup!r} listed twice")
+        head, self._sizes = _header_bytes(self._entries, metadata)
+        self._fsync = fsync
+        self._next = 0
+        self._f: IO[bytes] | None = open(self.path, "wb")  # noqa: SIM115 - closed by close()
+        self._f.write(head)
+
+    @property
+    def nbytes(self) -> int:
+        """Total data bytes of the file."""
+        return sum(self._sizes)
+
+    def __enter__(self) -> SafetensorsWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self._abort()
+
+    def write(self, name: str, array: npt.ArrayLike) -> int:
+        """Write the next entry's data; returns its byte count."""
+        if self._f is None:
+            raise SafetensorsError(f"{self.path}: writer is closed")
+        if self._next >= len(self._entries):
+            raise SafetensorsError(f"{self.path}: tensor {name!r} is not in the header")
+        ename, edtype, eshape = self._entries[self._next]
+        if name != ename:
+            raise SafetensorsError(
+                f"{self.path}: tensor {name!r} written out of order (expected {ename!r})"
+            )
+        a = np.asarray(array)
+        want = DTYPES[edtype]
+        if a.dtype != want:
+            if a.dtype.newbyteorder("<") == want:
+                a = a.astype(want)
+            else:
+                raise SafetensorsError(
+                    f"{self.path}, tensor {name!r}: dtype {a.dtype}, header says {edtype}"
+                )
+        if tuple(a.shape) != eshape:
+            raise SafetensorsError(
+                f"{self.path}, tensor {name!r}: shape {tuple(a.shape)}, header says {eshape}"
+            )
+        flat = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        self._f.write(flat.data)
+        self._next += 1
+        return int(flat.nbytes)
+
+    def close(self) -> None:
+        """Finish the file; refuses when entries are still unwritten."""
+        if self._f is None:
+            return
+        if self._next != len(self._entries):
+            missing = self._entries[self._next][0]
+            self._abort()
+            raise SafetensorsError(f"{self.path}: closed before tensor {missing!r} was written")
+        self._f.flush()
+        if self._fsync:
+            os.fsync(self._f.fileno())
+        self._f.close()
+        self._f = None
+
+    def _abort(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+
+def save_file(
+    path: str | os.PathLike[str],
+    tensors: Mapping[str, npt.ArrayLike],
+    metadata: Mapping[str, str] | None = None,
+) -> None:
+    """Write ``tensors`` (name -> array) to a safetensors file, in the mapping's order."""
+    arrays = {k: np.asarray(v) for k, v in tensors.items()}
+    entries = [(k, dtype_name(a.dtype), a.shape) for k, a in arrays.items()]
+    with SafetensorsWriter(path, entries, metadata) as w:
+        for k, a in arrays.items():
+            w.write(k, a)

@@ -1,0 +1,284 @@
+"""The ``nvfp4`` CLI: inspect, convert (progress, atomicity, kills), verify, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+from make_modelopt_exports import session_exports
+from nvfp4 import quantize
+from nvfp4.checkpoint import open_checkpoint, write_modelopt
+from nvfp4.checkpoint.atomic import TMP_MARK
+from nvfp4.cli import main
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+@pytest.fixture(scope="session")
+def modelopt_exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return session_exports(tmp_path_factory)
+
+
+def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "nvfp4.cli", *args],
+        capture_output=True,
+        text=True,
+        env=_env(env),
+        timeout=120,
+    )
+
+
+def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH")) if p)
+    env.update(extra or {})
+    return env
+
+
+def _assert_bad_input(r: subprocess.CompletedProcess[str], fragment: str) -> None:
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    # one line of reason, last; anything before it is the progress bar
+    assert lines[-1].startswith("nvfp4: error: "), lines[-1]
+    assert fragment in lines[-1], lines[-1]
+    assert all(line.startswith("[") for line in lines[:-1]), r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def _leftovers(parent: Path, name: str) -> list[Path]:
+    return [p for p in parent.iterdir() if p.name.startswith(f".{name}{TMP_MARK}")]
+
+
+def test_inspect_text_and_json(
+    modelopt_exports: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    moe = modelopt_exports["moe"]
+    assert main(["inspect", str(moe), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    with open_checkpoint(moe) as ck:
+        assert report["flavour"] == "modelopt"
+        assert report["quantized"]["count"] == len(ck.quantized_names()) == 32
+        assert report["other_tensors"]["count"] == len(ck.tensor_names())
+        globals_ = [float(ck.planes(n).global_scale) for n in ck.quantized_names()]
+        assert report["quantized"]["global_scale"] == {"min": min(globals_), "max": max(globals_)}
+    assert report["validation"] == {"checked": 32, "valid": 32, "errors": []}
+    assert report["expert_groups"] == {
+        f"model.layers.{i}.mlp.experts.{{}}.{p}": 4
+        for i in range(2)
+        for p in ("down_proj", "gate_proj", "up_proj")
+    }
+    assert len(report["fused_groups"]) == 2 + 2 * 4  # qkv per layer, gate/up per expert
+    assert all(f["max_ratio"] == 1.0 for f in report["fused_groups"])
+    assert main(["inspect", str(modelopt_exports["mixed"])]) == 0
+    text = capsys.readouterr().out
+    assert "flavour:      modelopt" in text
+    assert "NVFP4 tensors: 14" in text
+    assert "input scales (decode):  8" in text  # attention NVFP4, MLP weight-only
+    assert "validation: 14/14 NVFP4 tensors valid" in text
+
+
+def test_fused_globals_that_differ_are_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rng = np.random.default_rng(2)
+    w = {
+        f"model.layers.0.self_attn.{x}_proj": rng.standard_normal((32, 64)).astype(np.float32) * s
+        for x, s in zip("qkv", (1.0, 2.5, 1.0), strict=True)
+    }
+    planes = {k: quantize(v, name=k) for k, v in w.items()}
+    out = write_modelopt(tmp_path / "ck", planes, {}, {})
+    assert main(["inspect", str(out), "--json"]) == 0
+    (group,) = json.loads(capsys.readouterr().out)["fused_groups"]
+    g = [float(planes[m].global_scale) for m in group["members"]]
+    assert group["max_ratio"] == pytest.approx(max(g) / min(g))
+    assert group["max_ratio"] > 2.0
+
+
+def test_convert_progress_force_and_result(
+    modelopt_exports: dict[str, Path], tmp_path: Path
+) -> None:
+    dst = tmp_path / "out"
+    r = _run("convert", str(modelopt_exports["llama"]), str(dst), "--to", "mlx")
+    assert r.returncode == 0, r.stderr
+    assert "21/21 tensors" in r.stderr
+    assert "KiB" in r.stderr
+    assert "wrote" in r.stderr
+    assert r.stdout == ""
+    again = _run("convert", str(modelopt_exports["llama"]), str(dst), "--to", "gguf")
+    _assert_bad_input(again, "already exists")
+    assert (dst / "model.safetensors").is_file()  # untouched
+    forced = _run("convert", str(modelopt_exports["llama"]), str(dst), "--to", "gguf", "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert dst.is_file()
+    assert dst.read_bytes()[:4] == b"GGUF"
+    assert _leftovers(tmp_path, "out") == []
+    assert not any(p.name.startswith(".out") for p in tmp_path.iterdir())
+    verify = _run("verify", str(modelopt_exports["llama"]), str(dst))
+    assert verify.returncode == 0, verify.stdout
+    assert verify.stdout.startswith("SAME"), verify.stdout
+
+
+# ---------------------------------------------------------------------- bad input: exit 2
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".complete"))
+    return dst
+
+
+def _header(path: Path) -> tuple[int, dict[str, object]]:
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    return n, json.loads(raw[8 : 8 + n])
+
+
+def test_bad_inputs_exit_2_with_one_line(modelopt_exports: dict[str, Path], tmp_path: Path) -> None:
+    llama = modelopt_exports["llama"]
+    # missing files
+    _assert_bad_input(_run("inspect", str(tmp_path / "nope")), "no such file")
+    _assert_bad_input(
+        _run("convert", str(tmp_path / "nope"), str(tmp_path / "o"), "--to", "mlx"),
+        "no such file",
+    )
+    no_weights = tmp_path / "no_weights"
+    _copy(llama, no_weights)
+    (no_weights / "model.safetensors").unlink()
+    _assert_bad_input(_run("inspect", str(no_weights)), "no *.safetensors")
+    # truncated safetensors
+    truncated = _copy(llama, tmp_path / "truncated")
+    st = truncated / "model.safetensors"
+    st.write_bytes(st.read_bytes()[:-1000])
+    _assert_bad_input(_run("inspect", str(truncated)), "truncated")
+    # a header that lies about its length, and one that lies about a tensor's size
+    lying = _copy(llama, tmp_path / "lying")
+    st = lying / "model.safetensors"
+    raw = bytearray(st.read_bytes())
+    raw[:8] = struct.pack("<Q", len(raw) * 2)
+    st.write_bytes(bytes(raw))
+    _assert_bad_input(_run("inspect", str(lying)), "runs beyond the file")
+    lying2 = _copy(llama, tmp_path / "lying2")
+    st = lying2 / "model.safetensors"
+    n, header = _header(st)
+    entry = header["model.layers.0.self_attn.q_proj.weight"]
+    assert isinstance(entry, dict)
+    entry["shape"] = [entry["shape"][0], entry["shape"][1] + 1]
+    body = json.dumps(header, separators=(",", ":")).encode().ljust(n)
+    assert len(body) == n
+    st.write_bytes(st.read_bytes()[:8] + body + st.read_bytes()[8 + n :])
+    _assert_bad_input(
+        _run("convert", str(lying2), str(tmp_path / "o2"), "--to", "gguf"),
+        "'model.layers.0.self_attn.q_proj.weight'",
+    )
+    assert not (tmp_path / "o2").exists()
+    # unknown flavour
+    unknown = _copy(llama, tmp_path / "unknown")
+    (unknown / "hf_quant_config.json").unlink()
+    cfg = json.loads((unknown / "config.json").read_text())
+    del cfg["quantization_config"]
+    (unknown / "config.json").write_text(json.dumps(cfg))
+    _assert_bad_input(_run("inspect", str(unknown)), "unknown flavour")
+    # unknown --to is argparse's exit 2 too
+    r = _run("convert", str(llama), str(tmp_path / "o3"), "--to", "onnx")
+    assert r.returncode == 2
+    assert "invalid choice" in r.stderr
+
+
+def test_malformed_planes_exit_2(modelopt_exports: dict[str, Path], tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    st_torch = pytest.importorskip("safetensors.torch")
+    bad = _copy(modelopt_exports["llama"], tmp_path / "bad_scale")
+    path = bad / "model.safetensors"
+    tensors = st_torch.load_file(str(path))
+    name = "model.layers.1.mlp.up_proj.weight_scale"
+    raw = tensors[name].view(torch.uint8).clone()
+    raw[2, 1] = 0xFF  # a negative NaN scale byte: refused by content validation
+    tensors[name] = raw.view(torch.float8_e4m3fn)
+    st_torch.save_file(tensors, str(path), metadata={"format": "pt"})
+    r = _run("convert", str(bad), str(tmp_path / "o"), "--to", "compressed-tensors")
+    _assert_bad_input(r, "model.layers.1.mlp.up_proj")
+    assert "0xFF" in r.stderr
+    assert not (tmp_path / "o").exists()
+    assert _leftovers(tmp_path, "o") == []
+    ins = _run("inspect", str(bad))
+    assert ins.returncode == 2
+    assert "validation: 13/14" in ins.stdout
+
+
+def test_gguf_refuses_k_not_multiple_of_64(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    planes = {
+        "model.layers.0.mlp.down_proj": quantize(
+            rng.standard_normal((32, 48)).astype(np.float32), name="model.layers.0.mlp.down_proj"
+        )
+    }
+    src = write_modelopt(
+        tmp_path / "k48",
+        planes,
+        {"model.norm.weight": np.ones(48, ml_dtypes.bfloat16)},
+        {"model_type": "llama", "num_hidden_layers": 1},
+    )
+    r = _run("convert", str(src), str(tmp_path / "k48.gguf"), "--to", "gguf")
+    _assert_bad_input(r, "K for GGUF NVFP4: expected a multiple of 64, found K = 48")
+    assert not (tmp_path / "k48.gguf").exists()
+    assert _leftovers(tmp_path, "k48.gguf") == []
+    ok = _run("convert", str(src), str(tmp_path / "k48_mlx"), "--to", "mlx")
+    assert ok.returncode == 0, ok.stderr
+
+
+# ------------------------------------------------------------------ interrupts and kills
+def _start_slow_convert(src: Path, dst: Path) -> subprocess.Popen[str]:
+    p = subprocess.Popen(
+        [sys.executable, "-m", "nvfp4.cli", "convert", str(src), str(dst), "--to", "modelopt"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env({"NVFP4_TEST_SLOW_CONVERT": "0.05"}),
+    )
+    deadline = time.monotonic() + 60
+    while not _leftovers(dst.parent, dst.name):  # wait until it is writing
+        assert p.poll() is None, p.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    time.sleep(0.2)
+    return p
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_leaves_nothing(
+    modelopt_exports: dict[str, Path], tmp_path: Path, sig: signal.Signals
+) -> None:
+    dst = tmp_path / "dst"
+    p = _start_slow_convert(modelopt_exports["llama"], dst)
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert "interrupted" in err
+    assert "Traceback" not in err
+    assert not dst.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sigkill_leaves_no_dst_and_the_next_run_cleans_up(
+    modelopt_exports: dict[str, Path], tmp_path: Path
+) -> None:
+    dst = tmp_path / "dst"
+    p = _start_slow_convert(modelopt_exports["llama"], dst)
+    p.kill()
+    p.communicate(timeout=60)
+    assert not dst.exists()
+    stale = _leftovers(tmp_path, "dst")
+    assert len(stale) == 1  # SIGKILL cannot be caught: the hidden temporary stays...
+    r = _run("convert", str(modelopt_exports["llama"]), str(dst), "--to", "modelopt")
+    assert r.returncode == 0, r.stderr
+    assert dst.is_dir()
+    assert not stale[0].exists()  # ...until the next convert to DST
+    assert _leftovers(tmp_path, "dst") == []
