@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
 import nox
+import tomllib
 
 nox.needs_version = ">=2024.4.15"
 nox.options.default_venv_backend = "venv"
@@ -59,13 +61,40 @@ def _install(session: nox.Session, *args: str) -> None:
     session.install(*CONSTRAINTS, *args)
 
 
+def _local_packages() -> dict[str, Path]:
+    """Every distribution in this tree, by name."""
+    found = {}
+    for pyproject in [*ROOT.glob("packages/*/pyproject.toml"), SUITE / "pyproject.toml"]:
+        if pyproject.exists():
+            found[tomllib.loads(pyproject.read_text())["project"]["name"]] = pyproject.parent
+    return found
+
+
+def _local_deps(path: Path) -> list[Path]:
+    """The in-tree distributions ``path`` depends on, dependencies first (they are not on
+    PyPI, so pip must get them from the tree before the package that needs them)."""
+    local = _local_packages()
+    order: list[Path] = []
+
+    def visit(p: Path) -> None:
+        deps = tomllib.loads((p / "pyproject.toml").read_text())["project"].get("dependencies", [])
+        for dep in deps:
+            name = re.split(r"[ <>=!~;\[]", dep, maxsplit=1)[0].strip()
+            if name in local and local[name] not in order:
+                visit(local[name])
+                order.append(local[name])
+
+    visit(path)
+    return order
+
+
 @nox.session
 @nox.parametrize("package", list(PACKAGES))
 def tests(session: nox.Session, package: str) -> None:
     """One package's tests in a fresh environment, with every oracle installed and required."""
     path = PACKAGES[package]
-    if path != CORE:
-        _install(session, str(CORE))
+    for dep in _local_deps(path):
+        _install(session, str(dep))
     _install(session, "-e", f"{path}[test]")
     session.run(
         "pytest",
@@ -129,7 +158,9 @@ def _run_conformance(session: nox.Session, hw: str, *, interpret: bool) -> None:
     if not (SUITE / "pyproject.toml").exists():
         session.error("conformance/ (the nvfp4-conformance suite) does not exist in this tree")
     _install(session, "pip", "hatchling>=1.24", "wheel")
-    dirs = [CORE, SUITE] + ([package] if package is not None else [])
+    dirs = [CORE, SUITE]
+    if package is not None:
+        dirs += [d for d in _local_deps(package) if d not in dirs] + [package]
     wheels = _build_wheels(session, *dirs)
     parity = ["torch==2.13.0", "transformers", "gguf", "safetensors"]
     _install(session, *wheels, *parity)
@@ -189,7 +220,8 @@ def conformance_all(session: nox.Session) -> None:
     """Run every conformance session this machine can run and print a summary table."""
     rows = []
     for hw in _runnable_here():
-        interpret = hw in ("cuda", "rocm")
+        device = Path("/dev/nvidiactl" if hw == "cuda" else "/dev/kfd")
+        interpret = hw in ("cuda", "rocm") and not device.exists()
         _run_conformance(session, hw, interpret=interpret)
         session.chdir(ROOT)
         cert = json.loads((ROOT / "reports" / f"conformance-{hw}.json").read_text())
