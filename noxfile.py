@@ -109,7 +109,7 @@ def tests(session: nox.Session, package: str) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff over the whole tree."""
-    _install(session, "ruff>=0.6")
+    _install(session, "ruff==0.17.6")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
 
@@ -117,7 +117,7 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def typecheck(session: nox.Session) -> None:
     """mypy --strict on nvfp4-core's sources."""
-    _install(session, "mypy>=1.10", str(CORE))
+    _install(session, "mypy==2.4.1", str(CORE))
     session.run("mypy", "--strict", str(CORE / "src" / "nvfp4"))
 
 
