@@ -139,6 +139,17 @@ def fixtures(session: nox.Session) -> None:
     )
 
 
+@nox.session(name="bench-cpu")
+def bench_cpu(session: nox.Session) -> None:
+    """The CPU kernel benchmark (every arm in one process; JSON under benchmarks/results/,
+    summary and plot under docs/benchmark_results/). Pass --quick for a smoke run."""
+    cpu = ROOT / "packages" / "nvfp4-cpu"
+    for dep in _local_deps(cpu):
+        _install(session, str(dep))
+    _install(session, str(cpu), "torch==2.13.0", "mlx[cpu]; sys_platform == 'linux'", "matplotlib")
+    session.run("python", str(ROOT / "benchmarks" / "cpu_kernels.py"), *session.posargs)
+
+
 # ------------------------------------------------------------------------------ conformance
 def _build_wheels(session: nox.Session, *dirs: Path) -> list[str]:
     """Build each package as a wheel (not editable: packaging mistakes must fail here)."""

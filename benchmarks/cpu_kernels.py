@@ -1,0 +1,802 @@
+"""CPU NVFP4 kernels side by side, every arm in one process (issue 8; research section 8a).
+
+Arms (all capped at the same thread count, outputs pre-allocated where the API allows):
+
+* ``ours``        - nvfp4-cpu W4A16 (the best ISA level here), hot and cold;
+* ``numpy``       - the numpy reference: ``nvfp4.reference.dequantize`` then a float32 matmul,
+                    every call (what a backend without a fused kernel does);
+* ``torch_f32``   - torch dense float32 matmul on the decoded weights (hot and cold);
+* ``torch_bf16``  - torch dense bfloat16 matmul (hot and cold);
+* ``mlx``         - MLX's CPU ``quantized_matmul(mode="nvfp4")``;
+* ``ggml``        - ggml-cpu's NVFP4 ``mul_mat`` through the libggml that llama-cpp-python
+                    bundles, called with ctypes (optional: skipped, and said so, when
+                    llama-cpp-python is not installed; ggml quantizes activations to Q8_0, so
+                    it is numerically W4A8).
+
+Shapes: S = 4096 x 4096 (LLC-resident), L = 14336 x 8192 (dense formats DRAM-sized), each at
+M = 1, 8, 32, plus a cold variant of L that rotates through more than 1 GB of weights. A
+read-bandwidth probe (nvfp4-cpu's STREAM-style read, widest loads, same thread cap) runs in
+the same process. Each figure is the median of >= 5 timed calls after a warm-up call; the
+arms of one (shape, M) point run back to back, so machine drift between them stays small.
+
+Writes ``benchmarks/results/cpu_kernels.json`` and ``docs/benchmark_results/cpu_kernels.md``
+(+ ``cpu_kernels.png`` when matplotlib is installed). ``--quick`` runs small shapes into
+``*_quick`` files (a smoke test, not a measurement).
+
+    python benchmarks/cpu_kernels.py [--threads 2] [--reps 5] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+# Thread caps before numpy / torch / mlx load their thread pools.
+_THREADS = 2
+for _i, _a in enumerate(sys.argv):
+    if _a == "--threads" and _i + 1 < len(sys.argv):
+        _THREADS = int(sys.argv[_i + 1])
+for _var in (
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+):
+    os.environ[_var] = str(_THREADS)
+os.environ["NVFP4_CPU_THREADS"] = str(_THREADS)
+
+import ctypes  # noqa: E402
+import dataclasses  # noqa: E402
+import glob  # noqa: E402
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+import nvfp4  # noqa: E402
+import nvfp4_cpu  # noqa: E402
+from nvfp4 import reference  # noqa: E402
+from nvfp4.spec import GGUF_TYPE_NVFP4  # noqa: E402
+from nvfp4_cpu import ops  # noqa: E402
+from nvfp4_cpu._native import load  # noqa: E402
+from nvfp4_cpu.layout import PreparedWeight  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+COLD_BYTES = 1_100_000_000  # > 1 GB rotated in every cold variant (L3 here: 260-300 MiB)
+
+#: ggml figures measured here before (research/anchors-performance.md section 4, 2 threads):
+#: context only, from another run, never used for a goal verdict.
+GGML_RECORDED_MS = {
+    ("S", 1): 0.94,
+    ("S", 8): 7.32,
+    ("S", 32): 29.0,
+    ("L", 1): 7.67,
+    ("L", 8): 51.9,
+    ("L", 32): 219.0,
+}
+
+
+# ---------------------------------------------------------------------------- timing
+def measure(fn: Callable[[int], Any], reps: int, warmup: int = 1) -> list[float]:
+    """Seconds of ``reps`` calls ``fn(i)`` after ``warmup`` untimed ones."""
+    for i in range(warmup):
+        fn(i)
+    times = []
+    for i in range(reps):
+        t0 = time.perf_counter()
+        fn(i)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+@dataclasses.dataclass
+class Row:
+    arm: str
+    shape: str
+    n: int
+    k: int
+    m: int
+    variant: str  # "hot" or "cold"
+    weight_bytes: int  # bytes of weights one call reads (the arm's own format)
+    times: list[float]
+    note: str = ""
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times)
+
+    def as_dict(self) -> dict[str, Any]:
+        t = self.median
+        return {
+            "arm": self.arm,
+            "shape": self.shape,
+            "n": self.n,
+            "k": self.k,
+            "m": self.m,
+            "variant": self.variant,
+            "median_s": t,
+            "min_s": min(self.times),
+            "times_s": self.times,
+            "gflops": 2 * self.m * self.n * self.k / t / 1e9,
+            "weight_bytes": self.weight_bytes,
+            "weight_gbps": self.weight_bytes / t / 1e9,
+            "note": self.note,
+        }
+
+
+# ---------------------------------------------------------------------------- weights
+def random_planes(n: int, k: int, seed: int) -> nvfp4.NVFP4Planes:
+    """Random codes (all 16 values) and realistic scale bytes (E4M3 0.5 .. 4), global 0.01.
+    Kernel speed does not depend on the values; quantizing 117 M floats would only cost time."""
+    rng = np.random.default_rng(seed)
+    codes = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
+    scales = rng.integers(0x30, 0x48, (n, k // 16), dtype=np.uint8)
+    return nvfp4.NVFP4Planes(codes, scales, np.float32(0.01), name=f"w{n}x{k}")
+
+
+def copies(pw: PreparedWeight, count: int) -> list[PreparedWeight]:
+    """``count`` distinct copies of a prepared weight (distinct memory, for cold runs)."""
+    return [pw] + [
+        dataclasses.replace(pw, codes=pw.codes.copy(), scales=pw.scales.copy())
+        for _ in range(count - 1)
+    ]
+
+
+# ------------------------------------------------------------------------------ ggml
+class Ggml:
+    """ggml-cpu through llama-cpp-python's bundled libggml (ctypes). Raises RuntimeError with a
+    reason when unavailable."""
+
+    class InitParams(ctypes.Structure):
+        _fields_ = [
+            ("mem_size", ctypes.c_size_t),
+            ("mem_buffer", ctypes.c_void_p),
+            ("no_alloc", ctypes.c_bool),
+        ]
+
+    def __init__(self) -> None:
+        spec = importlib.util.find_spec("llama_cpp")
+        if spec is None or spec.origin is None:
+            raise RuntimeError(
+                "llama-cpp-python is not installed (it builds from source in ~18 min; install it "
+                "and cache the wheel to run this arm)"
+            )
+        pkg = Path(spec.origin).parent
+        base = sorted(glob.glob(str(pkg / "**" / "libggml-base*.so*"), recursive=True))
+        cpu = sorted(glob.glob(str(pkg / "**" / "libggml-cpu*.so*"), recursive=True))
+        if not base or not cpu:
+            raise RuntimeError(f"libggml-base / libggml-cpu not found under {pkg}")
+        mode = ctypes.RTLD_GLOBAL
+        self.base = ctypes.CDLL(base[0], mode=mode)
+        self.cpu = ctypes.CDLL(cpu[0], mode=mode)
+        vp, i64, sz = ctypes.c_void_p, ctypes.c_int64, ctypes.c_size_t
+        b, c = self.base, self.cpu
+        b.ggml_init.restype, b.ggml_init.argtypes = vp, [Ggml.InitParams]
+        b.ggml_free.restype, b.ggml_free.argtypes = None, [vp]
+        b.ggml_new_tensor_2d.restype, b.ggml_new_tensor_2d.argtypes = (
+            vp,
+            [vp, ctypes.c_int, i64, i64],
+        )
+        b.ggml_get_data.restype, b.ggml_get_data.argtypes = vp, [vp]
+        b.ggml_nbytes.restype, b.ggml_nbytes.argtypes = sz, [vp]
+        b.ggml_mul_mat.restype, b.ggml_mul_mat.argtypes = vp, [vp, vp, vp]
+        b.ggml_new_graph.restype, b.ggml_new_graph.argtypes = vp, [vp]
+        b.ggml_build_forward_expand.restype, b.ggml_build_forward_expand.argtypes = None, [vp, vp]
+        b.ggml_quantize_chunk.restype = sz
+        b.ggml_quantize_chunk.argtypes = [ctypes.c_int, vp, vp, i64, i64, i64, vp]
+        c.ggml_graph_compute_with_ctx.restype = ctypes.c_int
+        c.ggml_graph_compute_with_ctx.argtypes = [vp, vp, ctypes.c_int]
+
+    def matmul(
+        self, w: np.ndarray, m: int, threads: int
+    ) -> tuple[Callable[[int], None], Callable[[], None]]:
+        """A call computing ``x [m, K] @ w.T`` with w quantized to NVFP4 by ggml, and a free."""
+        n, k = w.shape
+        b = self.base
+        ctx = b.ggml_init(
+            Ggml.InitParams(w.nbytes // 3 + 4 * k * m + 4 * n * m + (64 << 20), None, False)
+        )
+        if not ctx:
+            raise RuntimeError("ggml_init failed")
+        wt = b.ggml_new_tensor_2d(ctx, GGUF_TYPE_NVFP4, k, n)
+        xt = b.ggml_new_tensor_2d(ctx, 0, k, m)  # GGML_TYPE_F32
+        w32 = np.ascontiguousarray(w, dtype=np.float32)
+        written = b.ggml_quantize_chunk(
+            GGUF_TYPE_NVFP4, w32.ctypes.data, b.ggml_get_data(wt), 0, n, k, None
+        )
+        if written != b.ggml_nbytes(wt):
+            raise RuntimeError(
+                f"ggml_quantize_chunk wrote {written} bytes, tensor has {b.ggml_nbytes(wt)}"
+            )
+        x = np.random.default_rng(1).standard_normal((m, k)).astype(np.float32)
+        ctypes.memmove(b.ggml_get_data(xt), x.ctypes.data, x.nbytes)
+        yt = b.ggml_mul_mat(ctx, wt, xt)
+        graph = b.ggml_new_graph(ctx)
+        b.ggml_build_forward_expand(graph, yt)
+
+        def run(_: int) -> None:
+            if self.cpu.ggml_graph_compute_with_ctx(ctx, graph, threads) != 0:
+                raise RuntimeError("ggml_graph_compute_with_ctx failed")
+
+        return run, lambda: b.ggml_free(ctx)
+
+
+# ------------------------------------------------------------------------------ arms
+@dataclasses.dataclass
+class Case:
+    """One arm at one M: a call to time (``fn(i)``, ``i`` = call number) and how often."""
+
+    arm: str
+    variant: str
+    m: int
+    weight_bytes: int
+    fn: Callable[[int], Any]
+    calls: int
+    note: str = ""
+    sets: list[PreparedWeight] | None = None  # the rotated weights of a cold case of ours
+
+
+@dataclasses.dataclass
+class ShapeCtx:
+    """One shape's weights and the run's settings, shared by the arms."""
+
+    shape: str
+    n: int
+    k: int
+    planes: nvfp4.NVFP4Planes
+    pw: PreparedWeight
+    threads: int
+    reps: int
+    quick: bool
+    ms: tuple[int, ...] = (1, 8, 32)
+
+    @property
+    def packed(self) -> int:
+        return int(self.planes.codes.nbytes + self.planes.scales.nbytes)
+
+    def x(self, m: int) -> np.ndarray:
+        return np.random.default_rng(m).standard_normal((m, self.k)).astype(np.float32)
+
+    def cold_count(self, bytes_per_set: int) -> int:
+        return 3 if self.quick else max(2, -(-COLD_BYTES // bytes_per_set))
+
+
+def arm_ours(c: ShapeCtx, native: Any, isa: str) -> list[Case]:
+    """nvfp4-cpu, hot; and cold (rotating > 1 GB of weight copies) on the L shape."""
+    cases = []
+    sets = copies(c.pw, c.cold_count(c.pw.nbytes)) if c.shape == "L" else []
+    note = f"{len(sets)} weight sets, {len(sets) * c.pw.nbytes / 1e9:.2f} GB rotated"
+    for m in c.ms:
+        x, out = c.x(m), np.empty((m, c.n), np.float32)
+
+        def hot(_: int, x: np.ndarray = x, o: np.ndarray = out) -> None:
+            ops.qmm(native, isa, c.threads, x, c.pw, out=o)
+
+        cases.append(Case("ours", "hot", m, c.packed, hot, c.reps))
+        if sets:
+
+            def cold(i: int, x: np.ndarray = x, o: np.ndarray = out) -> None:
+                ops.qmm(native, isa, c.threads, x, sets[i % len(sets)], out=o)
+
+            calls = max(c.reps, 2 * len(sets))
+            cases.append(Case("ours", "cold", m, c.packed, cold, calls, note, sets))
+    return cases
+
+
+def arm_numpy(c: ShapeCtx) -> list[Case]:
+    """The numpy reference: dequantize to float32, then matmul, on every call."""
+    cases = []
+    for m in c.ms:
+        x, out = c.x(m), np.empty((m, c.n), np.float32)
+
+        def call(_: int, x: np.ndarray = x, o: np.ndarray = out) -> None:
+            np.matmul(x, reference.dequantize(c.planes, np.float32).T, out=o)
+
+        cases.append(Case("numpy", "hot", m, c.packed, call, c.reps))
+    return cases
+
+
+def arm_torch(c: ShapeCtx, torch: Any, dense32: np.ndarray) -> list[Case]:
+    """torch dense float32 and bfloat16 matmuls on the decoded weights, hot and (L) cold."""
+    cases = []
+    for arm, dt, esize in (("torch_f32", torch.float32, 4), ("torch_bf16", torch.bfloat16, 2)):
+        wt = torch.from_numpy(dense32).to(dt)
+        wbytes = c.n * c.k * esize
+        count = c.cold_count(wbytes) if c.shape == "L" else 0
+        wsets = [wt] + [wt.clone() for _ in range(count - 1)] if count else []
+        note = f"{count} weight sets, {count * wbytes / 1e9:.2f} GB rotated"
+        for m in c.ms:
+            x, out = torch.from_numpy(c.x(m)).to(dt), torch.empty((m, c.n), dtype=dt)
+
+            def hot(_: int, x: Any = x, o: Any = out, w: Any = wt) -> None:
+                torch.matmul(x, w.t(), out=o)
+
+            cases.append(Case(arm, "hot", m, wbytes, hot, c.reps))
+            if wsets:
+
+                def cold(i: int, x: Any = x, o: Any = out, ws: list[Any] = wsets) -> None:
+                    torch.matmul(x, ws[i % len(ws)].t(), out=o)
+
+                cases.append(Case(arm, "cold", m, wbytes, cold, max(c.reps, 2 * count), note))
+    return cases
+
+
+def arm_mlx(c: ShapeCtx, mx: Any, to_mlx: Any) -> list[Case]:
+    """MLX's CPU quantized_matmul(mode="nvfp4") (its global is a sidecar the caller applies)."""
+    mp = to_mlx(c.planes)
+    wq, sc = mx.array(mp.weight), mx.array(mp.scales)
+    cases = []
+    for m in c.ms:
+        x = mx.array(c.x(m))
+
+        def call(_: int, x: Any = x) -> None:
+            mx.eval(
+                mx.quantized_matmul(x, wq, sc, transpose=True, group_size=16, bits=4, mode="nvfp4")
+            )
+
+        cases.append(Case("mlx", "hot", m, c.packed, call, c.reps, "MLX CPU device"))
+    return cases
+
+
+def arm_ggml(
+    c: ShapeCtx, ggml: Ggml, dense32: np.ndarray
+) -> tuple[list[Case], list[Callable[[], None]]]:
+    """ggml-cpu NVFP4 mul_mat (W4A8: Q8_0 activations); the cases and their frees."""
+    cases, frees = [], []
+    for m in c.ms:
+        call, free = ggml.matmul(dense32, m, c.threads)
+        frees.append(free)
+        cases.append(Case("ggml", "hot", m, c.packed, call, c.reps, "W4A8: activations in Q8_0"))
+    return cases, frees
+
+
+def run_point(cases: list[Case], warmup: int = 1) -> dict[int, list[float]]:
+    """Time the arms of one (shape, M) point back to back: each arm gets a warm-up call, then
+    its timed calls in one burst. (Interleaving single calls across arms was tried: the thread
+    pools then fight, e.g. torch's OpenMP workers still spin when our call starts, which no
+    real program does.) Keeping a point's arms adjacent limits the drift between them."""
+    times: dict[int, list[float]] = {}
+    for case in cases:
+        for i in range(warmup):
+            case.fn(i)
+        times[id(case)] = []
+        for i in range(case.calls):
+            t0 = time.perf_counter()
+            case.fn(i)
+            times[id(case)].append(time.perf_counter() - t0)
+    return times
+
+
+# ------------------------------------------------------------------------------ main
+def paired_probe(cold: Case, native: Any, isa: str, threads: int) -> dict[str, Any]:
+    """The read probe and the cold M=1 GEMV alternated call by call, over the same memory.
+
+    The probe reads the weight set half a rotation away from the one the GEMV call uses
+    (its codes and scales, whole MiBs), so over a rotation both read every set equally often
+    and both find it cold. Both run on nvfp4-cpu's pool with the same threads. Drift, and
+    memory whose speed differs from page to page (a VM's memory may sit on near and far host
+    nodes), then hit numerator and denominator of the bandwidth fraction alike."""
+    sets = cold.sets or []
+    mib = 1 << 20
+    probe_t, probe_b, ours_t = [], [], []
+    for i in range(cold.calls):
+        w = sets[(i + len(sets) // 2) % len(sets)]
+        t0 = time.perf_counter()
+        ops.read_probe(native, isa, threads, w.codes)
+        ops.read_probe(native, isa, threads, w.scales)
+        probe_t.append(time.perf_counter() - t0)
+        probe_b.append(w.codes.nbytes // mib * mib + w.scales.nbytes // mib * mib)
+        t0 = time.perf_counter()
+        cold.fn(i)
+        ours_t.append(time.perf_counter() - t0)
+    rates = [b / t for b, t in zip(probe_b, probe_t, strict=True)]
+    return {
+        "calls": cold.calls,
+        "probe_times_s": probe_t,
+        "probe_bytes_per_call": probe_b[0],
+        "ours_times_s": ours_t,
+        "probe_median_gbps": statistics.median(rates) / 1e9,
+        "ours_median_gbps": cold.weight_bytes / statistics.median(ours_t) / 1e9,
+    }
+
+
+def machine_info() -> dict[str, Any]:
+    info: dict[str, Any] = {"platform": platform.platform(), "python": platform.python_version()}
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        info["cpu"] = next(
+            ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")
+        )
+        flags = next(
+            ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")
+        )
+        info["simd_flags"] = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c")))
+    except (OSError, StopIteration):
+        pass
+    info["cpus"] = os.cpu_count()
+    versions = {
+        "numpy": np.__version__,
+        "nvfp4": nvfp4.__version__,
+        "nvfp4_cpu": nvfp4_cpu.__version__,
+    }
+    for mod in ("torch", "mlx.core"):
+        try:
+            versions[mod] = __import__(mod, fromlist=["_"]).__version__
+        except ImportError:
+            versions[mod] = None
+    info["versions"] = versions
+    return info
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    threads, reps = args.threads, args.reps
+    native = load()
+    isa = native.best_isa()
+    backend = nvfp4_cpu.CPUBackend(isa=isa, threads=threads)
+    shapes = (
+        {"S": (1024, 1024), "L": (2048, 2048)}
+        if args.quick
+        else {"S": (4096, 4096), "L": (14336, 8192)}
+    )
+    rows: list[Row] = []
+    skipped: dict[str, str] = {}
+    t_start = time.time()
+    load_start = os.getloadavg()
+
+    # read-bandwidth probe, same threads, same process
+    probe_buf = np.ones((256 << 20) if args.quick else (1 << 30), dtype=np.uint8)
+    probe_times = measure(
+        lambda _, b=probe_buf: ops.read_probe(native, isa, threads, b), max(reps, 5)
+    )
+    probe = {
+        "bytes": probe_buf.nbytes,
+        "isa": isa,
+        "threads": threads,
+        "times_s": probe_times,
+        "median_gbps": probe_buf.nbytes / statistics.median(probe_times) / 1e9,
+        "max_gbps": probe_buf.nbytes / min(probe_times) / 1e9,
+    }
+    print(
+        f"read probe: {probe['median_gbps']:.1f} GB/s median ({threads} threads, {isa})", flush=True
+    )
+
+    try:
+        import torch
+
+        torch.set_num_threads(threads)
+    except ImportError:
+        torch = None  # type: ignore[assignment]
+        skipped["torch_f32"] = skipped["torch_bf16"] = "torch is not installed"
+    try:
+        import mlx.core as mx
+
+        mx.set_default_device(mx.cpu)
+        from nvfp4.layouts.mlx import to_mlx
+    except ImportError:
+        mx = None
+        skipped["mlx"] = "mlx is not installed"
+    try:
+        ggml: Ggml | None = Ggml()
+    except (RuntimeError, OSError, AttributeError) as exc:
+        ggml = None
+        skipped["ggml"] = f"ggml arm skipped: {exc}"
+        print(skipped["ggml"], flush=True)
+
+    for shape, (n, k) in shapes.items():
+        planes = random_planes(n, k, seed=n + k)
+        ctx = ShapeCtx(shape, n, k, planes, backend.prepare(planes), threads, reps, args.quick)
+        dense32 = backend.dequantize(ctx.pw, "float32")  # exact decode, for the dense arms
+        cases = arm_ours(ctx, native, isa) + arm_numpy(ctx)
+        if torch is not None:
+            cases += arm_torch(ctx, torch, dense32)
+        if mx is not None:
+            cases += arm_mlx(ctx, mx, to_mlx)
+        frees: list[Callable[[], None]] = []
+        if ggml is not None:
+            try:
+                more, frees = arm_ggml(ctx, ggml, dense32)
+                cases += more
+            except (RuntimeError, OSError) as exc:
+                skipped["ggml"] = f"ggml arm failed: {exc}"
+        del dense32
+        for m in ctx.ms:  # one (shape, M) point at a time, its arms back to back
+            point = [c for c in cases if c.m == m]
+            times = run_point(point)
+            cold = next((c for c in point if (c.arm, c.variant) == ("ours", "cold")), None)
+            if cold is not None and m == 1:  # C5: probe and cold GEMV alternated, same pool
+                probe["paired"] = paired_probe(cold, native, isa, threads)
+                print(
+                    f"paired: probe {probe['paired']['probe_median_gbps']:.1f} GB/s, ours cold "
+                    f"{probe['paired']['ours_median_gbps']:.1f} GB/s",
+                    flush=True,
+                )
+            for c in point:
+                r = Row(c.arm, shape, n, k, m, c.variant, c.weight_bytes, times[id(c)], c.note)
+                rows.append(r)
+                d = r.as_dict()
+                print(
+                    f"{shape} {n}x{k} M={m:<2} {c.arm:<11} {c.variant:<4} {d['median_s'] * 1e3:9.3f} ms "
+                    f"{d['gflops']:7.1f} GF/s {d['weight_gbps']:6.2f} GB/s",
+                    flush=True,
+                )
+        for free in frees:
+            free()
+        del cases, ctx
+
+    del probe_buf
+    results = [r.as_dict() for r in rows]
+    return {
+        "benchmark": "cpu_kernels",
+        "quick": bool(args.quick),
+        "threads": threads,
+        "reps": reps,
+        "isa": isa,
+        "availability": backend.availability().device,
+        "machine": machine_info(),
+        "niceness": os.nice(0),
+        "loadavg_start": load_start,
+        "loadavg_end": os.getloadavg(),
+        "started_unix": t_start,
+        "duration_s": time.time() - t_start,
+        "shapes": {s: {"n": n, "k": k} for s, (n, k) in shapes.items()},
+        "probe": probe,
+        "results": results,
+        "skipped": skipped,
+        "goals": goals(results, probe),
+    }
+
+
+def _get(
+    results: list[dict[str, Any]], arm: str, shape: str, m: int, variant: str = "hot"
+) -> dict[str, Any] | None:
+    for r in results:
+        if (r["arm"], r["shape"], r["m"], r["variant"]) == (arm, shape, m, variant):
+            return r
+    return None
+
+
+def goals(results: list[dict[str, Any]], probe: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's goals, each a ratio from this run (None where an arm did not run)."""
+    out: list[dict[str, Any]] = []
+
+    def ratio(
+        num: dict[str, Any] | None, den: dict[str, Any] | None, key: str = "median_s"
+    ) -> float | None:
+        return None if num is None or den is None else num[key] / den[key]
+
+    for shape in ("S", "L"):
+        r = ratio(_get(results, "numpy", shape, 1), _get(results, "ours", shape, 1))
+        out.append(
+            {
+                "id": f"C1-{shape}",
+                "goal": f"numpy dequant+matmul time / ours, M=1, {shape}",
+                "value": r,
+                "target": ">= 20",
+                "met": None if r is None else r >= 20,
+            }
+        )
+    for shape in ("S", "L"):
+        r = ratio(_get(results, "ours", shape, 1), _get(results, "ggml", shape, 1))
+        out.append(
+            {
+                "id": f"C2-{shape}",
+                "goal": f"ours time / ggml time, M=1, {shape}",
+                "value": r,
+                "target": "<= 1.0",
+                "met": None if r is None else r <= 1.0,
+            }
+        )
+        for m in (8, 32):
+            r = ratio(_get(results, "ours", shape, m), _get(results, "ggml", shape, m), "gflops")
+            out.append(
+                {
+                    "id": f"C3-{shape}-M{m}",
+                    "goal": f"ours GF/s / ggml GF/s, M={m}, {shape}",
+                    "value": r,
+                    "target": ">= 2.5",
+                    "met": None if r is None else r >= 2.5,
+                }
+            )
+    for variant in ("hot", "cold"):
+        r = ratio(
+            _get(results, "torch_bf16", "L", 1, variant), _get(results, "ours", "L", 1, variant)
+        )
+        out.append(
+            {
+                "id": f"C4-{variant}",
+                "goal": f"torch bf16 dense time / ours, M=1, L {variant}",
+                "value": r,
+                "target": ">= 3.0",
+                "met": None if r is None else r >= 3.0,
+            }
+        )
+    paired = probe.get("paired")
+    r = None if paired is None else paired["ours_median_gbps"] / paired["probe_median_gbps"]
+    out.append(
+        {
+            "id": "C5",
+            "goal": "ours packed GB/s / read-probe GB/s, M=1, L cold (alternated)",
+            "value": r,
+            "target": ">= 0.60",
+            "met": None if r is None else r >= 0.6,
+        }
+    )
+    return out
+
+
+# ---------------------------------------------------------------------------- report
+def plot(data: dict[str, Any], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    res = data["results"]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    series = [(a, v) for a, v in dict.fromkeys((r["arm"], r["variant"]) for r in res)]
+    for ax, shape in zip(axes, ("S", "L"), strict=True):
+        width = 0.8 / max(1, len(series))
+        for i, (arm, variant) in enumerate(series):
+            vals = [
+                next(
+                    (
+                        r["gflops"]
+                        for r in res
+                        if (r["arm"], r["variant"], r["shape"], r["m"]) == (arm, variant, shape, m)
+                    ),
+                    0.0,
+                )
+                for m in (1, 8, 32)
+            ]
+            if not any(vals):
+                continue
+            ax.bar([j + i * width for j in range(3)], vals, width, label=f"{arm} ({variant})")
+        sh = data["shapes"][shape]
+        ax.set_title(f"{shape}: N={sh['n']} K={sh['k']}, {data['threads']} threads")
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(3)], ["M=1", "M=8", "M=32"])
+        ax.set_yscale("log")
+        ax.set_ylabel("GFLOP/s (log)")
+        ax.grid(axis="y", alpha=0.3)
+    handles, labels = axes[1].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8)
+    fig.suptitle(f"NVFP4 CPU kernels, one process ({data['machine'].get('cpu', '?')})", fontsize=10)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def markdown(data: dict[str, Any], png: str | None) -> str:
+    res = data["results"]
+    lines = [
+        "# CPU NVFP4 kernels: nvfp4-cpu against every other CPU path, one process",
+        "",
+        "Produced by `benchmarks/cpu_kernels.py` (raw figures: "
+        f"`benchmarks/results/{'cpu_kernels_quick' if data['quick'] else 'cpu_kernels'}.json`). "
+        "Every arm ran in the same process with the same thread cap; each figure is the median of "
+        f">= {data['reps']} timed calls after a warm-up call. Ratios are within this run.",
+        "",
+        f"- machine: {data['machine'].get('cpu', '?')}, {data['machine'].get('cpus')} CPUs; "
+        f"nvfp4-cpu: {data['availability']}",
+        f"- threads: {data['threads']} for every arm; load average at start / end: "
+        f"{', '.join(f'{v:.2f}' for v in data['loadavg_start'])} / {', '.join(f'{v:.2f}' for v in data['loadavg_end'])}"
+        " (the machine is shared: other work ran alongside); this process ran at niceness "
+        f"{data.get('niceness', 0)} (all arms alike)",
+        f"- read-bandwidth probe ({data['probe']['bytes'] / 2**30:.2f} GiB, {data['threads']} threads): "
+        f"median {data['probe']['median_gbps']:.1f} GB/s, best {data['probe']['max_gbps']:.1f} GB/s"
+        + (
+            f"; alternated call by call with the cold M=1 GEMV over the same weight sets "
+            f"({data['probe']['paired']['calls']} calls each): probe {data['probe']['paired']['probe_median_gbps']:.1f} GB/s, ours "
+            f"{data['probe']['paired']['ours_median_gbps']:.1f} GB/s (C5 uses these)"
+            if "paired" in data["probe"]
+            else ""
+        ),
+        f"- run time: {data['duration_s']:.0f} s",
+    ]
+    for arm, why in data["skipped"].items():
+        lines.append(f"- **{arm}**: {why}")
+    lines += [
+        "",
+        "## Goals (ratios from this run)",
+        "",
+        "| id | goal | value | target | met |",
+        "|---|---|---:|---|---|",
+    ]
+    for g in data["goals"]:
+        v = "not measured" if g["value"] is None else f"{g['value']:.2f}"
+        met = "n/a (arm absent)" if g["met"] is None else ("**yes**" if g["met"] else "no")
+        lines.append(f"| {g['id']} | {g['goal']} | {v} | {g['target']} | {met} |")
+    for shape, sh in data["shapes"].items():
+        lines += [
+            "",
+            f"## {shape}: N = {sh['n']}, K = {sh['k']}",
+            "",
+            "| M | arm | variant | median ms | best ms | GFLOP/s | weight GB/s | median time / ours (same M, variant) |",
+            "|---:|---|---|---:|---:|---:|---:|---:|",
+        ]
+        for m in (1, 8, 32):
+            for r in (r for r in res if r["shape"] == shape and r["m"] == m):
+                ours = _get(res, "ours", shape, m, r["variant"]) or _get(res, "ours", shape, m)
+                rel = "" if ours is None else f"{r['median_s'] / ours['median_s']:.2f}x"
+                lines.append(
+                    f"| {m} | {r['arm']} | {r['variant']} | {r['median_s'] * 1e3:.3f} | "
+                    f"{r['min_s'] * 1e3:.3f} | {r['gflops']:.1f} | {r['weight_gbps']:.2f} | {rel} |"
+                )
+    if any(g["value"] is None for g in data["goals"] if g["id"].startswith(("C2", "C3"))):
+        lines += [
+            "",
+            "ggml context (NOT this run, not a verdict): research/anchors-performance.md section 4 "
+            "recorded ggml-cpu NVFP4 on this machine type at 2 threads, in an earlier session whose machine "
+            "load is not recorded. Our figures above against those (a different run: drift does not "
+            "cancel here):",
+            "",
+            "| shape | M | ggml ms (recorded) | ours ms (this run) | ours / ggml time |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for (shape, m), ms_rec in GGML_RECORDED_MS.items():
+            ours = _get(res, "ours", shape, m)
+            if ours is not None and not data["quick"]:
+                lines.append(
+                    f"| {shape} | {m} | {ms_rec} | {ours['median_s'] * 1e3:.3f} | {ours['median_s'] * 1e3 / ms_rec:.3f} |"
+                )
+    if png:
+        lines += ["", f"![GFLOP/s per arm]({png})"]
+    lines += [
+        "",
+        "Notes: `weight GB/s` counts the bytes of weights each arm reads in its own format "
+        "(NVFP4 packed codes + scales for ours, numpy, MLX and ggml; 4 or 2 bytes per weight for the "
+        "dense torch arms). The cold variant rotates through > 1 GB of distinct weight copies so every "
+        "call streams its weights from DRAM. The numpy arm dequantizes to float32 on every call (a "
+        "backend without a fused kernel). MLX's CPU kernel is single-threaded whatever the cap.",
+        "",
+        "Reading these figures on a shared host: the DRAM bandwidth a small VM gets can swing by "
+        "several times within minutes (other tenants), and a VM's pages may sit on faster and slower "
+        "host memory, so C5 alternates the read probe and the cold GEMV call by call over the same "
+        "weight sets, instead of dividing by a probe of other memory taken earlier. "
+        "Thread pools with a static split (torch's OpenMP) wait a whole scheduler tick when one of "
+        "their threads is preempted: torch medians that sit on multiples of 4 ms show that. "
+        "nvfp4-cpu hands out work dynamically, so a preempted worker costs it little; on an idle "
+        "machine the torch ratios would be smaller.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument(
+        "--quick", action="store_true", help="small shapes, *_quick outputs (smoke test)"
+    )
+    p.add_argument("--render", metavar="JSON", help="only re-render the summary and plot of a run")
+    args = p.parse_args()
+    if args.reps < 5 and not args.quick:
+        p.error("--reps must be >= 5 (the median of at least 5 runs)")
+    data = json.loads(Path(args.render).read_text()) if args.render else run(args)
+    suffix = "_quick" if data["quick"] else ""
+    res_dir = ROOT / "benchmarks" / "results"
+    doc_dir = ROOT / "docs" / "benchmark_results"
+    res_dir.mkdir(parents=True, exist_ok=True)
+    doc_dir.mkdir(parents=True, exist_ok=True)
+    if not args.render:
+        (res_dir / f"cpu_kernels{suffix}.json").write_text(json.dumps(data, indent=1) + "\n")
+    png = f"cpu_kernels{suffix}.png"
+    made = plot(data, doc_dir / png)
+    (doc_dir / f"cpu_kernels{suffix}.md").write_text(markdown(data, png if made else None))
+    print(f"wrote {doc_dir / f'cpu_kernels{suffix}.md'}" + ("" if args.render else " and the JSON"))
+    for g in data["goals"]:
+        v = "not measured" if g["value"] is None else f"{g['value']:.2f}"
+        print(f"  {g['id']:<10} {g['goal']:<52} {v:>12}  target {g['target']:<7} met={g['met']}")
+
+
+if __name__ == "__main__":
+    main()

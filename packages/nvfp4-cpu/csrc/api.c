@@ -1,0 +1,702 @@
+/* nvfp4-cpu: the C entry points called through ctypes, the runtime ISA dispatch, the
+ * pthread pool, and the ISA-independent kernels (layout packing, activation quantization).
+ *
+ * Compiled for the baseline target (no -m flags): nothing here may execute an instruction
+ * the oldest supported CPU lacks. The SIMD kernels live in their own translation units and
+ * are reached only through nv_isa_kernels tables after __builtin_cpu_supports said yes.
+ *
+ * Every function returns 0 on success or a negative error code (NV_E*), never aborts, and
+ * never reads outside the arrays whose sizes its arguments describe. Expert ids are bounds
+ * checked here: a row whose id is outside [0, E) gets an exactly zero output row and reads
+ * no weight byte.
+ */
+#define _GNU_SOURCE
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "nvfp4cpu.h"
+
+#define NV_EINVAL (-1)  /* bad argument (dimension, ISA level, not initialised) */
+#define NV_ENOMEM (-2)  /* scratch allocation failed */
+#define NV_MAX_THREADS 256
+#define NV_GROUP 4      /* tiles per work item */
+
+float nv_e2m1_lut[16];
+float nv_e4m3_lut[256];
+static float nv_e2m1_bounds[7];   /* midpoints between E2M1 magnitudes */
+static float nv_e2m1_odd[3];      /* the midpoints where round-half-even goes up */
+static int nv_initialised = 0;
+
+/* ------------------------------------------------------------------ init and ISA facts */
+
+NV_API int nvfp4cpu_abi_version(void) { return 1; }
+
+/* The spec tables from nvfp4.spec: E2M1_VALUES (16), E4M3_VALUES (256), E2M1_BOUNDS (7),
+ * E2M1_ODD_BOUNDS (3). Must be called once before anything else. */
+NV_API int nvfp4cpu_init(const float *e2m1, const float *e4m3, const float *bounds, const float *odd) {
+    if (!e2m1 || !e4m3 || !bounds || !odd) return NV_EINVAL;
+    memcpy(nv_e2m1_lut, e2m1, sizeof(nv_e2m1_lut));
+    memcpy(nv_e4m3_lut, e4m3, sizeof(nv_e4m3_lut));
+    memcpy(nv_e2m1_bounds, bounds, sizeof(nv_e2m1_bounds));
+    memcpy(nv_e2m1_odd, odd, sizeof(nv_e2m1_odd));
+    nv_initialised = 1;
+    return 0;
+}
+
+/* CPU feature bits, for availability() and the ISA checks. */
+enum {
+    NV_F_AVX2 = 1 << 0, NV_F_FMA = 1 << 1, NV_F_F16C = 1 << 2, NV_F_AVX512F = 1 << 3,
+    NV_F_AVX512BW = 1 << 4, NV_F_AVX512VL = 1 << 5, NV_F_AVX512VNNI = 1 << 6,
+    NV_F_AVX512BF16 = 1 << 7, NV_F_X86 = 1 << 30,
+};
+
+NV_API unsigned nvfp4cpu_cpu_features(void) {
+    unsigned f = 0;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init(); /* libgcc checks XCR0 too: OS support for the register state */
+    f |= NV_F_X86;
+    if (__builtin_cpu_supports("avx2")) f |= NV_F_AVX2;
+    if (__builtin_cpu_supports("fma")) f |= NV_F_FMA;
+    if (__builtin_cpu_supports("f16c")) f |= NV_F_F16C;
+    if (__builtin_cpu_supports("avx512f")) f |= NV_F_AVX512F;
+    if (__builtin_cpu_supports("avx512bw")) f |= NV_F_AVX512BW;
+    if (__builtin_cpu_supports("avx512vl")) f |= NV_F_AVX512VL;
+    if (__builtin_cpu_supports("avx512vnni")) f |= NV_F_AVX512VNNI;
+    if (__builtin_cpu_supports("avx512bf16")) f |= NV_F_AVX512BF16;
+#endif
+    return f;
+}
+
+/* 1 when the ISA level's translation unit is linked into this library. */
+NV_API int nvfp4cpu_isa_compiled(int isa) {
+    switch (isa) {
+    case NV_ISA_PORTABLE: return 1;
+#if defined(NVFP4CPU_HAVE_AVX2)
+    case NV_ISA_AVX2: return 1;
+#endif
+#if defined(NVFP4CPU_HAVE_AVX512)
+    case NV_ISA_AVX512: return 1;
+#endif
+    default: return 0;
+    }
+}
+
+/* E2M1 is sign-magnitude: code 8 + i is value i with the sign bit set (the AVX2 decoder
+ * relies on it). */
+static int nv_e2m1_sign_magnitude(void) {
+    for (int i = 0; i < 8; i++) {
+        union { float f; uint32_t u; } a = {nv_e2m1_lut[i]}, b = {nv_e2m1_lut[i + 8]};
+        if ((a.u ^ 0x80000000u) != b.u) return 0;
+    }
+    return 1;
+}
+
+/* 1 when the level is compiled in and this CPU (and OS) can run it. */
+NV_API int nvfp4cpu_isa_supported(int isa) {
+    if (!nvfp4cpu_isa_compiled(isa)) return 0;
+    const unsigned f = nvfp4cpu_cpu_features();
+    switch (isa) {
+    case NV_ISA_PORTABLE: return 1;
+    case NV_ISA_AVX2: {
+        const unsigned need = NV_F_AVX2 | NV_F_FMA | NV_F_F16C;
+        return (f & need) == need && nv_e2m1_sign_magnitude();
+    }
+    case NV_ISA_AVX512: {
+        const unsigned need = NV_F_AVX512F | NV_F_AVX512BW | NV_F_AVX512VL | NV_F_FMA | NV_F_F16C;
+        return (f & need) == need;
+    }
+    default: return 0;
+    }
+}
+
+static const nv_isa_kernels *nv_kernels_for(int isa) {
+    if (!nv_initialised || !nvfp4cpu_isa_supported(isa)) return NULL;
+    switch (isa) {
+#if defined(NVFP4CPU_HAVE_AVX512)
+    case NV_ISA_AVX512: return &nv_kernels_avx512;
+#endif
+#if defined(NVFP4CPU_HAVE_AVX2)
+    case NV_ISA_AVX2: return &nv_kernels_avx2;
+#endif
+    case NV_ISA_PORTABLE: return &nv_kernels_portable;
+    default: return NULL;
+    }
+}
+
+/* ------------------------------------------------------------------------ thread pool */
+/* A persistent pool with dynamic scheduling. A job is a range of items [0, nitems) handed
+ * out `grain` at a time from an atomic counter; the calling thread always works on it, and
+ * up to nth - 1 pool workers help. Workers are created on first need, then wait for the next
+ * job spinning briefly (back-to-back matmuls start in microseconds) and then sleeping on a
+ * condition variable (an idle pool costs nothing).
+ *
+ * Why dynamic: on a shared or oversubscribed machine a worker may not be scheduled for a
+ * whole time slice. With a static split the caller would wait for its share; here the
+ * caller takes the items the worker never claimed and waits only for workers that actually
+ * joined. Items are fixed by the problem, never by the thread count, so the results are
+ * bit-identical for every thread count.
+ *
+ * Joining protocol (all sequentially consistent): a worker increments `active`, then reads
+ * `open`; the caller, once the items are exhausted, clears `open`, then waits for `active`
+ * to drop to 0. Either the caller sees the worker in `active` (and waits for it), or the
+ * worker sees `open` cleared (and never touches the job, which lives on the caller's
+ * stack). One job runs at a time (run_lock); ctypes releases the GIL, so concurrent Python
+ * threads queue here. After fork() the child starts with an empty pool. */
+
+typedef void (*nv_task)(void *ctx, int64_t lo, int64_t hi); /* process items [lo, hi) */
+
+typedef struct {
+    nv_task fn;
+    void *ctx;
+    int64_t nitems, grain;
+    atomic_llong next; /* first unclaimed item */
+} nv_job;
+
+static struct {
+    pthread_mutex_t run_lock;
+    pthread_mutex_t mtx;
+    pthread_cond_t cv;
+    int nworkers;       /* created workers */
+    unsigned start_gen; /* generation a newly created worker has already seen */
+    atomic_uint gen;    /* bumped for each job, under mtx, to wake the workers */
+    atomic_int open;    /* 1 while the current job admits helpers */
+    atomic_int active;  /* workers between joining and leaving a job */
+    atomic_int helpers; /* helpers admitted to the current job */
+    int max_helpers;    /* nth - 1 for the current job */
+    nv_job *job;
+} nv_pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
+             0, 0, 0, 0, 0, 0, 0, NULL};
+
+static pthread_once_t nv_atfork_once = PTHREAD_ONCE_INIT;
+
+static inline void nv_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static double nv_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+#define NV_SPIN_SECONDS 2e-4 /* how long an idle worker spins before it sleeps */
+
+/* Claim and process items until none is left. */
+static void nv_drain(nv_job *job) {
+    for (;;) {
+        const int64_t lo = atomic_fetch_add_explicit(&job->next, job->grain, memory_order_relaxed);
+        if (lo >= job->nitems) return;
+        const int64_t hi = lo + job->grain < job->nitems ? lo + job->grain : job->nitems;
+        job->fn(job->ctx, lo, hi);
+    }
+}
+
+static void *nv_worker(void *arg) {
+    (void)arg;
+    /* the generation current when this worker was created (under run_lock, before the job
+     * that needed it was published): it must not miss that job however late it starts */
+    unsigned seen = nv_pool.start_gen;
+    for (;;) {
+        unsigned g = atomic_load(&nv_pool.gen);
+        if (g == seen) {
+            const double t0 = nv_now();
+            int spins = 0;
+            while ((g = atomic_load(&nv_pool.gen)) == seen) {
+                nv_relax();
+                if (++spins % 64 == 0 && nv_now() - t0 > NV_SPIN_SECONDS) {
+                    pthread_mutex_lock(&nv_pool.mtx);
+                    while ((g = atomic_load(&nv_pool.gen)) == seen)
+                        pthread_cond_wait(&nv_pool.cv, &nv_pool.mtx);
+                    pthread_mutex_unlock(&nv_pool.mtx);
+                    break;
+                }
+            }
+        }
+        seen = g;
+        atomic_fetch_add(&nv_pool.active, 1);
+        if (atomic_load(&nv_pool.open) && atomic_fetch_add(&nv_pool.helpers, 1) < nv_pool.max_helpers)
+            nv_drain(nv_pool.job); /* valid: the caller waits while we are active */
+        atomic_fetch_sub(&nv_pool.active, 1);
+    }
+    return NULL;
+}
+
+static void nv_atfork_child(void) {
+    /* the workers did not survive the fork: forget them and reset the locks */
+    pthread_mutex_init(&nv_pool.run_lock, NULL);
+    pthread_mutex_init(&nv_pool.mtx, NULL);
+    pthread_cond_init(&nv_pool.cv, NULL);
+    nv_pool.nworkers = 0;
+    atomic_store(&nv_pool.open, 0);
+    atomic_store(&nv_pool.active, 0);
+    atomic_store(&nv_pool.helpers, 0);
+}
+
+static void nv_register_atfork(void) { pthread_atfork(NULL, NULL, nv_atfork_child); }
+
+/* Runs fn over items [0, nitems), `grain` items per claim, on the calling thread and up to
+ * nth - 1 pool workers. */
+static void nv_parallel(nv_task fn, void *ctx, int64_t nitems, int64_t grain, int nth) {
+    if (nitems <= 0) return;
+    if (grain < 1) grain = 1;
+    if (nth > NV_MAX_THREADS) nth = NV_MAX_THREADS;
+    if (nth <= 1 || nitems <= grain) {
+        fn(ctx, 0, nitems);
+        return;
+    }
+    pthread_once(&nv_atfork_once, nv_register_atfork);
+    pthread_mutex_lock(&nv_pool.run_lock);
+    nv_pool.start_gen = atomic_load(&nv_pool.gen);
+    while (nv_pool.nworkers < nth - 1) {
+        pthread_t th;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        const int rc = pthread_create(&th, &attr, nv_worker, NULL);
+        pthread_attr_destroy(&attr);
+        if (rc != 0) break; /* run with the workers we have */
+        nv_pool.nworkers++;
+    }
+    nv_job job;
+    job.fn = fn;
+    job.ctx = ctx;
+    job.nitems = nitems;
+    job.grain = grain;
+    atomic_init(&job.next, 0);
+    nv_pool.job = &job;
+    nv_pool.max_helpers = nth - 1;
+    atomic_store(&nv_pool.helpers, 0);
+    atomic_store(&nv_pool.open, 1); /* publishes job and max_helpers to joining workers */
+    pthread_mutex_lock(&nv_pool.mtx);
+    atomic_fetch_add(&nv_pool.gen, 1u);
+    pthread_cond_broadcast(&nv_pool.cv);
+    pthread_mutex_unlock(&nv_pool.mtx);
+    nv_drain(&job);
+    atomic_store(&nv_pool.open, 0);
+    while (atomic_load(&nv_pool.active) != 0) nv_relax(); /* helpers still on their items */
+    pthread_mutex_unlock(&nv_pool.run_lock);
+}
+
+/* Threads worth using: at most one per work item, and one alone below about 10 us of work
+ * (`work` in multiply-adds or bytes), where waking workers costs more than it saves. */
+#define NV_MIN_WORK_PER_THREAD (1 << 18)
+/* Items per claim so that each claim is at least ~64 K units of work (a few microseconds). */
+static int64_t nv_grain(int64_t work_per_item) {
+    const int64_t g = (int64_t)65536 / (work_per_item > 0 ? work_per_item : 1);
+    return g < 1 ? 1 : g;
+}
+
+static int nv_threads_for(int nth, int64_t items, int64_t work) {
+    if (nth < 1) nth = 1;
+    if (items < nth) nth = items < 1 ? 1 : (int)items;
+    const int64_t by_work = work / NV_MIN_WORK_PER_THREAD;
+    if (by_work < nth) nth = by_work < 1 ? 1 : (int)by_work;
+    return nth;
+}
+
+/* --------------------------------------------------------------------------- matmul */
+/* Work: the rows of x are grouped by expert (one group for qmm), each group cut into chunks
+ * of at most mc_max rows with their activation panel built once; a work item is (chunk,
+ * group of NV_GROUP tiles). Items are numbered expert by expert, tile group by tile group,
+ * and inside a tile group chunk by chunk, so a thread's contiguous range of items streams
+ * its tiles once and reuses each from cache for every chunk of rows. */
+
+typedef struct {
+    const float *panel;
+    const int64_t *rows; /* output (= input) row indices of the chunk */
+    int mc;
+} nv_chunkdesc;
+
+typedef struct {
+    const nv_isa_kernels *kern;
+    const uint8_t *codes, *scales;
+    const float *rowg;
+    int64_t n, k, tiles, groups;
+    int64_t nact;              /* experts that have rows */
+    const int64_t *act_expert; /* [nact] */
+    const int64_t *act_chunk0; /* [nact + 1] first chunk of each */
+    const int64_t *act_item0;  /* [nact + 1] first item of each */
+    const nv_chunkdesc *chunks;
+    float *out;
+} nv_mm_job;
+
+static void nv_mm_task(void *ctx, int64_t lo, int64_t hi) {
+    const nv_mm_job *j = (const nv_mm_job *)ctx;
+    int64_t a = 0; /* the active expert holding item lo (binary search) */
+    for (int64_t l = 0, h = j->nact - 1; l <= h;) {
+        const int64_t mid = (l + h) / 2;
+        if (j->act_item0[mid] <= lo) { a = mid; l = mid + 1; } else { h = mid - 1; }
+    }
+    const int64_t tcb = nv_tile_code_bytes(j->k), tsb = nv_tile_scale_bytes(j->k);
+    for (int64_t i = lo; i < hi; i++) {
+        while (i >= j->act_item0[a + 1]) a++;
+        const int64_t e = j->act_expert[a];
+        const int64_t nch = j->act_chunk0[a + 1] - j->act_chunk0[a];
+        const int64_t local = i - j->act_item0[a];
+        const int64_t group = local / nch, ci = local % nch;
+        nv_weight w;
+        w.codes = j->codes + e * j->tiles * tcb;  /* expert e's first tile */
+        w.scales = j->scales + e * j->tiles * tsb;
+        w.rowg = j->rowg + e * j->tiles * NV_TILE;
+        w.n = j->n;
+        w.k = j->k;
+        const nv_chunkdesc *cd = &j->chunks[j->act_chunk0[a] + ci];
+        nv_chunk c = {cd->panel, cd->mc, j->out, j->n, cd->rows};
+        const int64_t t0 = group * NV_GROUP;
+        const int64_t nt = (j->tiles - t0) < NV_GROUP ? (j->tiles - t0) : NV_GROUP;
+        j->kern->qmm_tiles(&w, t0, nt, &c);
+    }
+}
+
+static void *nv_aligned_alloc(size_t bytes) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return NULL;
+    return p;
+}
+
+/* out[m][n] = rowg[e_m][n] * sum_k x[m][k] * w[e_m][n][k] with e_m = ids[m] (ids NULL: one
+ * matrix, e_m = 0). Rows whose id is outside [0, E) are set to exactly 0. */
+static int nv_mm(int isa, int nth, const uint8_t *codes, const uint8_t *scales, const float *rowg,
+                 int64_t e, int64_t n, int64_t k, const float *x, int64_t m, const int64_t *ids,
+                 float *out) {
+    const nv_isa_kernels *kern = nv_kernels_for(isa);
+    if (!kern || e < 1 || n < 1 || k < NV_BLOCK || k % NV_BLOCK || m < 0) return NV_EINVAL;
+    if (m == 0) return 0;
+    const int64_t mc_max = kern->mc_max;
+    /* scratch: order[m], count[e + 1], act arrays, chunks, then 64-byte aligned panels */
+    int64_t *count = (int64_t *)calloc((size_t)(e + 1), sizeof(int64_t));
+    int64_t *order = (int64_t *)malloc((size_t)m * sizeof(int64_t));
+    if (!count || !order) { free(count); free(order); return NV_ENOMEM; }
+    int64_t valid = 0;
+    for (int64_t r = 0; r < m; r++) {
+        const int64_t id = ids ? ids[r] : 0;
+        if (id >= 0 && id < e) { count[id + 1]++; valid++; }
+        else memset(out + r * n, 0, (size_t)n * sizeof(float)); /* out-of-range id: zero row */
+    }
+    for (int64_t i = 0; i < e; i++) count[i + 1] += count[i]; /* count[i] = first slot of i */
+    {
+        int64_t *fill = (int64_t *)malloc((size_t)(e + 1) * sizeof(int64_t));
+        if (!fill) { free(count); free(order); return NV_ENOMEM; }
+        memcpy(fill, count, (size_t)(e + 1) * sizeof(int64_t));
+        for (int64_t r = 0; r < m; r++) { /* stable counting sort of the valid rows by expert */
+            const int64_t id = ids ? ids[r] : 0;
+            if (id >= 0 && id < e) order[fill[id]++] = r;
+        }
+        free(fill);
+    }
+    int64_t nact = 0, nchunks = 0;
+    for (int64_t i = 0; i < e; i++) {
+        const int64_t rows = count[i + 1] - count[i];
+        if (rows) { nact++; nchunks += (rows + mc_max - 1) / mc_max; }
+    }
+    int rc = 0;
+    int64_t *act = (int64_t *)malloc((size_t)(3 * (nact + 1)) * sizeof(int64_t));
+    nv_chunkdesc *chunks = (nv_chunkdesc *)malloc((size_t)(nchunks + 1) * sizeof(nv_chunkdesc));
+    float *panels = (float *)nv_aligned_alloc((size_t)(valid * k) * sizeof(float));
+    if (!act || !chunks || !panels) { rc = NV_ENOMEM; goto done; }
+    {
+        int64_t *act_expert = act, *act_chunk0 = act + (nact + 1), *act_item0 = act + 2 * (nact + 1);
+        const int64_t tiles = nv_tiles(n), groups = (tiles + NV_GROUP - 1) / NV_GROUP;
+        int64_t a = 0, ci = 0, item = 0;
+        float *panel = panels;
+        for (int64_t i = 0; i < e; i++) {
+            const int64_t first = count[i], rows = count[i + 1] - count[i];
+            if (!rows) continue;
+            const int64_t nch = (rows + mc_max - 1) / mc_max;
+            act_expert[a] = i;
+            act_chunk0[a] = ci;
+            act_item0[a] = item;
+            /* balanced chunks: the first rows % nch get one row more */
+            int64_t r0 = first;
+            for (int64_t q = 0; q < nch; q++) {
+                const int mc = (int)(rows / nch + (q < rows % nch ? 1 : 0));
+                /* panel[kk][ii] = x[order[r0 + ii]][kk] */
+                for (int64_t kk = 0; kk < k; kk++)
+                    for (int ii = 0; ii < mc; ii++) panel[kk * mc + ii] = x[order[r0 + ii] * k + kk];
+                chunks[ci].panel = panel;
+                chunks[ci].rows = order + r0;
+                chunks[ci].mc = mc;
+                panel += (int64_t)mc * k;
+                r0 += mc;
+                ci++;
+            }
+            item += groups * nch;
+            a++;
+        }
+        act_chunk0[nact] = ci;
+        act_item0[nact] = item;
+        nv_mm_job job = {kern, codes, scales, rowg, n, k, tiles, groups, nact,
+                         act_expert, act_chunk0, act_item0, chunks, out};
+        /* work: multiply-adds, counting each expert's weights at least once (M = 1 streams) */
+        const int64_t work = (valid + nact) * tiles * NV_TILE * k;
+        if (nact) nv_parallel(nv_mm_task, &job, item, 1, nv_threads_for(nth, item, work));
+    }
+done:
+    free(act);
+    free(chunks);
+    free(panels);
+    free(count);
+    free(order);
+    return rc;
+}
+
+/* W4A16 y = x @ w^T: codes/scales tiled (see nvfp4cpu.h), rowg [tiles * 16], x [m][k]
+ * float32 contiguous, out [m][n] float32. */
+NV_API int nvfp4cpu_qmm(int isa, int nth, const uint8_t *codes, const uint8_t *scales,
+                        const float *rowg, int64_t n, int64_t k, const float *x, int64_t m, float *out) {
+    return nv_mm(isa, nth, codes, scales, rowg, 1, n, k, x, m, NULL, out);
+}
+
+/* MoE: weights [e] tiled matrices, rowg [e][tiles * 16], ids [m] int64 (any values). */
+NV_API int nvfp4cpu_gather_qmm(int isa, int nth, const uint8_t *codes, const uint8_t *scales,
+                               const float *rowg, int64_t e, int64_t n, int64_t k, const float *x,
+                               int64_t m, const int64_t *ids, float *out) {
+    if (!ids) return NV_EINVAL;
+    return nv_mm(isa, nth, codes, scales, rowg, e, n, k, x, m, ids, out);
+}
+
+/* ------------------------------------------------------------------------ dequantize */
+
+typedef struct {
+    const nv_isa_kernels *kern;
+    const uint8_t *codes, *scales;
+    const float *rowg;
+    int64_t n, k, tiles;
+    void *out;
+    int kind;
+} nv_dq_job;
+
+static void nv_dq_task(void *ctx, int64_t lo, int64_t hi) { /* global tiles [lo, hi) */
+    const nv_dq_job *j = (const nv_dq_job *)ctx;
+    const int64_t tcb = nv_tile_code_bytes(j->k), tsb = nv_tile_scale_bytes(j->k);
+    const size_t esize = j->kind == NV_OUT_F32 ? 4 : 2;
+    const int64_t per = nv_tiles(j->n);
+    while (lo < hi) {
+        const int64_t e = lo / per, t0 = lo % per;
+        const int64_t nt = (hi - lo) < (per - t0) ? (hi - lo) : (per - t0);
+        nv_weight w = {j->codes + e * per * tcb, j->scales + e * per * tsb, j->rowg + e * per * NV_TILE, j->n, j->k};
+        j->kern->dequant_tiles(&w, t0, nt, (char *)j->out + (size_t)(e * j->n * j->k) * esize, j->kind);
+        lo += nt;
+    }
+}
+
+/* out [e][n][k] of `kind` (NV_OUT_*), exactly decoded. */
+NV_API int nvfp4cpu_dequantize(int isa, int nth, const uint8_t *codes, const uint8_t *scales,
+                               const float *rowg, int64_t e, int64_t n, int64_t k, int kind, void *out) {
+    const nv_isa_kernels *kern = nv_kernels_for(isa);
+    if (!kern || e < 1 || n < 1 || k < NV_BLOCK || k % NV_BLOCK || kind < 0 || kind > 2) return NV_EINVAL;
+    nv_dq_job job = {kern, codes, scales, rowg, n, k, e * nv_tiles(n), out, kind};
+    nv_parallel(nv_dq_task, &job, job.tiles, nv_grain(NV_TILE * k), nv_threads_for(nth, job.tiles, e * n * k));
+    return 0;
+}
+
+/* ---------------------------------------------------------------- layout pack / unpack */
+
+typedef struct {
+    uint8_t *canon_codes, *canon_scales; /* [e][n][k/2], [e][n][k/16] */
+    uint8_t *tiled_codes, *tiled_scales;
+    int64_t n, k, tiles_total;
+    int to_tiled;
+} nv_pack_job;
+
+static void nv_pack_task(void *ctx, int64_t lo, int64_t hi) { /* global tiles [lo, hi) */
+    const nv_pack_job *j = (const nv_pack_job *)ctx;
+    const int64_t half = j->k / 2, kb = j->k / NV_BLOCK, per = nv_tiles(j->n);
+    for (int64_t gt = lo; gt < hi; gt++) { /* global tile index = e * per + t */
+        const int64_t e = gt / per, t = gt % per;
+        uint8_t *tc = j->tiled_codes + gt * half * NV_TILE;
+        uint8_t *ts = j->tiled_scales + gt * kb * NV_TILE;
+        for (int r = 0; r < NV_TILE; r++) {
+            const int64_t row = t * NV_TILE + r;
+            if (row >= j->n) { /* padding row: zero codes and scales (it decodes to 0) */
+                if (j->to_tiled) {
+                    for (int64_t q = 0; q < half; q++) tc[q * NV_TILE + r] = 0;
+                    for (int64_t b = 0; b < kb; b++) ts[b * NV_TILE + r] = 0;
+                }
+                continue;
+            }
+            uint8_t *cc = j->canon_codes + (e * j->n + row) * half; /* canonical row */
+            uint8_t *cs = j->canon_scales + (e * j->n + row) * kb;
+            if (j->to_tiled) {
+                for (int64_t q = 0; q < half; q++) tc[q * NV_TILE + r] = cc[q];
+                for (int64_t b = 0; b < kb; b++) ts[b * NV_TILE + r] = cs[b];
+            } else {
+                for (int64_t q = 0; q < half; q++) cc[q] = tc[q * NV_TILE + r];
+                for (int64_t b = 0; b < kb; b++) cs[b] = ts[b * NV_TILE + r];
+            }
+        }
+    }
+}
+
+/* Canonical planes [e][n][k/2], [e][n][k/16] -> the tiled layout (padding rows zero). */
+NV_API int nvfp4cpu_pack(int nth, const uint8_t *codes, const uint8_t *scales, int64_t e, int64_t n,
+                         int64_t k, uint8_t *tiled_codes, uint8_t *tiled_scales) {
+    if (e < 1 || n < 1 || k < NV_BLOCK || k % NV_BLOCK) return NV_EINVAL;
+    nv_pack_job job = {(uint8_t *)codes, (uint8_t *)scales, tiled_codes, tiled_scales, n, k, e * nv_tiles(n), 1};
+    nv_parallel(nv_pack_task, &job, job.tiles_total, nv_grain(NV_TILE * k / 2),
+                nv_threads_for(nth, job.tiles_total, e * n * k / 2));
+    return 0;
+}
+
+/* The inverse of nvfp4cpu_pack. */
+NV_API int nvfp4cpu_unpack(int nth, const uint8_t *tiled_codes, const uint8_t *tiled_scales, int64_t e,
+                           int64_t n, int64_t k, uint8_t *codes, uint8_t *scales) {
+    if (e < 1 || n < 1 || k < NV_BLOCK || k % NV_BLOCK) return NV_EINVAL;
+    nv_pack_job job = {codes, scales, (uint8_t *)tiled_codes, (uint8_t *)tiled_scales, n, k, e * nv_tiles(n), 0};
+    nv_parallel(nv_pack_task, &job, job.tiles_total, nv_grain(NV_TILE * k / 2),
+                nv_threads_for(nth, job.tiles_total, e * n * k / 2));
+    return 0;
+}
+
+/* ---------------------------------------------------------- activation quantization */
+/* Bit-exact with nvfp4.reference.quantize_activations: every step is one float32 operation
+ * in the reference's order (this file is compiled with -ffp-contract=off, so no FMA fuses a
+ * product into a sum):
+ *   s = block_amax / (6 * g)   (the product first, then one division)
+ *   s == 0 -> 1; clamp to [2^-9, 448]; round to E4M3, nearest-even
+ *   q = x / (e4m3(s) * g)      (the product first, then one true division)
+ *   code = E2M1 nearest-even of |q|, saturating at 6; sign bit = x < 0
+ * A block holding NaN or Inf gets scale byte 0x7F and zero codes (it decodes to NaN, so the
+ * output rows that read it are non-finite); the other blocks of its row are unaffected. */
+
+/* E4M3 round-to-nearest-even of s in [2^-9, 448], exactly as nvfp4.spec.e4m3_round:
+ * step = 2^(max(binade, -6) - 3), rint(s / step) * step (both exact: powers of two). */
+static float nv_e4m3_round(float s) {
+    int ex;
+    frexpf(s, &ex); /* s = mant * 2^ex, mant in [0.5, 1): the binade is ex - 1 */
+    int binade = ex - 1;
+    if (binade < -6) binade = -6;
+    const float step = ldexpf(1.0f, binade - 3);
+    return rintf(s / step) * step;
+}
+
+/* The byte of an exactly representable positive E4M3 value in [2^-9, 448]. */
+static uint8_t nv_e4m3_byte(float r) {
+    union { float f; uint32_t u; } v = {r};
+    const int unbiased = (int)((v.u >> 23) & 0xFFu) - 127;
+    if (unbiased >= -6) /* normal: exponent field unbiased + 7, top 3 mantissa bits */
+        return (uint8_t)(((unbiased + 7) << 3) | ((v.u >> 20) & 7u));
+    return (uint8_t)(r * 512.0f); /* subnormal: r = m * 2^-9, m = 1..7 */
+}
+
+/* E2M1 code of q, as nvfp4.reference.e2m1_encode: the number of midpoints strictly below
+ * |q| (searchsorted 'left'), +1 at the three midpoints whose even neighbour is above;
+ * NaN sorts after every midpoint (numpy's order), so it gets 7. */
+static uint8_t nv_e2m1_code(float q, int negative) {
+    const float mag = fabsf(q);
+    unsigned idx = 0;
+    if (mag != mag) {
+        idx = 7;
+    } else {
+        for (int i = 0; i < 7; i++) idx += nv_e2m1_bounds[i] < mag;
+        for (int i = 0; i < 3; i++) idx += mag == nv_e2m1_odd[i];
+    }
+    return (uint8_t)(idx | (negative ? 8u : 0u));
+}
+
+typedef struct {
+    const float *x;
+    int64_t m, k;
+    float g;
+    uint8_t *codes, *scales;
+} nv_qa_job;
+
+static void nv_qa_task(void *ctx, int64_t lo, int64_t hi) { /* rows [lo, hi) */
+    const nv_qa_job *j = (const nv_qa_job *)ctx;
+    const float g = j->g;
+    const float denom = 6.0f * g;          /* 6 * global, float32 */
+    const float smin = ldexpf(1.0f, -9), smax = 448.0f;
+    for (int64_t r = lo; r < hi; r++) {
+        for (int64_t b = 0; b < j->k / NV_BLOCK; b++) {
+            const float *xb = j->x + r * j->k + b * NV_BLOCK;
+            uint8_t *cb = j->codes + r * (j->k / 2) + b * (NV_BLOCK / 2);
+            float clean[NV_BLOCK];
+            float amax = 0.0f;
+            int bad = 0;
+            for (int i = 0; i < NV_BLOCK; i++) {
+                const float v = xb[i];
+                const int finite = isfinite(v);
+                bad |= !finite;
+                clean[i] = finite ? v : 0.0f; /* the reference quantizes where(finite, x, 0) */
+                const float a = fabsf(clean[i]);
+                if (a > amax) amax = a;
+            }
+            if (bad) {
+                j->scales[r * (j->k / NV_BLOCK) + b] = 0x7F; /* NaN: the block decodes to NaN */
+                memset(cb, 0, NV_BLOCK / 2);
+                continue;
+            }
+            float s = amax / denom;
+            if (s == 0.0f) s = 1.0f;
+            if (s < smin) s = smin;
+            if (s > smax) s = smax; /* also catches +inf */
+            const float sr = nv_e4m3_round(s);
+            j->scales[r * (j->k / NV_BLOCK) + b] = nv_e4m3_byte(sr);
+            const float d = sr * g; /* e4m3(s) * global, float32, then one division */
+            for (int i = 0; i < NV_BLOCK; i += 2) {
+                const uint8_t lo4 = nv_e2m1_code(clean[i] / d, clean[i] < 0.0f);
+                const uint8_t hi4 = nv_e2m1_code(clean[i + 1] / d, clean[i + 1] < 0.0f);
+                cb[i / 2] = (uint8_t)(lo4 | (hi4 << 4));
+            }
+        }
+    }
+}
+
+/* Activations x [m][k] float32 -> canonical codes [m][k/2], scales [m][k/16] with the
+ * decode global g (finite, > 0; the caller computes it). */
+NV_API int nvfp4cpu_quantize_activations(int nth, const float *x, int64_t m, int64_t k, float g,
+                                         uint8_t *codes, uint8_t *scales) {
+    if (!nv_initialised || m < 0 || k < NV_BLOCK || k % NV_BLOCK || !(g > 0.0f) || !isfinite(g))
+        return NV_EINVAL;
+    nv_qa_job job = {x, m, k, g, codes, scales};
+    nv_parallel(nv_qa_task, &job, m, nv_grain(k), nv_threads_for(nth, m, 16 * m * k)); /* ~16 ops/element */
+    return 0;
+}
+
+/* max |x| over the finite values (0 when none): the dynamic activation amax. */
+NV_API float nvfp4cpu_finite_absmax(const float *x, int64_t count) {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < count; i++) {
+        const float a = fabsf(x[i]);
+        if (isfinite(a) && a > amax) amax = a;
+    }
+    return amax;
+}
+
+/* ------------------------------------------------------------- read-bandwidth probe */
+
+typedef struct {
+    const nv_isa_kernels *kern;
+    const uint64_t *buf;
+    atomic_ullong sum;
+} nv_probe_job;
+
+#define NV_PROBE_LINES 16384 /* 64-byte lines per item: 1 MiB */
+
+static void nv_probe_task(void *ctx, int64_t lo, int64_t hi) { /* 1 MiB pieces [lo, hi) */
+    nv_probe_job *j = (nv_probe_job *)ctx;
+    const uint64_t s = j->kern->read_sum(j->buf + lo * NV_PROBE_LINES * 8, (hi - lo) * NV_PROBE_LINES * 8);
+    atomic_fetch_add_explicit(&j->sum, s, memory_order_relaxed);
+}
+
+/* Reads the whole MiBs of buf with nth threads and the ISA's widest loads (a STREAM-style
+ * read) and returns a checksum so the reads cannot be optimised away; the caller times it.
+ * Returns 0 for an ISA this CPU lacks. */
+NV_API uint64_t nvfp4cpu_read_probe(int isa, int nth, const void *buf, int64_t bytes) {
+    const nv_isa_kernels *kern = nv_kernels_for(isa);
+    if (!kern || bytes < 0) return 0;
+    nv_probe_job job;
+    job.kern = kern;
+    job.buf = (const uint64_t *)buf;
+    atomic_init(&job.sum, 0);
+    nv_parallel(nv_probe_task, &job, bytes / (NV_PROBE_LINES * 64), 1, nth);
+    return atomic_load(&job.sum);
+}

@@ -1,0 +1,147 @@
+/* nvfp4-cpu: internal declarations shared by the dispatcher (api.c) and the per-ISA kernel
+ * translation units (kernels_portable.c, kernels_avx2.c, kernels_avx512.c).
+ *
+ * THE PREPARED ("TILED") LAYOUT
+ * -----------------------------
+ * The canonical planes are row-major: codes[n][K/2] (two E2M1 codes per byte, element 2j in
+ * the low nibble), scales[n][K/16] (one E4M3 byte per 16 elements). `prepare` rewrites them
+ * once into tiles of TILE = 16 consecutive output rows, interleaved at byte granularity:
+ *
+ *   tile t covers rows 16t .. 16t+15 (rows past N are padding: code 0, scale byte 0 -> 0.0)
+ *   codes : [tiles][K/2][16]   byte (t, j, r) = canonical codes[16t + r][j]
+ *   scales: [tiles][K/16][16]  byte (t, b, r) = canonical scales[16t + r][b]
+ *
+ * so one 16-byte load of codes gives "element pair j of 16 rows": zero-extended to sixteen
+ * 32-bit lanes, lane r holds row 16t+r's byte, whose low nibble is element 2j and whose high
+ * nibble is element 2j+1. Each SIMD lane is one output row: a decoded vector is used with a
+ * broadcast activation x[m][k] for every row m of x (decode once, FMA into M accumulators),
+ * nothing is reduced horizontally, and the 16 scale bytes of a block load as one vector.
+ *
+ * Byte offsets (all int64):
+ *   tile_code_bytes  = (K/2) * 16      codes of one tile
+ *   tile_scale_bytes = (K/16) * 16     scales of one tile
+ *   code  (t, j, r)  = t * tile_code_bytes  + j * 16 + r      (j = k / 2)
+ *   scale (t, b, r)  = t * tile_scale_bytes + b * 16 + r      (b = k / 16)
+ * An expert-stacked weight [E][N][K] repeats this per expert: expert e's tiles start at
+ * e * tiles * tile_code_bytes (codes) and e * tiles * tile_scale_bytes (scales), and its
+ * per-row globals at e * tiles * 16 in the row-global array (padding rows hold 0).
+ *
+ * THE ACTIVATION PANEL
+ * --------------------
+ * The matmul kernels read activations from a "panel": for a chunk of MC rows of x (MC <= the
+ * ISA's mc_max), panel[k * MC + i] = x[row_i][k]. For a fixed k the MC values are adjacent,
+ * so the kernels broadcast them with constant displacements from one base pointer.
+ */
+#ifndef NVFP4CPU_H
+#define NVFP4CPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define NV_TILE 16  /* output rows per tile (one 512-bit vector of float32) */
+#define NV_BLOCK 16 /* elements per E4M3 scale block, spec 1.0 */
+#define NV_MC_LIMIT 24 /* the largest row chunk any ISA kernel takes */
+
+#if defined(__GNUC__)
+#define NV_API __attribute__((visibility("default")))
+#define NV_INLINE static inline __attribute__((always_inline))
+#else
+#define NV_API
+#define NV_INLINE static inline
+#endif
+
+/* ISA levels (the numbers are part of the ctypes ABI). */
+enum { NV_ISA_PORTABLE = 0, NV_ISA_AVX2 = 1, NV_ISA_AVX512 = 2, NV_ISA_COUNT = 3 };
+
+/* Output element kinds of dequantize (part of the ABI). */
+enum { NV_OUT_F32 = 0, NV_OUT_F16 = 1, NV_OUT_BF16 = 2 };
+
+/* One matrix (one expert) in the tiled layout. */
+typedef struct {
+    const uint8_t *codes;  /* this matrix's first tile */
+    const uint8_t *scales; /* this matrix's first tile's scales */
+    const float *rowg;     /* per-row global, tiles * 16 floats (padding rows 0) */
+    int64_t n;             /* real rows */
+    int64_t k;             /* contraction length, a multiple of 16 */
+} nv_weight;
+
+/* A chunk of activation rows, ready for a kernel. */
+typedef struct {
+    const float *panel;      /* [K][mc], see above */
+    int mc;                  /* rows in the chunk, 1 .. mc_max */
+    float *out;              /* output base: row r of the result is out + r * ldo */
+    int64_t ldo;             /* output row stride in floats (= N) */
+    const int64_t *out_rows; /* mc output row indices */
+} nv_chunk;
+
+/* The kernels of one ISA level. */
+typedef struct {
+    const char *name;
+    int mc_max; /* largest chunk its qmm kernel takes (<= NV_MC_LIMIT) */
+    /* y[out_rows[i]][16t + r] = rowg[16t + r] * sum_k panel[k][i] * w[16t + r][k] for the
+     * tiles t in [t0, t0 + nt); rows >= n are not written. */
+    void (*qmm_tiles)(const nv_weight *w, int64_t t0, int64_t nt, const nv_chunk *c);
+    /* Decode tiles [t0, t0 + nt) of w into out ([n][k] of the given kind), exactly. */
+    void (*dequant_tiles)(const nv_weight *w, int64_t t0, int64_t nt, void *out, int kind);
+    /* Sum of `words` 64-bit words (a read-bandwidth probe: the loads are the work). */
+    uint64_t (*read_sum)(const uint64_t *p, int64_t words);
+} nv_isa_kernels;
+
+/* The spec tables, handed over by Python (nvfp4.spec) at load time: the single source of
+ * truth for the values; the SIMD decoders are checked against them by the tests. */
+extern float nv_e2m1_lut[16];
+extern float nv_e4m3_lut[256];
+
+/* Per-ISA tables; each is defined only in a translation unit compiled for that ISA. */
+extern const nv_isa_kernels nv_kernels_portable;
+#if defined(NVFP4CPU_HAVE_AVX2)
+extern const nv_isa_kernels nv_kernels_avx2;
+#endif
+#if defined(NVFP4CPU_HAVE_AVX512)
+extern const nv_isa_kernels nv_kernels_avx512;
+#endif
+
+/* Byte sizes of one tile (see the layout above). */
+NV_INLINE int64_t nv_tile_code_bytes(int64_t k) { return (k / 2) * NV_TILE; }
+NV_INLINE int64_t nv_tile_scale_bytes(int64_t k) { return (k / NV_BLOCK) * NV_TILE; }
+NV_INLINE int64_t nv_tiles(int64_t n) { return (n + NV_TILE - 1) / NV_TILE; }
+
+/* Round-to-nearest-even float32 -> bfloat16 / float16 bits of a finite or infinite value
+ * (the dequantizer never sees NaN: validated scale bytes and globals cannot produce it). */
+NV_INLINE uint16_t nv_f32_to_bf16(float f) {
+    union { float f; uint32_t u; } v = {f};
+    uint32_t lsb = (v.u >> 16) & 1u;
+    return (uint16_t)((v.u + 0x7FFFu + lsb) >> 16);
+}
+
+NV_INLINE uint16_t nv_f32_to_f16(float f) {
+    union { float f; uint32_t u; } v = {f};
+    uint32_t sign = (v.u >> 16) & 0x8000u;
+    uint32_t a = v.u & 0x7FFFFFFFu;
+    if (a >= 0x7F800000u) /* inf (NaN never reaches here) */
+        return (uint16_t)(sign | 0x7C00u | (a > 0x7F800000u ? 0x200u : 0u));
+    if (a >= 0x477FF000u) /* >= 65520 = halfway above the largest half: rounds to inf */
+        return (uint16_t)(sign | 0x7C00u);
+    if (a >= 0x38800000u) { /* normal half range (>= 2^-14) */
+        uint32_t mant = a & 0x7FFFFFu;
+        uint32_t exp = (a >> 23) - 112u; /* rebias 127 -> 15 */
+        uint32_t h = (exp << 10) | (mant >> 13);
+        uint32_t rest = mant & 0x1FFFu;
+        if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h += 1u; /* may carry into exp */
+        return (uint16_t)(sign | h);
+    }
+    if (a < 0x33000000u) /* < 2^-25: rounds to zero (2^-25 itself is a tie to even 0) */
+        return (uint16_t)sign;
+    { /* subnormal half: value = m * 2^-24, m = round(a / 2^-24) */
+        uint32_t e = a >> 23;                       /* biased float exponent, 102..112 */
+        uint32_t m = (a & 0x7FFFFFu) | 0x800000u;   /* 24-bit significand */
+        uint32_t shift = 126u - e;                  /* a = m * 2^(e-150); /2^-24 -> >> (126-e) */
+        uint32_t h = m >> shift;
+        uint32_t rest = m & ((1u << shift) - 1u);
+        uint32_t half = 1u << (shift - 1u);
+        if (rest > half || (rest == half && (h & 1u))) h += 1u;
+        return (uint16_t)(sign | h);
+    }
+}
+
+#endif /* NVFP4CPU_H */

@@ -1,0 +1,167 @@
+"""Hatchling build hook: compile the C kernels into one shared library inside the wheel.
+
+The library is plain C11 built with the system compiler (``$CC``, else ``cc``) and loaded at
+run time with :mod:`ctypes`; it uses no Python C-API, so one build serves every CPython
+version (the wheel is tagged for the platform, see ``build_data`` below).
+
+Translation units, one per instruction-set level (runtime dispatch picks one per call):
+
+* ``api.c``               - entry points, dispatch, thread pool; baseline flags only;
+* ``kernels_portable.c``  - plain C, every architecture;
+* ``kernels_avx2.c``      - x86-64 only, ``-mavx2 -mfma -mf16c``;
+* ``kernels_avx512.c``    - x86-64 only, ``-mavx512f -mavx512bw -mavx512vl`` (+ AVX2/FMA/F16C).
+
+A SIMD unit the compiler cannot build is left out with a warning (the library then reports
+that level as not compiled). Without a working C compiler the build fails, unless
+``NVFP4_CPU_ALLOW_NO_LIBRARY=1`` (the package then imports and says why it is unavailable).
+
+Run ``python hatch_build.py`` to build the library in place into ``src/nvfp4_cpu/`` for a
+source checkout (``PYTHONPATH=src``); editable installs do the same automatically.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+LIBRARY_NAME = "libnvfp4cpu.so"
+HERE = Path(__file__).resolve().parent
+CSRC = HERE / "csrc"
+
+BASE_FLAGS = [
+    "-O3",
+    "-std=c11",
+    "-fPIC",
+    "-fvisibility=hidden",
+    "-ffp-contract=off",  # exactness: no FMA contraction anywhere the C is not explicit
+    "-Wall",
+    "-Wextra",
+    "-Wno-unused-parameter",
+]
+
+#: Per-unit flags and the define api.c gets when the unit is linked in.
+X86_UNITS = {
+    "kernels_avx2.c": (["-mavx2", "-mfma", "-mf16c"], "NVFP4CPU_HAVE_AVX2"),
+    "kernels_avx512.c": (
+        ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma", "-mf16c"],
+        "NVFP4CPU_HAVE_AVX512",
+    ),
+}
+
+
+def _compiler() -> list[str]:
+    cc = os.environ.get("CC") or "cc"
+    parts = shlex.split(cc)
+    if shutil.which(parts[0]) is None:
+        raise RuntimeError(
+            f"nvfp4-cpu: no C compiler found (tried {cc!r}; set $CC or install gcc / clang)"
+        )
+    return parts
+
+
+def _is_x86() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86")
+
+
+def _run(cmd: list[str]) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"command failed ({proc.returncode}): {shlex.join(cmd)}\n{proc.stderr}")
+
+
+def build_library(out_dir: Path, src_dir: Path = CSRC) -> Path:
+    """Compile and link ``libnvfp4cpu.so`` into ``out_dir``; returns its path."""
+    cc = _compiler()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    extra = shlex.split(os.environ.get("NVFP4_CPU_CFLAGS", ""))
+    with tempfile.TemporaryDirectory(prefix="nvfp4cpu-obj-") as tmp:
+        objects: list[str] = []
+        defines: list[str] = []
+        units: dict[str, list[str]] = {"kernels_portable.c": []}
+        if _is_x86():
+            for unit, (flags, _define) in X86_UNITS.items():
+                units[unit] = flags
+        for unit, flags in units.items():
+            obj = str(Path(tmp) / (unit[:-2] + ".o"))
+            try:
+                _run([*cc, *BASE_FLAGS, *flags, *extra, "-c", str(src_dir / unit), "-o", obj])
+            except RuntimeError as exc:
+                if unit == "kernels_portable.c":
+                    raise
+                warnings.warn(f"nvfp4-cpu: leaving out {unit}: {exc}", stacklevel=2)
+                continue
+            objects.append(obj)
+            if unit in X86_UNITS:
+                defines.append("-D" + X86_UNITS[unit][1])
+        api_obj = str(Path(tmp) / "api.o")
+        _run([*cc, *BASE_FLAGS, *defines, *extra, "-c", str(src_dir / "api.c"), "-o", api_obj])
+        target = out_dir / LIBRARY_NAME
+        tmp_target = out_dir / (LIBRARY_NAME + ".tmp")
+        _run([*cc, "-shared", "-pthread", "-o", str(tmp_target), api_obj, *objects, "-lm"])
+        os.replace(tmp_target, target)  # atomic: a running process keeps its mapped copy
+    return target
+
+
+def _platform_tag() -> str:
+    """This interpreter's most specific platform tag that is not manylinux / musllinux
+    (the library is built against this machine's libc, as hatchling's own inference does)."""
+    from packaging.tags import sys_tags
+
+    tag = next(
+        t for t in sys_tags() if "manylinux" not in t.platform and "musllinux" not in t.platform
+    )
+    return tag.platform
+
+
+try:
+    from hatchling.builders.hooks.plugin.interface import BuildHookInterface
+except ImportError:  # running as a script without hatchling
+    BuildHookInterface = object  # type: ignore[misc,assignment]
+
+
+class CustomBuildHook(BuildHookInterface):  # type: ignore[misc,valid-type,type-arg,unused-ignore]
+    """Builds the library for wheel builds (standard: into the wheel; editable: into src/)."""
+
+    PLUGIN_NAME = "custom"
+
+    def initialize(self, version: str, build_data: dict[str, Any]) -> None:
+        if self.target_name != "wheel":
+            return
+        allow_missing = os.environ.get("NVFP4_CPU_ALLOW_NO_LIBRARY") == "1"
+        try:
+            if version == "editable":
+                # the editable wheel's .pth points at src/: build the library next to the code
+                build_library(Path(self.root) / "src" / "nvfp4_cpu", Path(self.root) / "csrc")
+            else:
+                self._tmp = tempfile.mkdtemp(prefix="nvfp4cpu-wheel-")
+                lib = build_library(Path(self._tmp), Path(self.root) / "csrc")
+                build_data["force_include"][str(lib)] = f"nvfp4_cpu/{LIBRARY_NAME}"
+        except RuntimeError as exc:
+            if not allow_missing:
+                raise
+            warnings.warn(f"nvfp4-cpu: building without the C library: {exc}", stacklevel=2)
+            return
+        # a compiled library inside: the wheel is platform-specific (not purelib)...
+        build_data["pure_python"] = False
+        build_data["infer_tag"] = True
+        # ...but not CPython-specific (ctypes, no C-API): py3-none-<platform> rather than the
+        # inferred cp3XY-cp3XY-<platform>, so one wheel installs on every CPython 3
+        build_data["tag"] = f"py3-none-{_platform_tag()}"
+
+    def finalize(self, version: str, build_data: dict[str, Any], artifact_path: str) -> None:
+        tmp = getattr(self, "_tmp", None)
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    path = build_library(HERE / "src" / "nvfp4_cpu")
+    print(f"built {path}", file=sys.stderr)

@@ -1,0 +1,264 @@
+"""The compiled kernels: finding and loading ``libnvfp4cpu.so`` with :mod:`ctypes`, and the
+run-time choices (instruction-set level, thread count).
+
+Nothing here runs at import time. :func:`load` loads the library once (thread-safe), hands
+it the spec tables from :mod:`nvfp4.spec` (the single source of truth for the E2M1 and E4M3
+values) and declares every entry point's C signature. A missing or unloadable library is
+reported as :class:`NativeUnavailable` with the reason, never as an import error.
+
+Environment:
+
+* ``NVFP4_CPU_ISA`` = ``portable`` | ``avx2`` | ``avx512``: force a level (a level this CPU
+  or this build lacks is refused with a clear error);
+* ``NVFP4_CPU_THREADS`` = a positive integer: the default thread count (else the CPUs this
+  process may run on);
+* ``NVFP4_CPU_LIBRARY`` = a path: load this library instead of the one in the package.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from nvfp4.spec import E2M1_BOUNDS, E2M1_ODD_BOUNDS, E2M1_VALUES, E4M3_VALUES
+
+__all__ = [
+    "ISA_ENV",
+    "ISA_LEVELS",
+    "LIBRARY_ENV",
+    "LIBRARY_NAME",
+    "THREADS_ENV",
+    "IsaUnavailable",
+    "Native",
+    "NativeUnavailable",
+    "default_threads",
+    "load",
+    "resolve_isa",
+    "resolve_threads",
+]
+
+LIBRARY_NAME = "libnvfp4cpu.so"
+ISA_ENV = "NVFP4_CPU_ISA"
+THREADS_ENV = "NVFP4_CPU_THREADS"
+LIBRARY_ENV = "NVFP4_CPU_LIBRARY"
+#: ABI version this Python code speaks (``nvfp4cpu_abi_version()``).
+ABI_VERSION = 1
+#: Instruction-set levels, by their C enum value (index).
+ISA_LEVELS: tuple[str, ...] = ("portable", "avx2", "avx512")
+
+# CPU feature bits of nvfp4cpu_cpu_features().
+_F_AVX2, _F_FMA, _F_F16C = 1 << 0, 1 << 1, 1 << 2
+_F_AVX512F, _F_AVX512BW, _F_AVX512VL = 1 << 3, 1 << 4, 1 << 5
+_F_AVX512VNNI, _F_AVX512BF16, _F_X86 = 1 << 6, 1 << 7, 1 << 30
+
+#: What each level needs from the CPU, in words (for refusals).
+ISA_REQUIREMENTS = {
+    "portable": "nothing (plain C)",
+    "avx2": "AVX2, FMA and F16C",
+    "avx512": "AVX-512 F, BW and VL (with FMA and F16C)",
+}
+
+
+class NativeUnavailable(RuntimeError):
+    """The compiled library is missing or cannot be loaded here; the message says why."""
+
+
+class IsaUnavailable(RuntimeError):
+    """An instruction-set level was asked for that this CPU or this build cannot run."""
+
+
+# Every array crosses as a plain address (c_void_p from an int): converting through typed
+# ctypes pointers costs microseconds per argument, which shows on small matmuls.
+_u8p = _f32p = _i64p = ctypes.c_void_p
+_i64, _int = ctypes.c_int64, ctypes.c_int
+
+_SIGNATURES: dict[str, tuple[object, list[object]]] = {
+    "nvfp4cpu_abi_version": (_int, []),
+    "nvfp4cpu_init": (_int, [_f32p, _f32p, _f32p, _f32p]),
+    "nvfp4cpu_cpu_features": (ctypes.c_uint, []),
+    "nvfp4cpu_isa_compiled": (_int, [_int]),
+    "nvfp4cpu_isa_supported": (_int, [_int]),
+    "nvfp4cpu_qmm": (_int, [_int, _int, _u8p, _u8p, _f32p, _i64, _i64, _f32p, _i64, _f32p]),
+    "nvfp4cpu_gather_qmm": (
+        _int,
+        [_int, _int, _u8p, _u8p, _f32p, _i64, _i64, _i64, _f32p, _i64, _i64p, _f32p],
+    ),
+    "nvfp4cpu_dequantize": (
+        _int,
+        [_int, _int, _u8p, _u8p, _f32p, _i64, _i64, _i64, _int, ctypes.c_void_p],
+    ),
+    "nvfp4cpu_pack": (_int, [_int, _u8p, _u8p, _i64, _i64, _i64, _u8p, _u8p]),
+    "nvfp4cpu_unpack": (_int, [_int, _u8p, _u8p, _i64, _i64, _i64, _u8p, _u8p]),
+    "nvfp4cpu_quantize_activations": (_int, [_int, _f32p, _i64, _i64, ctypes.c_float, _u8p, _u8p]),
+    "nvfp4cpu_finite_absmax": (ctypes.c_float, [_f32p, _i64]),
+    "nvfp4cpu_read_probe": (ctypes.c_uint64, [_int, _int, ctypes.c_void_p, _i64]),
+}
+
+
+def ptr(a: np.ndarray[Any, Any], ctype: object = None) -> int:
+    """The address of a C-contiguous array's first element (no copy). ``ctype`` documents the
+    element type the C side reads; the address is passed as ``void *``."""
+    if not a.flags.c_contiguous:
+        raise ValueError("internal: kernels take C-contiguous arrays only")
+    return int(a.ctypes.data)
+
+
+@dataclass(frozen=True)
+class Native:
+    """The loaded library and the facts about this machine it reports."""
+
+    lib: ctypes.CDLL
+    path: Path
+    features: int
+
+    def compiled(self, isa: str) -> bool:
+        return bool(self.lib.nvfp4cpu_isa_compiled(ISA_LEVELS.index(isa)))
+
+    def supported(self, isa: str) -> bool:
+        return bool(self.lib.nvfp4cpu_isa_supported(ISA_LEVELS.index(isa)))
+
+    def supported_levels(self) -> tuple[str, ...]:
+        """Every level this build and this CPU can run, lowest first."""
+        return tuple(i for i in ISA_LEVELS if self.supported(i))
+
+    def best_isa(self) -> str:
+        return self.supported_levels()[-1]
+
+    def describe(self, isa: str) -> str:
+        """The instruction set a level uses here, in words (for availability())."""
+        if isa == "avx512":
+            extras = [
+                name
+                for bit, name in ((_F_AVX512VNNI, "VNNI"), (_F_AVX512BF16, "BF16"))
+                if self.features & bit
+            ]
+            have = f"; the CPU also has {'/'.join(extras)}" if extras else ""
+            return f"x86-64 AVX-512 (F/BW/VL){have}"
+        if isa == "avx2":
+            return "x86-64 AVX2 (+FMA/F16C)"
+        machine = "x86-64" if self.features & _F_X86 else os.uname().machine
+        return f"{machine} portable C"
+
+    def check(self, rc: int, what: str) -> None:
+        """Turn a C return code into an exception."""
+        if rc == 0:
+            return
+        if rc == -2:
+            raise MemoryError(f"nvfp4-cpu {what}: the kernel could not allocate its scratch memory")
+        raise RuntimeError(f"nvfp4-cpu {what}: the kernel refused its arguments (code {rc})")
+
+
+_LOCK = threading.Lock()
+_STATE: Native | NativeUnavailable | None = None
+
+
+def library_path() -> Path:
+    """Where the library is looked for: ``$NVFP4_CPU_LIBRARY`` or next to this module."""
+    env = os.environ.get(LIBRARY_ENV)
+    return Path(env) if env else Path(__file__).with_name(LIBRARY_NAME)
+
+
+def _load() -> Native:
+    path = library_path()
+    if not path.exists():
+        raise NativeUnavailable(
+            f"the compiled kernels ({path}) are missing: reinstall nvfp4-cpu from a wheel or "
+            "build them (a C compiler is needed; in a source checkout run "
+            "`python packages/nvfp4-cpu/hatch_build.py`)"
+        )
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as exc:
+        raise NativeUnavailable(f"the compiled kernels ({path}) failed to load: {exc}") from None
+    for name, (restype, argtypes) in _SIGNATURES.items():
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:
+            raise NativeUnavailable(f"{path} lacks {name}: rebuild nvfp4-cpu") from None
+        fn.restype = restype
+        fn.argtypes = argtypes
+    abi = lib.nvfp4cpu_abi_version()
+    if abi != ABI_VERSION:
+        raise NativeUnavailable(
+            f"{path} has ABI {abi}, this package needs {ABI_VERSION}: rebuild it"
+        )
+    tables = [
+        np.ascontiguousarray(t, dtype=np.float32)
+        for t in (E2M1_VALUES, E4M3_VALUES, E2M1_BOUNDS, E2M1_ODD_BOUNDS)
+    ]
+    if lib.nvfp4cpu_init(*(ptr(t, ctypes.c_float) for t in tables)) != 0:
+        raise NativeUnavailable(f"{path}: nvfp4cpu_init refused the spec tables")
+    return Native(lib=lib, path=path, features=int(lib.nvfp4cpu_cpu_features()))
+
+
+def load() -> Native:
+    """The loaded library (loaded on first call); raises :class:`NativeUnavailable`."""
+    global _STATE
+    with _LOCK:
+        if _STATE is None:
+            try:
+                _STATE = _load()
+            except NativeUnavailable as exc:
+                _STATE = exc
+    if isinstance(_STATE, NativeUnavailable):
+        raise _STATE
+    return _STATE
+
+
+def resolve_isa(native: Native, requested: str | None = None) -> str:
+    """The level to run: ``requested``, else ``$NVFP4_CPU_ISA``, else the best this CPU has.
+    Raises :class:`IsaUnavailable` for an unknown level or one this CPU / build lacks."""
+    source = "requested"
+    if requested is None:
+        requested = os.environ.get(ISA_ENV) or None
+        source = f"${ISA_ENV}"
+    if requested is None:
+        return native.best_isa()
+    if requested not in ISA_LEVELS:
+        raise IsaUnavailable(
+            f"nvfp4-cpu: {source} instruction set {requested!r} is unknown; "
+            f"expected one of {', '.join(ISA_LEVELS)}"
+        )
+    if not native.compiled(requested):
+        raise IsaUnavailable(
+            f"nvfp4-cpu: {source} instruction set {requested!r} is not built into {native.path} "
+            f"(this machine's build has: {', '.join(i for i in ISA_LEVELS if native.compiled(i))})"
+        )
+    if not native.supported(requested):
+        raise IsaUnavailable(
+            f"nvfp4-cpu: {source} instruction set {requested!r} needs "
+            f"{ISA_REQUIREMENTS[requested]}, which this CPU lacks; it supports: "
+            f"{', '.join(native.supported_levels())}"
+        )
+    return requested
+
+
+def default_threads() -> int:
+    """``$NVFP4_CPU_THREADS``, else the CPUs this process may run on."""
+    env = os.environ.get(THREADS_ENV)
+    if env:
+        try:
+            n = int(env)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise ValueError(f"${THREADS_ENV}: expected a positive integer, found {env!r}")
+        return n
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def resolve_threads(requested: int | None = None) -> int:
+    """``requested`` (a positive int), else :func:`default_threads`."""
+    if requested is None:
+        return default_threads()
+    if isinstance(requested, bool) or not isinstance(requested, (int, np.integer)) or requested < 1:
+        raise ValueError(f"nvfp4-cpu threads: expected a positive integer, found {requested!r}")
+    return int(requested)

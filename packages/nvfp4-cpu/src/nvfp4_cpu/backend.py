@@ -1,0 +1,166 @@
+"""The ``cpu`` backend: the :class:`nvfp4.backend.Backend` contract over the compiled kernels.
+
+Construction is cheap and never fails (the library is loaded on first use);
+:meth:`CPUBackend.availability` says whether it can run here and which instruction set and
+thread count it would use. Arrays in and out are numpy (bfloat16 as ``ml_dtypes.bfloat16``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from nvfp4.backend import Availability, BackendInfo
+from nvfp4.planes import NVFP4Planes
+from nvfp4.spec import SUPPORTED_SPEC_VERSIONS
+
+from . import ops
+from ._native import (
+    IsaUnavailable,
+    Native,
+    NativeUnavailable,
+    load,
+    resolve_isa,
+    resolve_threads,
+)
+from .layout import PreparedWeight, prepare
+
+__all__ = ["CAPABILITIES", "PRIORITY", "CPUBackend", "backend"]
+
+#: Above ``reference`` (0): picked automatically when installed and available.
+PRIORITY = 50
+CAPABILITIES = frozenset(
+    {"dequantize", "qmm", "gather_qmm", "fused_partitions", "quantize_activations", "w4a4"}
+)
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+class CPUBackend:
+    """Fused NVFP4 kernels for x86-64 (AVX-512, AVX2) and any CPU (portable C).
+
+    Args:
+        isa: ``"portable"``, ``"avx2"`` or ``"avx512"`` to force a level; ``None`` uses
+            ``$NVFP4_CPU_ISA``, else the best level this CPU supports. A level the CPU or the
+            build lacks makes :meth:`availability` false and every kernel call raise
+            :class:`~nvfp4_cpu.IsaUnavailable` with the reason.
+        threads: worker threads per call; ``None`` uses ``$NVFP4_CPU_THREADS``, else the CPUs
+            this process may run on.
+    """
+
+    def __init__(self, isa: str | None = None, threads: int | None = None) -> None:
+        self._isa = isa
+        self._threads = threads
+        self.info = BackendInfo(
+            name="cpu",
+            spec_versions=SUPPORTED_SPEC_VERSIONS,
+            priority=PRIORITY,
+            capabilities=CAPABILITIES,
+            version=_version(),
+            package="nvfp4-cpu",
+            notes=(
+                "compiled C kernels (AVX-512 / AVX2 / portable, chosen at run time)",
+                "W4A16 with float32 accumulation, the global applied after accumulation",
+                "W4A4 emulated: bit-exact activation quantization, then the W4A16 kernel",
+            ),
+        )
+
+    # ----------------------------------------------------------------- run-time facts
+    def _config(self) -> tuple[Native, str, int]:
+        native = load()
+        return native, resolve_isa(native, self._isa), resolve_threads(self._threads)
+
+    @property
+    def isa(self) -> str:
+        """The instruction-set level calls use (raises when it cannot run here)."""
+        return self._config()[1]
+
+    @property
+    def threads(self) -> int:
+        return resolve_threads(self._threads)
+
+    def availability(self) -> Availability:
+        try:
+            native, isa, threads = self._config()
+        except (NativeUnavailable, IsaUnavailable, ValueError) as exc:
+            return Availability(False, str(exc))
+        plural = "s" if threads != 1 else ""
+        return Availability(True, device=f"{native.describe(isa)}, {threads} thread{plural}")
+
+    # ------------------------------------------------------------------------- verbs
+    def prepare(self, planes: NVFP4Planes) -> PreparedWeight:
+        """Validate (structure and content) and tile the planes once."""
+        native, _, threads = self._config()
+        return prepare(planes, native, threads)
+
+    @staticmethod
+    def _out_dtype(x: Any, out_dtype: Any) -> Any:
+        return out_dtype if out_dtype is not None else np.asarray(x).dtype
+
+    def qmm(self, x: Any, w: Any, *, out_dtype: Any = None) -> npt.NDArray[Any]:
+        native, isa, threads = self._config()
+        return ops.qmm(native, isa, threads, x, w, out_dtype=self._out_dtype(x, out_dtype))
+
+    def gather_qmm(
+        self,
+        x: Any,
+        w: Any,
+        expert_ids: Any,
+        *,
+        sorted_indices: bool = False,
+        out_dtype: Any = None,
+    ) -> npt.NDArray[Any]:
+        native, isa, threads = self._config()
+        return ops.gather_qmm(
+            native,
+            isa,
+            threads,
+            x,
+            w,
+            expert_ids,
+            sorted_indices=sorted_indices,
+            out_dtype=self._out_dtype(x, out_dtype),
+        )
+
+    def dequantize(self, w: Any, dtype: Any = "float32") -> npt.NDArray[Any]:
+        native, isa, threads = self._config()
+        return ops.dequantize(native, isa, threads, w, dtype)
+
+    def quantize_activations(self, x: Any, input_scale: Any = None) -> NVFP4Planes:
+        native, _, threads = self._config()
+        return ops.quantize_activations(native, threads, x, input_scale)
+
+    def qmm_w4a4(
+        self, x: Any, w: Any, *, input_scale: Any = None, out_dtype: Any = None
+    ) -> npt.NDArray[Any]:
+        native, isa, threads = self._config()
+        return ops.qmm_w4a4(
+            native,
+            isa,
+            threads,
+            x,
+            w,
+            input_scale=input_scale,
+            out_dtype=self._out_dtype(x, out_dtype),
+        )
+
+    def to_planes(self, w: PreparedWeight) -> NVFP4Planes:
+        """The canonical planes of a prepared weight, byte for byte."""
+        native, _, threads = self._config()
+        return w.to_planes(native, threads)
+
+    def from_numpy(self, a: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        return np.asarray(a)
+
+    def to_numpy(self, a: Any) -> npt.NDArray[Any]:
+        return np.asarray(a)
+
+
+def backend() -> CPUBackend:
+    """Entry-point factory (``cpu = "nvfp4_cpu:backend"``): cheap, never raises."""
+    return CPUBackend()

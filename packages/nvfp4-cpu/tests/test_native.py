@@ -1,0 +1,224 @@
+"""The compiled library, the instruction-set dispatch, threads, and the backend object."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+import nvfp4
+import pytest
+from nvfp4.backend import Backend
+from nvfp4_cpu import CPUBackend, IsaUnavailable, backend
+from nvfp4_cpu._native import ISA_LEVELS, Native, resolve_isa, resolve_threads
+
+
+def _cpuinfo_flags() -> set[str]:
+    text = Path("/proc/cpuinfo").read_text()
+    line = next(ln for ln in text.splitlines() if ln.startswith("flags"))
+    return set(line.split(":", 1)[1].split())
+
+
+def test_library_loads_and_portable_always_runs(native: Native) -> None:
+    assert native.path.exists()
+    assert native.lib.nvfp4cpu_abi_version() == 1
+    assert native.supported("portable")
+    assert native.best_isa() == native.supported_levels()[-1]
+
+
+def test_dispatch_agrees_with_the_cpu(native: Native) -> None:
+    """Every level this CPU can run is built and detected; none it cannot run is offered
+    (checked against /proc/cpuinfo, independently of __builtin_cpu_supports)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        assert native.supported_levels() == ("portable",)
+        assert not native.compiled("avx2")
+        assert not native.compiled("avx512")
+        return
+    assert native.compiled("avx2")
+    assert native.compiled("avx512")
+    if not Path("/proc/cpuinfo").exists():  # x86-64 without procfs (macOS): detection only
+        assert "portable" in native.supported_levels()
+        return
+    flags = _cpuinfo_flags()
+    assert native.supported("avx2") == ({"avx2", "fma", "f16c"} <= flags)
+    assert native.supported("avx512") == (
+        {"avx512f", "avx512bw", "avx512vl", "fma", "f16c"} <= flags
+    )
+
+
+def test_isa_env_forces_each_supported_level(
+    native: Native, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for isa in native.supported_levels():
+        monkeypatch.setenv("NVFP4_CPU_ISA", isa)
+        assert resolve_isa(native) == isa
+        assert CPUBackend().isa == isa
+    monkeypatch.delenv("NVFP4_CPU_ISA")
+    assert resolve_isa(native) == native.best_isa()
+
+
+def test_unknown_isa_is_refused_clearly(native: Native, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NVFP4_CPU_ISA", "sse9")
+    with pytest.raises(IsaUnavailable, match=r"'sse9' is unknown; expected one of portable"):
+        resolve_isa(native)
+    b = CPUBackend()
+    a = b.availability()
+    assert not a.ok
+    assert "sse9" in a.reason
+    p = nvfp4.quantize(np.ones((2, 16), np.float32))
+    with pytest.raises(IsaUnavailable):
+        b.qmm(np.ones((1, 16), np.float32), p)
+
+
+class _NoAvx512(Native):
+    """The real library, pretending the CPU lacks AVX-512 (to test the refusal)."""
+
+    def supported(self, isa: str) -> bool:
+        return isa != "avx512" and super().supported(isa)
+
+
+def test_level_the_cpu_lacks_is_refused_clearly(native: Native) -> None:
+    fake = _NoAvx512(native.lib, native.path, native.features)
+    with pytest.raises(
+        IsaUnavailable, match=r"'avx512' needs AVX-512 F, BW and VL.*this CPU lacks"
+    ):
+        resolve_isa(fake, "avx512")
+    assert fake.best_isa() != "avx512"
+
+
+def test_threads_argument_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert resolve_threads(3) == 3
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="positive integer"):
+            resolve_threads(bad)  # type: ignore[arg-type]
+    monkeypatch.setenv("NVFP4_CPU_THREADS", "5")
+    assert resolve_threads() == 5
+    assert "5 threads" in CPUBackend().availability().device
+    monkeypatch.setenv("NVFP4_CPU_THREADS", "zero")
+    a = CPUBackend().availability()
+    assert not a.ok
+    assert "NVFP4_CPU_THREADS" in a.reason
+    monkeypatch.delenv("NVFP4_CPU_THREADS")
+    assert resolve_threads() == len(os.sched_getaffinity(0))
+
+
+def test_availability_names_the_isa_and_threads(native: Native) -> None:
+    for isa in native.supported_levels():
+        a = CPUBackend(isa=isa, threads=2).availability()
+        assert a.ok, a.reason
+        words = {"portable": "portable C", "avx2": "AVX2", "avx512": "AVX-512 (F/BW/VL)"}[isa]
+        assert words in a.device
+        assert a.device.endswith("2 threads")
+
+
+def test_backend_contract_and_info() -> None:
+    b = backend()
+    assert isinstance(b, Backend)
+    assert b.info.name == "cpu"
+    assert b.info.priority > 0
+    assert b.info.package == "nvfp4-cpu"
+    assert "1.0" in b.info.spec_versions
+    assert {
+        "qmm",
+        "gather_qmm",
+        "dequantize",
+        "quantize_activations",
+        "w4a4",
+    } <= b.info.capabilities
+    a = np.arange(6, dtype=np.float32)
+    assert b.to_numpy(b.from_numpy(a)) is not None
+    np.testing.assert_array_equal(b.to_numpy(b.from_numpy(a)), a)
+
+
+def test_registry_picks_cpu_over_reference() -> None:
+    try:
+        metadata.distribution("nvfp4-cpu")
+    except metadata.PackageNotFoundError:
+        pytest.skip("nvfp4-cpu is not installed (entry points need its metadata)")
+    eps = {ep.name: ep.value for ep in metadata.entry_points(group="nvfp4.backends")}
+    assert eps.get("cpu") == "nvfp4_cpu:backend"
+    assert nvfp4.get_backend("cpu").info.name == "cpu"
+    assert nvfp4.get_backend().info.priority >= 50  # the automatic choice is not the reference
+
+
+def _run_isolated(code: str, **env: str) -> str:
+    full = {**os.environ, **env}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=full, capture_output=True, text=True, check=True
+    )
+    return proc.stdout.strip()
+
+
+def test_missing_library_import_still_works_and_says_why(tmp_path: Path) -> None:
+    out = _run_isolated(
+        "import nvfp4_cpu; a = nvfp4_cpu.backend().availability(); print(a.ok, '|', a.reason)",
+        NVFP4_CPU_LIBRARY=str(tmp_path / "absent.so"),
+    )
+    ok, reason = out.split("|", 1)
+    assert ok.strip() == "False"
+    assert "missing" in reason
+    assert "absent.so" in reason
+
+
+def test_broken_library_import_still_works_and_says_why(tmp_path: Path) -> None:
+    bad = tmp_path / "libnvfp4cpu.so"
+    bad.write_bytes(b"not an ELF file")
+    out = _run_isolated(
+        "import nvfp4_cpu; a = nvfp4_cpu.backend().availability(); print(a.ok, '|', a.reason)",
+        NVFP4_CPU_LIBRARY=str(bad),
+    )
+    ok, reason = out.split("|", 1)
+    assert ok.strip() == "False"
+    assert "failed to load" in reason
+
+
+def test_fork_child_can_use_the_pool(native: Native) -> None:
+    """The thread pool is rebuilt in a forked child (workers do not survive fork)."""
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork on this platform")
+    b = CPUBackend(threads=2)
+    # large enough for the kernel to use both threads (it stays on one for tiny work)
+    p = nvfp4.quantize(np.random.default_rng(0).standard_normal((256, 1024)).astype(np.float32))
+    x = np.ones((3, 1024), np.float32)
+    before = b.qmm(x, p)  # starts the pool in the parent
+    pid = os.fork()
+    if pid == 0:  # child: must not hang or crash
+        code = 0 if np.array_equal(b.qmm(x, p), before) else 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_levels_are_named_in_enum_order() -> None:
+    assert ISA_LEVELS == ("portable", "avx2", "avx512")
+
+
+def test_concurrent_callers_share_the_pool_safely(native: Native) -> None:
+    """Python threads call multi-threaded kernels at once (ctypes releases the GIL): every
+    result equals the single-threaded one, bit for bit."""
+    import threading
+
+    rng = np.random.default_rng(3)
+    p = nvfp4.quantize(rng.standard_normal((200, 512)).astype(np.float32))
+    xs = [rng.standard_normal((m, 512)).astype(np.float32) for m in (1, 3, 9, 30)]
+    want = [CPUBackend(threads=1).qmm(x, p) for x in xs]
+    b = CPUBackend(threads=3)
+    pw = b.prepare(p)
+    errors: list[str] = []
+
+    def worker(seed: int) -> None:
+        for i in range(60):
+            j = (seed + i) % len(xs)
+            if not np.array_equal(b.qmm(xs[j], pw).view(np.uint32), want[j].view(np.uint32)):
+                errors.append(f"thread {seed} call {i} M={xs[j].shape[0]}")
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:5]
