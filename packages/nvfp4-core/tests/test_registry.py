@@ -165,7 +165,11 @@ def test_env_var_selects_a_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 @pytest.mark.parametrize("name", sorted(set(KNOWN_PACKAGES) - {"reference"}))
 def test_known_but_missing_backend_names_the_package(name: str) -> None:
     if name in discover():  # installed in this environment: it is not "missing"
-        assert get_backend(name).info.name == name
+        try:
+            assert get_backend(name).info.name == name
+        except BackendUnavailable as exc:  # installed but unable to run here
+            assert "not installed" not in str(exc)
+            assert "pip install" not in str(exc)
         return
     with pytest.raises(BackendUnavailable) as err:
         get_backend(name)

@@ -43,6 +43,7 @@ from .spec import (
 
 __all__ = [
     "block_scale_bytes",
+    "decoded_operand",
     "dequantize",
     "dequantize_unscaled",
     "e2m1_encode",
@@ -50,6 +51,7 @@ __all__ = [
     "global_from_amax",
     "pack_codes",
     "qmm",
+    "qmm_decoded",
     "qmm_w4a4",
     "quantize",
     "quantize_activations",
@@ -262,10 +264,29 @@ def qmm(x: Any, w: NVFP4Planes, *, out_dtype: Any = np.float32) -> npt.NDArray[A
     validate(w)
     if w.num_experts is not None:
         raise ValueError(f"qmm({w.name!r}): expert-stacked weights go through gather_qmm")
+    return qmm_decoded(x, decoded_operand(w), w, out_dtype=out_dtype)
+
+
+def decoded_operand(w: NVFP4Planes) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """The exactly decoded, unscaled weight as a C-contiguous float64 ``[K, N]`` matrix, and
+    the float64 per-row global: what :func:`qmm` multiplies by. The reference backend keeps
+    it per prepared weight so repeated matmuls skip the decode."""
+    wd_t = np.ascontiguousarray(dequantize_unscaled(w).astype(np.float64).T)
+    return wd_t, w.row_global().astype(np.float64)
+
+
+def qmm_decoded(
+    x: Any,
+    operand: tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]],
+    w: NVFP4Planes,
+    *,
+    out_dtype: Any = np.float32,
+) -> npt.NDArray[Any]:
+    """:func:`qmm` on an operand from :func:`decoded_operand` (the same arithmetic)."""
+    wd_t, row_global = operand
     a = _check_x(x, w.k, f"qmm({w.name!r})")
-    wd = dequantize_unscaled(w).astype(np.float64)
-    y = a.astype(np.float64) @ wd.T
-    y *= w.row_global().astype(np.float64)
+    y = a.astype(np.float64) @ wd_t
+    y *= row_global
     return _out(y, out_dtype)
 
 

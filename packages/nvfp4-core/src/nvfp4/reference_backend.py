@@ -4,6 +4,7 @@ suite certifies the numpy path like any other."""
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,9 @@ class ReferenceBackend:
     """Numpy, float64 accumulation, bit-exact decoding. Slow and always available."""
 
     def __init__(self) -> None:
+        self._decoded: weakref.WeakKeyDictionary[
+            NVFP4Planes, tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]
+        ] = weakref.WeakKeyDictionary()
         self.info = BackendInfo(
             name="reference",
             spec_versions=SUPPORTED_SPEC_VERSIONS,
@@ -52,12 +56,26 @@ class ReferenceBackend:
     def prepare(self, planes: NVFP4Planes) -> NVFP4Planes:
         return validate(planes, content=True)
 
+    def _operand(self, w: NVFP4Planes) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """The decoded float64 operand of a weight, computed once per planes object (held
+        weakly: it goes when the planes go). A model's worth costs 8 bytes per weight."""
+        operand = self._decoded.get(w)
+        if operand is None:
+            operand = reference.decoded_operand(w)
+            self._decoded[w] = operand
+        return operand
+
     @staticmethod
     def _out_dtype(x: Any, out_dtype: Any) -> Any:
         return out_dtype if out_dtype is not None else np.asarray(x).dtype
 
     def qmm(self, x: Any, w: NVFP4Planes, *, out_dtype: Any = None) -> npt.NDArray[Any]:
-        return reference.qmm(x, w, out_dtype=self._out_dtype(x, out_dtype))
+        validate(w)
+        if w.num_experts is not None:
+            raise ValueError(f"qmm({w.name!r}): expert-stacked weights go through gather_qmm")
+        return reference.qmm_decoded(
+            x, self._operand(w), w, out_dtype=self._out_dtype(x, out_dtype)
+        )
 
     def gather_qmm(
         self,
