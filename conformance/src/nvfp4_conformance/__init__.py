@@ -1,0 +1,31 @@
+"""nvfp4_conformance: the NVFP4 conformance suite.
+
+A pytest plugin (entry point ``pytest11``: ``nvfp4_conformance = "nvfp4_conformance.plugin"``)
+and the tier tests that ship inside this package. One command certifies a backend against
+the spec, on the installed wheels::
+
+    pytest --pyargs nvfp4_conformance.tiers --nvfp4-backend reference \\
+        --nvfp4-certificate reports/conformance-reference.json
+    # or, the same run:
+    python -m nvfp4_conformance run --backend reference \\
+        --certificate reports/conformance-reference.json
+
+Tiers (one module each under :mod:`nvfp4_conformance.tiers`): T0 codec, T1 planes and
+layouts, T2 activation quantization, T3 dequantization, T4 matmul, T5 golden fixtures,
+T6 greedy parity on SmolLM2-135M-Instruct. The certificate (JSON and a Markdown twin)
+records every measured error against its tolerance and the capabilities certified and not
+certified.
+
+``python -m nvfp4_conformance generate`` runs greedy decoding of a ModelOpt NVFP4
+checkpoint with every NVFP4 linear on a named backend (the code path T6 certifies).
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+#: Spec versions this suite has tests for (the run uses the newest one that the suite,
+#: nvfp4-core and the backend under test all implement, unless --nvfp4-spec says otherwise).
+SUITE_SPEC_VERSIONS: tuple[str, ...] = ("1.0",)
+
+__all__ = ["SUITE_SPEC_VERSIONS", "__version__"]

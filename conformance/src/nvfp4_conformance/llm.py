@@ -1,0 +1,212 @@
+"""Greedy decoding of a ModelOpt NVFP4 checkpoint with every NVFP4 linear on a backend.
+
+This is the code path of ``python -m nvfp4_conformance generate`` and of tier T6:
+
+1. :func:`load_model` opens the checkpoint with :func:`nvfp4.checkpoint.open_checkpoint`,
+   builds the transformers causal LM its ``config.json`` describes (float32), loads the
+   unquantized tensors (embeddings, norms, an untied ``lm_head``) and replaces the module
+   at every quantized prefix with an :class:`NVFP4Linear` that calls ``backend.qmm`` on
+   ``backend.prepare(planes)``;
+2. :func:`greedy` decodes with a KV cache, batch 1, and keeps every step's logits;
+3. :func:`teacher_forced_logits` scores a fixed token sequence (for the quality figures).
+
+Requires the ``parity`` extra (torch, transformers).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "GreedyResult",
+    "LoadedModel",
+    "greedy",
+    "load_model",
+    "margins",
+    "teacher_forced_logits",
+]
+
+#: Tensors a quantized checkpoint may hold besides the weights, which W4A16 decoding
+#: does not use (activation and KV-cache scales).
+AUX_SUFFIXES = (".input_scale", ".k_scale", ".v_scale", ".output_scale", "_amax")
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError as exc:  # pragma: no cover - exercised on machines without torch
+        raise RuntimeError(
+            "NVFP4 greedy decoding needs torch and transformers: "
+            "pip install 'nvfp4-conformance[parity]'"
+        ) from exc
+    return torch
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM whose NVFP4 linears run on ``backend``."""
+
+    model: Any
+    backend: Any
+    quantized: list[str]
+    config: dict[str, Any]
+
+
+def _model_config(raw: dict[str, Any]) -> Any:
+    from transformers import AutoConfig
+
+    cfg = {k: v for k, v in raw.items() if k not in ("quantization_config", "transformers_version")}
+    model_type = cfg.pop("model_type", None)
+    if not model_type:
+        raise ValueError("config.json has no model_type; cannot build the model")
+    return AutoConfig.for_model(model_type, **cfg)
+
+
+def load_model(checkpoint: str | os.PathLike[str], backend: Any) -> LoadedModel:
+    """Build the float32 model of a ModelOpt NVFP4 checkpoint with its NVFP4 linears on
+    ``backend`` (every quantized prefix must be a ``torch.nn.Linear`` of the model)."""
+    torch = _torch()
+    from nvfp4.checkpoint import open_checkpoint
+    from transformers import AutoModelForCausalLM
+
+    from .nvfp4_linear import NVFP4Linear
+
+    with open_checkpoint(Path(checkpoint)) as ckpt:
+        raw_config = dict(ckpt.config)
+        config = _model_config(raw_config)
+        config.use_cache = True
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
+        model = model.to(torch.float32).eval()
+
+        quantized = list(ckpt.quantized_names())
+        modules = dict(model.named_modules())
+        for prefix in quantized:
+            old = modules.get(prefix)
+            if not isinstance(old, torch.nn.Linear):
+                raise ValueError(
+                    f"checkpoint tensor {prefix!r} is NVFP4 but the model has "
+                    f"{type(old).__name__ if old is not None else 'no module'} there"
+                )
+            planes = ckpt.planes(prefix)
+            if planes.num_experts is not None or planes.shape != (
+                old.out_features,
+                old.in_features,
+            ):
+                raise ValueError(
+                    f"{prefix}: NVFP4 planes of shape {planes.shape}, the model's Linear is "
+                    f"{(old.out_features, old.in_features)}"
+                )
+            bias_name = f"{prefix}.bias"
+            bias = None
+            if bias_name in ckpt.tensor_names():
+                bias = torch.from_numpy(np.asarray(ckpt.tensor(bias_name), dtype=np.float32).copy())
+            new = NVFP4Linear(
+                backend, backend.prepare(planes), old.in_features, old.out_features, bias, prefix
+            )
+            model.set_submodule(prefix, new)
+
+        state: dict[str, Any] = {}
+        for name in ckpt.tensor_names():
+            if name.endswith(AUX_SUFFIXES):
+                continue
+            if any(name == f"{p}.bias" for p in quantized):
+                continue
+            arr = np.asarray(ckpt.tensor(name))
+            state[name] = torch.from_numpy(arr.astype(np.float32, copy=True))
+    result = model.load_state_dict(state, strict=False)
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    missing = [
+        k
+        for k in result.missing_keys
+        if not (tied and k == "lm_head.weight") and not k.endswith(("rotary_emb.inv_freq",))
+    ]
+    if missing:
+        raise ValueError(f"checkpoint lacks tensors the model needs: {missing[:10]}")
+    if result.unexpected_keys:
+        raise ValueError(
+            f"checkpoint has tensors the model does not: {result.unexpected_keys[:10]}"
+        )
+    if tied:
+        model.tie_weights()
+    return LoadedModel(model, backend, quantized, raw_config)
+
+
+@dataclass
+class GreedyResult:
+    """``new_ids`` and the float32 logits ``[steps, vocab]`` each was chosen from."""
+
+    new_ids: list[int]
+    logits: npt.NDArray[np.float32]
+
+
+def _cache_argument(model: Any) -> str:
+    """The name of the KV-cache argument and output field: ``cache`` (transformers >= 5.2x)
+    or ``past_key_values`` (earlier releases)."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def greedy(model: Any, prompt_ids: Sequence[int], max_new_tokens: int) -> GreedyResult:
+    """Greedy decoding, batch 1, with the model's KV cache; exactly ``max_new_tokens``
+    steps (end-of-sequence tokens do not stop it). Ties pick the lowest token id."""
+    torch = _torch()
+    if not prompt_ids:
+        raise ValueError("greedy: the prompt needs at least one token")
+    cache_arg = _cache_argument(model)
+    keep = (
+        {"logits_to_keep": 1}
+        if "logits_to_keep" in inspect.signature(model.forward).parameters
+        else {}
+    )
+    new: list[int] = []
+    steps: list[npt.NDArray[np.float32]] = []
+    with torch.no_grad():
+        ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
+        out = model(input_ids=ids, use_cache=True, **keep)
+        for step in range(max_new_tokens):
+            logits = out.logits[0, -1].to(torch.float32).numpy().copy()
+            steps.append(logits)
+            token = int(np.argmax(logits))
+            new.append(token)
+            if step + 1 == max_new_tokens:
+                break
+            cache = getattr(out, cache_arg)
+            out = model(
+                input_ids=torch.tensor([[token]], dtype=torch.long),
+                use_cache=True,
+                **keep,
+                **{cache_arg: cache},
+            )
+    vocab = steps[0].shape[-1] if steps else 0
+    return GreedyResult(new, np.stack(steps) if steps else np.zeros((0, vocab), np.float32))
+
+
+def teacher_forced_logits(
+    model: Any, prompt_ids: Sequence[int], new_ids: Sequence[int]
+) -> npt.NDArray[np.float32]:
+    """Logits ``[len(new_ids), vocab]`` predicting each of ``new_ids`` from the prompt and
+    the tokens before it (one forward pass)."""
+    torch = _torch()
+    ids = list(prompt_ids) + list(new_ids)
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids], dtype=torch.long), use_cache=False)
+    start = len(prompt_ids) - 1
+    logits: npt.NDArray[np.float32] = (
+        out.logits[0, start : start + len(new_ids)].to(torch.float32).numpy()
+    )
+    return logits.copy()
+
+
+def margins(logits: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    """Top-1 minus top-2 logit of every step."""
+    top2 = np.sort(logits, axis=-1)[..., -2:]
+    return (top2[..., 1] - top2[..., 0]).astype(np.float32)

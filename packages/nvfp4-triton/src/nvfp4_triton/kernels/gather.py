@@ -1,0 +1,172 @@
+"""MoE ``gather_qmm``: row ``m`` of x times expert ``ids[m]`` of an ``[E, N, K]`` weight.
+
+An expert id outside ``[0, E)`` gives an exactly zero output row, and nothing is read for it:
+every weight address is formed from a *safe* expert index (the id when it is valid, 0
+otherwise) and every load is masked by the validity predicate, so an id of ``-1`` or
+``2^20`` can neither read out of bounds nor pull a NaN from x into the output.
+
+Two kernels:
+
+* :func:`gather_rows_kernel` (unsorted ids, few rows - decode): one program per row of x and
+  ``BLOCK_N`` output columns streams that row's expert like the GEMV does. Rows that share an
+  expert read its tile again; with a handful of rows that costs less than sorting them.
+* :func:`gather_grouped_kernel` (sorted, or many rows): the launch wrapper groups the rows by
+  expert (a stable argsort on the device, or nothing when the caller passes sorted ids) and
+  cuts each expert's rows into tiles of ``BLOCK_M``. One program per (tile, ``BLOCK_N``
+  columns) reads its expert's weight tile once for all the tile's rows and accumulates with
+  ``tl.dot``, like the prefill GEMM. The tile table has a fixed upper bound of
+  ``cdiv(M, BLOCK_M) + min(E, M)`` entries, computed without a device-to-host copy; the
+  unused entries name expert ``E`` and do nothing.
+
+Both apply the row's expert (and partition) global after accumulation: ``row_g`` is
+``[E * N]``, expert ``e``'s rows at ``e * N``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..codec import round_out
+from .common import decode_pair, dot_acc
+
+__all__ = ["gather_grouped_kernel", "gather_rows_kernel"]
+
+
+@triton.jit
+def gather_rows_kernel(
+    x_ptr,  # [M, K], row stride stride_xm
+    ids_ptr,  # int32 | int64 [M]
+    codes_ptr,  # uint8 [E * N, K/2]
+    scales_ptr,  # uint8 [E * N, K/16]
+    row_g_ptr,  # float32 [E * N]
+    out_ptr,  # [M, N], row stride stride_om
+    N,
+    K,
+    E,
+    stride_xm,
+    stride_om,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """Grid: ``(M, cdiv(N, BLOCK_N))``."""
+    HALF: tl.constexpr = BLOCK_K // 2
+    row = tl.program_id(0).to(tl.int64)
+    n = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n < N
+
+    expert = tl.load(ids_ptr + row).to(tl.int64)
+    valid = (expert >= 0) & (expert < E)
+    safe = tl.where(valid, expert, 0)  # no address is ever formed from an invalid id
+    w_row = safe * N + n  # this expert's weight rows
+    j = tl.arange(0, HALF)
+    # The validity predicate enters every mask as a bound: an invalid row has K and N
+    # bounds of 0, so it runs no iteration and loads nothing. (Bounds rather than
+    # `tensor & scalar`, which the interpreter mistypes.)
+    k_end = tl.where(valid, K, 0)
+    n_end = tl.where(valid, N, 0)
+    n_valid = n < n_end
+
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for k0 in range(0, k_end, BLOCK_K):
+        col = k0 + 2 * j
+        k_mask = col < k_end
+        w_mask = n_valid[:, None] & k_mask[None, :]
+        byte = tl.load(
+            codes_ptr + w_row[:, None] * (K // 2) + (col // 2)[None, :], mask=w_mask, other=0
+        )
+        sbyte = tl.load(
+            scales_ptr + w_row[:, None] * (K // 16) + (col // 16)[None, :], mask=w_mask, other=0
+        )
+        w_even, w_odd = decode_pair(byte.to(tl.int32), sbyte.to(tl.int32))  # [BLOCK_N, HALF]
+        x_even_ptr = x_ptr + row * stride_xm + col
+        x_even = tl.load(x_even_ptr, mask=k_mask, other=0.0).to(tl.float32)
+        x_odd = tl.load(x_even_ptr + 1, mask=k_mask, other=0.0).to(tl.float32)
+        acc += tl.sum(x_even[None, :] * w_even + x_odd[None, :] * w_odd, axis=1)
+
+    g = tl.load(row_g_ptr + w_row, mask=n_valid, other=0.0)
+    y = tl.where(valid, acc * g, 0.0)  # exactly zero for an out-of-range id
+    tl.store(out_ptr + row * stride_om + n, round_out(y, out_ptr.dtype.element_ty), mask=n_mask)
+
+
+@triton.jit
+def gather_grouped_kernel(
+    x_ptr,  # [M, K], row stride stride_xm
+    ids_ptr,  # int32 | int64 [M]
+    perm_ptr,  # int64 [M]: row of x at each sorted position (unused when not HAS_PERM)
+    tile_expert_ptr,  # int64 [T]: expert of tile t (E for an unused tile)
+    tile_start_ptr,  # int64 [T]: first sorted position of tile t
+    tile_end_ptr,  # int64 [T]: end of the expert's segment (tile t covers < BLOCK_M of it)
+    codes_ptr,  # uint8 [E * N, K/2]
+    scales_ptr,  # uint8 [E * N, K/16]
+    row_g_ptr,  # float32 [E * N]
+    out_ptr,  # [M, N], zero-filled by the wrapper (rows of invalid ids stay zero)
+    N,
+    K,
+    E,
+    stride_xm,
+    stride_om,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    FP32_PRECISION: tl.constexpr,
+    HAS_PERM: tl.constexpr,
+):
+    """Grid: ``(T, cdiv(N, BLOCK_N))``."""
+    HALF: tl.constexpr = BLOCK_K // 2
+    t = tl.program_id(0)
+    n = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n < N
+
+    expert = tl.load(tile_expert_ptr + t)
+    start = tl.load(tile_start_ptr + t)
+    end = tl.load(tile_end_ptr + t)
+    active = (expert >= 0) & (expert < E)
+    safe = tl.where(active, expert, 0)
+    # An unused tile gets bounds of 0 (row, column and K), so it loads and stores nothing.
+    end = tl.where(active, end, 0)
+    n_end = tl.where(active, N, 0)
+    k_end = tl.where(active, K, 0)
+    n_valid = n < n_end
+
+    # The tile's rows: sorted positions start .. start + BLOCK_M - 1 (within the segment),
+    # mapped to rows of x; each row's own id is read back and must name this expert, so
+    # only rows routed here are read or written whatever the tile table says.
+    pos = start + tl.arange(0, BLOCK_M)
+    pos_mask = pos < end
+    if HAS_PERM:
+        row = tl.load(perm_ptr + pos, mask=pos_mask, other=0).to(tl.int64)
+    else:
+        row = pos.to(tl.int64)
+    row_id = tl.load(ids_ptr + row, mask=pos_mask, other=-1).to(tl.int64)
+    row_ok = pos_mask & (row_id == expert)
+
+    w_row = safe * N + n
+    j = tl.arange(0, HALF)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, k_end, BLOCK_K):
+        col = k0 + 2 * j
+        k_mask = col < K
+        x_mask = row_ok[:, None] & k_mask[None, :]
+        x_even_ptr = x_ptr + row[:, None] * stride_xm + col[None, :]
+        x_even = tl.load(x_even_ptr, mask=x_mask, other=0.0).to(DOT_DTYPE)
+        x_odd = tl.load(x_even_ptr + 1, mask=x_mask, other=0.0).to(DOT_DTYPE)
+        w_mask = k_mask[:, None] & n_valid[None, :]
+        byte = tl.load(
+            codes_ptr + w_row[None, :] * (K // 2) + (col // 2)[:, None], mask=w_mask, other=0
+        )  # [HALF, BLOCK_N]
+        sbyte = tl.load(
+            scales_ptr + w_row[None, :] * (K // 16) + (col // 16)[:, None], mask=w_mask, other=0
+        )
+        w_even, w_odd = decode_pair(byte.to(tl.int32), sbyte.to(tl.int32))
+        acc = dot_acc(x_even, w_even.to(DOT_DTYPE), acc, FP32_PRECISION)
+        acc = dot_acc(x_odd, w_odd.to(DOT_DTYPE), acc, FP32_PRECISION)
+
+    g = tl.load(row_g_ptr + w_row, mask=n_valid, other=0.0)
+    y = round_out(acc * g[None, :], out_ptr.dtype.element_ty)
+    tl.store(
+        out_ptr + row[:, None] * stride_om + n[None, :],
+        y,
+        mask=row_ok[:, None] & n_mask[None, :],
+    )

@@ -1,0 +1,461 @@
+"""Launch wrappers: torch tensors in, torch tensors out, tiles from a :class:`KernelConfig`.
+
+These functions trust their arguments' *semantics* only as far as they check them: x is a
+2-D floating tensor with K columns on the weight's device, ids are integers, and the weight
+is a :class:`~nvfp4_triton.weights.DeviceWeight` (made by :func:`~nvfp4_triton.weights.upload`,
+which validated the planes). The backend classes add the user-facing checks and dtype
+defaults.
+
+* :func:`dequantize` - planes -> dense ``[E?, N, K]``;
+* :func:`gemv` (decode), :func:`gemm` (prefill), :func:`dequant_matmul` (dequantize, then
+  ``torch.matmul``) - the three W4A16 paths, :func:`qmm` picks one by name;
+* :func:`gather` - MoE, ``"rows"`` or ``"grouped"``;
+* :func:`activation_global`, :func:`quantize_activations` - the W4A4 input side.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from nvfp4.spec import BLOCK_SIZE, GLOBAL_AMAX_DIVISOR, SWIZZLE_ROW_TILE, swizzle_128x4_offset
+
+from .config import KernelConfig
+from .weights import DeviceWeight
+
+__all__ = [
+    "GATHER_PATHS",
+    "QMM_PATHS",
+    "activation_global",
+    "dequant_matmul",
+    "dequantize",
+    "gather",
+    "gemm",
+    "gemv",
+    "qmm",
+    "quantize_activations",
+    "swizzle_band",
+]
+
+#: The W4A16 paths :func:`qmm` knows.
+QMM_PATHS = ("gemv", "gemm", "dequant_matmul")
+#: The MoE paths :func:`gather` knows.
+GATHER_PATHS = ("rows", "grouped")
+#: The most rows of x one GEMV launch multiplies (``BLOCK_M``); more are done in slices.
+GEMV_MAX_ROWS = 16
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pow2_at_least(v: int) -> int:
+    return 1 << max(0, (v - 1).bit_length())
+
+
+def _tl_dtype(torch_dtype: Any) -> Any:
+    import torch
+    import triton.language as tl
+
+    return {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}[
+        torch_dtype
+    ]
+
+
+def _dot_dtype(x: Any, cfg: KernelConfig) -> Any:
+    import triton.language as tl
+
+    return tl.float32 if cfg.dot_in_float32 else _tl_dtype(x.dtype)
+
+
+def _check_x(x: Any, w: DeviceWeight) -> None:
+    import torch
+
+    if not isinstance(x, torch.Tensor) or x.ndim != 2 or x.shape[1] != w.k:
+        raise ValueError(
+            f"{w.name}: x must be a 2-D tensor [M, {w.k}], found "
+            f"{type(x).__name__} {tuple(getattr(x, 'shape', ()))}"
+        )
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"{w.name}: x must be float32, float16 or bfloat16, found {x.dtype}")
+    if x.stride(1) != 1:
+        raise ValueError(f"{w.name}: x must have unit column stride, found {x.stride()}")
+    if x.device != w.device:
+        raise ValueError(f"{w.name}: x is on {x.device}, the weight on {w.device}")
+
+
+# ------------------------------------------------------------------------- dequantize
+def dequantize(w: DeviceWeight, out_dtype: Any, cfg: KernelConfig) -> Any:
+    """Dense ``[E?, N, K]`` in ``out_dtype`` (torch float32 / float16 / bfloat16), exact."""
+    import torch
+
+    from .kernels.dequantize import dequantize_kernel
+
+    out = torch.empty((w.rows, w.k), dtype=out_dtype, device=w.device)
+    t = cfg.dequant
+    grid = (_cdiv(w.rows, t.block_n), _cdiv(w.k, t.block_k))
+    dequantize_kernel[grid](
+        w.codes,
+        w.scales,
+        w.row_g,
+        out,
+        w.rows,
+        w.k,
+        BLOCK_N=t.block_n,
+        BLOCK_K=t.block_k,
+        num_warps=t.num_warps,
+    )
+    return out.reshape(w.shape)
+
+
+# ---------------------------------------------------------------------------- W4A16
+def gemv(x: Any, w: DeviceWeight, out_dtype: Any, cfg: KernelConfig) -> Any:
+    """W4A16 decode kernel (split-K when the output columns alone cannot fill the device).
+    More than :data:`GEMV_MAX_ROWS` rows are done in slices (the weight is then read once
+    per slice: use :func:`gemm` for that)."""
+    import torch
+
+    from .kernels.gemv import gemv_kernel, splitk_reduce_kernel
+
+    _check_x(x, w)
+    if w.num_experts is not None:
+        raise ValueError(f"{w.name}: an expert stack goes through gather()")
+    m, k, n = x.shape[0], w.k, w.n
+    out = torch.empty((m, n), dtype=out_dtype, device=x.device)
+    if m == 0:
+        return out
+    t = cfg.gemv
+    for lo in range(0, m, GEMV_MAX_ROWS):
+        xs, os = x[lo : lo + GEMV_MAX_ROWS], out[lo : lo + GEMV_MAX_ROWS]
+        rows = xs.shape[0]
+        block_m = _pow2_at_least(rows)
+        # keep the [BLOCK_M, BLOCK_N, BLOCK_K/2] product the size the config chose for M = 1
+        block_k = max(32, t.block_k // block_m)
+        programs = _cdiv(n, t.block_n)
+        chunks = _cdiv(k, block_k)
+        split = 1
+        if t.split_k_programs and programs < t.split_k_programs:
+            split = min(t.max_split_k, _cdiv(t.split_k_programs, programs), chunks)
+        k_split = _cdiv(chunks, split) * block_k
+        split = _cdiv(k, k_split)  # no empty slice
+        target = (
+            os
+            if split == 1
+            else torch.empty((split, rows, n), dtype=torch.float32, device=x.device)
+        )
+        gemv_kernel[(programs, split)](
+            xs,
+            w.codes,
+            w.scales,
+            w.row_g,
+            target,
+            rows,
+            n,
+            k,
+            xs.stride(0),
+            os.stride(0),
+            k_split,
+            BLOCK_M=block_m,
+            BLOCK_N=t.block_n,
+            BLOCK_K=block_k,
+            PARTIAL=split > 1,
+            num_warps=t.num_warps,
+            num_stages=t.num_stages,
+        )
+        if split > 1:
+            reduce_n = min(1024, _pow2_at_least(n))
+            splitk_reduce_kernel[(rows, _cdiv(n, reduce_n))](
+                target,
+                w.row_g,
+                os,
+                rows,
+                n,
+                os.stride(0),
+                SPLIT_K=split,
+                BLOCK_N=reduce_n,
+                num_warps=t.num_warps,
+            )
+    return out
+
+
+def gemm(x: Any, w: DeviceWeight, out_dtype: Any, cfg: KernelConfig) -> Any:
+    """W4A16 prefill kernel: tiled GEMM, weight tiles dequantized in the K loop."""
+    import torch
+
+    from .kernels.gemm import gemm_kernel
+
+    _check_x(x, w)
+    if w.num_experts is not None:
+        raise ValueError(f"{w.name}: an expert stack goes through gather()")
+    m, n = x.shape[0], w.n
+    out = torch.empty((m, n), dtype=out_dtype, device=x.device)
+    if m == 0:
+        return out
+    t = cfg.gemm_tiles(m)
+    grid = (_cdiv(m, t.block_m) * _cdiv(n, t.block_n),)
+    gemm_kernel[grid](
+        x,
+        w.codes,
+        w.scales,
+        w.row_g,
+        out,
+        m,
+        n,
+        w.k,
+        x.stride(0),
+        out.stride(0),
+        BLOCK_M=t.block_m,
+        BLOCK_N=t.block_n,
+        BLOCK_K=t.block_k,
+        GROUP_M=t.group_m,
+        DOT_DTYPE=_dot_dtype(x, cfg),
+        FP32_PRECISION=cfg.fp32_dot_precision,
+        num_warps=t.num_warps,
+        num_stages=t.num_stages,
+    )
+    return out
+
+
+def dequant_matmul(x: Any, w: DeviceWeight, out_dtype: Any, cfg: KernelConfig) -> Any:
+    """Dequantize the weight to x's dtype (the spec's exact decode, global included), then
+    ``torch.matmul`` (cuBLAS / hipBLASLt): the dense weight exists for the call's duration.
+    The global is folded into the decoded weight because an unscaled float16 product sum
+    can overflow; the decoded weight carries the spec's one rounding per element."""
+    _check_x(x, w)
+    if w.num_experts is not None:
+        raise ValueError(f"{w.name}: an expert stack goes through gather()")
+    dense = dequantize(w, x.dtype, cfg)
+    y = x @ dense.t()
+    return y if y.dtype == out_dtype else y.to(out_dtype)
+
+
+def qmm(x: Any, w: DeviceWeight, out_dtype: Any, cfg: KernelConfig, path: str) -> Any:
+    """W4A16 ``x @ decode(w).T`` through ``path`` (one of :data:`QMM_PATHS`)."""
+    if path == "gemv":
+        return gemv(x, w, out_dtype, cfg)
+    if path == "gemm":
+        return gemm(x, w, out_dtype, cfg)
+    if path == "dequant_matmul":
+        return dequant_matmul(x, w, out_dtype, cfg)
+    raise ValueError(f"unknown qmm path {path!r}; expected one of {', '.join(QMM_PATHS)}")
+
+
+# ------------------------------------------------------------------------------ MoE
+def _grouped_tiles(
+    ids: Any, num_experts: int, block_m: int, sorted_indices: bool
+) -> tuple[Any, Any, Any, Any, int]:
+    """Tile table of the grouped kernel, built on the device without a host copy.
+
+    Returns ``(perm, tile_expert, tile_start, tile_end, T)``: ``perm`` maps sorted positions
+    to rows of x (``None`` when the ids are already sorted); tile ``t`` covers sorted
+    positions ``tile_start[t] .. min(tile_start[t] + block_m, tile_end[t]) - 1`` of expert
+    ``tile_expert[t]`` (``E`` for the unused tail of the table).
+    """
+    import torch
+
+    m, e = ids.shape[0], num_experts
+    dev = ids.device
+    key = ids.to(torch.int64)
+    perm = None
+    if not sorted_indices:
+        # invalid ids sort after every expert, so no segment contains them
+        key = torch.where((key >= 0) & (key < e), key, torch.full_like(key, e))
+        perm = torch.argsort(key, stable=True)
+        key = key[perm]
+    experts = torch.arange(e, dtype=torch.int64, device=dev)
+    seg_start = torch.searchsorted(key, experts)
+    seg_end = torch.searchsorted(key, experts, right=True)
+    tiles = (seg_end - seg_start + block_m - 1) // block_m
+    cum = torch.cumsum(tiles, 0)
+    total = _cdiv(m, block_m) + min(e, m)  # sum over experts of ceil(count / block_m)
+    t = torch.arange(total, dtype=torch.int64, device=dev)
+    owner = torch.searchsorted(cum, t, right=True)  # expert of tile t, E past the last tile
+    c = owner.clamp(max=e - 1)
+    first_tile = cum[c] - tiles[c]
+    start = seg_start[c] + (t - first_tile) * block_m
+    used = owner < e
+    tile_start = torch.where(used, start, torch.zeros_like(start))
+    tile_end = torch.where(used, seg_end[c], torch.zeros_like(start))
+    return perm, owner.contiguous(), tile_start.contiguous(), tile_end.contiguous(), total
+
+
+def gather(
+    x: Any,
+    w: DeviceWeight,
+    ids: Any,
+    out_dtype: Any,
+    cfg: KernelConfig,
+    *,
+    path: str,
+    sorted_indices: bool = False,
+) -> Any:
+    """MoE W4A16: ``out[m] = x[m] @ decode(w[ids[m]]).T``; ids outside ``[0, E)`` give
+    zero rows. ``path``: ``"rows"`` (per-row programs) or ``"grouped"`` (rows grouped by
+    expert; with ``sorted_indices`` the caller's order is used, after checking it)."""
+    import torch
+
+    from .kernels.gather import gather_grouped_kernel, gather_rows_kernel
+
+    _check_x(x, w)
+    e = w.num_experts
+    if e is None:
+        raise ValueError(f"{w.name}: gather needs an expert stack [E, N, K]")
+    m, n, k = x.shape[0], w.n, w.k
+    if not isinstance(ids, torch.Tensor) or ids.shape != (m,) or ids.dtype.is_floating_point:
+        raise ValueError(
+            f"{w.name}: expert ids must be an integer tensor [{m}], found "
+            f"{getattr(ids, 'dtype', type(ids).__name__)} {tuple(getattr(ids, 'shape', ()))}"
+        )
+    if ids.dtype not in (torch.int32, torch.int64):
+        ids = ids.to(torch.int64)
+    ids = ids.to(x.device).contiguous()
+    if sorted_indices and m > 1 and bool((ids[1:] < ids[:-1]).any()):
+        raise ValueError(f"{w.name}: sorted_indices=True but the expert ids are not sorted")
+    t = cfg.gather
+    if m == 0:
+        return torch.zeros((0, n), dtype=out_dtype, device=x.device)
+    if path == "rows":
+        out = torch.empty((m, n), dtype=out_dtype, device=x.device)
+        gather_rows_kernel[(m, _cdiv(n, t.rows_block_n))](
+            x,
+            ids,
+            w.codes,
+            w.scales,
+            w.row_g,
+            out,
+            n,
+            k,
+            e,
+            x.stride(0),
+            out.stride(0),
+            BLOCK_N=t.rows_block_n,
+            BLOCK_K=t.rows_block_k,
+            num_warps=t.num_warps,
+        )
+        return out
+    if path != "grouped":
+        raise ValueError(f"unknown gather path {path!r}; expected one of {', '.join(GATHER_PATHS)}")
+    perm, tile_expert, tile_start, tile_end, total = _grouped_tiles(
+        ids, e, t.block_m, sorted_indices
+    )
+    out = torch.zeros((m, n), dtype=out_dtype, device=x.device)
+    gather_grouped_kernel[(total, _cdiv(n, t.block_n))](
+        x,
+        ids,
+        perm if perm is not None else tile_start,  # never read without HAS_PERM
+        tile_expert,
+        tile_start,
+        tile_end,
+        w.codes,
+        w.scales,
+        w.row_g,
+        out,
+        n,
+        k,
+        e,
+        x.stride(0),
+        out.stride(0),
+        BLOCK_M=t.block_m,
+        BLOCK_N=t.block_n,
+        BLOCK_K=t.block_k,
+        DOT_DTYPE=_dot_dtype(x, cfg),
+        FP32_PRECISION=cfg.fp32_dot_precision,
+        HAS_PERM=perm is not None,
+        num_warps=t.num_warps,
+        num_stages=t.num_stages,
+    )
+    return out
+
+
+# ------------------------------------------------------------------------ activations
+def activation_global(x: Any, input_scale: Any = None) -> Any:
+    """The activation global as a float32 tensor of one element on x's device: the static
+    ``input_scale`` (decode convention, finite and > 0) or ``amax / 2688`` over x's finite
+    values (1.0 when that amax is 0), computed in float32 as
+    :func:`nvfp4.reference.global_from_amax` does."""
+    import torch
+
+    if input_scale is not None:
+        static = np.asarray(input_scale, dtype=np.float32).reshape(())
+        if not (np.isfinite(static) and static > 0):
+            raise ValueError(f"input_scale must be finite and > 0, found {input_scale!r}")
+        return torch.tensor([float(static)], dtype=torch.float32, device=x.device)
+    xf = x.to(torch.float32)
+    if xf.numel() == 0:
+        return torch.ones(1, dtype=torch.float32, device=x.device)
+    amax = torch.where(torch.isfinite(xf), xf.abs(), torch.zeros_like(xf)).amax().reshape(1)
+    g = amax / float(GLOBAL_AMAX_DIVISOR)  # float32 division (the divisor is exact)
+    return torch.where(amax == 0, torch.ones_like(g), g)
+
+
+_BANDS: dict[tuple[int, str], tuple[Any, int]] = {}
+
+
+def swizzle_band(k_blocks: int, device: Any) -> tuple[Any, int]:
+    """Byte offsets (int64 ``[128 * k_blocks]``, row-major) of one 128-row band of the 128x4
+    swizzled scale layout, from :func:`nvfp4.spec.swizzle_128x4_offset`, and the byte
+    stride between bands. Cached per (k_blocks, device)."""
+    import torch
+
+    key = (k_blocks, str(device))
+    if key not in _BANDS:
+        rows = np.arange(SWIZZLE_ROW_TILE, dtype=np.int64)[:, None]
+        cols = np.arange(k_blocks, dtype=np.int64)[None, :]
+        band = swizzle_128x4_offset(rows, cols, k_blocks).reshape(-1)
+        two = swizzle_128x4_offset(
+            np.array([0, SWIZZLE_ROW_TILE], dtype=np.int64), np.zeros(2, np.int64), k_blocks
+        )
+        stride = int(two[1] - two[0])
+        _BANDS[key] = (torch.from_numpy(np.ascontiguousarray(band)).to(device), stride)
+    return _BANDS[key]
+
+
+def quantize_activations(
+    x: Any, g: Any, cfg: KernelConfig, *, swizzled: bool = False
+) -> tuple[Any, Any]:
+    """Encode ``x`` ``[M, K]`` with the global ``g`` (a float32 tensor of one element, see
+    :func:`activation_global`): returns ``(codes uint8 [M, K/2], scales)`` with scales
+    uint8 ``[M, K/16]`` (linear) or the flat 128x4-swizzled buffer (zero padding)."""
+    import torch
+
+    from .kernels.quantize import quantize_kernel
+
+    if not isinstance(x, torch.Tensor) or x.ndim != 2:
+        raise ValueError(f"activations must be a 2-D tensor [M, K], found {tuple(x.shape)}")
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"activations must be float32, float16 or bfloat16, found {x.dtype}")
+    m, k = x.shape
+    if k == 0 or k % BLOCK_SIZE:
+        raise ValueError(f"activations: K must be a positive multiple of 16, found {k}")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    kb = k // BLOCK_SIZE
+    codes = torch.empty((m, k // 2), dtype=torch.uint8, device=x.device)
+    if swizzled:
+        band, stride = swizzle_band(kb, x.device)
+        rows_p = _cdiv(max(m, 1), SWIZZLE_ROW_TILE) * SWIZZLE_ROW_TILE
+        scales = torch.zeros(
+            rows_p // SWIZZLE_ROW_TILE * stride, dtype=torch.uint8, device=x.device
+        )
+    else:
+        band, stride = codes, 0  # never read without SWIZZLED
+        scales = torch.empty((m, kb), dtype=torch.uint8, device=x.device)
+    if m == 0:
+        return codes, scales
+    t = cfg.quant
+    quantize_kernel[(_cdiv(m, t.block_m), _cdiv(kb, t.block_kb))](
+        x,
+        g,
+        codes,
+        scales,
+        band,
+        m,
+        k,
+        x.stride(0),
+        stride,
+        BLOCK_M=t.block_m,
+        BLOCK_KB=t.block_kb,
+        SWIZZLED=swizzled,
+        num_warps=t.num_warps,
+    )
+    return codes, scales

@@ -1,0 +1,172 @@
+"""TritonBackend: the Backend protocol over the shared ops, with a minimal platform (the
+interpreter) - what nvfp4-cuda and nvfp4-rocm build on."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+from nvfp4 import reference
+from nvfp4.backend import Backend
+from nvfp4.planes import NVFP4Planes, PlaneError
+from nvfp4_triton.backend import Platform, TritonBackend, torch_dtype
+from nvfp4_triton.weights import DeviceWeight, upload
+from triton_helpers import AMD_LIKE, check_close
+
+
+class InterpreterBackend(TritonBackend):
+    NAME = "test-triton"
+    PRIORITY = 1
+
+    def detect(self) -> Platform:
+        return Platform(
+            True,
+            device="Triton interpreter on CPU",
+            interpreter=True,
+            arch="interpreter",
+            config=AMD_LIKE,
+        )
+
+
+class BrokenBackend(TritonBackend):
+    NAME = "broken"
+
+    def detect(self) -> Platform:
+        raise RuntimeError("driver exploded")
+
+
+@pytest.fixture
+def b() -> InterpreterBackend:
+    return InterpreterBackend()
+
+
+def _planes(n: int = 12, k: int = 64, experts: int | None = None) -> NVFP4Planes:
+    rng = np.random.default_rng(n + k)
+    shape = (experts, n, k) if experts else (n, k)
+    return reference.quantize(rng.standard_normal(shape).astype(np.float32), name="bw")
+
+
+def test_protocol_and_info(b: InterpreterBackend) -> None:
+    assert isinstance(b, Backend)
+    assert b.availability().ok
+    assert b.availability().device == "Triton interpreter on CPU"
+    assert "w4a4" not in b.info.capabilities
+    assert "qmm" in b.info.capabilities
+
+
+def test_detection_failure_is_reported_not_raised() -> None:
+    a = BrokenBackend().availability()
+    assert not a.ok
+    assert "driver exploded" in a.reason
+    with pytest.raises(RuntimeError, match="driver exploded"):
+        BrokenBackend().prepare(_planes())
+
+
+def test_qmm_default_dtype_leading_axes_and_numpy_input(b: InterpreterBackend) -> None:
+    planes = _planes()
+    w = b.prepare(planes)
+    assert isinstance(w, DeviceWeight)
+    x = np.random.default_rng(0).standard_normal((2, 3, 64)).astype(ml_dtypes.bfloat16)
+    y = b.qmm(b.from_numpy(x), w)
+    assert y.dtype == torch.bfloat16
+    assert tuple(y.shape) == (2, 3, 12)
+    yn = b.to_numpy(y)
+    assert yn.dtype == np.dtype(ml_dtypes.bfloat16)
+    ref = reference.qmm(x.astype(np.float32).reshape(6, 64), planes, out_dtype=None)
+    check_close(y.reshape(6, 12), ref, "qmm", "bfloat16", "backend qmm")
+    y32 = b.qmm(x.astype(np.float32), planes, out_dtype="float32")  # numpy x, raw planes
+    assert y32.dtype == torch.float32
+
+
+def test_verbs_refuse_malformed_planes(b: InterpreterBackend) -> None:
+    p = _planes()
+    bad = object.__new__(NVFP4Planes)
+    for f, v in (
+        ("codes", p.codes),
+        ("scales", p.scales[:, :3]),
+        ("global_scale", p.global_scale),
+        ("partitions", None),
+        ("name", "bad_scales"),
+    ):
+        object.__setattr__(bad, f, v)
+    for call in (
+        lambda: b.prepare(bad),
+        lambda: b.qmm(torch.ones(2, 64), bad),
+        lambda: b.dequantize(bad),
+        lambda: b.gather_qmm(torch.ones(2, 64), bad, torch.zeros(2, dtype=torch.int64)),
+    ):
+        with pytest.raises(PlaneError, match="bad_scales"):
+            call()
+    content = p.replace(
+        scales=np.where(p.scales == p.scales[0, 0], 0x80, p.scales).astype(np.uint8),
+        name="bad_byte",
+    )
+    with pytest.raises(PlaneError, match="bad_byte"):
+        b.prepare(content)
+
+
+def test_x_checks(b: InterpreterBackend) -> None:
+    w = b.prepare(_planes())
+    with pytest.raises(ValueError, match="K = 64"):
+        b.qmm(torch.ones(2, 48), w)
+    with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
+        b.qmm(torch.ones(2, 64, dtype=torch.float64), w)
+    with pytest.raises(ValueError, match="gather_qmm"):
+        b.qmm(torch.ones(2, 64), b.prepare(_planes(experts=2)))
+    with pytest.raises(ValueError, match="output dtype"):
+        b.qmm(torch.ones(2, 64), w, out_dtype="int8")
+    with pytest.raises(NotImplementedError, match="w4a4"):
+        b.qmm_w4a4(torch.ones(2, 64), w)
+
+
+def test_gather_and_dequantize_and_quantize(b: InterpreterBackend) -> None:
+    planes = _planes(experts=3)
+    w = b.prepare(planes)
+    x = np.random.default_rng(1).standard_normal((5, 64)).astype(np.float16)
+    ids = np.array([2, -1, 0, 7, 2])
+    y = b.gather_qmm(b.from_numpy(x), w, b.from_numpy(ids))
+    assert y.dtype == torch.float16
+    assert (b.to_numpy(y)[[1, 3]] == 0).all()
+    ref = reference.gather_qmm(x, planes, ids, out_dtype=None)
+    check_close(y[[0, 2, 4]], ref[[0, 2, 4]], "gather_qmm", "float16", "backend gather")
+    with pytest.raises(ValueError, match="integers"):
+        b.gather_qmm(b.from_numpy(x), w, torch.zeros(5))
+    d = b.dequantize(w, "bfloat16")
+    np.testing.assert_array_equal(
+        b.to_numpy(d).view(np.uint16), reference.dequantize(planes, "bfloat16").view(np.uint16)
+    )
+    assert b.to_planes(w).codes.tobytes() == planes.codes.tobytes()
+    xa = np.random.default_rng(2).standard_normal((3, 32)).astype(np.float32)
+    qa, ra = b.quantize_activations(b.from_numpy(xa)), reference.quantize_activations(xa)
+    assert qa.codes.tobytes() == ra.codes.tobytes()
+    assert qa.scales.tobytes() == ra.scales.tobytes()
+    assert qa.global_scale.tobytes() == ra.global_scale.tobytes()
+    with pytest.raises(ValueError, match="multiple of 16"):
+        b.quantize_activations(torch.ones(2, 24))
+
+
+def test_torch_dtype_names() -> None:
+    assert torch_dtype("bfloat16") is torch.bfloat16
+    assert torch_dtype(np.float16) is torch.float16
+    assert torch_dtype(ml_dtypes.bfloat16) is torch.bfloat16
+    with pytest.raises(ValueError):
+        torch_dtype(torch.int8)
+
+
+def test_device_weight_refuses_inconsistent_tensors() -> None:
+    w = upload(_planes(), "cpu")
+    with pytest.raises(PlaneError, match="device scales"):
+        DeviceWeight(
+            w.name,
+            w.n,
+            w.k,
+            None,
+            None,
+            w.global_scale,
+            w.codes,
+            w.scales[:, :2].contiguous(),
+            w.row_g,
+        )
+    with pytest.raises(PlaneError, match="k"):
+        DeviceWeight(w.name, w.n, 40, None, None, w.global_scale, w.codes, w.scales, w.row_g)
