@@ -43,13 +43,17 @@ tensors are widened to F32 (lossless). Names the map does not know keep their Hu
 name. The metadata holds the architecture's hyper-parameters from ``config.json`` and
 ``nvfp4.*`` keys (spec version, the HF config, the GGUF<->HF name map and original dtypes)
 from which :class:`~nvfp4.checkpoint.reader.GGUFCheckpoint` restores the HF view exactly.
-K % 64 != 0 is refused before anything is written. No tokenizer is embedded (yet).
+K % 64 != 0 is refused before anything is written. The tokenizer (``tokenizer.ggml.*``,
+which llama.cpp needs to load the file) comes from the source directory's Hugging Face
+``tokenizer.json`` (:mod:`.gguf_vocab`), or is copied from a GGUF source; without one the
+GGUF has none and :func:`write_checkpoint` logs a one-line note.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import logging
 import math
 import os
 import re
@@ -77,6 +81,7 @@ from ..safetensors_io import DTYPES, SafetensorsWriter, dtype_name
 from ..spec import BLOCK_SIZE, GGUF_BLOCK_BYTES, GGUF_SUPER_BLOCK, SPEC_VERSION
 from .atomic import atomic_output
 from .flavours import FLAVOURS, MODELOPT_NVFP4_ALGOS, CheckpointError, import_gguf
+from .gguf_vocab import TOKENIZER_FILE, add_hf_tokenizer, copy_gguf_tokenizer, has_hf_tokenizer
 from .reader import (
     INDEX_FILE,
     KV_GGUF_NAMES,
@@ -86,6 +91,7 @@ from .reader import (
     KV_ROPE_PERMUTED,
     KV_SPEC,
     Checkpoint,
+    GGUFCheckpoint,
     ModelOptCheckpoint,
     PlaneShape,
     group_experts,
@@ -112,6 +118,9 @@ _PRODUCER: Final = {"name": "nvfp4", "version": __version__}
 _HF_CONFIG_FILES: Final = frozenset({"config.json", "hf_quant_config.json", INDEX_FILE})
 
 Entry = tuple[str, str, tuple[int, ...]]  # (name, safetensors dtype, shape)
+#: Adds tokenizer keys to a GGUFWriter; returns whether it added any.
+TokenizerWriter = Callable[[Any], bool]
+logger = logging.getLogger(__name__)
 
 
 # ============================================================================ sources
@@ -129,6 +138,7 @@ class _Source:
         info_of: Callable[[str], tuple[np.dtype[Any], tuple[int, ...]]],
         tensor_of: Callable[[str], npt.NDArray[Any]],
         config: Mapping[str, Any],
+        tokenizer: TokenizerWriter | None = None,
     ) -> None:
         self.prefixes = list(prefixes)
         self.shape_of = shape_of
@@ -138,6 +148,8 @@ class _Source:
         self.info_of = info_of
         self.tensor_of = tensor_of
         self.config = dict(config)
+        self.tokenizer = tokenizer  # GGUF only
+        self.tokenizer_written = False
 
 
 def _checkpoint_source(src: Checkpoint) -> _Source:
@@ -733,6 +745,8 @@ def _write_gguf(dst_tmp: Path, src: _Source, *, progress: Progress | None) -> No
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     w.add_string(KV_SPEC, SPEC_VERSION)
     w.add_string(KV_HF_CONFIG, json.dumps(config, sort_keys=True))
+    if src.tokenizer is not None:
+        src.tokenizer_written = src.tokenizer(w)
 
     nvfp4_type = gguf.GGMLQuantizationType.NVFP4
     bf16_type = gguf.GGMLQuantizationType.BF16
@@ -931,17 +945,45 @@ def write_checkpoint(
     :class:`~nvfp4.checkpoint.CheckpointError` when ``dst`` exists and ``force`` is false,
     and :class:`~nvfp4.PlaneError` for planes the target cannot hold (K % 64 for GGUF,
     fused partitions for ModelOpt / compressed-tensors), before writing anything.
+
+    A GGUF gets the tokenizer of the source directory's ``tokenizer.json``
+    (:mod:`nvfp4.checkpoint.gguf_vocab`), or the ``tokenizer.*`` keys of a GGUF source;
+    when the source has none, a one-line note is logged (``nvfp4.checkpoint.writers``).
     """
-    return _write(
+    source = _checkpoint_source(src)
+    if to == "gguf":
+        source.tokenizer = _tokenizer_of(src)
+    out = _write(
         dst,
         to,
-        _checkpoint_source(src),
+        source,
         force=force,
         progress=progress,
         max_shard_bytes=max_shard_bytes,
         algos=_algos_of(src),
         extra_files=_extra_files(src) if to != "gguf" else (),
     )
+    if to == "gguf" and source.tokenizer is None:
+        logger.warning(
+            "nvfp4: note: %s has no Hugging Face tokenizer (%s): the GGUF has no tokenizer "
+            "metadata, which llama.cpp needs to load it",
+            src.path,
+            TOKENIZER_FILE,
+        )
+    elif to == "gguf" and isinstance(src, GGUFCheckpoint) and not source.tokenizer_written:
+        logger.warning(
+            "nvfp4: note: %s has no tokenizer metadata: neither has the GGUF written", src.path
+        )
+    return out
+
+
+def _tokenizer_of(src: Checkpoint) -> TokenizerWriter | None:
+    """How to give a GGUF written from ``src`` its tokenizer, or ``None`` (no source)."""
+    if isinstance(src, GGUFCheckpoint):
+        return lambda w: bool(copy_gguf_tokenizer(src.reader, w))
+    if has_hf_tokenizer(src.path):
+        return lambda w: add_hf_tokenizer(w, src.path, src.config) is not None
+    return None
 
 
 def _from_mappings(
@@ -1036,17 +1078,18 @@ def write_gguf(
     input_scales: Mapping[str, float] | None = None,
     force: bool = False,
     progress: Progress | None = None,
+    tokenizer: str | os.PathLike[str] | None = None,
 ) -> Path:
-    """Write a GGUF file (see the module docstring). K % 64 != 0 is refused with a
-    :class:`~nvfp4.PlaneError` before anything is written. Atomic."""
-    return _from_mappings(
-        "gguf",
-        dst,
-        planes,
-        tensors,
-        config,
-        input_scales,
-        force,
-        DEFAULT_MAX_SHARD_BYTES,
-        progress,
+    """Write a GGUF file (see the module docstring). ``tokenizer``: a Hugging Face
+    directory with a ``tokenizer.json`` whose tokenizer the GGUF gets
+    (:mod:`nvfp4.checkpoint.gguf_vocab`; ``config["vocab_size"]`` tokens). K % 64 != 0 is
+    refused with a :class:`~nvfp4.PlaneError` before anything is written. Atomic."""
+    src = _mapping_source(planes, tensors, config, input_scales)
+    if tokenizer is not None:
+        tok_dir = Path(tokenizer)
+        if not has_hf_tokenizer(tok_dir):
+            raise CheckpointError(f"{tok_dir}: no {TOKENIZER_FILE} (a Hugging Face tokenizer)")
+        src.tokenizer = lambda w: add_hf_tokenizer(w, tok_dir, config) is not None
+    return _write(
+        dst, "gguf", src, force=force, progress=progress, max_shard_bytes=DEFAULT_MAX_SHARD_BYTES
     )
