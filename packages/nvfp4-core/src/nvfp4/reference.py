@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .dtypes import as_float32_input, resolve_dtype
+from .inputs import check_expert_ids, check_x
 from .planes import (
     NVFP4Planes,
     check_global_shape,
@@ -246,13 +247,6 @@ def _out(y: npt.NDArray[np.float64], out_dtype: Any) -> npt.NDArray[Any]:
         return y.astype(np.float32).astype(resolve_dtype(out_dtype))
 
 
-def _check_x(x: Any, k: int, what: str) -> npt.NDArray[np.float32]:
-    a = as_float32_input(x, what)
-    if a.ndim < 1 or a.shape[-1] != k:
-        raise ValueError(f"{what}: x must be [..., K] with K = {k}, found shape {a.shape}")
-    return a
-
-
 def qmm(x: Any, w: NVFP4Planes, *, out_dtype: Any = np.float32) -> npt.NDArray[Any]:
     """W4A16 reference: ``y[..., n] = (sum_k x[..., k] * e2m1*e4m3[n, k]) * global[n]``.
 
@@ -284,7 +278,7 @@ def qmm_decoded(
 ) -> npt.NDArray[Any]:
     """:func:`qmm` on an operand from :func:`decoded_operand` (the same arithmetic)."""
     wd_t, row_global = operand
-    a = _check_x(x, w.k, f"qmm({w.name!r})")
+    a = check_x(x, w.k, f"qmm({w.name!r})")
     y = a.astype(np.float64) @ wd_t
     y *= row_global
     return _out(y, out_dtype)
@@ -309,19 +303,12 @@ def gather_qmm(
     e = w.num_experts
     if e is None:
         raise ValueError(f"gather_qmm({w.name!r}): weights must be [E, N, K], found {w.shape}")
-    a = _check_x(x, w.k, f"gather_qmm({w.name!r})")
+    a = check_x(x, w.k, f"gather_qmm({w.name!r})")
     if a.ndim != 2:
         raise ValueError(f"gather_qmm({w.name!r}): x must be [M, K], found shape {a.shape}")
-    ids = np.asarray(expert_ids)
-    if ids.shape != (a.shape[0],) or not np.issubdtype(ids.dtype, np.integer):
-        raise ValueError(
-            f"gather_qmm({w.name!r}): expert_ids must be integer [M] with M = {a.shape[0]}, "
-            f"found {ids.dtype} {ids.shape}"
-        )
-    if sorted_indices and ids.size and np.any(np.diff(ids) < 0):
-        raise ValueError(
-            f"gather_qmm({w.name!r}): sorted_indices=True but expert_ids are not sorted"
-        )
+    ids = check_expert_ids(
+        expert_ids, a.shape[0], f"gather_qmm({w.name!r})", sorted_indices=sorted_indices
+    )
     y = np.zeros((a.shape[0], w.n), dtype=np.float64)
     row_g = w.row_global()
     for expert in np.unique(ids[(ids >= 0) & (ids < e)]):
@@ -381,7 +368,7 @@ def qmm_w4a4(
     validate(w)
     if w.num_experts is not None:
         raise ValueError(f"qmm_w4a4({w.name!r}): expert-stacked weights are not supported here")
-    a = _check_x(x, w.k, f"qmm_w4a4({w.name!r})")
+    a = check_x(x, w.k, f"qmm_w4a4({w.name!r})")
     lead = a.shape[:-1]
     xp = quantize_activations(a.reshape(-1, w.k), input_scale, name=f"{w.name}.input")
     xd = dequantize_unscaled(xp).astype(np.float64)

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from nvfp4.dtypes import OUTPUT_DTYPES, as_float32_input, resolve_dtype
+from nvfp4.inputs import check_expert_ids, check_x
 from nvfp4.planes import NVFP4Planes
 from nvfp4.reference import dequantize_unscaled, global_from_amax
 from nvfp4.spec import BLOCK_SIZE
@@ -61,13 +62,6 @@ def cast_output(y: npt.NDArray[np.float32], out_dtype: Any) -> npt.NDArray[Any]:
         return y.astype(np.float64)
     d = resolve_dtype(np.float32 if out_dtype is None else out_dtype)
     return y if d == np.float32 else y.astype(d)
-
-
-def _check_x(x: Any, k: int, what: str) -> npt.NDArray[np.float32]:
-    a = as_float32_input(x, what)
-    if a.ndim < 1 or a.shape[-1] != k:
-        raise ValueError(f"{what}: x must be [..., K] with K = {k}, found shape {a.shape}")
-    return a
 
 
 def _qmm_f32(
@@ -124,7 +118,7 @@ def qmm(
     pw = as_prepared(w, native, threads, "qmm")
     if pw.num_experts is not None:
         raise ValueError(f"qmm({pw.name!r}): expert-stacked weights go through gather_qmm")
-    a = _check_x(x, pw.k, f"qmm({pw.name!r})")
+    a = check_x(x, pw.k, f"qmm({pw.name!r})")
     lead = a.shape[:-1]
     if out is not None:
         if resolve_dtype(np.float32 if out_dtype is None else out_dtype) != np.float32:
@@ -155,19 +149,12 @@ def gather_qmm(
     e = pw.num_experts
     if e is None:
         raise ValueError(f"gather_qmm({pw.name!r}): weights must be [E, N, K], found {pw.shape}")
-    a = _check_x(x, pw.k, f"gather_qmm({pw.name!r})")
+    a = check_x(x, pw.k, f"gather_qmm({pw.name!r})")
     if a.ndim != 2:
         raise ValueError(f"gather_qmm({pw.name!r}): x must be [M, K], found shape {a.shape}")
-    ids = np.asarray(expert_ids)
-    if ids.shape != (a.shape[0],) or not np.issubdtype(ids.dtype, np.integer):
-        raise ValueError(
-            f"gather_qmm({pw.name!r}): expert_ids must be integer [M] with M = {a.shape[0]}, "
-            f"found {ids.dtype} {ids.shape}"
-        )
-    if sorted_indices and ids.size and np.any(np.diff(ids) < 0):
-        raise ValueError(
-            f"gather_qmm({pw.name!r}): sorted_indices=True but expert_ids are not sorted"
-        )
+    ids = check_expert_ids(
+        expert_ids, a.shape[0], f"gather_qmm({pw.name!r})", sorted_indices=sorted_indices
+    )
     # ids beyond int64 (uint64 >= 2^63) are out of range whatever they wrap to: map to -1
     ids64 = np.where(ids > np.iinfo(np.int64).max, -1, ids) if ids.dtype == np.uint64 else ids
     ids64 = np.ascontiguousarray(ids64, dtype=np.int64)
@@ -274,7 +261,7 @@ def qmm_w4a4(
     pw = as_prepared(w, native, threads, "qmm_w4a4")
     if pw.num_experts is not None:
         raise ValueError(f"qmm_w4a4({pw.name!r}): expert-stacked weights are not supported here")
-    a = _check_x(x, pw.k, f"qmm_w4a4({pw.name!r})")
+    a = check_x(x, pw.k, f"qmm_w4a4({pw.name!r})")
     lead = a.shape[:-1]
     xp = quantize_activations(
         native, threads, a.reshape(-1, pw.k), input_scale, name=f"{pw.name}.input"
