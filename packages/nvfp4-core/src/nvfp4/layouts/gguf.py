@@ -54,7 +54,6 @@ CHUNK_ROWS: Final = 1024
 _GROUPS = GGUF_SUPER_BLOCK // BLOCK_SIZE  # 16-groups per super-block (4)
 _SCALE_BYTES = _GROUPS  # one scale byte per group
 _GROUP_BYTES = BLOCK_SIZE // 2  # code bytes per group (8)
-_HALF = _GROUP_BYTES // 2  # 4
 
 
 def _row_chunks(lead: tuple[int, ...], n: int) -> Iterator[tuple[int | slice, ...]]:
@@ -74,18 +73,36 @@ def _view(a: npt.NDArray[np.uint8], shape: tuple[int, ...]) -> npt.NDArray[np.ui
     return v
 
 
+# A 16-element group is 8 code bytes. Read little-endian as one 64-bit word, nibble ``i``
+# (bits 4i..4i+3) of the canonical word is element ``i``; in the ggml word, nibble ``2j`` is
+# element ``j`` and nibble ``2j+1`` is element ``j+8``. Going from one to the other is a
+# perfect shuffle of the word's 16 nibbles (the low eight interleaved with the high eight),
+# done with three "delta swaps": each exchanges two bit fields ``shift`` apart where
+# ``mask`` is set. Undoing it runs the same swaps in the opposite order.
+_SHUFFLE: Final = (
+    (np.uint64(16), np.uint64(0x00000000FFFF0000)),  # swap the middle two 16-bit quarters
+    (np.uint64(8), np.uint64(0x0000FF000000FF00)),  # then the middle bytes of each half
+    (np.uint64(4), np.uint64(0x00F000F000F000F0)),  # then the middle nibbles of each 16 bits
+)
+
+
+def _delta_swaps(w: npt.NDArray[np.uint64], order: Any) -> npt.NDArray[np.uint64]:
+    for shift, mask in order:
+        t = (w ^ (w >> shift)) & mask
+        w = w ^ t ^ (t << shift)
+    return w
+
+
 def _to_ggml_nibbles(c: npt.NDArray[np.uint8], out: npt.NDArray[np.uint8]) -> None:
     """Canonical code bytes ``[..., 8]`` -> ggml qs bytes written into ``out`` ``[..., 8]``."""
-    a, b = c[..., :_HALF], c[..., _HALF:]
-    out[..., 0::2] = (a & 0x0F) | (b << 4)
-    out[..., 1::2] = (a >> 4) | (b & 0xF0)
+    words = np.ascontiguousarray(c).view("<u8")
+    out[...] = _delta_swaps(words, _SHUFFLE).view(np.uint8).reshape(out.shape)
 
 
 def _from_ggml_nibbles(q: npt.NDArray[np.uint8], out: npt.NDArray[np.uint8]) -> None:
     """ggml qs bytes ``[..., 8]`` -> canonical code bytes written into ``out`` ``[..., 8]``."""
-    even, odd = q[..., 0::2], q[..., 1::2]
-    out[..., :_HALF] = (even & 0x0F) | (odd << 4)
-    out[..., _HALF:] = (even >> 4) | (odd & 0xF0)
+    words = np.ascontiguousarray(q).view("<u8")
+    out[...] = _delta_swaps(words, _SHUFFLE[::-1]).view(np.uint8).reshape(out.shape)
 
 
 def _single_global(planes: NVFP4Planes) -> npt.NDArray[np.float32]:
