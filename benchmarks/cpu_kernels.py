@@ -8,22 +8,30 @@ Arms (all capped at the same thread count, outputs pre-allocated where the API a
 * ``torch_f32``   - torch dense float32 matmul on the decoded weights (hot and cold);
 * ``torch_bf16``  - torch dense bfloat16 matmul (hot and cold);
 * ``mlx``         - MLX's CPU ``quantized_matmul(mode="nvfp4")``;
-* ``ggml``        - ggml-cpu's NVFP4 ``mul_mat`` through the libggml that llama-cpp-python
-                    bundles, called with ctypes (optional: skipped, and said so, when
-                    llama-cpp-python is not installed; ggml quantizes activations to Q8_0, so
-                    it is numerically W4A8).
+* ``ggml``        - ggml-cpu's NVFP4 path through the libggml-base / libggml-cpu that
+                    llama-cpp-python bundles, called with ctypes: the graph
+                    ``ggml_mul(ggml_mul_mat(w, x), scale)`` (llama.cpp's ``build_lora_mm``) on
+                    a type-40 weight whose bytes are ``to_gguf`` of the same planes, the
+                    ``.scale`` multiply inside the timed call, work buffer preallocated, same
+                    thread count. ggml quantizes activations to Q8_0 (numerically W4A8): its
+                    output is checked against ``nvfp4.reference`` on Q8_0-rounded x (spec
+                    W4A16 float32 tolerance) and on the same x (W4A8 error, recorded apart).
+                    Optional: skipped, and said so, when llama-cpp-python is not installed.
 
 Shapes: S = 4096 x 4096 (LLC-resident), L = 14336 x 8192 (dense formats DRAM-sized), each at
 M = 1, 8, 32, plus a cold variant of L that rotates through more than 1 GB of weights. A
 read-bandwidth probe (nvfp4-cpu's STREAM-style read, widest loads, same thread cap) runs in
-the same process. Each figure is the median of >= 5 timed calls after a warm-up call; the
-arms of one (shape, M) point run back to back, so machine drift between them stays small.
+the same process. The arms of one (shape, M) point run back to back, in ``--rounds`` rounds
+(default 3): in each round every arm gets an idle pause, a warm-up call and ``--reps`` timed
+calls (>= 5) in one burst. Each figure is the median over all its rounds' calls, so a slow
+spell of the shared machine that covers one arm's burst does not decide a ratio, and machine
+drift hits the arms of a point alike.
 
 Writes ``benchmarks/results/cpu_kernels.json`` and ``docs/benchmark_results/cpu_kernels.md``
 (+ ``cpu_kernels.png`` when matplotlib is installed). ``--quick`` runs small shapes into
 ``*_quick`` files (a smoke test, not a measurement).
 
-    python benchmarks/cpu_kernels.py [--threads 2] [--reps 5] [--quick]
+    python benchmarks/cpu_kernels.py [--threads 2] [--reps 5] [--rounds 3] [--quick]
 """
 
 from __future__ import annotations
@@ -204,7 +212,7 @@ class Ggml:
             raise RuntimeError(f"libggml-base / libggml-cpu not found under {pkg}")
         self.base = ctypes.CDLL(base[0], mode=ctypes.RTLD_GLOBAL)
         self.cpu = ctypes.CDLL(cpu[0], mode=ctypes.RTLD_GLOBAL)
-        self.paths = (base[0], cpu[0])
+        self.paths = tuple(str(Path(f).relative_to(pkg.parent)) for f in (base[0], cpu[0]))
         vp, i64, sz, ci = ctypes.c_void_p, ctypes.c_int64, ctypes.c_size_t, ctypes.c_int
         sigs: dict[str, tuple[Any, list[Any]]] = {
             "ggml_init": (vp, [_InitParams]),
@@ -230,6 +238,19 @@ class Ggml:
         c.ggml_graph_compute.restype = ci
         c.ggml_graph_compute.argtypes = [vp, ctypes.POINTER(_Cplan)]
         c.ggml_cpu_init()
+        self.features = [
+            f
+            for f in (
+                "avx2",
+                "fma",
+                "avx512",
+                "avx512_vnni",
+                "avx512_bf16",
+                "amx_int8",
+                "llamafile",
+            )
+            if getattr(c, f"ggml_cpu_has_{f}")()
+        ]
         name = self.base.ggml_type_name(GGUF_TYPE_NVFP4)
         if name is None or name.decode().lower() != "nvfp4":
             raise RuntimeError(f"this libggml's type {GGUF_TYPE_NVFP4} is {name!r}, not nvfp4")
@@ -489,20 +510,30 @@ def arm_ggml(c: ShapeCtx, ggml: Ggml) -> tuple[list[Case], GgmlMatmuls, dict[str
     return cases, mm, check
 
 
-def run_point(cases: list[Case], warmup: int = 1) -> dict[int, list[float]]:
-    """Time the arms of one (shape, M) point back to back: each arm gets a warm-up call, then
-    its timed calls in one burst. (Interleaving single calls across arms was tried: the thread
-    pools then fight, e.g. torch's OpenMP workers still spin when our call starts, which no
-    real program does.) Keeping a point's arms adjacent limits the drift between them."""
-    times: dict[int, list[float]] = {}
-    for case in cases:
-        for i in range(warmup):
-            case.fn(i)
-        times[id(case)] = []
-        for i in range(case.calls):
-            t0 = time.perf_counter()
-            case.fn(i)
-            times[id(case)].append(time.perf_counter() - t0)
+#: Idle pause before each arm's burst: thread pools spin for a while after their work before
+#: they sleep (ours 0.2 ms, libgomp up to 300k pause loops, OpenBLAS about 2^28 cycles), and a
+#: pool still spinning would take one of the capped cores from the next arm.
+SETTLE_S = 0.2
+
+
+def run_point(cases: list[Case], rounds: int, warmup: int = 1) -> dict[int, list[float]]:
+    """Time the arms of one (shape, M) point back to back, ``rounds`` times over: in each
+    round every arm gets a :data:`SETTLE_S` pause, ``warmup`` untimed calls, then its timed
+    calls in one burst; an arm's times are all its rounds' calls. (Interleaving single calls
+    across arms was tried: the thread pools then fight, e.g. torch's OpenMP workers still spin
+    when our call starts, which no real program does.) Rounds matter on this shared VM: a
+    slow spell (the second vCPU not running for milliseconds, so a 2-thread call takes its
+    1-thread time) can last a whole burst, and was seen to halve one arm's figure."""
+    times: dict[int, list[float]] = {id(case): [] for case in cases}
+    for _ in range(rounds):
+        for case in cases:
+            time.sleep(SETTLE_S)
+            for i in range(warmup):
+                case.fn(i)
+            for i in range(warmup, warmup + case.calls):  # a cold case's next sets
+                t0 = time.perf_counter()
+                case.fn(i)
+                times[id(case)].append(time.perf_counter() - t0)
     return times
 
 
@@ -662,7 +693,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         del dense32
         for m in ctx.ms:  # one (shape, M) point at a time, its arms back to back
             point = [c for c in cases if c.m == m]
-            times = run_point(point)
+            times = run_point(point, args.rounds)
             cold = next((c for c in point if (c.arm, c.variant) == ("ours", "cold")), None)
             if cold is not None and m == 1:  # C5: probe and cold GEMV alternated, same pool
                 probe["paired"] = paired_probe(cold, native, isa, threads)
@@ -691,6 +722,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "quick": bool(args.quick),
         "threads": threads,
         "reps": reps,
+        "rounds": args.rounds,
+        "settle_s": SETTLE_S,
         "isa": isa,
         "availability": backend.availability().device,
         "machine": machine_info(),
@@ -705,7 +738,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "skipped": skipped,
         "ggml": None
         if ggml is None
-        else {"libraries": list(ggml.paths), "version": _dist_version("llama_cpp_python")},
+        else {"libraries": list(ggml.paths), "compiled_features": ggml.features},
         "ggml_check": ggml_checks,
         "goals": goals(results, probe),
     }
@@ -800,36 +833,78 @@ def plot(data: dict[str, Any], path: Path) -> bool:
         return False
     res = data["results"]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    series = [(a, v) for a, v in dict.fromkeys((r["arm"], r["variant"]) for r in res)]
+    arms = list(dict.fromkeys(r["arm"] for r in res))
+    series = sorted(
+        dict.fromkeys((r["arm"], r["variant"]) for r in res),
+        key=lambda av: (arms.index(av[0]), av[1] != "hot"),
+    )
+    colors = {av: plt.get_cmap("tab10")(i % 10) for i, av in enumerate(series)}
+    gf = {(r["arm"], r["variant"], r["shape"], r["m"]): r["gflops"] for r in res}
     for ax, shape in zip(axes, ("S", "L"), strict=True):
-        width = 0.8 / max(1, len(series))
-        for i, (arm, variant) in enumerate(series):
-            vals = [
-                next(
-                    (
-                        r["gflops"]
-                        for r in res
-                        if (r["arm"], r["variant"], r["shape"], r["m"]) == (arm, variant, shape, m)
-                    ),
-                    0.0,
-                )
-                for m in (1, 8, 32)
-            ]
-            if not any(vals):
-                continue
-            ax.bar([j + i * width for j in range(3)], vals, width, label=f"{arm} ({variant})")
+        here = [av for av in series if any((*av, shape, m) in gf for m in (1, 8, 32))]
+        width = 0.8 / max(1, len(here))
+        for i, (arm, variant) in enumerate(here):
+            vals = [gf.get((arm, variant, shape, m), 0.0) for m in (1, 8, 32)]
+            ax.bar(
+                [j - 0.4 + (i + 0.5) * width for j in range(3)],
+                vals,
+                width,
+                label=f"{arm} ({variant})",
+                color=colors[(arm, variant)],
+            )
         sh = data["shapes"][shape]
         ax.set_title(f"{shape}: N={sh['n']} K={sh['k']}, {data['threads']} threads")
-        ax.set_xticks([j + 0.4 - width / 2 for j in range(3)], ["M=1", "M=8", "M=32"])
+        ax.set_xticks(range(3), ["M=1", "M=8", "M=32"])
         ax.set_yscale("log")
         ax.set_ylabel("GFLOP/s (log)")
         ax.grid(axis="y", alpha=0.3)
-    handles, labels = axes[1].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8)
+    legend = {lab: h for ax in axes for h, lab in zip(*ax.get_legend_handles_labels(), strict=True)}
+    fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=4, fontsize=8)
     fig.suptitle(f"NVFP4 CPU kernels, one process ({data['machine'].get('cpu', '?')})", fontsize=10)
     fig.tight_layout(rect=(0, 0.12, 1, 1))
     fig.savefig(path, dpi=110)
     return True
+
+
+def ggml_section(data: dict[str, Any]) -> list[str]:
+    """How the ggml arm was called and its check against the reference (empty without it)."""
+    checks = data.get("ggml_check") or {}
+    if not checks:
+        return []
+    lib = data.get("ggml") or {}
+    lines = [
+        "",
+        "## The ggml-cpu arm",
+        "",
+        f"llama-cpp-python {data['machine']['versions'].get('llama_cpp_python')}'s bundled "
+        "`libggml-base.so` / `libggml-cpu.so` (built from source; an OpenMP build; compiled "
+        f"features: {', '.join(lib.get('compiled_features', [])) or '?'}), called with ctypes: one context per shape holding the NVFP4 weight (type 40; its bytes are "
+        "`nvfp4.layouts.gguf.to_gguf` of the same planes the other arms use) and its `.scale` "
+        "tensor, and per M an F32 activation and the graph `ggml_mul(ggml_mul_mat(w, x), scale)` "
+        "as llama.cpp's `build_lora_mm` builds it. `ggml_graph_plan` runs once per graph with the "
+        "same thread count as the other arms and its work buffer is preallocated; a timed call is "
+        "one `ggml_graph_compute`: quantizing x to Q8_0, the NVFP4 x Q8_0 dot products and the "
+        "`.scale` multiply, all included. ggml is therefore W4A8; its output was checked before "
+        "timing against `nvfp4.reference` (float64) as max|y - ref| / max|ref| over each M's "
+        "output (worst M shown):",
+        "",
+        "| shape | vs reference on x passed through Q8_0 (tol: spec W4A16 float32) | W4A8 error: "
+        "vs reference on the same x (bound, this benchmark's) |",
+        "|---|---:|---:|",
+    ]
+    for shape, c in checks.items():
+        lines.append(
+            f"| {shape} | {c['q8_err']:.2e} ({c['q8_tol']:.0e}) | {c['w4a8_err']:.2e} "
+            f"({c['w4a8_bound']:.0e}) |"
+        )
+    lines += [
+        "",
+        "The first column shows ggml computes on exactly our weights (only the summation order "
+        "differs); the second is the cost of Q8_0 activations (spec 1.0 reserves `w4a8` without "
+        "a tolerance; for normal x the expected value is about 5e-3). "
+        f"Libraries: {', '.join(f'`{p}`' for p in lib.get('libraries', []))}.",
+    ]
+    return lines
 
 
 def markdown(data: dict[str, Any], png: str | None) -> str:
@@ -839,14 +914,18 @@ def markdown(data: dict[str, Any], png: str | None) -> str:
         "",
         "Produced by `benchmarks/cpu_kernels.py` (raw figures: "
         f"`benchmarks/results/{'cpu_kernels_quick' if data['quick'] else 'cpu_kernels'}.json`). "
-        "Every arm ran in the same process with the same thread cap; each figure is the median of "
-        f">= {data['reps']} timed calls after a warm-up call. Ratios are within this run.",
+        "Every arm ran in the same process with the same thread cap. The arms of one (shape, M) "
+        f"point ran back to back in {data.get('rounds', 1)} round(s); in each round every arm had "
+        f"a {data.get('settle_s', 0)} s idle pause, a warm-up call, then {data['reps']} timed calls "
+        "(cold variants: at least two passes over their weight sets). Each figure is the median "
+        "over all rounds' calls. Ratios are within this run.",
         "",
         f"- machine: {data['machine'].get('cpu', '?')}, {data['machine'].get('cpus')} CPUs; "
         f"nvfp4-cpu: {data['availability']}",
         f"- threads: {data['threads']} for every arm; load average at start / end: "
         f"{', '.join(f'{v:.2f}' for v in data['loadavg_start'])} / {', '.join(f'{v:.2f}' for v in data['loadavg_end'])}"
-        " (the machine is shared: other work ran alongside); this process ran at niceness "
+        " (a shared machine; this run's own threads count in these figures); this process ran at "
+        "niceness "
         f"{data.get('niceness', 0)} (all arms alike)",
         f"- read-bandwidth probe ({data['probe']['bytes'] / 2**30:.2f} GiB, {data['threads']} threads): "
         f"median {data['probe']['median_gbps']:.1f} GB/s, best {data['probe']['max_gbps']:.1f} GB/s"
@@ -872,6 +951,7 @@ def markdown(data: dict[str, Any], png: str | None) -> str:
         v = "not measured" if g["value"] is None else f"{g['value']:.2f}"
         met = "n/a (arm absent)" if g["met"] is None else ("**yes**" if g["met"] else "no")
         lines.append(f"| {g['id']} | {g['goal']} | {v} | {g['target']} | {met} |")
+    lines += ggml_section(data)
     for shape, sh in data["shapes"].items():
         lines += [
             "",
@@ -919,10 +999,12 @@ def markdown(data: dict[str, Any], png: str | None) -> str:
         "several times within minutes (other tenants), and a VM's pages may sit on faster and slower "
         "host memory, so C5 alternates the read probe and the cold GEMV call by call over the same "
         "weight sets, instead of dividing by a probe of other memory taken earlier. "
-        "Thread pools with a static split (torch's OpenMP) wait a whole scheduler tick when one of "
-        "their threads is preempted: torch medians that sit on multiples of 4 ms show that. "
-        "nvfp4-cpu hands out work dynamically, so a preempted worker costs it little; on an idle "
-        "machine the torch ratios would be smaller.",
+        "Thread pools whose threads wait for each other (torch's OpenMP, ggml's OpenMP barriers) "
+        "lose a whole scheduler tick (4 ms) when one of their threads is preempted, so on a busy "
+        "machine their medians sit on multiples of 4 ms (while a CI job held one of the two cores, a "
+        "2-thread ggml call on 4096 x 4096 at M = 1 took 24 ms instead of 0.6 ms). nvfp4-cpu hands "
+        "out work dynamically, so a preempted worker costs it little: the ratios against those arms "
+        "grow with the load average above.",
         "",
     ]
     return "\n".join(lines)
@@ -932,11 +1014,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=3, help="rounds over a point's arms")
     p.add_argument(
         "--quick", action="store_true", help="small shapes, *_quick outputs (smoke test)"
     )
     p.add_argument("--render", metavar="JSON", help="only re-render the summary and plot of a run")
     args = p.parse_args()
+    if args.rounds < 1:
+        p.error("--rounds must be >= 1")
     if args.reps < 5 and not args.quick:
         p.error("--reps must be >= 5 (the median of at least 5 runs)")
     data = json.loads(Path(args.render).read_text()) if args.render else run(args)
