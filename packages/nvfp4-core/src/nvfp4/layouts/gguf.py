@@ -86,10 +86,18 @@ _SHUFFLE: Final = (
 )
 
 
-def _delta_swaps(w: npt.NDArray[np.uint64], order: Any) -> npt.NDArray[np.uint64]:
+def _delta_swaps(words: npt.NDArray[np.uint64], order: Any) -> npt.NDArray[np.uint64]:
+    """The swaps of ``order`` applied to a copy of ``words``, in place (two buffers, no
+    temporaries per operation: this is the hot loop of a GGUF transcode)."""
+    w = words.copy()
+    t = np.empty_like(w)
     for shift, mask in order:
-        t = (w ^ (w >> shift)) & mask
-        w = w ^ t ^ (t << shift)
+        np.right_shift(w, shift, out=t)  # t = ((w >> shift) ^ w) & mask: the bits to swap
+        t ^= w
+        t &= mask
+        w ^= t  # flip them in the low field ...
+        t <<= shift
+        w ^= t  # ... and in the high field
     return w
 
 
