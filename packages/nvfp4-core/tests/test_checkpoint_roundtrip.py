@@ -418,3 +418,22 @@ def test_mlx_quantize_output_without_sidecars(tmp_path: Path) -> None:
             planes = ck.planes(name)
             assert float(planes.global_scale) == 1.0
             np.testing.assert_array_equal(dequantize(planes, np.float32), values, err_msg=name)
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_gguf_file_does_not_depend_on_the_chunk_size(
+    converted: dict[tuple[str, str], Path],
+    model: str,
+    modelopt_exports: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The GGUF writer streams NVFP4 data in chunks of whole rows through a background
+    writer; with chunks of one or a few rows (every tensor split at many row boundaries) the
+    file is byte for byte the one written with the default chunk size."""
+    import nvfp4.layouts.gguf as gguf_layout
+
+    for chunk_bytes in (1, 1000):  # one row per chunk; a few rows, ragged at the end
+        monkeypatch.setattr(gguf_layout, "CHUNK_BYTES", chunk_bytes)
+        out = _convert(modelopt_exports[model], tmp_path / f"c{chunk_bytes}.gguf", "gguf")
+        assert out.read_bytes() == converted[model, "gguf"].read_bytes()

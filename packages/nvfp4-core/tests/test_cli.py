@@ -235,9 +235,9 @@ def test_gguf_refuses_k_not_multiple_of_64(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------ interrupts and kills
-def _start_slow_convert(src: Path, dst: Path) -> subprocess.Popen[str]:
+def _start_slow_convert(src: Path, dst: Path, to: str = "modelopt") -> subprocess.Popen[str]:
     p = subprocess.Popen(
-        [sys.executable, "-m", "nvfp4.cli", "convert", str(src), str(dst), "--to", "modelopt"],
+        [sys.executable, "-m", "nvfp4.cli", "convert", str(src), str(dst), "--to", to],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -252,12 +252,13 @@ def _start_slow_convert(src: Path, dst: Path) -> subprocess.Popen[str]:
     return p
 
 
+@pytest.mark.parametrize("to", ["modelopt", "gguf"])  # gguf: with its writer thread
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupt_leaves_nothing(
-    modelopt_exports: dict[str, Path], tmp_path: Path, sig: signal.Signals
+    modelopt_exports: dict[str, Path], tmp_path: Path, sig: signal.Signals, to: str
 ) -> None:
     dst = tmp_path / "dst"
-    p = _start_slow_convert(modelopt_exports["llama"], dst)
+    p = _start_slow_convert(modelopt_exports["llama"], dst, to)
     p.send_signal(sig)
     _, err = p.communicate(timeout=60)
     assert p.returncode == 130, err

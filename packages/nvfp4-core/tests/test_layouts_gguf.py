@@ -65,10 +65,16 @@ def test_bytes_and_round_trip(shape: tuple[int, ...]) -> None:
 
 
 def test_chunking_covers_every_row(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gguf_layout, "CHUNK_ROWS", 3)
+    monkeypatch.setattr(gguf_layout, "CHUNK_BYTES", 3 * 72)  # 3 rows of K = 128 per chunk
     p = random_planes(np.random.default_rng(2), (2, 11, 128))
     data, scale = to_gguf(p)
     assert np.array_equal(data, expected_gguf_bytes(p))
+    chunks = list(gguf_layout.iter_gguf_data(p))
+    assert [c.shape[0] for c in chunks] == [3, 3, 3, 2] * 2  # per expert, whole rows, in order
+    assert np.array_equal(np.concatenate(chunks), data.reshape(-1, 72))
+    pool = np.zeros(4096, dtype=np.uint8)  # a recycled buffer, as a streaming writer passes
+    streamed = [c.copy() for c in gguf_layout.iter_gguf_data(p, buffer=lambda n: pool)]
+    assert np.array_equal(np.concatenate(streamed), data.reshape(-1, 72))
     back = from_gguf(data, scale)
     assert np.array_equal(back.codes, p.codes)
     assert np.array_equal(back.scales, p.scales)

@@ -72,16 +72,17 @@ from ..fusion import stack_experts, unstack_experts
 from ..layouts import (
     input_global_scale_from_input_scale,
     to_compressed_tensors,
-    to_gguf,
     to_mlx,
     to_modelopt,
 )
+from ..layouts.gguf import gguf_global, iter_gguf_data
 from ..planes import NVFP4Planes, PlaneError
 from ..safetensors_io import DTYPES, SafetensorsWriter, dtype_name
 from ..spec import BLOCK_SIZE, GGUF_BLOCK_BYTES, GGUF_SUPER_BLOCK, SPEC_VERSION
 from .atomic import atomic_output
 from .flavours import FLAVOURS, MODELOPT_NVFP4_ALGOS, CheckpointError, import_gguf
 from .gguf_vocab import TOKENIZER_FILE, add_hf_tokenizer, copy_gguf_tokenizer, has_hf_tokenizer
+from .overlapped import OverlappedWriter
 from .reader import (
     INDEX_FILE,
     KV_GGUF_NAMES,
@@ -832,41 +833,52 @@ def _write_gguf(dst_tmp: Path, src: _Source, *, progress: Progress | None) -> No
     total_items = len(work)
     if progress:
         progress(0, total_items, 0, total_bytes)
+    assert w.fout is not None
+    assert len(w.fout) == 1
+    fout = w.fout[0]
+    # The tensor data is ours to write (gguf-py's write_tensor_data wants each tensor whole):
+    # every tensor starts at a multiple of the alignment, in the order of the tensor infos,
+    # which is the order of `work`. NVFP4 data is transcoded a chunk at a time into recycled
+    # buffers while a second thread writes the previous chunk.
     try:
-        for job, _names, perm, widen in work:
-            arrays: list[npt.NDArray[Any]]
-            if isinstance(job, _PlaneItem):
-                planes = _fetch(src, job)
-                if perm is not None:
-                    planes = planes.replace(
-                        codes=rope_permute_rows(planes.codes, perm),
-                        scales=rope_permute_rows(planes.scales, perm),
-                    )
-                data, scale = to_gguf(planes)
-                arrays = [data, scale]
-                if job.input_scale is not None:
-                    arrays.append(np.asarray(job.input_scale, dtype=np.float32).reshape(-1))
-            else:
-                a = np.asarray(src.tensor_of(job.name))
-                if perm is not None:
-                    a = rope_permute_rows(a, perm)
-                if widen:
-                    a = a.astype(np.float32)
-                elif a.dtype == DTYPES["BF16"]:
-                    a = a.view(np.uint16)
-                arrays = [a]
-            for arr in arrays:
-                arr = np.ascontiguousarray(arr)
-                w.write_tensor_data(arr)
-                done_bytes += int(arr.nbytes)
-            done_items += 1
-            if progress:
-                progress(done_items, total_items, done_bytes, total_bytes)
-            _slow()
-        assert w.fout is not None
-        for f in w.fout:
-            f.flush()
-            os.fsync(f.fileno())
+        with OverlappedWriter(fout) as out:
+            out.align(w.data_alignment)
+            for job, _names, perm, widen in work:
+                arrays: list[npt.NDArray[Any]]
+                if isinstance(job, _PlaneItem):
+                    planes = _fetch(src, job)
+                    if perm is not None:
+                        planes = planes.replace(
+                            codes=rope_permute_rows(planes.codes, perm),
+                            scales=rope_permute_rows(planes.scales, perm),
+                        )
+                    scale = gguf_global(planes)
+                    for chunk in iter_gguf_data(planes, buffer=out.buffer):
+                        out.write(chunk, recycle=True)
+                        done_bytes += int(chunk.nbytes)
+                    out.align(w.data_alignment)
+                    arrays = [scale]
+                    if job.input_scale is not None:
+                        arrays.append(np.asarray(job.input_scale, dtype=np.float32).reshape(-1))
+                else:
+                    a = np.asarray(src.tensor_of(job.name))
+                    if perm is not None:
+                        a = rope_permute_rows(a, perm)
+                    if widen:
+                        a = a.astype(np.float32)
+                    elif a.dtype == DTYPES["BF16"]:
+                        a = a.view(np.uint16)
+                    arrays = [a]
+                for arr in arrays:
+                    out.write(np.ascontiguousarray(arr))
+                    out.align(w.data_alignment)
+                    done_bytes += int(arr.nbytes)
+                done_items += 1
+                if progress:
+                    progress(done_items, total_items, done_bytes, total_bytes)
+                _slow()
+        fout.flush()
+        os.fsync(fout.fileno())
     finally:
         w.close()
 

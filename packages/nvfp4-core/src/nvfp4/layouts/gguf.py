@@ -28,13 +28,15 @@ canonical ``e2m1 * e4m3 * scale``. llama.cpp's converter omits a ``.scale`` equa
 Refusals: K % 64 != 0, and planes whose partitions carry different globals (one ``.scale``
 cannot express them; unfuse, or reconcile with :func:`nvfp4.fusion.reconcile_globals`).
 
-Rows are processed in chunks of :data:`CHUNK_ROWS`, so the temporaries stay a small fraction
-of the planes and the peak memory of a transcode is about its output's size.
+Rows are processed in chunks of about :data:`CHUNK_BYTES` of GGUF data (at least one row), so
+the temporaries stay in the CPU's cache and the peak memory of a transcode is about its
+output's size. :func:`iter_gguf_data` yields the data chunk by chunk in file order, for a
+writer that streams a tensor without holding it whole.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 import numpy as np
@@ -44,25 +46,40 @@ from ..planes import NVFP4Planes, PlaneError, validate
 from ..spec import BLOCK_SIZE, GGUF_BLOCK_BYTES, GGUF_SUPER_BLOCK, GGUF_TYPE_NVFP4
 from ._common import as_bytes, as_float32_exact, describe, per_expert_global
 
-__all__ = ["CHUNK_ROWS", "GGUF_TYPE", "from_gguf", "to_gguf"]
+__all__ = [
+    "CHUNK_BYTES",
+    "GGUF_TYPE",
+    "from_gguf",
+    "gguf_global",
+    "gguf_row_bytes",
+    "iter_gguf_data",
+    "to_gguf",
+]
 
 #: ggml type id of NVFP4 (from :mod:`nvfp4.spec`).
 GGUF_TYPE: Final = GGUF_TYPE_NVFP4
-#: Rows transcoded at a time.
-CHUNK_ROWS: Final = 1024
+#: GGUF data bytes transcoded at a time (whole rows, at least one): small enough that a chunk
+#: and its two shuffle buffers stay in a core's L2 cache.
+CHUNK_BYTES: Final = 512 * 1024
 
 _GROUPS = GGUF_SUPER_BLOCK // BLOCK_SIZE  # 16-groups per super-block (4)
 _SCALE_BYTES = _GROUPS  # one scale byte per group
 _GROUP_BYTES = BLOCK_SIZE // 2  # code bytes per group (8)
 
 
-def _row_chunks(lead: tuple[int, ...], n: int) -> Iterator[tuple[int | slice, ...]]:
-    """Index tuples ``(rows,)`` or ``(expert, rows)`` covering every row, CHUNK_ROWS at a time
-    (the only Python loops run over experts and row chunks)."""
+def gguf_row_bytes(k: int) -> int:
+    """Bytes of one GGUF NVFP4 row of ``k`` elements (``k`` a multiple of 64)."""
+    return k // GGUF_SUPER_BLOCK * GGUF_BLOCK_BYTES
+
+
+def _row_chunks(lead: tuple[int, ...], n: int, row_bytes: int) -> Iterator[tuple[int | slice, ...]]:
+    """Index tuples ``(rows,)`` or ``(expert, rows)`` covering every row in order, about
+    CHUNK_BYTES of GGUF data at a time (the only Python loops run over experts and chunks)."""
+    step = max(1, CHUNK_BYTES // row_bytes)
     experts: list[tuple[int, ...]] = [(e,) for e in range(lead[0])] if lead else [()]
     for e in experts:
-        for r0 in range(0, n, CHUNK_ROWS):
-            yield (*e, slice(r0, min(r0 + CHUNK_ROWS, n)))
+        for r0 in range(0, n, step):
+            yield (*e, slice(r0, min(r0 + step, n)))
 
 
 def _view(a: npt.NDArray[np.uint8], shape: tuple[int, ...]) -> npt.NDArray[np.uint8]:
@@ -140,6 +157,17 @@ def to_gguf(planes: NVFP4Planes) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.
     :class:`~nvfp4.PlaneError` when K is not a multiple of 64 or when partitions carry
     different globals.
     """
+    scale = gguf_global(planes)
+    lead = tuple(planes.codes.shape[:-2])
+    data = np.empty((*lead, planes.n, gguf_row_bytes(planes.k)), dtype=np.uint8)
+    for idx in _row_chunks(lead, planes.n, data.shape[-1]):
+        _transcode_rows(planes, idx, data[idx])
+    return data, scale
+
+
+def gguf_global(planes: NVFP4Planes) -> npt.NDArray[np.float32]:
+    """Validate ``planes`` for GGUF (content, K % 64, one global per tensor or expert) and
+    return the float32 ``<name>.scale`` tensor, shape ``(1,)`` or ``(E,)``."""
     validate(planes, content=True)
     k = planes.k
     if k % GGUF_SUPER_BLOCK:
@@ -148,20 +176,47 @@ def to_gguf(planes: NVFP4Planes) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.
         )
     g = _single_global(planes)
     e = planes.num_experts
-    scale = per_expert_global(g, e) if e is not None else np.array(g, dtype=np.float32).reshape(1)
+    return per_expert_global(g, e) if e is not None else np.array(g, dtype=np.float32).reshape(1)
 
+
+def iter_gguf_data(
+    planes: NVFP4Planes,
+    buffer: Callable[[int], npt.NDArray[np.uint8]] | None = None,
+) -> Iterator[npt.NDArray[np.uint8]]:
+    """The GGUF data of ``planes`` as consecutive uint8 chunks ``[rows, K/64 * 36]`` in file
+    order (whole rows, about :data:`CHUNK_BYTES` each; experts one after the other).
+
+    Call :func:`gguf_global` first: it validates the planes, which this does not repeat.
+    ``buffer(nbytes)`` supplies the memory of each chunk (a 1-D uint8 array of at least
+    ``nbytes``; by default a new one), so a writer can recycle a few buffers while it streams
+    a tensor of any size.
+    """
     lead = tuple(planes.codes.shape[:-2])
-    n, supers = planes.n, k // GGUF_SUPER_BLOCK
-    data = np.empty((*lead, n, supers * GGUF_BLOCK_BYTES), dtype=np.uint8)
-    for idx in _row_chunks(lead, n):
-        dst = _view(data[idx], (-1, supers, GGUF_BLOCK_BYTES))
-        rows = dst.shape[0]
-        src_scales = planes.scales[idx].reshape(rows, supers, _SCALE_BYTES)
-        np.bitwise_and(src_scales, 0x7F, out=dst[..., :_SCALE_BYTES])
-        codes = planes.codes[idx].reshape(rows, supers, _GROUPS, _GROUP_BYTES)
-        qs = _view(dst[..., _SCALE_BYTES:], (rows, supers, _GROUPS, _GROUP_BYTES))
-        _to_ggml_nibbles(codes, qs)
-    return data, scale
+    row_bytes = gguf_row_bytes(planes.k)
+    for idx in _row_chunks(lead, planes.n, row_bytes):
+        rows_slice = idx[-1]
+        assert isinstance(rows_slice, slice)  # _row_chunks ends every index with one
+        rows = rows_slice.stop - rows_slice.start
+        nbytes = rows * row_bytes
+        mem = np.empty(nbytes, dtype=np.uint8) if buffer is None else buffer(nbytes)
+        out = mem[:nbytes].reshape(rows, row_bytes)
+        _transcode_rows(planes, idx, out)
+        yield out
+
+
+def _transcode_rows(
+    planes: NVFP4Planes, idx: tuple[int | slice, ...], out: npt.NDArray[np.uint8]
+) -> None:
+    """Rows ``idx`` of the canonical planes -> their GGUF bytes in ``out`` ``[rows, row_bytes]``
+    (``out`` must be writable through views: a slice of the output or a fresh buffer)."""
+    supers = planes.k // GGUF_SUPER_BLOCK
+    dst = _view(out, (-1, supers, GGUF_BLOCK_BYTES))
+    rows = dst.shape[0]
+    src_scales = planes.scales[idx].reshape(rows, supers, _SCALE_BYTES)
+    np.bitwise_and(src_scales, 0x7F, out=dst[..., :_SCALE_BYTES])
+    codes = planes.codes[idx].reshape(rows, supers, _GROUPS, _GROUP_BYTES)
+    qs = _view(dst[..., _SCALE_BYTES:], (rows, supers, _GROUPS, _GROUP_BYTES))
+    _to_ggml_nibbles(codes, qs)
 
 
 def from_gguf(
@@ -212,7 +267,7 @@ def from_gguf(
     k_blocks = supers * _GROUPS
     codes = np.empty((*lead, n, k_blocks * _GROUP_BYTES), dtype=np.uint8)
     scales = np.empty((*lead, n, k_blocks), dtype=np.uint8)
-    for idx in _row_chunks(lead, n):
+    for idx in _row_chunks(lead, n, int(arr.shape[-1])):
         src = arr[idx].reshape(-1, supers, GGUF_BLOCK_BYTES)
         rows = src.shape[0]
         scales[idx] = src[..., :_SCALE_BYTES].reshape(rows, k_blocks)
