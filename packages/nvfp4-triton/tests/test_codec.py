@@ -11,7 +11,9 @@ import triton
 import triton.language as tl
 from nvfp4 import reference, spec
 from nvfp4_triton.codec import (
+    E2M1_PAIR_UNSCALE,
     clamp_scale,
+    e2m1_pair_scaled,
     e2m1_rne_index,
     e2m1_to_f32,
     e4m3_rne,
@@ -28,6 +30,14 @@ def _decode_all(byte_ptr, e2m1_ptr, e4m3_ptr, N: tl.constexpr):
     b = tl.load(byte_ptr + i).to(tl.int32)
     tl.store(e2m1_ptr + i, e2m1_to_f32(b & 15))
     tl.store(e4m3_ptr + i, e4m3_to_f32(b))
+
+
+@triton.jit
+def _decode_pairs(byte_ptr, lo_ptr, hi_ptr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    lo, hi = e2m1_pair_scaled(tl.load(byte_ptr + i).to(tl.int32))
+    tl.store(lo_ptr + i, lo)
+    tl.store(hi_ptr + i, hi)
 
 
 @triton.jit
@@ -72,6 +82,20 @@ def test_decoders_every_code_and_byte() -> None:
     nan = np.isnan(spec.E4M3_VALUES)
     np.testing.assert_array_equal(np.isnan(got), nan)
     np.testing.assert_array_equal(bits(got[~nan]), bits(spec.E4M3_VALUES[~nan]))
+
+
+def test_pair_decoder_every_byte() -> None:
+    """The float16-bits E2M1 decoder of the streaming kernels: both nibbles of all 256 bytes,
+    bit for bit the spec's values times 2^-14 (signs and -0.0 included)."""
+    b = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    lo, hi = torch.empty(256), torch.empty(256)
+    _decode_pairs[(1,)](b, lo, hi, 256)
+    assert E2M1_PAIR_UNSCALE.value == 2.0**14
+    scaled = (spec.E2M1_VALUES.astype(np.float32) * np.float32(2.0**-14)).astype(np.float32)
+    np.testing.assert_array_equal(bits(lo.numpy()), bits(scaled[np.arange(256) & 15]))
+    np.testing.assert_array_equal(bits(hi.numpy()), bits(scaled[np.arange(256) >> 4]))
+    restored = hi.numpy() * np.float32(E2M1_PAIR_UNSCALE.value)
+    np.testing.assert_array_equal(bits(restored), bits(spec.E2M1_VALUES[np.arange(256) >> 4]))
 
 
 def test_valid_scale_decoder_every_valid_byte() -> None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..codec import round_out
+from ..codec import E2M1_PAIR_UNSCALE, e2m1_pair_scaled, e4m3_valid_to_f32, round_out
 from .common import decode_pair, dot_acc
 
 __all__ = ["gather_grouped_kernel", "gather_rows_kernel"]
@@ -67,6 +67,10 @@ def gather_rows_kernel(
     n_end = tl.where(valid, N, 0)
     n_valid = n < n_end
 
+    # As in the GEMV: codes decoded to e2m1 * 2^-14, products summed per 16-element block,
+    # each block's scale (times 2^14) applied once to its sum.
+    BLOCKS: tl.constexpr = BLOCK_K // 16
+    b = tl.arange(0, BLOCKS)
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for k0 in range(0, k_end, BLOCK_K):
         col = k0 + 2 * j
@@ -75,14 +79,20 @@ def gather_rows_kernel(
         byte = tl.load(
             codes_ptr + w_row[:, None] * (K // 2) + (col // 2)[None, :], mask=w_mask, other=0
         )
+        lo, hi = e2m1_pair_scaled(byte.to(tl.int32))  # [BLOCK_N, HALF]
+        b_mask = n_valid[:, None] & ((k0 + 16 * b) < k_end)[None, :]
         sbyte = tl.load(
-            scales_ptr + w_row[:, None] * (K // 16) + (col // 16)[None, :], mask=w_mask, other=0
+            scales_ptr + w_row[:, None] * (K // 16) + (k0 // 16 + b)[None, :],
+            mask=b_mask,
+            other=0,
         )
-        w_even, w_odd = decode_pair(byte.to(tl.int32), sbyte.to(tl.int32))  # [BLOCK_N, HALF]
+        scale = e4m3_valid_to_f32(sbyte.to(tl.int32)) * E2M1_PAIR_UNSCALE  # [BLOCK_N, BLOCKS]
         x_even_ptr = x_ptr + row * stride_xm + col
         x_even = tl.load(x_even_ptr, mask=k_mask, other=0.0).to(tl.float32)
         x_odd = tl.load(x_even_ptr + 1, mask=k_mask, other=0.0).to(tl.float32)
-        acc += tl.sum(x_even[None, :] * w_even + x_odd[None, :] * w_odd, axis=1)
+        part = x_even[None, :] * lo + x_odd[None, :] * hi  # [BLOCK_N, HALF]
+        per_block = tl.sum(tl.reshape(part, (BLOCK_N, BLOCKS, 8)), axis=2)
+        acc += tl.sum(per_block * scale, axis=1)
 
     g = tl.load(row_g_ptr + w_row, mask=n_valid, other=0.0)
     y = tl.where(valid, acc * g, 0.0)  # exactly zero for an out-of-range id
