@@ -24,6 +24,11 @@ shape, so a wrong kernel cannot produce a fast figure.
 Usage::
 
     python benchmarks/cuda_kernels.py [--quick] [--out PATH] [--summary PATH]
+
+A GPU may be lent for minutes only, so the script must work the first time it meets one:
+``packages/nvfp4-cuda/tests`` runs :func:`run` and :func:`summary` end to end under the
+interpreter on the CPU (``DEVICE = "cpu"``, tiny shapes, a stand-in timer; nothing of that
+run is a measurement and nothing is written under ``benchmarks/results``).
 """
 
 from __future__ import annotations
@@ -47,6 +52,9 @@ DECODE_M = [1, 4, 16]
 PREFILL_M = [256, 1024, 2048, 4096]
 MOE_CASES = [(8, 14336, 4096), (64, 1408, 2048)]  # (E, N, K)
 MOE_M = [8, 512]
+SELF_CHECK = (200, 512, (1, 16, 300))  # N, K, the values of M of the correctness check
+COPY_BYTES = 1 << 30  # the copy baseline: 1 GiB, far beyond any cache
+DEVICE = "cuda"  # the torch device of every tensor (the dry-run test sets "cpu")
 
 
 def refuse_reason() -> str:
@@ -88,9 +96,9 @@ def _random_planes(rng: np.random.Generator, lead: tuple[int, ...], k: int) -> A
 
 
 def _copy_bandwidth(torch: Any) -> float:
-    """Bytes/s of a device-to-device copy of 1 GiB (read + write)."""
-    n = 1 << 30
-    src = torch.empty(n, dtype=torch.uint8, device="cuda")
+    """Bytes/s of a device-to-device copy of COPY_BYTES (read + write)."""
+    n = COPY_BYTES
+    src = torch.empty(n, dtype=torch.uint8, device=DEVICE)
     dst = torch.empty_like(src)
     ms = _bench(lambda: dst.copy_(src))
     return 2 * n / (ms * 1e-3)
@@ -104,12 +112,13 @@ def _self_check(b: Any, torch: Any) -> list[str]:
 
     p = b.platform()
     rng = np.random.default_rng(0)
-    planes = reference.quantize(rng.standard_normal((200, 512)).astype(np.float32))
+    n, k, ms = SELF_CHECK
+    planes = reference.quantize(rng.standard_normal((n, k)).astype(np.float32))
     w = b.prepare(planes)
     bad = []
-    for m in (1, 16, 300):
-        x = rng.standard_normal((m, 512)).astype(np.float32)
-        xt = torch.from_numpy(x).cuda().to(torch.bfloat16)
+    for m in ms:
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        xt = torch.from_numpy(x).to(DEVICE).to(torch.bfloat16)
         ref = reference.qmm(xt.float().cpu().numpy(), planes, out_dtype=None)
         for path in ops.QMM_PATHS:
             y = ops.qmm(xt, w, torch.bfloat16, p.config, path).float().cpu().numpy()
@@ -159,7 +168,7 @@ def run(quick: bool) -> dict[str, Any]:
     for n, k in DECODE_SHAPES[:1] if quick else DECODE_SHAPES:
         w = b.prepare(_random_planes(rng, (n,), k))
         for m in decode_m:
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            x = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16)
             moved = n * k // 2 + n * k // 16 + 2 * m * (k + n)
             row: dict[str, Any] = {"N": n, "K": k, "M": m, "bytes": moved}
             for path in ops.QMM_PATHS:
@@ -176,7 +185,7 @@ def run(quick: bool) -> dict[str, Any]:
         w = b.prepare(planes)
         dense = b.dequantize(w, "bfloat16")
         for m in PREFILL_M[:2] if quick else PREFILL_M:
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            x = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16)
             flops = 2.0 * m * n * k
             base_ms = _bench(lambda x=x, dense=dense: x @ dense.t())
             row = {"N": n, "K": k, "M": m, "torch_bf16_TFLOPs": flops / (base_ms * 1e-3) / 1e12}
@@ -199,8 +208,8 @@ def run(quick: bool) -> dict[str, Any]:
     for e, n, k in MOE_CASES[:1] if quick else MOE_CASES:
         w = b.prepare(_random_planes(rng, (e, n), k))
         for m in MOE_M:
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            ids = torch.randint(0, e, (m,), device="cuda")
+            x = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16)
+            ids = torch.randint(0, e, (m,), device=DEVICE)
             touched = int(torch.unique(ids).numel())
             moved = touched * (n * k // 2 + n * k // 16) + 2 * m * (k + n)
             row = {"E": e, "N": n, "K": k, "M": m, "experts_touched": touched}

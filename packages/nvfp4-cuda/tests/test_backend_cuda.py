@@ -3,9 +3,13 @@ the overrides reach every path, and each agrees with the reference."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -76,3 +80,83 @@ def test_benchmark_refuses_without_gpu() -> None:
     )
     assert env_free.returncode == 2, env_free.stderr
     assert "no CUDA GPU" in env_free.stderr, env_free.stderr
+
+
+def _load_benchmark() -> Any:
+    spec = importlib.util.spec_from_file_location(
+        "cuda_kernels_bench", ROOT / "benchmarks" / "cuda_kernels.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _dry_run_benchmark(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The benchmark module set up to run on the CPU under the interpreter: tiny shapes, and a
+    stand-in timer (one call, wall time), since nothing here measures a GPU."""
+    bench = _load_benchmark()
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setattr(bench, "COPY_BYTES", 1 << 16)
+    monkeypatch.setattr(bench, "SELF_CHECK", (40, 128, (1, 17)))
+    monkeypatch.setattr(bench, "DECODE_SHAPES", [(40, 128), (24, 256)])
+    monkeypatch.setattr(bench, "DECODE_M", [1, 3])
+    monkeypatch.setattr(bench, "PREFILL_M", [20, 33])
+    monkeypatch.setattr(bench, "MOE_CASES", [(3, 24, 128)])
+    monkeypatch.setattr(bench, "MOE_M", [2, 9])
+
+    def one_call_ms(fn: Any) -> float:
+        t0 = time.perf_counter()
+        fn()
+        return max(time.perf_counter() - t0, 1e-9) * 1e3
+
+    monkeypatch.setattr(bench, "_bench", one_call_ms)
+    return bench
+
+
+def test_benchmark_dry_run_under_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Everything of benchmarks/cuda_kernels.py but the timing, so a lent GPU's minutes are
+    not lost to a bug in the script: every section's rows, the dispatch column, the JSON
+    and the summary."""
+    bench = _dry_run_benchmark(monkeypatch)
+    r = bench.run(quick=False)
+    json.dumps(r)  # the result is JSON as written
+    assert r["machine"]["device"] == "Triton interpreter on CPU"
+    assert [(d["N"], d["K"], d["M"]) for d in r["decode"]] == [
+        (40, 128, 1),
+        (40, 128, 3),
+        (24, 256, 1),
+        (24, 256, 3),
+    ]
+    for d in r["decode"]:
+        assert set(d) >= {"gemv", "gemm", "dequant_matmul", "dispatch", "bytes"}
+        assert d["dispatch"] in ("gemv", "gemm", "dequant_matmul")
+        assert d["gemv"]["fraction_of_copy"] > 0
+    assert [(d["N"], d["M"]) for d in r["prefill"]] == [(40, 20), (40, 33), (24, 20), (24, 33)]
+    assert all("w4a4" not in d for d in r["prefill"])  # not declared under the interpreter
+    assert [(d["E"], d["M"]) for d in r["moe"]] == [(3, 2), (3, 9)]
+    for d in r["moe"]:
+        assert 1 <= d["experts_touched"] <= 3
+        assert {"rows_unsorted", "rows_sorted", "grouped_unsorted", "grouped_sorted"} <= set(d)
+    text = bench.summary(r)
+    for heading in ("## Decode", "## Prefill", "## MoE gather"):
+        assert heading in text
+    assert text.count("\n| 40 x 128 |") == 4  # two decode rows, two prefill rows
+
+
+def test_benchmark_refuses_to_time_a_wrong_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The self-check runs before any timing: a path that disagrees with the reference stops
+    the run with its name."""
+    bench = _dry_run_benchmark(monkeypatch)
+    from nvfp4_triton import ops
+
+    real = ops.qmm
+
+    def broken(x: Any, w: Any, dtype: Any, cfg: Any, path: Any) -> Any:
+        y = real(x, w, dtype, cfg, path)
+        return y * 1.01 if path == "gemm" else y
+
+    monkeypatch.setattr(ops, "qmm", broken)
+    with pytest.raises(SystemExit, match="qmm gemm M=1"):
+        bench.run(quick=True)
