@@ -119,7 +119,7 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def typecheck(session: nox.Session) -> None:
     """mypy --strict on nvfp4-core's sources."""
-    _install(session, "mypy==2.4.1", str(CORE))
+    _install(session, "mypy==2.4.1", "pytest", str(CORE))
     session.run("mypy", "--strict", str(CORE / "src" / "nvfp4"))
 
 

@@ -10,27 +10,6 @@ whose source build takes about 18 minutes): its skip is reported, not fatal.
 
 from __future__ import annotations
 
-import os
+from nvfp4.testing import pytest_configure, pytest_sessionfinish  # noqa: F401 - the oracle rule
 
-import pytest
-
-_REQUIRE = os.environ.get("NVFP4_REQUIRE_ORACLES") == "1"
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "optional_oracle: the test's oracle is optional; its skip is not fatal"
-    )
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if not _REQUIRE:
-        return
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    skipped = reporter.stats.get("skipped", []) if reporter is not None else []
-    skipped = [r for r in skipped if "optional_oracle" not in r.keywords]
-    if skipped:
-        for report in skipped:
-            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
-            print(f"\nNVFP4_REQUIRE_ORACLES=1 forbids skips: {report.nodeid}: {reason}")
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+pytest_plugins = ["pytester"]

@@ -193,7 +193,7 @@ def test_reference_quantize_reproduces_planes(name: str) -> None:
 
 def _row_global_oracle(c: Arrays) -> npt.NDArray[np.float32]:
     """The decode global of every row, [E?, N], computed here (amax / 2688 in float32,
-    1.0 for a zero amax) or taken from the explicit global."""
+    1.0 where that is 0) or taken from the explicit global."""
     x = c["input"]
     n = x.shape[-2]
     parts = [int(b) for b in c["partitions"]] if "partitions" in c else [0, n]
@@ -209,7 +209,8 @@ def _row_global_oracle(c: Arrays) -> npt.NDArray[np.float32]:
     amax = np.stack(
         [row_amax[..., a:b].max(axis=-1) for a, b in itertools.pairwise(parts)], axis=-1
     )  # [E?, P]
-    g = np.where(amax == 0, F32(1.0), (amax / F32(2688.0)).astype(F32)).astype(F32)
+    q = (amax / F32(2688.0)).astype(F32)
+    g = np.where(q == 0, F32(1.0), q).astype(F32)
     return np.repeat(g, sizes, axis=-1).astype(F32)
 
 

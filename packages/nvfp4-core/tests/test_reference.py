@@ -18,6 +18,7 @@ import pytest
 from nvfp4 import NVFP4Planes, dequantize, quantize
 from nvfp4.reference import (
     gather_qmm,
+    global_from_amax,
     qmm,
     qmm_w4a4,
     quantize_activations,
@@ -437,3 +438,33 @@ def test_quantize_refuses_bad_explicit_global(g: float) -> None:
 def test_quantize_refuses_bad_shapes(shape: tuple[int, ...], what: str) -> None:
     with pytest.raises(ValueError, match=what):
         quantize(np.ones(shape, np.float32))
+
+
+_TINY = np.float32(2.0**-149)  # the smallest float32 subnormal
+
+
+@pytest.mark.parametrize(
+    ("amax_steps", "want_global"), [(1344, 1.0), (1345, 2.0**-149), (1, 1.0), (0, 1.0)]
+)
+def test_global_is_one_where_amax_over_2688_underflows(amax_steps: int, want_global: float) -> None:
+    """Spec 1.0 step 1 (erratum of 2026-11-29): ``amax / 2688`` rounds to 0 for amax up to
+    1344 * 2^-149 (1344 / 2688 = 1/2 of the smallest subnormal: a tie, to even 0); such a
+    group gets global 1.0 and, its elements being far below the smallest scale, codes 0/8
+    decoding to zeros. One step above, the global is 2^-149 and the tensor encodes."""
+    w = np.zeros((3, 32), np.float32)
+    w[1, 7] = np.float32(amax_steps) * _TINY
+    w[2, 20] = -np.float32(amax_steps // 2) * _TINY
+    assert global_from_amax(np.abs(w).max()) == np.float32(want_global)
+    p = quantize(w)
+    assert p.global_scale == np.float32(want_global)
+    d = dequantize(p)
+    if want_global == 1.0:
+        assert not d.any()
+        assert set(np.unique(p.codes & 0x77).tolist()) == {0}  # only zeros, signed or not
+    else:
+        # amax 1345 steps: s = 1345 / 6 -> E4M3 224, q = 1345 / 224 -> 6: 6 * 224 = 1344 steps
+        assert d[1, 7] == np.float32(1344) * _TINY
+    a = quantize_activations(w)  # the dynamic activation global follows the same rule
+    assert a.global_scale == np.float32(want_global)
+    assert np.array_equal(a.codes, p.codes)
+    assert np.array_equal(a.scales, p.scales)

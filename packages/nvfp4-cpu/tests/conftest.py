@@ -9,15 +9,13 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 import pytest
 from cpu_helpers import MEASURED, tol
+from nvfp4.testing import pytest_configure, pytest_sessionfinish  # noqa: F401 - the oracle rule
 from nvfp4_cpu._native import load
-
-_REQUIRE = os.environ.get("NVFP4_REQUIRE_ORACLES") == "1"
 
 
 def pytest_generate_tests(metafunc: Any) -> None:
@@ -40,15 +38,3 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             f"{key:<22} n={len(v):<4} max={max(v):.3e} median={float(np.median(v)):.3e} "
             f"(tolerance {tol(*key.split('/')):.1e})"
         )
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if not _REQUIRE:
-        return
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    skipped = reporter.stats.get("skipped", []) if reporter is not None else []
-    if skipped:
-        for report in skipped:
-            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
-            print(f"\nNVFP4_REQUIRE_ORACLES=1 forbids skips: {report.nodeid}: {reason}")
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED

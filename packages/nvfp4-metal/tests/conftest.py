@@ -10,13 +10,12 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
+from nvfp4.testing import pytest_configure, pytest_sessionfinish  # noqa: F401 - the oracle rule
 
-_REQUIRE = os.environ.get("NVFP4_REQUIRE_ORACLES") == "1"
 _EXPORTS_SCRIPT = (
     Path(__file__).resolve().parents[2] / "nvfp4-core" / "tests" / "make_modelopt_exports.py"
 )
@@ -60,15 +59,3 @@ def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     base = Path(tmp_path_factory.getbasetemp()) / "modelopt_exports"
     built: dict[str, Path] = module.exports(base, ("llama", "moe"))
     return built
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if not _REQUIRE:
-        return
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    skipped = reporter.stats.get("skipped", []) if reporter is not None else []
-    if skipped:
-        for report in skipped:
-            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
-            print(f"\nNVFP4_REQUIRE_ORACLES=1 forbids skips: {report.nodeid}: {reason}")
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED

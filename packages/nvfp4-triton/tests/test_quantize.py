@@ -115,6 +115,4 @@ def test_quantize_property(data: st.DataObject) -> None:
         hnp.arrays(np.float32, (m, kb * 16), elements=st.one_of(_finite, _special)), label="x"
     )
     scale = data.draw(st.sampled_from([None, None, 1.0, 0.01, 7.5]), label="input_scale")
-    if scale is None and np.float32(np.abs(x).max()) / np.float32(2688) == 0:
-        return  # the reference itself refuses a global that underflows to 0
     _check(x, scale, AMD_LIKE if m % 2 else NVIDIA_LIKE)

@@ -68,6 +68,15 @@ def _tie_blocks(rng: np.random.Generator, m: int, k: int, amax: float) -> npt.ND
     return x
 
 
+def _subnormal(rng: np.random.Generator, amax_steps: int) -> npt.NDArray[np.float32]:
+    """Subnormal activations (multiples of 2^-149, signed) whose amax is ``amax_steps``
+    times 2^-149."""
+    steps = rng.integers(0, amax_steps + 1, size=(3, 64)).astype(np.float32)
+    steps *= np.where(rng.random((3, 64)) < 0.5, -1, 1).astype(np.float32)
+    steps[1, 5] = amax_steps
+    return (steps * np.float32(2.0**-149)).astype(np.float32)
+
+
 Builder = Callable[[np.random.Generator], npt.NDArray[Any]]
 CASES: dict[str, tuple[Builder, float | None]] = {
     # name: (builder(rng) -> x, input_scale)
@@ -81,6 +90,10 @@ CASES: dict[str, tuple[Builder, float | None]] = {
         None,
     ),
     "zeros": (lambda r: np.zeros((4, 64), np.float32), None),
+    # amax / 2688 underflows to 0 at amax <= 1344 * 2^-149: the global is then 1.0 (spec 1.0,
+    # step 1 and its erratum); one step above, the global is the smallest subnormal 2^-149.
+    "subnormal_amax_global_1": (lambda r: _subnormal(r, 1344), None),
+    "subnormal_amax_global_2^-149": (lambda r: _subnormal(r, 1345), None),
     "zero_blocks": (
         lambda r: np.where(np.arange(128) < 64, 0.0, r.standard_normal((5, 128))).astype(
             np.float32

@@ -97,10 +97,12 @@ def e2m1_encode(
 # ---------------------------------------------------------------------------- globals
 def global_from_amax(amax: npt.ArrayLike) -> npt.NDArray[np.float32]:
     """Decode global of a tensor (or partition, or expert) with this amax: ``amax / 2688``
-    in float32; an amax of 0 gives 1.0 (spec 1.0; ModelOpt would give NaN bytes)."""
+    in float32; where that quotient is 0 - an amax of 0, or one of at most 1344 * 2^-149
+    (about 3.77e-42), whose quotient underflows - the global is 1.0 (spec 1.0, encoder
+    step 1 and its erratum; ModelOpt would give NaN scale bytes)."""
     a = np.asarray(amax, dtype=np.float32)
     g = (a / np.float32(GLOBAL_AMAX_DIVISOR)).astype(np.float32)
-    return np.where(a == 0, np.float32(1.0), g).astype(np.float32)
+    return np.where(g == 0, np.float32(1.0), g).astype(np.float32)
 
 
 def _first_nonfinite(x: npt.NDArray[np.float32], what: str) -> None:

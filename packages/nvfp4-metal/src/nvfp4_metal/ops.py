@@ -364,7 +364,8 @@ def quantize_activations(
     reference's float32 order (spec 1.0 "The reference encoder"):
 
     global = ``input_scale`` (a decode multiplier) or ``amax / 2688`` over the finite values
-    (1.0 when that is 0); ``s = block_amax / (6 * global)``; ``s == 0 -> 1``; clamp to
+    (1.0 where that quotient is 0, as for amax 0 or one that underflows it);
+    ``s = block_amax / (6 * global)``; ``s == 0 -> 1``; clamp to
     ``[2^-9, 448]``; E4M3 nearest-even; ``q = x / (e4m3(s) * global)``; E2M1 nearest-even,
     saturating; sign ``x < 0``. A block holding NaN or Inf gets scale byte 0x7F and zero
     codes. Returns canonical planes (numpy)."""
@@ -379,9 +380,8 @@ def quantize_activations(
     clean = mx.where(finite, a, mx.array(0.0, dtype=_F32))
     if input_scale is None:
         amax = mx.max(mx.abs(clean)) if clean.size else mx.array(0.0, dtype=_F32)
-        g = mx.where(
-            amax == 0, mx.array(1.0, dtype=_F32), amax / mx.array(float(GLOBAL_AMAX_DIVISOR), _F32)
-        )
+        g = amax / mx.array(float(GLOBAL_AMAX_DIVISOR), _F32)
+        g = mx.where(g == 0, mx.array(1.0, dtype=_F32), g)
     else:
         gn = np.asarray(input_scale, dtype=np.float32).reshape(())
         if not (np.isfinite(gn) and gn > 0):
@@ -429,7 +429,9 @@ def qmm_w4a4(x: Any, w: MetalWeight, *, input_scale: Any = None, out_dtype: Any 
     if input_scale is None:
         clean = mx.where(mx.isfinite(a2), a2, mx.array(0.0, dtype=_F32))
         amax = mx.max(mx.abs(clean))
-        gx_amax = mx.where(amax == 0, mx.array(float(GLOBAL_AMAX_DIVISOR), _F32), amax)
+        # MLX divides this amax by 2688; where that is 0 the spec's global is 1.0 (amax 2688)
+        underflow = amax / mx.array(float(GLOBAL_AMAX_DIVISOR), _F32) == 0
+        gx_amax = mx.where(underflow, mx.array(float(GLOBAL_AMAX_DIVISOR), _F32), amax)
     else:
         gn = np.float32(input_scale)
         if not (np.isfinite(gn) and gn > 0):

