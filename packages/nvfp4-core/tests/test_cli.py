@@ -179,6 +179,16 @@ def test_bad_inputs_exit_2_with_one_line(modelopt_exports: dict[str, Path], tmp_
         "'model.layers.0.self_attn.q_proj.weight'",
     )
     assert not (tmp_path / "o2").exists()
+    # a truncated GGUF: its header, and its last tensor's data
+    gguf_path = tmp_path / "m.gguf"
+    assert _run("convert", str(llama), str(gguf_path), "--to", "gguf").returncode == 0
+    raw = gguf_path.read_bytes()
+    cut_header = tmp_path / "cut_header.gguf"
+    cut_header.write_bytes(raw[:200])
+    _assert_bad_input(_run("inspect", str(cut_header)), "not a readable GGUF file")
+    cut_data = tmp_path / "cut_data.gguf"
+    cut_data.write_bytes(raw[: len(raw) // 2])
+    _assert_bad_input(_run("verify", str(llama), str(cut_data)), "(truncated?)")
     # unknown flavour
     unknown = _copy(llama, tmp_path / "unknown")
     (unknown / "hf_quant_config.json").unlink()

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from .flavours import CheckpointError, import_gguf
+from .gguf_file import GGUFFile
 
 __all__ = [
     "TOKENIZER_FILE",
@@ -408,24 +409,15 @@ def add_hf_tokenizer(
     return vocab
 
 
-def copy_gguf_tokenizer(reader: Any, writer: Any) -> list[str]:
-    """Copy every ``tokenizer.*`` key of a :class:`gguf.GGUFReader` to a
-    :class:`gguf.GGUFWriter` as it is (strings as their bytes); returns the keys copied."""
+def copy_gguf_tokenizer(source: GGUFFile, writer: Any) -> list[str]:
+    """Copy every ``tokenizer.*`` key of a GGUF file to a :class:`gguf.GGUFWriter` as it is
+    (same value and element types, strings as their bytes); returns the keys copied."""
     gguf = import_gguf()
-    string, array = gguf.GGUFValueType.STRING, gguf.GGUFValueType.ARRAY
     copied: list[str] = []
-    for name, field in reader.fields.items():
-        if not name.startswith(GGUF_TOKENIZER_PREFIX) or not field.types:
+    for name, field in source.fields.items():
+        if not name.startswith(GGUF_TOKENIZER_PREFIX):
             continue
-        main = field.types[0]
-        sub = field.types[-1] if main == array else None
-        value: Any
-        if main == array and sub == string:
-            value = [bytes(field.parts[i]) for i in field.data]
-        elif main == string:
-            value = bytes(field.parts[-1])
-        else:
-            value = field.contents()
-        writer.add_key_value(name, value, main, sub)
+        sub = None if field.sub_type is None else gguf.GGUFValueType(field.sub_type)
+        writer.add_key_value(name, field.raw(), gguf.GGUFValueType(field.type), sub)
         copied.append(name)
     return copied

@@ -47,15 +47,15 @@ from ..layouts import (
 )
 from ..planes import NVFP4Planes, PlaneError, validate
 from ..safetensors_io import DTYPES, SafetensorsError, SafetensorsFile, TensorInfo
-from ..spec import BLOCK_SIZE, GGUF_BLOCK_BYTES, GGUF_SUPER_BLOCK
+from ..spec import BLOCK_SIZE, GGUF_TYPE_NVFP4
 from .flavours import (
     MODELOPT_NVFP4_ALGOS,
     CheckpointError,
     Flavour,
     detect_flavour,
-    import_gguf,
     read_json,
 )
+from .gguf_file import GGML_BF16, PLAIN_DTYPES, GGUFFile, ggml_type_name
 
 __all__ = ["Checkpoint", "PlaneShape", "open_checkpoint"]
 
@@ -519,13 +519,6 @@ def rope_permute_rows(a: npt.NDArray[Any], n_head: int, inverse: bool = False) -
     return np.ascontiguousarray(b.reshape(a.shape))
 
 
-def _field_value(field: Any) -> Any:
-    try:
-        return field.contents()
-    except Exception as e:
-        raise CheckpointError(f"GGUF field {field.name!r} is unreadable ({e})") from None
-
-
 @dataclass
 class _GGUFEntry:
     gguf_base: str  # "blk.0.attn_q" (without ".weight")
@@ -544,29 +537,24 @@ class GGUFCheckpoint(Checkpoint):
     architecture the q/k rows are un-permuted (llama.cpp permutes them for its RoPE)."""
 
     def __init__(self, path: Path) -> None:
-        gguf = import_gguf()
         self.path = path
         self.flavour = "gguf"
-        try:
-            self.reader = gguf.GGUFReader(path)
-        except Exception as e:
-            raise CheckpointError(f"{path}: not a readable GGUF file ({e})") from None
-        fields = self.reader.fields
+        self.file = GGUFFile(path)
+        fields = self.file.fields
         kv: dict[str, Any] = {}
         for key in (KV_SPEC, KV_HF_CONFIG, KV_GGUF_NAMES, KV_HF_NAMES, KV_HF_DTYPES):
             if key in fields:
-                kv[key] = _field_value(fields[key])
-        self.arch = (
-            str(_field_value(fields["general.architecture"]))
-            if ("general.architecture" in fields)
-            else ""
-        )
-        self.config = json.loads(kv[KV_HF_CONFIG]) if KV_HF_CONFIG in kv else {}
+                kv[key] = fields[key].value()
+        self.arch = str(self.file.value("general.architecture", ""))
+        try:
+            self.config = json.loads(kv[KV_HF_CONFIG]) if KV_HF_CONFIG in kv else {}
+        except (json.JSONDecodeError, TypeError) as e:
+            raise CheckpointError(f"{path}: {KV_HF_CONFIG} is not a JSON object ({e})") from None
         self.quant_config = {
             "nvfp4": {k.removeprefix("nvfp4."): v for k, v in kv.items() if k != KV_HF_CONFIG},
             "general.architecture": self.arch,
         }
-        self.tensors = {t.name: t for t in self.reader.tensors}
+        self.tensors = self.file.tensors
         names_map: dict[str, str] = {}
         if KV_GGUF_NAMES in kv and KV_HF_NAMES in kv:
             names_map = dict(zip(kv[KV_GGUF_NAMES], kv[KV_HF_NAMES], strict=False))
@@ -574,11 +562,10 @@ class GGUFCheckpoint(Checkpoint):
         if KV_HF_DTYPES in kv and KV_HF_NAMES in kv:
             self._hf_dtypes = dict(zip(kv[KV_HF_NAMES], kv[KV_HF_DTYPES], strict=False))
         heads = self._heads()
-        nvfp4_type = gguf.GGMLQuantizationType.NVFP4
         self._q: dict[str, _GGUFEntry] = {}
         owned: set[str] = set()
-        for t in self.reader.tensors:
-            if t.tensor_type != nvfp4_type:
+        for t in self.tensors.values():
+            if t.ggml_type != GGUF_TYPE_NVFP4:
                 continue
             if not t.name.endswith(".weight"):
                 raise CheckpointError(f"{path}: NVFP4 tensor {t.name!r} is not named <x>.weight")
@@ -586,33 +573,36 @@ class GGUFCheckpoint(Checkpoint):
             owned.update({t.name, f"{base}.scale", f"{base}.input_scale"})
             hf = names_map.get(base, base)
             perm = heads.get(base.rpartition(".")[2]) if self.arch == "llama" else None
-            if t.data.ndim == 3:
-                experts = int(t.data.shape[0])
+            if len(t.shape) == 3:
+                experts = t.shape[0]
                 fmt = hf if "{}" in hf else f"{hf}.{{}}"
                 for i in range(experts):
                     self._q[fmt.format(i)] = _GGUFEntry(base, hf, i, perm)
             else:
                 self._q[hf] = _GGUFEntry(base, hf, None, perm)
         self._plain: dict[str, tuple[str, int | None]] = {}
-        for t in self.reader.tensors:
+        for t in self.tensors.values():
             if t.name in owned:
                 continue
             stem = t.name[: -len(".weight")] if t.name.endswith(".weight") else ""
             hf_name = names_map.get(t.name, t.name)
             perm = (
                 heads.get(stem.rpartition(".")[2])
-                if (stem and self.arch == "llama" and t.data.ndim == 2)
+                if (stem and self.arch == "llama" and len(t.shape) == 2)
                 else None
             )
             self._plain[hf_name] = (t.name, perm)
 
     def _heads(self) -> dict[str, int]:
-        f = self.reader.fields
         key_h, key_kv = f"{self.arch}.attention.head_count", f"{self.arch}.attention.head_count_kv"
-        if key_h not in f:
+        n_head = self.file.value(key_h)
+        if not isinstance(n_head, int) or n_head <= 0:
             return {}
-        n_head = int(_field_value(f[key_h]))
-        n_kv = int(_field_value(f[key_kv])) if key_kv in f else n_head
+        n_kv = self.file.value(key_kv, n_head)
+        if not isinstance(n_kv, int) or n_kv <= 0:
+            raise CheckpointError(
+                f"{self.path}: {key_kv} must be a positive integer, found {n_kv!r}"
+            )
         return {"attn_q": n_head, "attn_k": n_kv}
 
     def quantized_names(self) -> list[str]:
@@ -628,21 +618,19 @@ class GGUFCheckpoint(Checkpoint):
         t = self.tensors.get(f"{base}.{suffix}")
         if t is None:
             return None
-        a = np.asarray(t.data)
+        a = self.file.array(t)
         if index is not None and a.size > 1:
             return a.reshape(-1)[index : index + 1]
         return a
 
     def plane_shape(self, prefix: str) -> PlaneShape:
         entry = self._entry(prefix)
-        t = self.tensors[f"{entry.gguf_base}.weight"]
-        n = int(t.data.shape[-2])
-        k = int(t.data.shape[-1]) // GGUF_BLOCK_BYTES * GGUF_SUPER_BLOCK
+        n, k = self.tensors[f"{entry.gguf_base}.weight"].shape[-2:]
         return PlaneShape((n, k))
 
     def planes(self, prefix: str) -> NVFP4Planes:
         entry = self._entry(prefix)
-        data = self.tensors[f"{entry.gguf_base}.weight"].data
+        data = self.file.array(self.tensors[f"{entry.gguf_base}.weight"])
         if entry.index is not None:
             data = data[entry.index]
         scale = self._side(entry.gguf_base, "scale", entry.index)
@@ -670,17 +658,16 @@ class GGUFCheckpoint(Checkpoint):
             raise CheckpointError(f"{self.path}: no non-quantized tensor {name!r}") from None
 
     def tensor(self, name: str) -> npt.NDArray[Any]:
-        gguf = import_gguf()
         gname, perm = self._plain_entry(name)
         t = self.tensors[gname]
-        a: npt.NDArray[Any] = t.data
-        if t.tensor_type == gguf.GGMLQuantizationType.BF16:
-            a = a.view(ml_dtypes.bfloat16)
-        elif a.dtype == np.uint8 and t.tensor_type != gguf.GGMLQuantizationType.I8:
+        if t.ggml_type not in PLAIN_DTYPES:
             raise CheckpointError(
-                f"{self.path}: tensor {gname!r} has GGUF type {t.tensor_type.name}, "
+                f"{self.path}: tensor {gname!r} has GGUF type {ggml_type_name(t.ggml_type)}, "
                 "which this reader does not decode"
             )
+        a: npt.NDArray[Any] = self.file.array(t)
+        if t.ggml_type == GGML_BF16:
+            a = a.view(ml_dtypes.bfloat16)
         if perm is not None:
             a = rope_permute_rows(a, perm, inverse=True)
         want = self._hf_dtypes.get(name)
@@ -689,19 +676,18 @@ class GGUFCheckpoint(Checkpoint):
         return a
 
     def tensor_info(self, name: str) -> tuple[np.dtype[Any], tuple[int, ...]]:
-        gguf = import_gguf()
         gname, _ = self._plain_entry(name)
         t = self.tensors[gname]
-        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
         want = self._hf_dtypes.get(name)
         if want and want in DTYPES:
-            return DTYPES[want], shape
-        if t.tensor_type == gguf.GGMLQuantizationType.BF16:
-            return np.dtype(ml_dtypes.bfloat16), shape
-        return np.dtype(t.data.dtype), shape
+            return DTYPES[want], t.shape
+        if t.ggml_type == GGML_BF16:
+            return np.dtype(ml_dtypes.bfloat16), t.shape
+        return self.file.array(t).dtype, t.shape
 
     def close(self) -> None:
         self.tensors = {}
+        self.file.close()
 
 
 # ========================================================================= entry point

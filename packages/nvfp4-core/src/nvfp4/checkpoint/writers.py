@@ -992,7 +992,7 @@ def write_checkpoint(
 def _tokenizer_of(src: Checkpoint) -> TokenizerWriter | None:
     """How to give a GGUF written from ``src`` its tokenizer, or ``None`` (no source)."""
     if isinstance(src, GGUFCheckpoint):
-        return lambda w: bool(copy_gguf_tokenizer(src.reader, w))
+        return lambda w: bool(copy_gguf_tokenizer(src.file, w))
     if has_hf_tokenizer(src.path):
         return lambda w: add_hf_tokenizer(w, src.path, src.config) is not None
     return None
