@@ -76,13 +76,14 @@ def e2m1_to_f32(code):
     index ``i = code & 7`` orders the values 0, 0.5, 1, 1.5, 2, 3, 4, 6. For ``i >= 2`` the
     value is normal, ``(1 + m/2) * 2^(e-1)``; its float32 bits are exponent ``126 + e``
     and mantissa bit 22 = ``m``, which is ``(126 << 23) + (i << 22)`` because ``i = 2e + m``.
-    ``i`` = 0 and 1 are 0 and 0.5. Code 8 is -0.0.
+    ``i`` = 0 and 1 are 0 and 0.5. The sign bit (code bit 3) is set on the result's bits,
+    so code 8 is -0.0 (a float negation ``-x`` gives +0.0 for 0 on Triton 3.6's interpreter).
     """
     mag = code & 7
     normal = ((126 << 23) + (mag << 22)).to(tl.float32, bitcast=True)
     small = mag.to(tl.float32) * 0.5
     value = tl.where(mag >= 2, normal, small)
-    return tl.where(code >= 8, -value, value)
+    return (value.to(tl.int32, bitcast=True) | ((code >> 3) << 31)).to(tl.float32, bitcast=True)
 
 
 #: :func:`e2m1_pair_scaled` returns E2M1 values times 2^-14; this factor restores them (a power
@@ -129,7 +130,8 @@ def e4m3_to_f32(byte):
     value = tl.where((mag >> 3) == 0, subnormal, normal)
     nan = (mag * 0 + 0x7FC00000).to(tl.float32, bitcast=True)
     value = tl.where(mag == 0x7F, nan, value)
-    return tl.where(byte >= 0x80, -value, value)
+    # the sign bit (byte bit 7) set on the bits, as in e2m1_to_f32
+    return (value.to(tl.int32, bitcast=True) | ((byte >> 7) << 31)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
