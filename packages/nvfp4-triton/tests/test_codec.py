@@ -11,11 +11,11 @@ import triton
 import triton.language as tl
 from nvfp4 import reference, spec
 from nvfp4_triton.codec import (
-    E2M1_PAIR_UNSCALE,
+    E2M1_UNSCALE,
     clamp_scale,
-    e2m1_pair_scaled,
     e2m1_rne_index,
     e2m1_to_f32,
+    e2m1_word_scaled,
     e4m3_rne,
     e4m3_to_f32,
     e4m3_valid_to_f32,
@@ -33,11 +33,17 @@ def _decode_all(byte_ptr, e2m1_ptr, e4m3_ptr, N: tl.constexpr):
 
 
 @triton.jit
-def _decode_pairs(byte_ptr, lo_ptr, hi_ptr, N: tl.constexpr):
+def _decode_words(word_ptr, out_ptr, N: tl.constexpr):
     i = tl.arange(0, N)
-    lo, hi = e2m1_pair_scaled(tl.load(byte_ptr + i).to(tl.int32))
-    tl.store(lo_ptr + i, lo)
-    tl.store(hi_ptr + i, hi)
+    v0, v1, v2, v3, v4, v5, v6, v7 = e2m1_word_scaled(tl.load(word_ptr + i))
+    tl.store(out_ptr + 8 * i, v0)
+    tl.store(out_ptr + 8 * i + 1, v1)
+    tl.store(out_ptr + 8 * i + 2, v2)
+    tl.store(out_ptr + 8 * i + 3, v3)
+    tl.store(out_ptr + 8 * i + 4, v4)
+    tl.store(out_ptr + 8 * i + 5, v5)
+    tl.store(out_ptr + 8 * i + 6, v6)
+    tl.store(out_ptr + 8 * i + 7, v7)
 
 
 @triton.jit
@@ -84,18 +90,24 @@ def test_decoders_every_code_and_byte() -> None:
     np.testing.assert_array_equal(bits(got[~nan]), bits(spec.E4M3_VALUES[~nan]))
 
 
-def test_pair_decoder_every_byte() -> None:
-    """The float16-bits E2M1 decoder of the streaming kernels: both nibbles of all 256 bytes,
-    bit for bit the spec's values times 2^-14 (signs and -0.0 included)."""
-    b = torch.arange(256, dtype=torch.int32).to(torch.uint8)
-    lo, hi = torch.empty(256), torch.empty(256)
-    _decode_pairs[(1,)](b, lo, hi, 256)
-    assert E2M1_PAIR_UNSCALE.value == 2.0**14
+def test_word_decoder_every_byte_in_every_position() -> None:
+    """The word decoder of the streaming kernels: every byte value in each of the 4 byte
+    positions of a little-endian int32 word (the other bytes random), all 8 codes bit for
+    bit the spec's values times 2^-14 (signs and -0.0 included), in element order."""
+    rng = np.random.default_rng(11)
+    raw = rng.integers(0, 256, (4, 256, 4), dtype=np.uint8)  # [position, value, byte]
+    for pos in range(4):
+        raw[pos, :, pos] = np.arange(256)
+    raw = raw.reshape(-1, 4)
+    words = torch.from_numpy(raw.copy().view("<i4").reshape(-1))
+    out = torch.empty(words.numel() * 8)
+    _decode_words[(1,)](words, out, words.numel())
+    assert E2M1_UNSCALE.value == 2.0**14
+    codes = np.stack([raw & 15, raw >> 4], axis=-1).reshape(-1)  # element order
     scaled = (spec.E2M1_VALUES.astype(np.float32) * np.float32(2.0**-14)).astype(np.float32)
-    np.testing.assert_array_equal(bits(lo.numpy()), bits(scaled[np.arange(256) & 15]))
-    np.testing.assert_array_equal(bits(hi.numpy()), bits(scaled[np.arange(256) >> 4]))
-    restored = hi.numpy() * np.float32(E2M1_PAIR_UNSCALE.value)
-    np.testing.assert_array_equal(bits(restored), bits(spec.E2M1_VALUES[np.arange(256) >> 4]))
+    np.testing.assert_array_equal(bits(out.numpy()), bits(scaled[codes]))
+    restored = out.numpy() * np.float32(E2M1_UNSCALE.value)
+    np.testing.assert_array_equal(bits(restored), bits(spec.E2M1_VALUES[codes]))
 
 
 def test_valid_scale_decoder_every_valid_byte() -> None:

@@ -24,7 +24,12 @@ Why these shapes of rule (what the measurements must confirm or move):
   bandwidth-bound, so it wins while M is small. Published NVFP4 decode GEMVs reach 61-73 %
   of DRAM bandwidth, good streaming GEMVs 82-94 % (research notes, section 1). At
   ``M > 8`` the per-weight-byte work (M FMAs per element) starts to rival the load, and the
-  tensor-core ``gemm`` (its small-M tiles, ``BLOCK_M = 16``) takes over.
+  tensor-core ``gemm`` (its small-M tiles, ``BLOCK_M = 16``) takes over. The one
+  measurement behind this crossover so far is static: the instructions each kernel's K
+  loop spends per weight byte in its compiled sm_90 code (``benchmarks/triton_sass.py``,
+  ``docs/benchmark_results/triton_sass.md``): GEMV 12.8 / 17.7 / 24.5 / 40.2 / 77.8 at
+  M = 1 / 2 / 4 / 8 / 16, GEMM 47.9 for any M up to its 16-row tile - the GEMV is cheaper
+  through M = 8 and dearer at 16.
 * ``gemm`` dequantizes each weight tile in registers inside the K loop (no dense weight in
   memory): it moves 0.56 bytes per weight element against ~4.5 for dequantize-then-matmul
   (research notes, section 3), so it wins at moderate M.

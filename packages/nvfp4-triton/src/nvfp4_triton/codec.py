@@ -5,8 +5,8 @@ NVIDIA, AMD and the interpreter):
 
 * :func:`e2m1_to_f32` - a 4-bit E2M1 code (0..15) to its float32 value;
 * :func:`e4m3_to_f32` - an FP8 E4M3 byte (0..255) to its float32 value;
-* :func:`e2m1_pair_scaled` - both nibbles of a code byte to float32 values times
-  ``2^-14`` (:data:`E2M1_PAIR_UNSCALE` restores them), in a handful of integer operations:
+* :func:`e2m1_word_scaled` - the 8 codes of an int32 word (4 code bytes) to float32 values
+  times ``2^-14`` (:data:`E2M1_UNSCALE` restores them), a few integer operations per code:
   the decoder of the streaming kernels' inner loops, which fold the factor into the block
   scale.
 
@@ -35,10 +35,10 @@ import triton.language as tl
 from nvfp4.spec import E2M1_BOUNDS, E2M1_ODD_BOUNDS, E4M3_MAX, E4M3_MIN_SUBNORMAL
 
 __all__ = [
-    "E2M1_PAIR_UNSCALE",
-    "e2m1_pair_scaled",
+    "E2M1_UNSCALE",
     "e2m1_rne_index",
     "e2m1_to_f32",
+    "e2m1_word_scaled",
     "e4m3_rne",
     "e4m3_to_f32",
     "e4m3_valid_to_f32",
@@ -86,32 +86,60 @@ def e2m1_to_f32(code):
     return (value.to(tl.int32, bitcast=True) | ((code >> 3) << 31)).to(tl.float32, bitcast=True)
 
 
-#: :func:`e2m1_pair_scaled` returns E2M1 values times 2^-14; this factor restores them (a power
+#: :func:`e2m1_word_scaled` returns E2M1 values times 2^-14; this factor restores them (a power
 #: of two: folding it into a block scale is exact).
-E2M1_PAIR_UNSCALE = tl.constexpr(16384.0)
+E2M1_UNSCALE = tl.constexpr(16384.0)
+
+
+# Masks for e2m1_word_scaled, as int32 constants: bits 9..11 and 15 of both 16-bit halves
+# (0x0E000E00 and 0x80008000; the latter written as its signed int32 value).
+_MAG_BITS = tl.constexpr(0x0E000E00)
+_SIGN_BITS = tl.constexpr(0x80008000 - (1 << 32))
 
 
 @triton.jit
-def e2m1_pair_scaled(byte):
-    """Code bytes (an int32 tensor, values 0..255) -> ``(low, high)``: the E2M1 values of the
-    low and high nibbles times ``2^-14``, as float32, exactly.
+def _f16_halves(pattern):
+    """An int32 holding two float16 bit patterns -> (low half, high half) as float32."""
+    lo = pattern.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    hi = (pattern >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return lo, hi
+
+
+@triton.jit
+def e2m1_word_scaled(word):
+    """Four code bytes read as one little-endian int32 -> their 8 E2M1 values times 2^-14,
+    float32, exactly, in element order ``(v0, ..., v7)`` (byte ``j`` holds elements ``2j``
+    (low nibble) and ``2j + 1``).
 
     A float16 is ``s eeeee mmmmmmmmmm`` (bias 15). Writing a code ``s e1 e0 m`` as the
     float16 with sign ``s``, exponent field ``e = e1 e0`` (0..3) and top mantissa bit ``m``
     (bits 15, 10..11 and 9) gives ``2^(e-15) * (1 + m/2)`` for ``e >= 1`` and the subnormal
     ``m * 2^-1 * 2^-14`` for ``e = 0``: in both cases the E2M1 value (``2^(e-1) * (1 + m/2)``,
-    resp. ``m * 0.5``) times ``2^-14``. So a nibble is placed with two masked shifts (the
-    sign bit moves by 12, the three magnitude bits by 9; for the high nibble by 8 and 5),
-    and the float16 -> float32 conversion is exact (float16 subnormals are float32 normals;
-    no denormal arithmetic happens). That is about four integer operations per nibble,
-    against ten for :func:`e2m1_to_f32`, which matters where a kernel streams the weight at
-    memory speed and decodes every byte once.
+    resp. ``m * 0.5``) times ``2^-14``. The float16 -> float32 conversion is exact (float16
+    subnormals are float32 normals; no denormal arithmetic happens).
+
+    One shift-and-mask of the word places a code in *each* 16-bit half, because the nibbles
+    of bytes 0 and 2 (and of bytes 1 and 3) are 16 bits apart. For the nibble starting at
+    bit ``4q`` the magnitude moves by ``9 - 4q`` and the sign by ``12 - 4q``::
+
+        nibble 0 (element 0) and nibble 4 (element 4):  << 9,  << 12
+        nibble 1 (element 1) and nibble 5 (element 5):  << 5,  << 8
+        nibble 2 (element 2) and nibble 6 (element 6):  << 1,  << 4
+        nibble 3 (element 3) and nibble 7 (element 7):  >> 3,  as is
+
+    so 8 codes cost 4 x (two shifts and two logic operations) plus 8 float16 -> float32
+    conversions, which the compiler reads straight from the register's halves: the decode of
+    the streaming kernels' inner loops (``benchmarks/triton_sass.py`` counts it).
     """
-    lo = ((byte & 0x08) << 12) | ((byte & 0x07) << 9)
-    hi = ((byte & 0x80) << 8) | ((byte & 0x70) << 5)
-    lo_f = lo.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    hi_f = hi.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    return lo_f, hi_f
+    p04 = ((word << 9) & _MAG_BITS) | ((word << 12) & _SIGN_BITS)
+    p15 = ((word << 5) & _MAG_BITS) | ((word << 8) & _SIGN_BITS)
+    p26 = ((word << 1) & _MAG_BITS) | ((word << 4) & _SIGN_BITS)
+    p37 = ((word >> 3) & _MAG_BITS) | (word & _SIGN_BITS)
+    v0, v4 = _f16_halves(p04)
+    v1, v5 = _f16_halves(p15)
+    v2, v6 = _f16_halves(p26)
+    v3, v7 = _f16_halves(p37)
+    return v0, v1, v2, v3, v4, v5, v6, v7
 
 
 @triton.jit

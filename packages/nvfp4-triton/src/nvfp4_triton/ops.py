@@ -62,10 +62,15 @@ def _tl_dtype(torch_dtype: Any) -> Any:
     ]
 
 
+def _dot_dtype_name(x_dtype: str, cfg: KernelConfig) -> str:
+    """The ``tl.dot`` operand dtype for activations of dtype ``x_dtype`` (a name)."""
+    return "float32" if cfg.dot_in_float32 else x_dtype
+
+
 def _dot_dtype(x: Any, cfg: KernelConfig) -> Any:
     import triton.language as tl
 
-    return tl.float32 if cfg.dot_in_float32 else _tl_dtype(x.dtype)
+    return getattr(tl, _dot_dtype_name(str(x.dtype).removeprefix("torch."), cfg))
 
 
 def _check_x(x: Any, w: DeviceWeight) -> None:
@@ -109,6 +114,14 @@ def dequantize(w: DeviceWeight, out_dtype: Any, cfg: KernelConfig) -> Any:
 
 
 # ---------------------------------------------------------------------------- W4A16
+def gemv_block_k(block_k: int, block_m: int) -> int:
+    """The GEMV's K chunk for ``block_m`` rows of x: the config's (for M = 1) up to 4 rows,
+    then halved as the rows double, so the per-thread product tile (and the registers) stay
+    about the same size. Larger chunks spend fewer instructions per weight byte (fixed
+    per-iteration costs); see ``benchmarks/triton_sass.py``."""
+    return max(32, block_k * 4 // max(4, block_m))
+
+
 def gemv(x: Any, w: DeviceWeight, out_dtype: Any, cfg: KernelConfig) -> Any:
     """W4A16 decode kernel (split-K when the output columns alone cannot fill the device).
     More than :data:`GEMV_MAX_ROWS` rows are done in slices (the weight is then read once
@@ -129,8 +142,7 @@ def gemv(x: Any, w: DeviceWeight, out_dtype: Any, cfg: KernelConfig) -> Any:
         xs, os = x[lo : lo + GEMV_MAX_ROWS], out[lo : lo + GEMV_MAX_ROWS]
         rows = xs.shape[0]
         block_m = _pow2_at_least(rows)
-        # keep the [BLOCK_M, BLOCK_N, BLOCK_K/2] product the size the config chose for M = 1
-        block_k = max(32, t.block_k // block_m)
+        block_k = gemv_block_k(t.block_k, block_m)
         programs = _cdiv(n, t.block_n)
         chunks = _cdiv(k, block_k)
         split = 1

@@ -27,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..codec import E2M1_PAIR_UNSCALE, e2m1_pair_scaled, e4m3_valid_to_f32, round_out
+from ..codec import E2M1_UNSCALE, e2m1_word_scaled, e4m3_valid_to_f32, round_out
 from .common import decode_pair, dot_acc
 
 __all__ = ["gather_grouped_kernel", "gather_rows_kernel"]
@@ -49,8 +49,11 @@ def gather_rows_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """Grid: ``(M, cdiv(N, BLOCK_N))``."""
-    HALF: tl.constexpr = BLOCK_K // 2
+    """Grid: ``(M, cdiv(N, BLOCK_N))``. The loop is the GEMV's with one row of x (see
+    :mod:`nvfp4_triton.kernels.gemv`): int32 words decoded 8 codes at a time, products
+    summed per 16-element block inside one thread, each block's scale applied once, the
+    block accumulators reduced across threads after the loop."""
+    BLOCKS: tl.constexpr = BLOCK_K // 16  # 16-element blocks per chunk
     row = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n < N
@@ -59,7 +62,6 @@ def gather_rows_kernel(
     valid = (expert >= 0) & (expert < E)
     safe = tl.where(valid, expert, 0)  # no address is ever formed from an invalid id
     w_row = safe * N + n  # this expert's weight rows
-    j = tl.arange(0, HALF)
     # The validity predicate enters every mask as a bound: an invalid row has K and N
     # bounds of 0, so it runs no iteration and loads nothing. (Bounds rather than
     # `tensor & scalar`, which the interpreter mistypes.)
@@ -67,35 +69,36 @@ def gather_rows_kernel(
     n_end = tl.where(valid, N, 0)
     n_valid = n < n_end
 
-    # As in the GEMV: codes decoded to e2m1 * 2^-14, products summed per 16-element block,
-    # each block's scale (times 2^14) applied once to its sum.
-    BLOCKS: tl.constexpr = BLOCK_K // 16
-    b = tl.arange(0, BLOCKS)
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    b = tl.arange(0, BLOCKS)  # block b of a chunk: words 2b, 2b + 1, scale b
+    wi = tl.arange(0, 2)  # word wi of a block: its elements 8 wi .. 8 wi + 7
+    words = codes_ptr.to(tl.pointer_type(tl.int32))
+    word_rows = words + w_row[:, None, None] * (K // 8) + (2 * b)[None, :, None]
+    word_rows += wi[None, None, :]  # [BLOCK_N, BLOCKS, 2]
+    s_rows = scales_ptr + w_row[:, None] * (K // 16) + b[None, :]  # [BLOCK_N, BLOCKS]
+    x_row = x_ptr + row * stride_xm + (16 * b)[:, None] + (8 * wi)[None, :]  # [BLOCKS, 2]
+    acc = tl.zeros((BLOCK_N, BLOCKS), dtype=tl.float32)
     for k0 in range(0, k_end, BLOCK_K):
-        col = k0 + 2 * j
-        k_mask = col < k_end
-        w_mask = n_valid[:, None] & k_mask[None, :]
-        byte = tl.load(
-            codes_ptr + w_row[:, None] * (K // 2) + (col // 2)[None, :], mask=w_mask, other=0
-        )
-        lo, hi = e2m1_pair_scaled(byte.to(tl.int32))  # [BLOCK_N, HALF]
-        b_mask = n_valid[:, None] & ((k0 + 16 * b) < k_end)[None, :]
-        sbyte = tl.load(
-            scales_ptr + w_row[:, None] * (K // 16) + (k0 // 16 + b)[None, :],
-            mask=b_mask,
-            other=0,
-        )
-        scale = e4m3_valid_to_f32(sbyte.to(tl.int32)) * E2M1_PAIR_UNSCALE  # [BLOCK_N, BLOCKS]
-        x_even_ptr = x_ptr + row * stride_xm + col
-        x_even = tl.load(x_even_ptr, mask=k_mask, other=0.0).to(tl.float32)
-        x_odd = tl.load(x_even_ptr + 1, mask=k_mask, other=0.0).to(tl.float32)
-        part = x_even[None, :] * lo + x_odd[None, :] * hi  # [BLOCK_N, HALF]
-        per_block = tl.sum(tl.reshape(part, (BLOCK_N, BLOCKS, 8)), axis=2)
-        acc += tl.sum(per_block * scale, axis=1)
+        b_in = (k0 + 16 * b) < k_end  # [BLOCKS]
+        w_mask = n_valid[:, None, None] & b_in[None, :, None]
+        word = tl.load(word_rows + k0 // 8, mask=w_mask, other=0)
+        v0, v1, v2, v3, v4, v5, v6, v7 = e2m1_word_scaled(word)  # values * 2^-14
+        sbyte = tl.load(s_rows + k0 // 16, mask=n_valid[:, None] & b_in[None, :], other=0)
+        scale = e4m3_valid_to_f32(sbyte.to(tl.int32)) * E2M1_UNSCALE  # [BN, BLOCKS]
+        xw = x_row + k0
+        xm = b_in[:, None]
+        part = tl.load(xw, mask=xm, other=0.0).to(tl.float32) * v0
+        part += tl.load(xw + 1, mask=xm, other=0.0).to(tl.float32) * v1
+        part += tl.load(xw + 2, mask=xm, other=0.0).to(tl.float32) * v2
+        part += tl.load(xw + 3, mask=xm, other=0.0).to(tl.float32) * v3
+        part += tl.load(xw + 4, mask=xm, other=0.0).to(tl.float32) * v4
+        part += tl.load(xw + 5, mask=xm, other=0.0).to(tl.float32) * v5
+        part += tl.load(xw + 6, mask=xm, other=0.0).to(tl.float32) * v6
+        part += tl.load(xw + 7, mask=xm, other=0.0).to(tl.float32) * v7
+        acc += tl.sum(part, axis=2) * scale
+    acc1 = tl.sum(acc, axis=1)  # [BLOCK_N]
 
     g = tl.load(row_g_ptr + w_row, mask=n_valid, other=0.0)
-    y = tl.where(valid, acc * g, 0.0)  # exactly zero for an out-of-range id
+    y = tl.where(valid, acc1 * g, 0.0)  # exactly zero for an out-of-range id
     tl.store(out_ptr + row * stride_om + n, round_out(y, out_ptr.dtype.element_ty), mask=n_mask)
 
 

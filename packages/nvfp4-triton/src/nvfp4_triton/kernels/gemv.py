@@ -1,24 +1,28 @@
 """W4A16 decode: ``y[m, n] = (sum_k x[m, k] * w[n, k]) * row_g[n]`` for a few rows of x.
 
 Decode is bound by how fast the weight streams from memory, so the kernel is built around
-reading every weight byte once, at full width, from enough programs to fill the GPU:
+reading every weight byte once, at full width, from enough programs to fill the GPU, and
+spending as few instructions per byte as it can (``benchmarks/triton_sass.py`` counts them
+in the compiled code; an H200 at 80 % of its bandwidth can issue about 8.7 per byte):
 
 * a program owns ``BLOCK_N`` weight rows (output columns) and one slice of K; it walks its
-  slice in chunks of ``BLOCK_K`` elements (``BLOCK_K / 2`` bytes per row: contiguous,
-  coalesced loads), decodes the chunk in registers and multiplies it by all ``BLOCK_M``
-  rows of x at once, so the weight is read once whatever M is (up to ``BLOCK_M`` = 16);
-* the decode is what the inner loop pays per weight byte, so it is kept minimal: the codes
-  become float32 ``e2m1 * 2^-14`` by a few integer operations
-  (:func:`~nvfp4_triton.codec.e2m1_pair_scaled`), each 16-element block's products are
-  summed first, and the block's E4M3 scale (times ``2^14``, exact) multiplies that sum
-  once: one scale decode and one multiply per block and row of x instead of per element;
+  slice in chunks of ``BLOCK_K`` elements and multiplies each decoded chunk by all
+  ``BLOCK_M`` rows of x at once, so the weight is read once whatever M is (up to 16);
+* the codes are read as little-endian int32 words (8 codes, 2 words per 16-element block)
+  and decoded 8 at a time into float32 ``e2m1 * 2^-14``
+  (:func:`~nvfp4_triton.codec.e2m1_word_scaled`: a few integer operations per word and a
+  float16 -> float32 conversion per code); word ``w`` of block ``b`` holds elements
+  ``16 b + 8 w + r``, ``r = 0..7``, multiplied by the matching elements of x;
+* a chunk is a ``[BLOCK_N, BLOCKS, 2]`` tensor of words, so a block's two words are one
+  thread's: its products are summed inside the thread, its E4M3 scale (times ``2^14``,
+  exact) multiplies that sum once, and the result is added to a per-block accumulator
+  that is reduced across threads once, after the loop. With one row of x every tensor keeps
+  the layout of the word load, so nothing moves between threads inside the loop;
 * **split-K**: when ``N / BLOCK_N`` programs are too few to fill the device, K is cut into
   ``SPLIT_K`` slices (grid axis 1). Each slice writes float32 partial sums to a workspace
   ``[SPLIT_K, M, N]`` and :func:`splitk_reduce_kernel` adds them in slice order (the
   result is deterministic: no atomics), applies the global and rounds to the output dtype.
-  Without a split the GEMV kernel does that epilogue itself;
-* the even and odd elements of a chunk are multiplied separately by the low and high
-  nibbles (no nibble interleaving): ``x[m, 2j] * lo[n, j] + x[m, 2j+1] * hi[n, j]``.
+  Without a split the GEMV kernel does that epilogue itself.
 
 Grid: ``(cdiv(N, BLOCK_N), SPLIT_K)``.
 """
@@ -28,7 +32,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..codec import E2M1_PAIR_UNSCALE, e2m1_pair_scaled, e4m3_valid_to_f32, round_out
+from ..codec import E2M1_UNSCALE, e2m1_word_scaled, e4m3_valid_to_f32, round_out
 
 __all__ = ["gemv_kernel", "splitk_reduce_kernel"]
 
@@ -51,7 +55,6 @@ def gemv_kernel(
     BLOCK_K: tl.constexpr,
     PARTIAL: tl.constexpr,
 ):
-    HALF: tl.constexpr = BLOCK_K // 2
     BLOCKS: tl.constexpr = BLOCK_K // 16  # 16-element scale blocks per chunk
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -60,52 +63,67 @@ def gemv_kernel(
     n_mask = n < N
     m = tl.arange(0, BLOCK_M).to(tl.int64)  # rows of x
     m_mask = m < M
-    j = tl.arange(0, HALF)  # byte j of a chunk: elements 2j (low nibble) and 2j+1 (high)
-    b = tl.arange(0, BLOCKS)  # scale block b of a chunk: bytes 8b .. 8b+7
+    b = tl.arange(0, BLOCKS)  # scale block b of a chunk
+    wi = tl.arange(0, 2)  # word wi of a block: elements 8 wi .. 8 wi + 7 of the block
 
     # This program's slice of K: [k_lo, k_hi). K is a multiple of 16 and k_lo of BLOCK_K,
-    # so an element 2j is in range exactly when 2j + 1 is, and a block is either wholly in
-    # range or wholly out.
+    # so a 16-element block is either wholly in range or wholly out.
     k_lo = pid_s * K_SPLIT
     k_hi = tl.minimum(K, k_lo + K_SPLIT)
 
-    # Loop-invariant parts of the addresses: each weight row's first byte and first scale,
-    # each x row's even elements. The chunk at k0 (a multiple of 16) starts at byte k0 // 2
-    # and scale k0 // 16 of its rows.
-    w_rows = codes_ptr + n[:, None] * (K // 2)
-    s_rows = scales_ptr + n[:, None] * (K // 16)
-    x_rows = x_ptr + m[:, None] * stride_xm + 2 * j[None, :]
+    # Loop-invariant addresses. Row n of the codes is K / 8 words (K / 2 bytes, a multiple
+    # of 8); the chunk at k0 (a multiple of 16) starts at word k0 // 8 and scale k0 // 16;
+    # block b of the chunk is words 2b, 2b + 1 and scale b. x's word-aligned elements:
+    # element 0 of word wi of block b is 16 b + 8 wi.
+    words = codes_ptr.to(tl.pointer_type(tl.int32))
+    word_rows = words + n[:, None, None] * (K // 8) + (2 * b)[None, :, None]
+    word_rows += wi[None, None, :]  # [BLOCK_N, BLOCKS, 2]
+    s_rows = scales_ptr + n[:, None] * (K // 16) + b[None, :]  # [BLOCK_N, BLOCKS]
+    x_rows = x_ptr + m[:, None, None] * stride_xm + (16 * b)[None, :, None]
+    x_rows += (8 * wi)[None, None, :]  # [BLOCK_M, BLOCKS, 2]
 
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCKS), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        k_mask = (k0 + 2 * j) < k_hi  # element 2j of the chunk (and so 2j + 1) in range
-        w_mask = n_mask[:, None] & k_mask[None, :]
-        byte = tl.load(w_rows + (k0 // 2 + j)[None, :], mask=w_mask, other=0)
-        lo, hi = e2m1_pair_scaled(byte.to(tl.int32))  # [BLOCK_N, HALF], values * 2^-14
-
-        b_mask = n_mask[:, None] & ((k0 + 16 * b) < k_hi)[None, :]
-        sbyte = tl.load(s_rows + (k0 // 16 + b)[None, :], mask=b_mask, other=0)
-        scale = e4m3_valid_to_f32(sbyte.to(tl.int32)) * E2M1_PAIR_UNSCALE  # [BLOCK_N, BLOCKS]
-
-        x_mask = m_mask[:, None] & k_mask[None, :]
-        x_even = tl.load(x_rows + k0, mask=x_mask, other=0.0).to(tl.float32)  # [BLOCK_M, HALF]
-        x_odd = tl.load(x_rows + (k0 + 1), mask=x_mask, other=0.0).to(tl.float32)
-
-        # [BLOCK_M, 1, HALF] x [1, BLOCK_N, HALF]: the products of the chunk; bytes 8b..8b+7
-        # are block b, so viewing the last axis as [BLOCKS, 8] and summing it gives each
-        # block's dot product, which its scale then multiplies once.
-        part = x_even[:, None, :] * lo[None, :, :] + x_odd[:, None, :] * hi[None, :, :]
-        per_block = tl.sum(tl.reshape(part, (BLOCK_M, BLOCK_N, BLOCKS, 8)), axis=3)
-        acc += tl.sum(per_block * scale[None, :, :], axis=2)
+        b_in = (k0 + 16 * b) < k_hi  # [BLOCKS]: block b of the chunk in range
+        w_mask = n_mask[:, None, None] & b_in[None, :, None]
+        word = tl.load(word_rows + k0 // 8, mask=w_mask, other=0)  # [BLOCK_N, BLOCKS, 2]
+        v0, v1, v2, v3, v4, v5, v6, v7 = e2m1_word_scaled(word)  # values * 2^-14
+        sbyte = tl.load(s_rows + k0 // 16, mask=n_mask[:, None] & b_in[None, :], other=0)
+        scale = e4m3_valid_to_f32(sbyte.to(tl.int32)) * E2M1_UNSCALE  # [BN, BLOCKS]
+        xw = x_rows + k0
+        xm = m_mask[:, None, None] & b_in[None, :, None]
+        if BLOCK_M == 1:
+            # decode proper: [BLOCKS, 2] elements of x against [BLOCK_N, BLOCKS, 2] words
+            part = tl.load(xw, mask=xm, other=0.0).to(tl.float32) * v0
+            part += tl.load(xw + 1, mask=xm, other=0.0).to(tl.float32) * v1
+            part += tl.load(xw + 2, mask=xm, other=0.0).to(tl.float32) * v2
+            part += tl.load(xw + 3, mask=xm, other=0.0).to(tl.float32) * v3
+            part += tl.load(xw + 4, mask=xm, other=0.0).to(tl.float32) * v4
+            part += tl.load(xw + 5, mask=xm, other=0.0).to(tl.float32) * v5
+            part += tl.load(xw + 6, mask=xm, other=0.0).to(tl.float32) * v6
+            part += tl.load(xw + 7, mask=xm, other=0.0).to(tl.float32) * v7
+            acc += (tl.sum(part, axis=2) * scale)[None, :, :]
+        else:
+            # [BLOCK_M, 1, BLOCKS, 2] x [1, BLOCK_N, BLOCKS, 2]
+            part = tl.load(xw, mask=xm, other=0.0).to(tl.float32)[:, None] * v0[None]
+            part += tl.load(xw + 1, mask=xm, other=0.0).to(tl.float32)[:, None] * v1[None]
+            part += tl.load(xw + 2, mask=xm, other=0.0).to(tl.float32)[:, None] * v2[None]
+            part += tl.load(xw + 3, mask=xm, other=0.0).to(tl.float32)[:, None] * v3[None]
+            part += tl.load(xw + 4, mask=xm, other=0.0).to(tl.float32)[:, None] * v4[None]
+            part += tl.load(xw + 5, mask=xm, other=0.0).to(tl.float32)[:, None] * v5[None]
+            part += tl.load(xw + 6, mask=xm, other=0.0).to(tl.float32)[:, None] * v6[None]
+            part += tl.load(xw + 7, mask=xm, other=0.0).to(tl.float32)[:, None] * v7[None]
+            acc += tl.sum(part, axis=3) * scale[None, :, :]
+    acc2 = tl.sum(acc, axis=2)  # [BLOCK_M, BLOCK_N]: across the block positions, once
 
     out_mask = m_mask[:, None] & n_mask[None, :]
     if PARTIAL:
         # workspace[pid_s, m, n]: float32 partial sums; the global waits for the reduction
         ws = out_ptr + (pid_s * M + m[:, None]) * N + n[None, :]
-        tl.store(ws, acc, mask=out_mask)
+        tl.store(ws, acc2, mask=out_mask)
     else:
         g = tl.load(row_g_ptr + n, mask=n_mask, other=0.0)
-        y = round_out(acc * g[None, :], out_ptr.dtype.element_ty)
+        y = round_out(acc2 * g[None, :], out_ptr.dtype.element_ty)
         tl.store(out_ptr + m[:, None] * stride_om + n[None, :], y, mask=out_mask)
 
 

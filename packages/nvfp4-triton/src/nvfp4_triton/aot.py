@@ -1,0 +1,247 @@
+"""Compiling the kernels for a GPU target on a machine without one.
+
+Triton compiles for any target it has a backend for without touching a device: NVIDIA
+(``ptxas`` ships with Triton) and AMD (``ld.lld`` likewise). The interpreter, which runs the
+kernels' logic in CI, accepts things a GPU compile refuses (layouts, type mixes, pointer
+casts), so the test suite also compiles every kernel, as the backends launch it, for each
+architecture they support (:data:`TARGETS`), and ``benchmarks/triton_sass.py`` reads the
+compiled NVIDIA code to count instructions per weight byte.
+
+A launch specializes its arguments: every tensor is 16-byte aligned and every integer that is
+a multiple of 16 is marked so (``tt.divisibility``); an integer equal to 1 becomes a constant.
+:func:`compile_kernel` takes the same facts explicitly. :func:`launches` lists one
+representative launch of every kernel for a config, with the arguments ``nvfp4_triton.ops``
+passes (signature types, constexprs, warps and stages).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from .config import KernelConfig
+
+__all__ = ["TARGETS", "Launch", "compile_all", "compile_kernel", "launches"]
+
+#: (backend, arch, warp size) of every architecture a backend of this repository targets:
+#: NVIDIA Ampere, Hopper, Blackwell data-centre and consumer; AMD CDNA3 / CDNA4 (64-lane
+#: wavefronts) and RDNA3 / RDNA4 (32-lane).
+TARGETS: tuple[tuple[str, int | str, int], ...] = (
+    ("cuda", 80, 32),
+    ("cuda", 90, 32),
+    ("cuda", 100, 32),
+    ("cuda", 120, 32),
+    ("hip", "gfx942", 64),
+    ("hip", "gfx950", 64),
+    ("hip", "gfx1100", 32),
+    ("hip", "gfx1201", 32),
+)
+
+_TORCH_TO_TRITON = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+
+
+@dataclass
+class Launch:
+    """One kernel launch: the kernel, its signature (argument name -> Triton type, or
+    ``"constexpr"``), its constexprs, the arguments a launch would mark 16-divisible, and
+    its warps and stages."""
+
+    name: str
+    fn: Any
+    signature: dict[str, str]
+    constexprs: dict[str, Any]
+    divisible: set[str] = field(default_factory=set)
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+def compile_kernel(launch: Launch, target: tuple[str, int | str, int]) -> Any:
+    """Compile ``launch`` for ``target`` (no GPU needed); returns Triton's compiled kernel
+    (``.asm`` holds ``ttgir``, ``llir`` and ``ptx`` / ``cubin`` or ``amdgcn`` / ``hsaco``)."""
+    os.environ.pop("TRITON_INTERPRET", None)
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = list(launch.signature)
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in launch.divisible}
+    src = ASTSource(
+        fn=launch.fn, signature=launch.signature, constexprs=launch.constexprs, attrs=attrs
+    )
+    return triton.compile(
+        src,
+        target=GPUTarget(*target),
+        options={"num_warps": launch.num_warps, "num_stages": launch.num_stages},
+    )
+
+
+def _ptrs(sig: dict[str, str]) -> set[str]:
+    return {k for k, v in sig.items() if v.startswith("*")}
+
+
+def launches(cfg: KernelConfig, dtype: str = "bfloat16", m: int = 1) -> list[Launch]:
+    """A launch of every kernel as ``nvfp4_triton.ops`` makes it for ``cfg``, activations
+    and outputs in ``dtype`` (``"float32"``, ``"float16"``, ``"bfloat16"``), ``m`` rows of x
+    (the GEMV's and the GEMM's tiles depend on it), a weight with N and K multiples of 16."""
+    import triton.language as tl
+
+    from .kernels.dequantize import dequantize_kernel
+    from .kernels.gather import gather_grouped_kernel, gather_rows_kernel
+    from .kernels.gemm import gemm_kernel
+    from .kernels.gemv import gemv_kernel, splitk_reduce_kernel
+    from .kernels.quantize import quantize_kernel
+    from .ops import _dot_dtype_name, _pow2_at_least, gemv_block_k
+
+    t = "*" + _TORCH_TO_TRITON[dtype]
+    dot = getattr(tl, _dot_dtype_name(dtype, cfg))
+    ints = ("N", "K", "stride_xm", "stride_om")
+    out: list[Launch] = []
+
+    def m_arg(sig: dict[str, str], const: dict[str, Any], div: set[str]) -> None:
+        if m == 1:  # a launch turns an integer 1 into a constant
+            sig["M"] = "constexpr"
+            const["M"] = 1
+        elif m % 16 == 0:
+            div.add("M")
+
+    g = cfg.gemv
+    block_m = _pow2_at_least(m)
+    sig = {
+        "x_ptr": t, "codes_ptr": "*u8", "scales_ptr": "*u8", "row_g_ptr": "*fp32",
+        "out_ptr": t, "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
+        "stride_om": "i32", "K_SPLIT": "i32", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
+        "BLOCK_K": "constexpr", "PARTIAL": "constexpr",
+    }  # fmt: skip
+    const: dict[str, Any] = {
+        "BLOCK_M": block_m,
+        "BLOCK_N": g.block_n,
+        "BLOCK_K": gemv_block_k(g.block_k, block_m),
+        "PARTIAL": False,
+    }
+    div = _ptrs(sig) | set(ints) | {"K_SPLIT"}
+    m_arg(sig, const, div)
+    out.append(Launch("gemv", gemv_kernel, sig, const, div, g.num_warps, g.num_stages))
+    sig_p = dict(sig, out_ptr="*fp32")
+    out.append(
+        Launch(
+            "gemv_split_k",
+            gemv_kernel,
+            sig_p,
+            dict(const, PARTIAL=True),
+            set(div),
+            g.num_warps,
+            g.num_stages,
+        )
+    )
+    sig = {
+        "ws_ptr": "*fp32", "row_g_ptr": "*fp32", "out_ptr": t, "M": "i32", "N": "i32",
+        "stride_om": "i32", "SPLIT_K": "constexpr", "BLOCK_N": "constexpr",
+    }  # fmt: skip
+    const = {"SPLIT_K": 4, "BLOCK_N": 1024}
+    div = _ptrs(sig) | {"N", "stride_om"}
+    m_arg(sig, const, div)
+    out.append(Launch("splitk_reduce", splitk_reduce_kernel, sig, const, div, g.num_warps))
+
+    mt = cfg.gemm_tiles(m)
+    sig = {
+        "x_ptr": t, "codes_ptr": "*u8", "scales_ptr": "*u8", "row_g_ptr": "*fp32",
+        "out_ptr": t, "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
+        "stride_om": "i32", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
+        "BLOCK_K": "constexpr", "GROUP_M": "constexpr", "DOT_DTYPE": "constexpr",
+        "FP32_PRECISION": "constexpr",
+    }  # fmt: skip
+    const = {
+        "BLOCK_M": mt.block_m,
+        "BLOCK_N": mt.block_n,
+        "BLOCK_K": mt.block_k,
+        "GROUP_M": mt.group_m,
+        "DOT_DTYPE": dot,
+        "FP32_PRECISION": cfg.fp32_dot_precision,
+    }
+    div = _ptrs(sig) | set(ints)
+    m_arg(sig, const, div)
+    out.append(Launch("gemm", gemm_kernel, sig, const, div, mt.num_warps, mt.num_stages))
+
+    d = cfg.dequant
+    sig = {
+        "codes_ptr": "*u8", "scales_ptr": "*u8", "row_g_ptr": "*fp32", "out_ptr": t,
+        "rows": "i32", "K": "i32", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
+    }  # fmt: skip
+    const = {"BLOCK_N": d.block_n, "BLOCK_K": d.block_k}
+    out.append(
+        Launch("dequantize", dequantize_kernel, sig, const, _ptrs(sig) | {"rows", "K"}, d.num_warps)
+    )
+
+    ga = cfg.gather
+    sig = {
+        "x_ptr": t, "ids_ptr": "*i32", "codes_ptr": "*u8", "scales_ptr": "*u8",
+        "row_g_ptr": "*fp32", "out_ptr": t, "N": "i32", "K": "i32", "E": "i32",
+        "stride_xm": "i32", "stride_om": "i32", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
+    }  # fmt: skip
+    const = {"BLOCK_N": ga.rows_block_n, "BLOCK_K": ga.rows_block_k}
+    div = _ptrs(sig) | set(ints)
+    out.append(Launch("gather_rows", gather_rows_kernel, sig, const, div, ga.num_warps))
+    sig = {
+        "x_ptr": t, "ids_ptr": "*i32", "perm_ptr": "*i64", "tile_expert_ptr": "*i64",
+        "tile_start_ptr": "*i64", "tile_end_ptr": "*i64", "codes_ptr": "*u8",
+        "scales_ptr": "*u8", "row_g_ptr": "*fp32", "out_ptr": t, "N": "i32", "K": "i32",
+        "E": "i32", "stride_xm": "i32", "stride_om": "i32", "BLOCK_M": "constexpr",
+        "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "DOT_DTYPE": "constexpr",
+        "FP32_PRECISION": "constexpr", "HAS_PERM": "constexpr",
+    }  # fmt: skip
+    const = {
+        "BLOCK_M": ga.block_m,
+        "BLOCK_N": ga.block_n,
+        "BLOCK_K": ga.block_k,
+        "DOT_DTYPE": dot,
+        "FP32_PRECISION": cfg.fp32_dot_precision,
+        "HAS_PERM": True,
+    }
+    div = _ptrs(sig) | set(ints)
+    out.append(
+        Launch(
+            "gather_grouped", gather_grouped_kernel, sig, const, div, ga.num_warps, ga.num_stages
+        )
+    )
+
+    q = cfg.quant
+    sig = {
+        "x_ptr": t, "g_ptr": "*fp32", "codes_ptr": "*u8", "scales_ptr": "*u8",
+        "band_ptr": "*i64", "M": "i32", "K": "i32", "stride_xm": "i32", "BAND_STRIDE": "i32",
+        "BLOCK_M": "constexpr", "BLOCK_KB": "constexpr", "SWIZZLED": "constexpr",
+    }  # fmt: skip
+    for swizzled in (False, True):
+        const = {"BLOCK_M": q.block_m, "BLOCK_KB": q.block_kb, "SWIZZLED": swizzled}
+        div = _ptrs(sig) | {"K", "stride_xm", "BAND_STRIDE"}
+        name = "quantize_swizzled" if swizzled else "quantize"
+        out.append(Launch(name, quantize_kernel, dict(sig), const, div, q.num_warps))
+    return out
+
+
+def compile_all(
+    targets: list[tuple[tuple[str, int | str, int], KernelConfig]],
+    dtypes: tuple[str, ...] = ("bfloat16",),
+    rows: tuple[int, ...] = (1,),
+) -> list[str]:
+    """Compile every kernel's launch for each (target, config), activation dtype and number of
+    rows of x; returns one line per failure (kernel, target, dtype, rows, the compiler's
+    message) - empty when everything compiled. Needs ``TRITON_INTERPRET`` unset *before*
+    the kernels are imported (under the interpreter they are not compilable objects): run
+    it in a fresh process."""
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        raise RuntimeError("compile_all needs TRITON_INTERPRET unset (run it in a new process)")
+    failures = []
+    for target, cfg in targets:
+        for dtype in dtypes:
+            for m in rows:
+                for launch in launches(cfg, dtype, m):
+                    try:
+                        compile_kernel(launch, target)
+                    except Exception as e:  # reported, with the compiler's message
+                        msg = " ".join(str(e).split())[:400]
+                        failures.append(
+                            f"{launch.name} for {target[0]}:{target[1]} ({dtype}, M={m}): "
+                            f"{type(e).__name__}: {msg}"
+                        )
+    return failures
