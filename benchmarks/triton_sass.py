@@ -108,8 +108,8 @@ def loop_profile(cubin: bytes, workdir: Path) -> dict[str, Any]:
 
 
 def cases(arch: int, quick: bool) -> list[tuple[int, Any]]:
-    """(M, launch) of the GEMV at M = 1, 2, 4, 8, 16, the GEMM at M = 1 and 16 (its tile
-    covers 16 rows) and the MoE per-row gather, as ``nvfp4_triton.ops`` launches them with
+    """(M, launch) of the GEMV at M = 1, 2, 4, 8, 16, the GEMM at M = 1 and 16 (its small
+    tile covers 16 rows) and 2048 (the prefill tile) and the MoE per-row gather, as ``nvfp4_triton.ops`` launches them with
     the backend's tiles."""
     from nvfp4_cuda.configs import config_for
     from nvfp4_triton.aot import launches
@@ -118,7 +118,7 @@ def cases(arch: int, quick: bool) -> list[tuple[int, Any]]:
     out = []
     for m in (1,) if quick else (1, 2, 4, 8, 16):
         out.append((m, next(x for x in launches(cfg, "bfloat16", m) if x.name == "gemv")))
-    for m in (1,) if quick else (1, 16):
+    for m in (1,) if quick else (1, 16, 2048):  # the small-M tile, and the prefill tile
         out.append((m, next(x for x in launches(cfg, "bfloat16", m) if x.name == "gemm")))
     # MoE decode: one program per routed row streams that row's expert like the GEMV
     out.append((1, next(x for x in launches(cfg, "bfloat16", 1) if x.name == "gather_rows")))

@@ -11,8 +11,8 @@ from nvfp4_cuda import dispatch
     ("m", "cap", "want"),
     [
         (1, (9, 0), "gemv"),
-        (8, (9, 0), "gemv"),
-        (9, (9, 0), "gemm"),
+        (4, (9, 0), "gemv"),
+        (5, (9, 0), "gemm"),
         (1023, (9, 0), "gemm"),
         (1024, (9, 0), "dequant_matmul"),
         (4096, (10, 0), "dequant_matmul"),

@@ -29,7 +29,9 @@ def test_import_needs_neither_torch_nor_triton() -> None:
         (lambda: NVIDIA_LIKE.with_(lanes=48), "lanes"),
         (lambda: NVIDIA_LIKE.with_(fp32_dot_precision="tf32"), "tf32"),
         # 32 wavefronts of 64 lanes = 2048 threads: more than a program may have
-        (lambda: AMD_LIKE.with_(gemm=GemmTiles(16, 16, 32, num_warps=32)), "2048 threads"),
+        (lambda: AMD_LIKE.with_(gemm=GemmTiles(16, 16, 128, num_warps=32)), "2048 threads"),
+        # the GEMM's chunk is 16 code words at least (a 16-bit tl.dot's inner size)
+        (lambda: GemmTiles(block_m=16, block_n=16, block_k=64), "gemm.block_k"),
     ],
 )
 def test_config_refuses(make: object, match: str) -> None:
@@ -38,7 +40,7 @@ def test_config_refuses(make: object, match: str) -> None:
 
 
 def test_same_warps_fit_32_lanes() -> None:
-    cfg = NVIDIA_LIKE.with_(gemm=GemmTiles(16, 16, 32, num_warps=32))  # 1024 threads: fine
+    cfg = NVIDIA_LIKE.with_(gemm=GemmTiles(16, 16, 128, num_warps=32))  # 1024 threads: fine
     assert cfg.gemm.num_warps == 32
 
 

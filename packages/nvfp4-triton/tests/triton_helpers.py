@@ -67,11 +67,11 @@ NVIDIA_LIKE = KernelConfig(
     name="test-nvidia",
     lanes=32,
     gemv=GemvTiles(block_n=16, block_k=128, num_warps=4, split_k_programs=8, max_split_k=4),
-    gemm=GemmTiles(block_m=16, block_n=32, block_k=64, group_m=2, num_warps=4),
+    gemm=GemmTiles(block_m=16, block_n=32, block_k=128, group_m=2, num_warps=4),
     dequant=DequantTiles(block_n=16, block_k=64, num_warps=4),
     quant=QuantTiles(block_m=8, block_kb=4, num_warps=4),
     gather=GatherTiles(
-        block_m=16, block_n=16, block_k=64, rows_block_n=16, rows_block_k=64, num_warps=4
+        block_m=16, block_n=16, block_k=128, rows_block_n=16, rows_block_k=64, num_warps=4
     ),
     dot_in_float32=True,  # the interpreter's tl.dot mishandles bfloat16 operands
 )
@@ -82,13 +82,13 @@ AMD_LIKE = KernelConfig(
     name="test-gfx942",
     lanes=64,
     gemv=GemvTiles(block_n=32, block_k=64, num_warps=2, split_k_programs=4, max_split_k=8),
-    gemm=GemmTiles(block_m=32, block_n=16, block_k=32, group_m=4, num_warps=4),
+    gemm=GemmTiles(block_m=32, block_n=16, block_k=128, group_m=4, num_warps=4),
     gemm_small=GemmTiles(block_m=16, block_n=16, block_k=128, group_m=1, num_warps=2),
     small_m=16,
     dequant=DequantTiles(block_n=8, block_k=128, num_warps=2),
     quant=QuantTiles(block_m=4, block_kb=8, num_warps=2),
     gather=GatherTiles(
-        block_m=32, block_n=16, block_k=32, rows_block_n=32, rows_block_k=128, num_warps=2
+        block_m=32, block_n=16, block_k=128, rows_block_n=32, rows_block_k=128, num_warps=2
     ),
     dot_in_float32=True,
 )

@@ -39,7 +39,7 @@ AMPERE = KernelConfig(
     name="sm_80",
     lanes=32,
     gemv=GemvTiles(block_n=16, block_k=512, num_warps=4, num_stages=2),
-    gemm=GemmTiles(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3),
+    gemm=GemmTiles(block_m=128, block_n=128, block_k=128, group_m=8, num_warps=8, num_stages=3),
     gemm_small=GemmTiles(block_m=16, block_n=64, block_k=128, group_m=8, num_warps=4, num_stages=3),
     dequant=DequantTiles(block_n=16, block_k=256, num_warps=4),
     quant=QuantTiles(block_m=16, block_kb=8, num_warps=4),
@@ -55,7 +55,7 @@ HOPPER = replace(
     AMPERE,
     name="sm_90",
     gemv=GemvTiles(block_n=16, block_k=512, num_warps=4, num_stages=3),
-    gemm=GemmTiles(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=4),
+    gemm=GemmTiles(block_m=128, block_n=128, block_k=128, group_m=8, num_warps=8, num_stages=4),
 )
 
 #: Blackwell data centre (sm_100, sm_103): W4A16 as on Hopper; W4A4 through torch's FP4

@@ -11,10 +11,10 @@ W4A16 ``qmm`` (x float32 / float16 / bfloat16, weight NVFP4):
 =========================  ==================  =====================  ======================
 capability                 ``gemv``            ``gemm``               ``dequant_matmul``
 =========================  ==================  =====================  ======================
-8.x Ampere / Ada           M <= 8              8 < M < 1024           M >= 1024
-9.0 Hopper                 M <= 8              8 < M < 1024           M >= 1024
-10.x Blackwell (B200...)   M <= 8              8 < M < 1024           M >= 1024
-12.x Blackwell (RTX 50..)  M <= 8              8 < M < 1024           M >= 1024
+8.x Ampere / Ada           M <= 4              4 < M < 1024           M >= 1024
+9.0 Hopper                 M <= 4              4 < M < 1024           M >= 1024
+10.x Blackwell (B200...)   M <= 4              4 < M < 1024           M >= 1024
+12.x Blackwell (RTX 50..)  M <= 4              4 < M < 1024           M >= 1024
 interpreter (CPU)          M <= 16             M > 16                 never (CPU torch)
 =========================  ==================  =====================  ======================
 
@@ -22,14 +22,14 @@ Why these shapes of rule (what the measurements must confirm or move):
 
 * ``gemv`` streams the weight once for up to 16 rows of x with CUDA-core FMAs; decode is
   bandwidth-bound, so it wins while M is small. Published NVFP4 decode GEMVs reach 61-73 %
-  of DRAM bandwidth, good streaming GEMVs 82-94 % (research notes, section 1). At
-  ``M > 8`` the per-weight-byte work (M FMAs per element) starts to rival the load, and the
-  tensor-core ``gemm`` (its small-M tiles, ``BLOCK_M = 16``) takes over. The one
-  measurement behind this crossover so far is static: the instructions each kernel's K
-  loop spends per weight byte in its compiled sm_90 code (``benchmarks/triton_sass.py``,
-  ``docs/benchmark_results/triton_sass.md``): GEMV 12.8 / 17.7 / 24.5 / 40.2 / 77.8 at
-  M = 1 / 2 / 4 / 8 / 16, GEMM 47.9 for any M up to its 16-row tile - the GEMV is cheaper
-  through M = 8 and dearer at 16.
+  of DRAM bandwidth, good streaming GEMVs 82-94 % (research notes, section 1). Its work per
+  weight byte grows with M (M FMAs per element) while the tensor-core ``gemm``'s does not
+  (its small-M tile covers 16 rows). The one measurement behind the crossover so far is
+  static: the instructions each kernel's K loop spends per weight byte in its compiled
+  sm_90 code (``benchmarks/triton_sass.py``, ``docs/benchmark_results/triton_sass.md``):
+  GEMV 12.8 / 17.7 / 24.5 / 40.2 at M = 1 / 2 / 4 / 8, GEMM 20.1 for any M up to 16. The
+  GEMM is cheaper per byte from M = 4 on, but its grid has no split-K (``N / 64`` programs:
+  64 for N = 4096, half an H200), so the GEMV keeps M <= 4.
 * ``gemm`` dequantizes each weight tile in registers inside the K loop (no dense weight in
   memory): it moves 0.56 bytes per weight element against ~4.5 for dequantize-then-matmul
   (research notes, section 3), so it wins at moderate M.
@@ -102,7 +102,15 @@ class Crossovers:
     source: str = "provisional: reasoned from published figures, not measured"
 
 
-_GPU = Crossovers(gemv_max_m=8, dense_min_m=1024)
+_GPU = Crossovers(
+    gemv_max_m=4,
+    dense_min_m=1024,
+    source=(
+        "provisional: gemv_max_m from static instruction counts of the compiled sm_90 "
+        "kernels (benchmarks/triton_sass.py); dense_min_m reasoned from published figures; "
+        "no GPU timing yet"
+    ),
+)
 
 #: Compute capability major (or "interpreter") -> crossovers.
 TABLE: dict[Any, Crossovers] = {

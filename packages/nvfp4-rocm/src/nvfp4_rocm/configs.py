@@ -137,7 +137,7 @@ CDNA3 = Family(
     archs=("gfx940", "gfx941", "gfx942"),
     products="Instinct MI300A, MI300X, MI325X",
     typical_cus=304,
-    config=_tiles("cdna3", 64, 64, (128, 128, 64), 512),
+    config=_tiles("cdna3", 64, 64, (128, 128, 128), 512),
 )
 
 #: CDNA4: Instinct MI350X / MI355X. 160 KB of LDS per CU: a wider GEMM tile, three stages.
@@ -149,7 +149,7 @@ CDNA4 = Family(
     archs=("gfx950",),
     products="Instinct MI350X, MI355X",
     typical_cus=256,
-    config=_tiles("cdna4", 64, 160, (128, 256, 64), 512),
+    config=_tiles("cdna4", 64, 160, (128, 256, 128), 512),
 )
 
 #: RDNA3 / RDNA3.5: Radeon RX 7000, Radeon PRO W7000, Ryzen AI APUs (gfx1150/1151).
@@ -160,7 +160,7 @@ RDNA3 = Family(
     archs=("gfx1100", "gfx1101", "gfx1102", "gfx1103", "gfx1150", "gfx1151", "gfx1152", "gfx1153"),
     products="Radeon RX 7000 / PRO W7000, Ryzen AI (RDNA3.5)",
     typical_cus=96,
-    config=_tiles("rdna3", 32, 64, (64, 64, 64), 128),
+    config=_tiles("rdna3", 32, 64, (64, 64, 128), 128),
 )
 
 #: RDNA4: Radeon RX 9000. wave32; the same tile shapes as RDNA3 until measured.
@@ -170,7 +170,7 @@ RDNA4 = Family(
     archs=("gfx1200", "gfx1201"),
     products="Radeon RX 9000",
     typical_cus=64,
-    config=_tiles("rdna4", 32, 64, (64, 64, 64), 128),
+    config=_tiles("rdna4", 32, 64, (64, 64, 128), 128),
 )
 
 #: Every considered family, by key.

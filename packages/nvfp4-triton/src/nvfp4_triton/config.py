@@ -89,7 +89,7 @@ class GemmTiles:
     def __post_init__(self) -> None:
         _pow2("gemm.block_m", self.block_m, 16)
         _pow2("gemm.block_n", self.block_n, 16)
-        _pow2("gemm.block_k", self.block_k, 32)
+        _pow2("gemm.block_k", self.block_k, 128)  # 16 code words: a 16-bit tl.dot's inner size
         _pow2("gemm.group_m", self.group_m)
         _warps("gemm", self.num_warps, self.num_stages)
 

@@ -1,23 +1,14 @@
-"""Helpers shared by the kernels: decoding a tile of packed bytes, and ``tl.dot``."""
+"""Helpers shared by the tensor-core kernels: ``tl.dot`` in float32, and a K chunk given as
+code words multiplied into an accumulator."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from ..codec import e2m1_to_f32, e4m3_valid_to_f32
+from ..codec import E2M1_UNSCALE, e2m1_word_scaled, e4m3_valid_to_f32
 
-__all__ = ["decode_pair", "dot_acc"]
-
-
-@triton.jit
-def decode_pair(byte, scale_byte):
-    """Packed code bytes and the scale byte of each (same shape, int32) -> the values of the
-    even (low nibble) and odd (high nibble) elements, ``e2m1 * e4m3`` in float32. The
-    product is exact: at most 2 x 4 significant bits, so it is also exact in bfloat16 and
-    float16 (the smallest, 0.5 * 2^-9, and the largest, 6 * 448, are in range)."""
-    scale = e4m3_valid_to_f32(scale_byte)  # validated planes: bytes 0x00..0x7E
-    return e2m1_to_f32(byte & 15) * scale, e2m1_to_f32(byte >> 4) * scale
+__all__ = ["dot_acc", "dot_words"]
 
 
 @triton.jit
@@ -29,3 +20,70 @@ def dot_acc(a, b, acc, FP32_PRECISION: tl.constexpr):
         return tl.dot(a, b, acc, input_precision=FP32_PRECISION)
     else:
         return tl.dot(a, b, acc)
+
+
+@triton.jit
+def dot_words(
+    x_ptrs, x_mask, word, scale_byte, acc, DOT_DTYPE: tl.constexpr, FP32_PRECISION: tl.constexpr
+):
+    """``acc + x_chunk @ w_chunk`` for one K chunk given as code words, in float32.
+
+    ``word`` is ``[WORDS, BLOCK_N]`` int32 (word ``w`` of column ``n`` holds the codes of
+    elements ``8w .. 8w + 7`` of the chunk) and ``scale_byte`` the ``[WORDS, BLOCK_N]`` scale
+    byte of each word's block; ``x_ptrs`` / ``x_mask`` address element ``8w`` of the chunk
+    in every row of x (``[BLOCK_M, WORDS]``). The chunk's product is the sum over ``r`` of
+    ``x[:, 8w + r] @ value_r[w, n]``: eight dots of inner size ``WORDS`` (at least 16 for
+    a 16-bit ``tl.dot``, so a chunk is at least 128 elements). Each word is decoded once
+    (:func:`~nvfp4_triton.codec.e2m1_word_scaled`) and its values multiplied by the
+    block's scale times 2^14: the exact ``e2m1 * e4m3``, exact in every ``DOT_DTYPE``."""
+    scale = e4m3_valid_to_f32(scale_byte) * E2M1_UNSCALE
+    v0, v1, v2, v3, v4, v5, v6, v7 = e2m1_word_scaled(word)
+    acc = dot_acc(
+        tl.load(x_ptrs, mask=x_mask, other=0.0).to(DOT_DTYPE),
+        (v0 * scale).to(DOT_DTYPE),
+        acc,
+        FP32_PRECISION,
+    )
+    acc = dot_acc(
+        tl.load(x_ptrs + 1, mask=x_mask, other=0.0).to(DOT_DTYPE),
+        (v1 * scale).to(DOT_DTYPE),
+        acc,
+        FP32_PRECISION,
+    )
+    acc = dot_acc(
+        tl.load(x_ptrs + 2, mask=x_mask, other=0.0).to(DOT_DTYPE),
+        (v2 * scale).to(DOT_DTYPE),
+        acc,
+        FP32_PRECISION,
+    )
+    acc = dot_acc(
+        tl.load(x_ptrs + 3, mask=x_mask, other=0.0).to(DOT_DTYPE),
+        (v3 * scale).to(DOT_DTYPE),
+        acc,
+        FP32_PRECISION,
+    )
+    acc = dot_acc(
+        tl.load(x_ptrs + 4, mask=x_mask, other=0.0).to(DOT_DTYPE),
+        (v4 * scale).to(DOT_DTYPE),
+        acc,
+        FP32_PRECISION,
+    )
+    acc = dot_acc(
+        tl.load(x_ptrs + 5, mask=x_mask, other=0.0).to(DOT_DTYPE),
+        (v5 * scale).to(DOT_DTYPE),
+        acc,
+        FP32_PRECISION,
+    )
+    acc = dot_acc(
+        tl.load(x_ptrs + 6, mask=x_mask, other=0.0).to(DOT_DTYPE),
+        (v6 * scale).to(DOT_DTYPE),
+        acc,
+        FP32_PRECISION,
+    )
+    acc = dot_acc(
+        tl.load(x_ptrs + 7, mask=x_mask, other=0.0).to(DOT_DTYPE),
+        (v7 * scale).to(DOT_DTYPE),
+        acc,
+        FP32_PRECISION,
+    )
+    return acc

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from ..codec import E2M1_UNSCALE, e2m1_word_scaled, e4m3_valid_to_f32, round_out
-from .common import decode_pair, dot_acc
+from .common import dot_words
 
 __all__ = ["gather_grouped_kernel", "gather_rows_kernel"]
 
@@ -127,7 +127,7 @@ def gather_grouped_kernel(
     HAS_PERM: tl.constexpr,
 ):
     """Grid: ``(T, cdiv(N, BLOCK_N))``."""
-    HALF: tl.constexpr = BLOCK_K // 2
+    WORDS: tl.constexpr = BLOCK_K // 8  # int32 code words per weight row of a chunk
     t = tl.program_id(0)
     n = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n < N
@@ -155,26 +155,23 @@ def gather_grouped_kernel(
     row_id = tl.load(ids_ptr + row, mask=pos_mask, other=-1).to(tl.int64)
     row_ok = pos_mask & (row_id == expert)
 
+    # The chunk loop is the GEMM's (see nvfp4_triton.kernels.gemm): code words, eight dots.
     w_row = safe * N + n
-    j = tl.arange(0, HALF)
+    w = tl.arange(0, WORDS)
+    words = codes_ptr.to(tl.pointer_type(tl.int32))
+    word_cols = words + w_row[None, :] * (K // 8) + w[:, None]  # [WORDS, BLOCK_N]
+    scale_cols = scales_ptr + w_row[None, :] * (K // 16) + (w // 2)[:, None]
+    x_rows = x_ptr + row[:, None] * stride_xm + (8 * w)[None, :]  # [BLOCK_M, WORDS]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, k_end, BLOCK_K):
-        col = k0 + 2 * j
-        k_mask = col < K
-        x_mask = row_ok[:, None] & k_mask[None, :]
-        x_even_ptr = x_ptr + row[:, None] * stride_xm + col[None, :]
-        x_even = tl.load(x_even_ptr, mask=x_mask, other=0.0).to(DOT_DTYPE)
-        x_odd = tl.load(x_even_ptr + 1, mask=x_mask, other=0.0).to(DOT_DTYPE)
-        w_mask = k_mask[:, None] & n_valid[None, :]
-        byte = tl.load(
-            codes_ptr + w_row[None, :] * (K // 2) + (col // 2)[:, None], mask=w_mask, other=0
-        )  # [HALF, BLOCK_N]
-        sbyte = tl.load(
-            scales_ptr + w_row[None, :] * (K // 16) + (col // 16)[:, None], mask=w_mask, other=0
+        w_in = (k0 + 8 * w) < k_end
+        w_mask = w_in[:, None] & n_valid[None, :]
+        word = tl.load(word_cols + k0 // 8, mask=w_mask, other=0)
+        sbyte = tl.load(scale_cols + k0 // 16, mask=w_mask, other=0)
+        x_mask = row_ok[:, None] & w_in[None, :]
+        acc = dot_words(
+            x_rows + k0, x_mask, word, sbyte.to(tl.int32), acc, DOT_DTYPE, FP32_PRECISION
         )
-        w_even, w_odd = decode_pair(byte.to(tl.int32), sbyte.to(tl.int32))
-        acc = dot_acc(x_even, w_even.to(DOT_DTYPE), acc, FP32_PRECISION)
-        acc = dot_acc(x_odd, w_odd.to(DOT_DTYPE), acc, FP32_PRECISION)
 
     g = tl.load(row_g_ptr + w_row, mask=n_valid, other=0.0)
     y = round_out(acc * g[None, :], out_ptr.dtype.element_ty)

@@ -2,16 +2,18 @@
 
 ``y[m, n] = (sum_k x[m, k] * w[n, k]) * row_g[n]`` with no dense weight in memory: every
 program computes a ``BLOCK_M x BLOCK_N`` output tile; for each ``BLOCK_K`` chunk of K it
-loads the chunk's packed bytes and scales ``[BLOCK_K/2, BLOCK_N]`` (already transposed for
-``tl.dot``: byte ``j`` of column ``n`` at ``codes[n, k0/2 + j]``), decodes them in registers
-to ``DOT_DTYPE`` and accumulates two dots in float32::
+loads the chunk's codes as int32 words ``[BLOCK_K/8, BLOCK_N]`` (already transposed for
+``tl.dot``: word ``w`` of column ``n`` at ``codes[n, k0/2 + 4w]``) and one scale byte per
+word, decodes each word's 8 codes at once and accumulates eight dots in float32
+(:func:`~nvfp4_triton.kernels.common.dot_words`)::
 
-    acc += x[:, even k] @ lo   and   acc += x[:, odd k] @ hi
+    acc += x[:, k0 + 8w + r] @ value_r[w, :]     for r = 0 .. 7
 
-The decoded values are exact in bfloat16 and float16 (see
-:func:`~nvfp4_triton.kernels.common.decode_pair`), so with x in bfloat16 / float16 the
-tensor-core products are exact and only the float32 summation order differs from the
-reference. float32 x uses the config's ``FP32_PRECISION``.
+The decoded values ``e2m1 * e4m3`` are exact in bfloat16 and float16 (at most 2 x 4
+significant bits; the smallest, 0.5 * 2^-9, and the largest, 6 * 448, are in range), so
+with x in bfloat16 / float16 the tensor-core products are exact and only the float32
+summation order differs from the reference. float32 x uses the config's ``FP32_PRECISION``.
+A chunk is at least 128 elements (16 words: the inner size of a 16-bit ``tl.dot``).
 
 Programs are numbered in groups of ``GROUP_M`` row tiles: the programs running together
 share weight column tiles, which then come from L2.
@@ -25,7 +27,7 @@ import triton
 import triton.language as tl
 
 from ..codec import round_out
-from .common import decode_pair, dot_acc
+from .common import dot_words
 
 __all__ = ["gemm_kernel"]
 
@@ -49,7 +51,7 @@ def gemm_kernel(
     DOT_DTYPE: tl.constexpr,
     FP32_PRECISION: tl.constexpr,
 ):
-    HALF: tl.constexpr = BLOCK_K // 2
+    WORDS: tl.constexpr = BLOCK_K // 8  # int32 code words per weight row of a chunk
     # Grouped program order: GROUP_M consecutive row tiles sweep the column tiles together.
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
@@ -64,27 +66,25 @@ def gemm_kernel(
     n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask = m < M
     n_mask = n < N
-    j = tl.arange(0, HALF)
+    w = tl.arange(0, WORDS)  # word w of a chunk: elements 8w .. 8w + 7
+
+    # Loop-invariant addresses: row n of the codes is K / 8 int32 words, the chunk at k0 (a
+    # multiple of BLOCK_K) starts at word k0 // 8 and its word w uses scale (k0 + 8w) // 16.
+    words = codes_ptr.to(tl.pointer_type(tl.int32))
+    word_cols = words + n[None, :] * (K // 8) + w[:, None]  # [WORDS, BLOCK_N], transposed
+    scale_cols = scales_ptr + n[None, :] * (K // 16) + (w // 2)[:, None]
+    x_rows = x_ptr + m[:, None] * stride_xm + (8 * w)[None, :]  # [BLOCK_M, WORDS]
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        col = k0 + 2 * j  # the even element of byte j
-        k_mask = col < K
-        x_mask = m_mask[:, None] & k_mask[None, :]
-        x_even_ptr = x_ptr + m[:, None] * stride_xm + col[None, :]
-        x_even = tl.load(x_even_ptr, mask=x_mask, other=0.0).to(DOT_DTYPE)  # [BLOCK_M, HALF]
-        x_odd = tl.load(x_even_ptr + 1, mask=x_mask, other=0.0).to(DOT_DTYPE)
-
-        w_mask = k_mask[:, None] & n_mask[None, :]
-        byte = tl.load(
-            codes_ptr + n[None, :] * (K // 2) + (col // 2)[:, None], mask=w_mask, other=0
-        )  # [HALF, BLOCK_N]
-        sbyte = tl.load(
-            scales_ptr + n[None, :] * (K // 16) + (col // 16)[:, None], mask=w_mask, other=0
+        w_in = (k0 + 8 * w) < K  # [WORDS]: K is a multiple of 16, so a word is in or out
+        w_mask = w_in[:, None] & n_mask[None, :]
+        word = tl.load(word_cols + k0 // 8, mask=w_mask, other=0)
+        sbyte = tl.load(scale_cols + k0 // 16, mask=w_mask, other=0)
+        x_mask = m_mask[:, None] & w_in[None, :]
+        acc = dot_words(
+            x_rows + k0, x_mask, word, sbyte.to(tl.int32), acc, DOT_DTYPE, FP32_PRECISION
         )
-        w_even, w_odd = decode_pair(byte.to(tl.int32), sbyte.to(tl.int32))
-        acc = dot_acc(x_even, w_even.to(DOT_DTYPE), acc, FP32_PRECISION)
-        acc = dot_acc(x_odd, w_odd.to(DOT_DTYPE), acc, FP32_PRECISION)
 
     g = tl.load(row_g_ptr + n, mask=n_mask, other=0.0)
     y = round_out(acc * g[None, :], out_ptr.dtype.element_ty)
