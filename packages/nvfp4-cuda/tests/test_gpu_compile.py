@@ -6,9 +6,7 @@ kernels interpreter objects, which cannot be compiled."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+from nvfp4_triton.aot import run_fresh
 
 SCRIPT = """
 from nvfp4_cuda.configs import config_for
@@ -25,10 +23,6 @@ raise SystemExit(1 if failures else 0)
 
 
 def test_every_kernel_compiles_for_every_nvidia_architecture() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    r = subprocess.run(
-        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=900
-    )
+    r = run_fresh(SCRIPT)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     assert "all compiled" in r.stdout

@@ -13,9 +13,9 @@ from nvfp4 import reference, spec
 from nvfp4_triton.codec import (
     E2M1_UNSCALE,
     clamp_scale,
+    e2m1_code_scaled,
     e2m1_rne_index,
     e2m1_to_f32,
-    e2m1_word_scaled,
     e4m3_rne,
     e4m3_to_f32,
     e4m3_valid_to_f32,
@@ -35,15 +35,9 @@ def _decode_all(byte_ptr, e2m1_ptr, e4m3_ptr, N: tl.constexpr):
 @triton.jit
 def _decode_words(word_ptr, out_ptr, N: tl.constexpr):
     i = tl.arange(0, N)
-    v0, v1, v2, v3, v4, v5, v6, v7 = e2m1_word_scaled(tl.load(word_ptr + i))
-    tl.store(out_ptr + 8 * i, v0)
-    tl.store(out_ptr + 8 * i + 1, v1)
-    tl.store(out_ptr + 8 * i + 2, v2)
-    tl.store(out_ptr + 8 * i + 3, v3)
-    tl.store(out_ptr + 8 * i + 4, v4)
-    tl.store(out_ptr + 8 * i + 5, v5)
-    tl.store(out_ptr + 8 * i + 6, v6)
-    tl.store(out_ptr + 8 * i + 7, v7)
+    word = tl.load(word_ptr + i)
+    for r in tl.static_range(8):
+        tl.store(out_ptr + 8 * i + r, e2m1_code_scaled(word, r))
 
 
 @triton.jit

@@ -17,12 +17,14 @@ passes (signature types, constexprs, warps and stages).
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 from .config import KernelConfig
 
-__all__ = ["TARGETS", "Launch", "compile_all", "compile_kernel", "launches"]
+__all__ = ["TARGETS", "Launch", "compile_all", "compile_kernel", "launches", "run_fresh"]
 
 #: (backend, arch, warp size) of every architecture a backend of this repository targets:
 #: NVIDIA Ampere, Hopper, Blackwell data-centre and consumer; AMD CDNA3 / CDNA4 (64-lane
@@ -245,3 +247,13 @@ def compile_all(
                             f"{type(e).__name__}: {msg}"
                         )
     return failures
+
+
+def run_fresh(code: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    """Run Python ``code`` in a new interpreter without ``TRITON_INTERPRET`` (so the kernels
+    it imports are compilable), for test suites whose own process runs the interpreter."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, made explicit
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout
+    )

@@ -5,7 +5,7 @@ NVIDIA, AMD and the interpreter):
 
 * :func:`e2m1_to_f32` - a 4-bit E2M1 code (0..15) to its float32 value;
 * :func:`e4m3_to_f32` - an FP8 E4M3 byte (0..255) to its float32 value;
-* :func:`e2m1_word_scaled` - the 8 codes of an int32 word (4 code bytes) to float32 values
+* :func:`e2m1_code_scaled` - code ``R`` of int32 words (4 code bytes each) to float32 values
   times ``2^-14`` (:data:`E2M1_UNSCALE` restores them), a few integer operations per code:
   the decoder of the streaming kernels' inner loops, which fold the factor into the block
   scale.
@@ -36,9 +36,9 @@ from nvfp4.spec import E2M1_BOUNDS, E2M1_ODD_BOUNDS, E4M3_MAX, E4M3_MIN_SUBNORMA
 
 __all__ = [
     "E2M1_UNSCALE",
+    "e2m1_code_scaled",
     "e2m1_rne_index",
     "e2m1_to_f32",
-    "e2m1_word_scaled",
     "e4m3_rne",
     "e4m3_to_f32",
     "e4m3_valid_to_f32",
@@ -86,30 +86,23 @@ def e2m1_to_f32(code):
     return (value.to(tl.int32, bitcast=True) | ((code >> 3) << 31)).to(tl.float32, bitcast=True)
 
 
-#: :func:`e2m1_word_scaled` returns E2M1 values times 2^-14; this factor restores them (a power
+#: :func:`e2m1_code_scaled` returns E2M1 values times 2^-14; this factor restores them (a power
 #: of two: folding it into a block scale is exact).
 E2M1_UNSCALE = tl.constexpr(16384.0)
 
 
-# Masks for e2m1_word_scaled, as int32 constants: bits 9..11 and 15 of both 16-bit halves
+# Masks for e2m1_code_scaled, as int32 constants: bits 9..11 and 15 of both 16-bit halves
 # (0x0E000E00 and 0x80008000; the latter written as its signed int32 value).
 _MAG_BITS = tl.constexpr(0x0E000E00)
 _SIGN_BITS = tl.constexpr(0x80008000 - (1 << 32))
 
 
 @triton.jit
-def _f16_halves(pattern):
-    """An int32 holding two float16 bit patterns -> (low half, high half) as float32."""
-    lo = pattern.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    hi = (pattern >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    return lo, hi
-
-
-@triton.jit
-def e2m1_word_scaled(word):
-    """Four code bytes read as one little-endian int32 -> their 8 E2M1 values times 2^-14,
-    float32, exactly, in element order ``(v0, ..., v7)`` (byte ``j`` holds elements ``2j``
-    (low nibble) and ``2j + 1``).
+def e2m1_code_scaled(word, R: tl.constexpr):
+    """Code ``R`` (0..7) of int32 words holding 4 code bytes each (little-endian: byte ``j``
+    holds codes ``2j``, low nibble, and ``2j + 1``) -> its E2M1 value times 2^-14, float32,
+    exactly. Called for ``R = 0..7`` on the same words (``tl.static_range``), the compiler
+    shares the work codes ``R`` and ``R + 4`` have in common.
 
     A float16 is ``s eeeee mmmmmmmmmm`` (bias 15). Writing a code ``s e1 e0 m`` as the
     float16 with sign ``s``, exponent field ``e = e1 e0`` (0..3) and top mantissa bit ``m``
@@ -128,18 +121,18 @@ def e2m1_word_scaled(word):
         nibble 3 (element 3) and nibble 7 (element 7):  >> 3,  as is
 
     so 8 codes cost 4 x (two shifts and two logic operations) plus 8 float16 -> float32
-    conversions, which the compiler reads straight from the register's halves: the decode of
-    the streaming kernels' inner loops (``benchmarks/triton_sass.py`` counts it).
+    conversions, which the compiler reads straight from the register's halves (codes 0..3
+    the low halves, 4..7 the high ones): the decode of the streaming kernels' inner loops
+    (``benchmarks/triton_sass.py`` counts it).
     """
-    p04 = ((word << 9) & _MAG_BITS) | ((word << 12) & _SIGN_BITS)
-    p15 = ((word << 5) & _MAG_BITS) | ((word << 8) & _SIGN_BITS)
-    p26 = ((word << 1) & _MAG_BITS) | ((word << 4) & _SIGN_BITS)
-    p37 = ((word >> 3) & _MAG_BITS) | (word & _SIGN_BITS)
-    v0, v4 = _f16_halves(p04)
-    v1, v5 = _f16_halves(p15)
-    v2, v6 = _f16_halves(p26)
-    v3, v7 = _f16_halves(p37)
-    return v0, v1, v2, v3, v4, v5, v6, v7
+    Q: tl.constexpr = R % 4  # the nibble within a 16-bit half
+    if Q == 3:
+        pattern = ((word >> 3) & _MAG_BITS) | (word & _SIGN_BITS)
+    else:
+        pattern = ((word << (9 - 4 * Q)) & _MAG_BITS) | ((word << (12 - 4 * Q)) & _SIGN_BITS)
+    if R >= 4:
+        pattern = pattern >> 16
+    return pattern.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
 
 
 @triton.jit

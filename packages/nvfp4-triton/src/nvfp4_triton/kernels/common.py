@@ -6,7 +6,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..codec import E2M1_UNSCALE, e2m1_word_scaled, e4m3_valid_to_f32
+from ..codec import E2M1_UNSCALE, e2m1_code_scaled, e4m3_valid_to_f32
 
 __all__ = ["dot_acc", "dot_words"]
 
@@ -34,56 +34,11 @@ def dot_words(
     in every row of x (``[BLOCK_M, WORDS]``). The chunk's product is the sum over ``r`` of
     ``x[:, 8w + r] @ value_r[w, n]``: eight dots of inner size ``WORDS`` (at least 16 for
     a 16-bit ``tl.dot``, so a chunk is at least 128 elements). Each word is decoded once
-    (:func:`~nvfp4_triton.codec.e2m1_word_scaled`) and its values multiplied by the
+    (:func:`~nvfp4_triton.codec.e2m1_code_scaled`) and its values multiplied by the
     block's scale times 2^14: the exact ``e2m1 * e4m3``, exact in every ``DOT_DTYPE``."""
     scale = e4m3_valid_to_f32(scale_byte) * E2M1_UNSCALE
-    v0, v1, v2, v3, v4, v5, v6, v7 = e2m1_word_scaled(word)
-    acc = dot_acc(
-        tl.load(x_ptrs, mask=x_mask, other=0.0).to(DOT_DTYPE),
-        (v0 * scale).to(DOT_DTYPE),
-        acc,
-        FP32_PRECISION,
-    )
-    acc = dot_acc(
-        tl.load(x_ptrs + 1, mask=x_mask, other=0.0).to(DOT_DTYPE),
-        (v1 * scale).to(DOT_DTYPE),
-        acc,
-        FP32_PRECISION,
-    )
-    acc = dot_acc(
-        tl.load(x_ptrs + 2, mask=x_mask, other=0.0).to(DOT_DTYPE),
-        (v2 * scale).to(DOT_DTYPE),
-        acc,
-        FP32_PRECISION,
-    )
-    acc = dot_acc(
-        tl.load(x_ptrs + 3, mask=x_mask, other=0.0).to(DOT_DTYPE),
-        (v3 * scale).to(DOT_DTYPE),
-        acc,
-        FP32_PRECISION,
-    )
-    acc = dot_acc(
-        tl.load(x_ptrs + 4, mask=x_mask, other=0.0).to(DOT_DTYPE),
-        (v4 * scale).to(DOT_DTYPE),
-        acc,
-        FP32_PRECISION,
-    )
-    acc = dot_acc(
-        tl.load(x_ptrs + 5, mask=x_mask, other=0.0).to(DOT_DTYPE),
-        (v5 * scale).to(DOT_DTYPE),
-        acc,
-        FP32_PRECISION,
-    )
-    acc = dot_acc(
-        tl.load(x_ptrs + 6, mask=x_mask, other=0.0).to(DOT_DTYPE),
-        (v6 * scale).to(DOT_DTYPE),
-        acc,
-        FP32_PRECISION,
-    )
-    acc = dot_acc(
-        tl.load(x_ptrs + 7, mask=x_mask, other=0.0).to(DOT_DTYPE),
-        (v7 * scale).to(DOT_DTYPE),
-        acc,
-        FP32_PRECISION,
-    )
+    for r in tl.static_range(8):
+        x_r = tl.load(x_ptrs + r, mask=x_mask, other=0.0).to(DOT_DTYPE)  # [BLOCK_M, WORDS]
+        w_r = (e2m1_code_scaled(word, r) * scale).to(DOT_DTYPE)  # [WORDS, BLOCK_N]
+        acc = dot_acc(x_r, w_r, acc, FP32_PRECISION)
     return acc

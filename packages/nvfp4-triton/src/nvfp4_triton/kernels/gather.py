@@ -27,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..codec import E2M1_UNSCALE, e2m1_word_scaled, e4m3_valid_to_f32, round_out
+from ..codec import E2M1_UNSCALE, e2m1_code_scaled, e4m3_valid_to_f32, round_out
 from .common import dot_words
 
 __all__ = ["gather_grouped_kernel", "gather_rows_kernel"]
@@ -81,19 +81,15 @@ def gather_rows_kernel(
         b_in = (k0 + 16 * b) < k_end  # [BLOCKS]
         w_mask = n_valid[:, None, None] & b_in[None, :, None]
         word = tl.load(word_rows + k0 // 8, mask=w_mask, other=0)
-        v0, v1, v2, v3, v4, v5, v6, v7 = e2m1_word_scaled(word)  # values * 2^-14
         sbyte = tl.load(s_rows + k0 // 16, mask=n_valid[:, None] & b_in[None, :], other=0)
         scale = e4m3_valid_to_f32(sbyte.to(tl.int32)) * E2M1_UNSCALE  # [BN, BLOCKS]
         xw = x_row + k0
         xm = b_in[:, None]
-        part = tl.load(xw, mask=xm, other=0.0).to(tl.float32) * v0
-        part += tl.load(xw + 1, mask=xm, other=0.0).to(tl.float32) * v1
-        part += tl.load(xw + 2, mask=xm, other=0.0).to(tl.float32) * v2
-        part += tl.load(xw + 3, mask=xm, other=0.0).to(tl.float32) * v3
-        part += tl.load(xw + 4, mask=xm, other=0.0).to(tl.float32) * v4
-        part += tl.load(xw + 5, mask=xm, other=0.0).to(tl.float32) * v5
-        part += tl.load(xw + 6, mask=xm, other=0.0).to(tl.float32) * v6
-        part += tl.load(xw + 7, mask=xm, other=0.0).to(tl.float32) * v7
+        # code r of each word is element 8 wi + r of block b; values * 2^-14
+        part = tl.load(xw, mask=xm, other=0.0).to(tl.float32) * e2m1_code_scaled(word, 0)
+        for r in tl.static_range(1, 8):
+            x_r = tl.load(xw + r, mask=xm, other=0.0).to(tl.float32)  # [BLOCKS, 2]
+            part += x_r * e2m1_code_scaled(word, r)
         acc += tl.sum(part, axis=2) * scale
     acc1 = tl.sum(acc, axis=1)  # [BLOCK_N]
 

@@ -10,7 +10,7 @@ in the compiled code; an H200 at 80 % of its bandwidth can issue about 8.7 per b
   ``BLOCK_M`` rows of x at once, so the weight is read once whatever M is (up to 16);
 * the codes are read as little-endian int32 words (8 codes, 2 words per 16-element block)
   and decoded 8 at a time into float32 ``e2m1 * 2^-14``
-  (:func:`~nvfp4_triton.codec.e2m1_word_scaled`: a few integer operations per word and a
+  (:func:`~nvfp4_triton.codec.e2m1_code_scaled`: a few integer operations per word and a
   float16 -> float32 conversion per code); word ``w`` of block ``b`` holds elements
   ``16 b + 8 w + r``, ``r = 0..7``, multiplied by the matching elements of x;
 * a chunk is a ``[BLOCK_N, BLOCKS, 2]`` tensor of words, so a block's two words are one
@@ -32,7 +32,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..codec import E2M1_UNSCALE, e2m1_word_scaled, e4m3_valid_to_f32, round_out
+from ..codec import E2M1_UNSCALE, e2m1_code_scaled, e4m3_valid_to_f32, round_out
 
 __all__ = ["gemv_kernel", "splitk_reduce_kernel"]
 
@@ -87,32 +87,25 @@ def gemv_kernel(
         b_in = (k0 + 16 * b) < k_hi  # [BLOCKS]: block b of the chunk in range
         w_mask = n_mask[:, None, None] & b_in[None, :, None]
         word = tl.load(word_rows + k0 // 8, mask=w_mask, other=0)  # [BLOCK_N, BLOCKS, 2]
-        v0, v1, v2, v3, v4, v5, v6, v7 = e2m1_word_scaled(word)  # values * 2^-14
         sbyte = tl.load(s_rows + k0 // 16, mask=n_mask[:, None] & b_in[None, :], other=0)
         scale = e4m3_valid_to_f32(sbyte.to(tl.int32)) * E2M1_UNSCALE  # [BN, BLOCKS]
         xw = x_rows + k0
         xm = m_mask[:, None, None] & b_in[None, :, None]
         if BLOCK_M == 1:
             # decode proper: [BLOCKS, 2] elements of x against [BLOCK_N, BLOCKS, 2] words
-            part = tl.load(xw, mask=xm, other=0.0).to(tl.float32) * v0
-            part += tl.load(xw + 1, mask=xm, other=0.0).to(tl.float32) * v1
-            part += tl.load(xw + 2, mask=xm, other=0.0).to(tl.float32) * v2
-            part += tl.load(xw + 3, mask=xm, other=0.0).to(tl.float32) * v3
-            part += tl.load(xw + 4, mask=xm, other=0.0).to(tl.float32) * v4
-            part += tl.load(xw + 5, mask=xm, other=0.0).to(tl.float32) * v5
-            part += tl.load(xw + 6, mask=xm, other=0.0).to(tl.float32) * v6
-            part += tl.load(xw + 7, mask=xm, other=0.0).to(tl.float32) * v7
+            # code r of each word is element 8 wi + r of block b; values * 2^-14
+            part = tl.load(xw, mask=xm, other=0.0).to(tl.float32) * e2m1_code_scaled(word, 0)
+            for r in tl.static_range(1, 8):
+                x_r = tl.load(xw + r, mask=xm, other=0.0).to(tl.float32)  # [1, BLOCKS, 2]
+                part += x_r * e2m1_code_scaled(word, r)
             acc += (tl.sum(part, axis=2) * scale)[None, :, :]
         else:
             # [BLOCK_M, 1, BLOCKS, 2] x [1, BLOCK_N, BLOCKS, 2]
-            part = tl.load(xw, mask=xm, other=0.0).to(tl.float32)[:, None] * v0[None]
-            part += tl.load(xw + 1, mask=xm, other=0.0).to(tl.float32)[:, None] * v1[None]
-            part += tl.load(xw + 2, mask=xm, other=0.0).to(tl.float32)[:, None] * v2[None]
-            part += tl.load(xw + 3, mask=xm, other=0.0).to(tl.float32)[:, None] * v3[None]
-            part += tl.load(xw + 4, mask=xm, other=0.0).to(tl.float32)[:, None] * v4[None]
-            part += tl.load(xw + 5, mask=xm, other=0.0).to(tl.float32)[:, None] * v5[None]
-            part += tl.load(xw + 6, mask=xm, other=0.0).to(tl.float32)[:, None] * v6[None]
-            part += tl.load(xw + 7, mask=xm, other=0.0).to(tl.float32)[:, None] * v7[None]
+            x_0 = tl.load(xw, mask=xm, other=0.0).to(tl.float32)[:, None]
+            part = x_0 * e2m1_code_scaled(word, 0)[None]
+            for r in tl.static_range(1, 8):
+                x_r = tl.load(xw + r, mask=xm, other=0.0).to(tl.float32)[:, None]
+                part += x_r * e2m1_code_scaled(word, r)[None]
             acc += tl.sum(part, axis=3) * scale[None, :, :]
     acc2 = tl.sum(acc, axis=2)  # [BLOCK_M, BLOCK_N]: across the block positions, once
 
