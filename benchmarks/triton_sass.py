@@ -78,33 +78,36 @@ def resources(path: Path) -> dict[str, int]:
 
 
 def loop_profile(cubin: bytes, workdir: Path) -> dict[str, Any]:
-    """The opcodes of the largest loop body of a cubin (label ... backward branch to it),
-    and the kernel's resources."""
+    """The opcodes of the kernel's K loop and the kernel's resources. The K loop is the first
+    loop in program order (a label closed by a backward branch to it) of 32 instructions or
+    more: the steady state, where a kernel splits whole chunks from a masked tail."""
     path = workdir / "kernel.cubin"
     path.write_bytes(cubin)
     sass = subprocess.run(
         [str(_tools() / "nvdisasm"), "-c", str(path)], capture_output=True, text=True, check=True
     ).stdout.splitlines()
     labels: dict[str, int] = {}
-    best: tuple[int, int] | None = None
+    loops: list[tuple[int, int]] = []
     for i, line in enumerate(sass):
         m = _LABEL.match(line)
         if m:
             labels[m.group(1)] = i
         b = _BRANCH.search(line)
         if b and b.group(1) in labels:  # a backward branch: a loop
-            start = labels[b.group(1)]
-            if best is None or i - start > best[1] - best[0]:
-                best = (start, i)
-    if best is None:
-        raise RuntimeError("no loop found in the kernel's SASS")
-    ops = collections.Counter()
-    for line in sass[best[0] : best[1] + 1]:
-        m = _INSTR.match(line)
-        if m:
-            ops[m.group(1).split(".")[0]] += 1
-    total = sum(ops.values())
-    return {"loop_instructions": total, "by_opcode": dict(ops.most_common())} | resources(path)
+            loops.append((labels[b.group(1)], i))
+    bodies = [
+        [m.group(1).split(".")[0] for line in sass[a : z + 1] if (m := _INSTR.match(line))]
+        for a, z in sorted(loops)
+    ]
+    body = next((ops for ops in bodies if len(ops) >= 32), None)
+    if body is None:
+        raise RuntimeError("no loop of 32 instructions or more in the kernel's SASS")
+    counts = collections.Counter(body)
+    return {
+        "loop_instructions": len(body),
+        "loops": [len(ops) for ops in bodies],
+        "by_opcode": dict(counts.most_common()),
+    } | resources(path)
 
 
 def cases(arch: int, quick: bool) -> list[tuple[int, Any]]:

@@ -27,8 +27,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..codec import E2M1_UNSCALE, e2m1_code_scaled, e4m3_valid_to_f32, round_out
-from .common import dot_words
+from ..codec import round_out
+from .common import dot_words, stream_chunk
 
 __all__ = ["gather_grouped_kernel", "gather_rows_kernel"]
 
@@ -49,10 +49,10 @@ def gather_rows_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """Grid: ``(M, cdiv(N, BLOCK_N))``. The loop is the GEMV's with one row of x (see
-    :mod:`nvfp4_triton.kernels.gemv`): int32 words decoded 8 codes at a time, products
-    summed per 16-element block inside one thread, each block's scale applied once, the
-    block accumulators reduced across threads after the loop."""
+    """Grid: ``(M, cdiv(N, BLOCK_N))``. The loop is the GEMV's with one row of x
+    (:func:`~nvfp4_triton.kernels.common.stream_chunk`): int32 words decoded 8 codes at a
+    time, products summed per 16-element block inside one thread, each block's scale
+    applied once, the block accumulators reduced across threads after the loop."""
     BLOCKS: tl.constexpr = BLOCK_K // 16  # 16-element blocks per chunk
     row = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -72,26 +72,26 @@ def gather_rows_kernel(
     b = tl.arange(0, BLOCKS)  # block b of a chunk: words 2b, 2b + 1, scale b
     wi = tl.arange(0, 2)  # word wi of a block: its elements 8 wi .. 8 wi + 7
     words = codes_ptr.to(tl.pointer_type(tl.int32))
-    word_rows = words + w_row[:, None, None] * (K // 8) + (2 * b)[None, :, None]
+    x_rows = x_ptr + row * stride_xm + (16 * b)[None, :, None] + (8 * wi)[None, None, :]
+    one_row = tl.arange(0, 1) < 1  # the m mask of a single row of x
+
+    # Whole chunks unmasked, with the expert's rows past N clamped to its row N - 1 (their
+    # sums are never stored; an invalid id has no chunk at all), then the partial chunk.
+    w_row_ld = safe * N + tl.minimum(n, N - 1)
+    word_rows = words + w_row_ld[:, None, None] * (K // 8) + (2 * b)[None, :, None]
     word_rows += wi[None, None, :]  # [BLOCK_N, BLOCKS, 2]
-    s_rows = scales_ptr + w_row[:, None] * (K // 16) + b[None, :]  # [BLOCK_N, BLOCKS]
-    x_row = x_ptr + row * stride_xm + (16 * b)[:, None] + (8 * wi)[None, :]  # [BLOCKS, 2]
-    acc = tl.zeros((BLOCK_N, BLOCKS), dtype=tl.float32)
-    for k0 in range(0, k_end, BLOCK_K):
-        b_in = (k0 + 16 * b) < k_end  # [BLOCKS]
-        w_mask = n_valid[:, None, None] & b_in[None, :, None]
-        word = tl.load(word_rows + k0 // 8, mask=w_mask, other=0)
-        sbyte = tl.load(s_rows + k0 // 16, mask=n_valid[:, None] & b_in[None, :], other=0)
-        scale = e4m3_valid_to_f32(sbyte.to(tl.int32)) * E2M1_UNSCALE  # [BN, BLOCKS]
-        xw = x_row + k0
-        xm = b_in[:, None]
-        # code r of each word is element 8 wi + r of block b; values * 2^-14
-        part = tl.load(xw, mask=xm, other=0.0).to(tl.float32) * e2m1_code_scaled(word, 0)
-        for r in tl.static_range(1, 8):
-            x_r = tl.load(xw + r, mask=xm, other=0.0).to(tl.float32)  # [BLOCKS, 2]
-            part += x_r * e2m1_code_scaled(word, r)
-        acc += tl.sum(part, axis=2) * scale
-    acc1 = tl.sum(acc, axis=1)  # [BLOCK_N]
+    s_rows = scales_ptr + w_row_ld[:, None] * (K // 16) + b[None, :]  # [BLOCK_N, BLOCKS]
+    k_full = k_end // BLOCK_K * BLOCK_K
+    acc = tl.zeros((1, BLOCK_N, BLOCKS), dtype=tl.float32)
+    for k0 in range(0, k_full, BLOCK_K):
+        acc += stream_chunk(
+            word_rows, s_rows, x_rows, k0, k_end, b, n_valid, one_row, 1, BLOCK_N, BLOCKS, False
+        )
+    for k0 in range(k_full, k_end, BLOCK_K):
+        acc += stream_chunk(
+            word_rows, s_rows, x_rows, k0, k_end, b, n_valid, one_row, 1, BLOCK_N, BLOCKS, True
+        )
+    acc1 = tl.sum(tl.sum(acc, axis=2), axis=0)  # [BLOCK_N]
 
     g = tl.load(row_g_ptr + w_row, mask=n_valid, other=0.0)
     y = tl.where(valid, acc1 * g, 0.0)  # exactly zero for an out-of-range id

@@ -32,7 +32,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..codec import E2M1_UNSCALE, e2m1_code_scaled, e4m3_valid_to_f32, round_out
+from ..codec import round_out
+from .common import stream_chunk
 
 __all__ = ["gemv_kernel", "splitk_reduce_kernel"]
 
@@ -81,32 +82,40 @@ def gemv_kernel(
     s_rows = scales_ptr + n[:, None] * (K // 16) + b[None, :]  # [BLOCK_N, BLOCKS]
     x_rows = x_ptr + m[:, None, None] * stride_xm + (16 * b)[None, :, None]
     x_rows += (8 * wi)[None, None, :]  # [BLOCK_M, BLOCKS, 2]
+    # the same with rows clamped into range, for the unmasked loads of whole chunks
+    n_ld = tl.minimum(n, N - 1)
+    m_ld = tl.where(m_mask, m, 0)
+    word_rows_ld = words + n_ld[:, None, None] * (K // 8) + (2 * b)[None, :, None]
+    word_rows_ld += wi[None, None, :]
+    s_rows_ld = scales_ptr + n_ld[:, None] * (K // 16) + b[None, :]
+    x_rows_ld = x_ptr + m_ld[:, None, None] * stride_xm + (16 * b)[None, :, None]
+    x_rows_ld += (8 * wi)[None, None, :]
 
+    # Whole chunks first, with no masks at all (rows past N read row N - 1, whose sums are
+    # never stored; rows of x past M read row 0, likewise), then the one partial chunk at the
+    # end of the slice, if any, with masks. A masked load costs a register clear per element
+    # on top of the load, which the steady state does not pay.
+    k_full = k_lo + (k_hi - k_lo) // BLOCK_K * BLOCK_K
     acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCKS), dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        b_in = (k0 + 16 * b) < k_hi  # [BLOCKS]: block b of the chunk in range
-        w_mask = n_mask[:, None, None] & b_in[None, :, None]
-        word = tl.load(word_rows + k0 // 8, mask=w_mask, other=0)  # [BLOCK_N, BLOCKS, 2]
-        sbyte = tl.load(s_rows + k0 // 16, mask=n_mask[:, None] & b_in[None, :], other=0)
-        scale = e4m3_valid_to_f32(sbyte.to(tl.int32)) * E2M1_UNSCALE  # [BN, BLOCKS]
-        xw = x_rows + k0
-        xm = m_mask[:, None, None] & b_in[None, :, None]
-        if BLOCK_M == 1:
-            # decode proper: [BLOCKS, 2] elements of x against [BLOCK_N, BLOCKS, 2] words
-            # code r of each word is element 8 wi + r of block b; values * 2^-14
-            part = tl.load(xw, mask=xm, other=0.0).to(tl.float32) * e2m1_code_scaled(word, 0)
-            for r in tl.static_range(1, 8):
-                x_r = tl.load(xw + r, mask=xm, other=0.0).to(tl.float32)  # [1, BLOCKS, 2]
-                part += x_r * e2m1_code_scaled(word, r)
-            acc += (tl.sum(part, axis=2) * scale)[None, :, :]
-        else:
-            # [BLOCK_M, 1, BLOCKS, 2] x [1, BLOCK_N, BLOCKS, 2]
-            x_0 = tl.load(xw, mask=xm, other=0.0).to(tl.float32)[:, None]
-            part = x_0 * e2m1_code_scaled(word, 0)[None]
-            for r in tl.static_range(1, 8):
-                x_r = tl.load(xw + r, mask=xm, other=0.0).to(tl.float32)[:, None]
-                part += x_r * e2m1_code_scaled(word, r)[None]
-            acc += tl.sum(part, axis=3) * scale[None, :, :]
+    for k0 in range(k_lo, k_full, BLOCK_K):
+        acc += stream_chunk(
+            word_rows_ld,
+            s_rows_ld,
+            x_rows_ld,
+            k0,
+            k_hi,
+            b,
+            n_mask,
+            m_mask,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCKS,
+            False,
+        )
+    for k0 in range(k_full, k_hi, BLOCK_K):
+        acc += stream_chunk(
+            word_rows, s_rows, x_rows, k0, k_hi, b, n_mask, m_mask, BLOCK_M, BLOCK_N, BLOCKS, True
+        )
     acc2 = tl.sum(acc, axis=2)  # [BLOCK_M, BLOCK_N]: across the block positions, once
 
     out_mask = m_mask[:, None] & n_mask[None, :]
