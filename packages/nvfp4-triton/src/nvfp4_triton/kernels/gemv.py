@@ -18,6 +18,12 @@ in the compiled code; an H200 at 80 % of its bandwidth can issue about 8.7 per b
   exact) multiplies that sum once, and the result is added to a per-block accumulator
   that is reduced across threads once, after the loop. With one row of x every tensor keeps
   the layout of the word load, so nothing moves between threads inside the loop;
+* the whole chunks of a slice are loaded without masks - every address is in range by
+  construction: rows past N read row N - 1 and rows of x past M read row 0, whose results
+  are never stored - and only the last, partial chunk is masked (a masked load also clears
+  its register first, an instruction per element the steady state does not pay). The
+  chunk itself is :func:`~nvfp4_triton.kernels.common.stream_chunk`, shared with the MoE
+  per-row gather;
 * **split-K**: when ``N / BLOCK_N`` programs are too few to fill the device, K is cut into
   ``SPLIT_K`` slices (grid axis 1). Each slice writes float32 partial sums to a workspace
   ``[SPLIT_K, M, N]`` and :func:`splitk_reduce_kernel` adds them in slice order (the
