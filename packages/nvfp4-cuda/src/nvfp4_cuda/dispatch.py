@@ -27,7 +27,7 @@ Why these shapes of rule (what the measurements must confirm or move):
   (its small-M tile covers 16 rows). The one measurement behind the crossover so far is
   static: the instructions each kernel's K loop spends per weight byte in its compiled
   sm_90 code (``benchmarks/triton_sass.py``, ``docs/benchmark_results/triton_sass.md``):
-  GEMV 11.4 / 17.0 / 23.5 / 39.8 at M = 1 / 2 / 4 / 8, GEMM 20.1 for any M up to 16. The
+  GEMV 11.4 / 17.0 / 23.8 / 38.5 at M = 1 / 2 / 4 / 8, GEMM 20.1 for any M up to 16. The
   GEMM is cheaper per byte from M = 4 on, but its grid has no split-K (``N / 64`` programs:
   64 for N = 4096, half an H200), so the GEMV keeps M <= 4.
 * ``gemm`` dequantizes each weight tile in registers inside the K loop (no dense weight in

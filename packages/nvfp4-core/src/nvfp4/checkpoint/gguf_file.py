@@ -40,7 +40,7 @@ from .flavours import CheckpointError, import_gguf
 
 __all__ = [
     "GGML_BF16",
-    "PLAIN_DTYPES",
+    "PLAIN_TYPES",
     "GGUFField",
     "GGUFFile",
     "GGUFTensorInfo",
@@ -86,19 +86,20 @@ _SCALAR_FORMATS: Final[dict[int, str]] = {
     ValueType.FLOAT64: "<d",
 }
 
-# ggml tensor types whose data this reader presents as a plain numpy array, by numpy
-# dtype (BF16 as uint16 bits: numpy has no bfloat16). Every other type - quantized blocks,
-# NVFP4 (40) among them - is presented as uint8 rows of its blocks' bytes.
-#: ggml type number -> numpy dtype of the tensor types read as plain arrays.
-PLAIN_DTYPES: Final[dict[int, str]] = {
-    0: "<f4",  # F32
-    1: "<f2",  # F16
-    24: "<i1",  # I8
-    25: "<i2",  # I16
-    26: "<i4",  # I32
-    27: "<i8",  # I64
-    28: "<f8",  # F64
-    30: "<u2",  # BF16
+#: The plain (not block-quantized) ggml tensor types: type number -> (its name, which is
+#: also the safetensors dtype name, and the numpy dtype this reader presents it as; BF16 as
+#: uint16 bits, numpy having no bfloat16). Every other type - quantized blocks, NVFP4 (40)
+#: among them - is presented as uint8 rows of its blocks' bytes. The GGUF writer holds
+#: exactly these besides NVFP4.
+PLAIN_TYPES: Final[dict[int, tuple[str, str]]] = {
+    0: ("F32", "<f4"),
+    1: ("F16", "<f2"),
+    24: ("I8", "<i1"),
+    25: ("I16", "<i2"),
+    26: ("I32", "<i4"),
+    27: ("I64", "<i8"),
+    28: ("F64", "<f8"),
+    30: ("BF16", "<u2"),
 }
 #: ggml's BF16 type (presented as uint16 bits).
 GGML_BF16: Final = 30
@@ -182,8 +183,8 @@ class GGUFFile:
         """The data of tensor ``t`` as a read-only view of the file: its numpy dtype and shape
         for plain types, uint8 ``[..., row bytes]`` for block types (NVFP4 among them)."""
         assert self._map is not None, "GGUF file is closed"
-        if t.ggml_type in PLAIN_DTYPES:
-            dtype = np.dtype(PLAIN_DTYPES[t.ggml_type])
+        if t.ggml_type in PLAIN_TYPES:
+            dtype = np.dtype(PLAIN_TYPES[t.ggml_type][1])
             shape = t.shape
         else:
             dtype = np.dtype(np.uint8)
@@ -326,8 +327,8 @@ class GGUFFile:
         elements = 1
         for d in shape:
             elements *= d
-        if ggml_type in PLAIN_DTYPES:
-            return elements * np.dtype(PLAIN_DTYPES[ggml_type]).itemsize
+        if ggml_type in PLAIN_TYPES:
+            return elements * np.dtype(PLAIN_TYPES[ggml_type][1]).itemsize
         # Block types: sizes from gguf-py's table (the one list of every ggml type).
         gguf = import_gguf()
         try:

@@ -55,7 +55,7 @@ from .flavours import (
     detect_flavour,
     read_json,
 )
-from .gguf_file import GGML_BF16, PLAIN_DTYPES, GGUFFile, ggml_type_name
+from .gguf_file import GGML_BF16, PLAIN_TYPES, GGUFFile, ggml_type_name
 
 __all__ = ["Checkpoint", "PlaneShape", "open_checkpoint"]
 
@@ -660,7 +660,7 @@ class GGUFCheckpoint(Checkpoint):
     def tensor(self, name: str) -> npt.NDArray[Any]:
         gname, perm = self._plain_entry(name)
         t = self.tensors[gname]
-        if t.ggml_type not in PLAIN_DTYPES:
+        if t.ggml_type not in PLAIN_TYPES:
             raise CheckpointError(
                 f"{self.path}: tensor {gname!r} has GGUF type {ggml_type_name(t.ggml_type)}, "
                 "which this reader does not decode"

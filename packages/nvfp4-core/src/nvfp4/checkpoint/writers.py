@@ -81,6 +81,7 @@ from ..safetensors_io import DTYPES, SafetensorsWriter, dtype_name
 from ..spec import BLOCK_SIZE, GGUF_BLOCK_BYTES, GGUF_SUPER_BLOCK, SPEC_VERSION
 from .atomic import atomic_output
 from .flavours import FLAVOURS, MODELOPT_NVFP4_ALGOS, CheckpointError, import_gguf
+from .gguf_file import PLAIN_TYPES
 from .gguf_vocab import TOKENIZER_FILE, add_hf_tokenizer, copy_gguf_tokenizer, has_hf_tokenizer
 from .overlapped import OverlappedWriter
 from .reader import (
@@ -657,7 +658,7 @@ def _write_json(path: Path, content: Mapping[str, Any]) -> None:
 
 # ============================================================================== GGUF
 _GGUF_ARCH_ALIASES: Final = {"mistral": "llama", "mixtral": "llama"}
-_GGUF_PLAIN_TYPES: Final = ("F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64")
+_GGUF_PLAIN_TYPES: Final = tuple(name for name, _ in PLAIN_TYPES.values())
 
 
 def _gguf_arch(config: Mapping[str, Any]) -> str:

@@ -81,21 +81,17 @@ def gemv_kernel(
     # Loop-invariant addresses. Row n of the codes is K / 8 words (K / 2 bytes, a multiple
     # of 8); the chunk at k0 (a multiple of 16) starts at word k0 // 8 and scale k0 // 16;
     # block b of the chunk is words 2b, 2b + 1 and scale b. x's word-aligned elements:
-    # element 0 of word wi of block b is 16 b + 8 wi.
-    words = codes_ptr.to(tl.pointer_type(tl.int32))
-    word_rows = words + n[:, None, None] * (K // 8) + (2 * b)[None, :, None]
-    word_rows += wi[None, None, :]  # [BLOCK_N, BLOCKS, 2]
-    s_rows = scales_ptr + n[:, None] * (K // 16) + b[None, :]  # [BLOCK_N, BLOCKS]
-    x_rows = x_ptr + m[:, None, None] * stride_xm + (16 * b)[None, :, None]
-    x_rows += (8 * wi)[None, None, :]  # [BLOCK_M, BLOCKS, 2]
-    # the same with rows clamped into range, for the unmasked loads of whole chunks
+    # element 0 of word wi of block b is 16 b + 8 wi. Rows are clamped into range (weight
+    # rows past N to N - 1, rows of x past M to 0), so every address is valid whether a load
+    # is masked or not.
     n_ld = tl.minimum(n, N - 1)
     m_ld = tl.where(m_mask, m, 0)
-    word_rows_ld = words + n_ld[:, None, None] * (K // 8) + (2 * b)[None, :, None]
-    word_rows_ld += wi[None, None, :]
-    s_rows_ld = scales_ptr + n_ld[:, None] * (K // 16) + b[None, :]
-    x_rows_ld = x_ptr + m_ld[:, None, None] * stride_xm + (16 * b)[None, :, None]
-    x_rows_ld += (8 * wi)[None, None, :]
+    words = codes_ptr.to(tl.pointer_type(tl.int32))
+    word_rows = words + n_ld[:, None, None] * (K // 8) + (2 * b)[None, :, None]
+    word_rows += wi[None, None, :]  # [BLOCK_N, BLOCKS, 2]
+    s_rows = scales_ptr + n_ld[:, None] * (K // 16) + b[None, :]  # [BLOCK_N, BLOCKS]
+    x_rows = x_ptr + m_ld[:, None, None] * stride_xm + (16 * b)[None, :, None]
+    x_rows += (8 * wi)[None, None, :]  # [BLOCK_M, BLOCKS, 2]
 
     # Whole chunks first, with no masks at all (rows past N read row N - 1, whose sums are
     # never stored; rows of x past M read row 0, likewise), then the one partial chunk at the
@@ -105,9 +101,9 @@ def gemv_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCKS), dtype=tl.float32)
     for k0 in range(k_lo, k_full, BLOCK_K):
         acc += stream_chunk(
-            word_rows_ld,
-            s_rows_ld,
-            x_rows_ld,
+            word_rows,
+            s_rows,
+            x_rows,
             k0,
             k_hi,
             b,
