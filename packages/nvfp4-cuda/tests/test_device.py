@@ -60,6 +60,7 @@ def test_interpreter_never_names_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_no_gpu_without_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(device, "driver_evidence", lambda vendor: "")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     a = backend().availability()
     assert not a.ok
@@ -145,3 +146,18 @@ def test_configs_cover_the_generations() -> None:
         assert configs.config_for((major, 0)).name == f"sm_{major}0"
     assert configs.config_for((11, 0)).gemm == configs.AMPERE.gemm  # unknown major: safe tiles
     assert device.MIN_CAPABILITY == (8, 0)
+
+
+def test_driver_with_cpu_only_torch_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An NVIDIA driver but a CPU build of torch: one line naming both and the two ways out,
+    never a silent fall-back to the interpreter."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(device, "driver_evidence", lambda vendor: "/dev/nvidiactl")
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
+    monkeypatch.setattr(torch.version, "cuda", None, raising=False)
+    a = backend().availability()
+    assert not a.ok
+    assert "\n" not in a.reason
+    assert "an NVIDIA driver is loaded (/dev/nvidiactl)" in a.reason
+    assert f"torch {torch.__version__} is a CPU-only build" in a.reason
+    assert "TRITON_INTERPRET=1" in a.reason

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 from nvfp4 import get_backend, reference
-from nvfp4_rocm import backend
+from nvfp4_rocm import backend, device
 from nvfp4_rocm.device import ARCH_ENV, DEFAULT_INTERPRETER_ARCH
 from nvfp4_triton import INTERPRETER_DEVICE
 
@@ -91,6 +91,7 @@ def test_interpreter_never_names_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_cpu_build_of_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(device, "driver_evidence", lambda vendor: "")
     monkeypatch.setattr(torch.version, "hip", None, raising=False)
     monkeypatch.setattr(torch.version, "cuda", None, raising=False)
     b = backend()
@@ -196,3 +197,18 @@ def test_detection_errors_never_raise(monkeypatch: pytest.MonkeyPatch) -> None:
     a = backend().availability()
     assert not a.ok
     assert "no ROCm-capable device" in a.reason
+
+
+def test_driver_with_cpu_only_torch_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An AMD driver (/dev/kfd) but a torch without ROCm: one line naming both and the two
+    ways out, never a silent fall-back to the interpreter."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(device, "driver_evidence", lambda vendor: "/dev/kfd")
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
+    monkeypatch.setattr(torch.version, "cuda", None, raising=False)
+    a = backend().availability()
+    assert not a.ok
+    assert "\n" not in a.reason
+    assert "an AMD GPU driver is loaded (/dev/kfd)" in a.reason
+    assert f"torch {torch.__version__} is not a ROCm build" in a.reason
+    assert "TRITON_INTERPRET=1" in a.reason

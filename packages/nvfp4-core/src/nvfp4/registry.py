@@ -18,10 +18,10 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from pathlib import Path
 from typing import Any
 
 from .backend import Availability, Backend
+from .hardware import driver_evidence
 from .spec import SUPPORTED_SPEC_VERSIONS
 
 __all__ = [
@@ -140,9 +140,9 @@ def _spec_ok(b: Any) -> str:
 def _missing_hardware_hint(installed: set[str]) -> str:
     """A cheap probe for hardware whose backend is not installed."""
     hints = []
-    if "cuda" not in installed and Path("/dev/nvidiactl").exists():
+    if "cuda" not in installed and driver_evidence("nvidia"):
         hints.append("an NVIDIA GPU is present: `pip install nvfp4-cuda`")
-    if "rocm" not in installed and Path("/dev/kfd").exists():
+    if "rocm" not in installed and driver_evidence("amd"):
         hints.append("an AMD GPU is present: `pip install nvfp4-rocm`")
     if "metal" not in installed and platform.system() == "Darwin" and platform.machine() == "arm64":
         hints.append("Apple silicon: `pip install nvfp4-metal`")

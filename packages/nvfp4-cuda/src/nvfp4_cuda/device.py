@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 
+from nvfp4.hardware import driver_evidence
 from nvfp4_triton.backend import Platform
 from nvfp4_triton.interpret import INTERPRETER_DEVICE, interpreter_mode
 
@@ -66,8 +67,16 @@ def detect() -> Platform:
             f"this torch is a ROCm build (HIP {torch.version.hip}): AMD GPUs use the 'rocm' "
             "backend (pip install nvfp4-rocm)",
         )
+    cuda = getattr(torch.version, "cuda", None)
+    driver = driver_evidence("nvidia")
+    if not cuda and driver:
+        return Platform(
+            False,
+            f"an NVIDIA driver is loaded ({driver}) but torch {torch.__version__} is a CPU-only "
+            "build: install a CUDA build of torch (nox -s conformance-cuda takes one unless "
+            f"TRITON_INTERPRET=1), or {_INTERPRET_HINT}",
+        )
     if not torch.cuda.is_available():
-        cuda = getattr(torch.version, "cuda", None)
         build = f"CUDA {cuda} build" if cuda else "CPU-only build (no CUDA)"
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         seen = f"; CUDA_VISIBLE_DEVICES={visible!r}" if visible is not None else ""

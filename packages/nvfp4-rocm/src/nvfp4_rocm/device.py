@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 
+from nvfp4.hardware import driver_evidence
 from nvfp4_triton.backend import Platform
 from nvfp4_triton.interpret import INTERPRETER_DEVICE, interpreter_mode
 
@@ -87,6 +88,15 @@ def detect() -> Platform:
         return _interpreter()
     hip = getattr(torch.version, "hip", None)
     if not hip:
+        driver = driver_evidence("amd")
+        if driver:
+            return Platform(
+                False,
+                f"an AMD GPU driver is loaded ({driver}) but torch {torch.__version__} is not a "
+                "ROCm build: install torch from PyTorch's ROCm wheel index (nox -s "
+                "conformance-rocm does, from NVFP4_TORCH_INDEX_URL, unless TRITON_INTERPRET=1), "
+                f"or {_INTERPRET_HINT}",
+            )
         return _not_rocm(torch.version)
     if not torch.cuda.is_available():
         seen = "".join(f"; {v}={os.environ[v]!r}" for v in _VISIBILITY_ENVS if v in os.environ)

@@ -1,0 +1,115 @@
+"""The runner workflows (GitHub Actions, GitLab CI) validate against their schemas and run
+every conformance session there is, each on the right runner, keeping reports/ and failing
+on a non-certified result."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+import noxfile  # noqa: E402
+
+GITHUB = ROOT / ".github" / "workflows" / "conformance.yml"
+GITLAB = ROOT / "docs" / "ci" / "gitlab-ci.yml"
+SCHEMAS = {GITHUB: "vendor.github-workflows", GITLAB: "vendor.gitlab-ci"}
+BACKENDS = list(noxfile.HARDWARE)
+RUNNERS = {  # backend -> a label its runner must carry
+    "reference": "ubuntu-latest",
+    "cpu": "ubuntu-latest",
+    "metal": "macos-14",
+    "cuda": "nvidia-gpu",
+    "rocm": "amd-gpu",
+}
+
+
+def _validate(path: Path, schema: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", schema, str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("path", [GITHUB, GITLAB], ids=["github", "gitlab"])
+def test_schema(path: Path) -> None:
+    done = _validate(path, SCHEMAS[path])
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("path", [GITHUB, GITLAB], ids=["github", "gitlab"])
+def test_schema_catches_a_mistake(path: Path, tmp_path: Path) -> None:
+    """The lint is real: a misspelt key fails it."""
+    text = path.read_text()
+    bad = (
+        text.replace("runs-on:", "runs_on:", 1)
+        if path == GITHUB
+        else text.replace("  tags:", "  tag:", 1)
+    )
+    assert bad != text
+    copy = tmp_path / path.name
+    copy.write_text(bad)
+    assert _validate(copy, SCHEMAS[path]).returncode != 0
+
+
+def _github() -> dict[str, Any]:
+    return dict(yaml.safe_load(GITHUB.read_text()))
+
+
+def test_github_matrix_covers_every_backend_on_its_runner() -> None:
+    job = _github()["jobs"]["conformance"]
+    rows = {row["backend"]: row for row in job["strategy"]["matrix"]["include"]}
+    assert sorted(rows) == sorted(BACKENDS)
+    for backend, row in rows.items():
+        assert RUNNERS[backend] in row["runs-on"], (backend, row["runs-on"])
+    assert "self-hosted" in rows["cuda"]["runs-on"]
+    assert "self-hosted" in rows["rocm"]["runs-on"]
+    assert job["strategy"]["fail-fast"] is False
+    assert job["env"][noxfile.REQUIRE_CERTIFIED] == "1"
+    assert job["env"]["NVFP4_TORCH_INDEX_URL"] == "${{ matrix.torch-index }}"
+    assert "NVFP4_ROCM_TORCH_INDEX_URL" in rows["rocm"]["torch-index"]
+
+
+def test_github_steps_run_the_session_and_keep_reports() -> None:
+    steps = _github()["jobs"]["conformance"]["steps"]
+    runs = [s.get("run", "") for s in steps]
+    assert "python -m nox -s conformance-${{ matrix.backend }}" in runs
+    upload = next(s for s in steps if str(s.get("uses", "")).startswith("actions/upload-artifact"))
+    assert upload["if"] == "always()"
+    assert upload["with"]["path"] == "reports/"
+
+
+def test_gitlab_jobs_cover_every_backend() -> None:
+    doc = yaml.safe_load(GITLAB.read_text())
+    base = doc[".conformance"]
+    assert base["variables"][noxfile.REQUIRE_CERTIFIED] == "1"
+    assert 'python3 -m nox -s "conformance-${BACKEND}"' in base["script"]
+    assert base["artifacts"]["when"] == "always"
+    assert base["artifacts"]["paths"] == ["reports/"]
+    jobs = {k: v for k, v in doc.items() if k.startswith("conformance-")}
+    assert sorted(jobs) == sorted(f"conformance-{b}" for b in BACKENDS)
+    for backend in BACKENDS:
+        job = jobs[f"conformance-{backend}"]
+        assert job["variables"]["BACKEND"] == backend
+        if backend in ("metal", "cuda", "rocm"):
+            label = {"metal": "saas-macos-medium-m1", "cuda": "nvidia-gpu", "rocm": "amd-gpu"}
+            assert label[backend] in job["tags"]
+
+
+def test_sessions_named_by_the_workflows_exist() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "nox", "-l", "-f", str(ROOT / "noxfile.py")],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    )
+    for backend in BACKENDS:
+        assert f"conformance-{backend}" in done.stdout
