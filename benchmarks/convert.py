@@ -1,14 +1,14 @@
 """`nvfp4 convert` against a plain copy of the same files, in one run (issue 7, item 5).
 
 A synthetic ModelOpt NVFP4 checkpoint of more than 1 GB is built (or reused from
-``--workdir``) with :func:`nvfp4.checkpoint.write_modelopt`: Llama-like names and shapes
+``--workdir``) with :func:`nvfp4_checkpoints.write_modelopt`: Llama-like names and shapes
 (q/k/v/o, gate/up/down NVFP4 with weight and input scales; embeddings, lm_head and norms
 bf16), several shards and a ``model.safetensors.index.json``. The planes are random valid
 bytes (codes: any byte; scales: E4M3 bytes 0x00..0x7E) drawn directly, not quantized from
 dense matrices: each tensor is a view at its own offset into a pool of random bytes, so
 building costs only the write.
 
-Arms, each run as a fresh child process (``python -m nvfp4.cli convert SRC DST --to T``, or
+Arms, each run as a fresh child process (``python -m nvfp4_checkpoints.cli convert SRC DST --to T``, or
 for ``copy`` a child that ``shutil.copyfile``-s every file of SRC then fsyncs it, as the
 converters fsync their outputs):
 
@@ -65,15 +65,21 @@ import numpy.typing as npt
 
 REPO = Path(__file__).resolve().parents[1]
 CORE_SRC = REPO / "packages" / "nvfp4-core" / "src"
-if importlib.util.find_spec("nvfp4") is None:  # not installed: use the checkout
-    sys.path.insert(0, str(CORE_SRC))
+CHECKPOINTS_SRC = REPO / "packages" / "nvfp4-checkpoints" / "src"
+#: The checkout's sources of the packages that are not installed (children get them too).
+SOURCES = [
+    str(src)
+    for name, src in (("nvfp4", CORE_SRC), ("nvfp4_checkpoints", CHECKPOINTS_SRC))
+    if importlib.util.find_spec(name) is None
+]
+sys.path[:0] = SOURCES
 
 import ml_dtypes  # noqa: E402
 import nvfp4  # noqa: E402
-from nvfp4.checkpoint import write_modelopt  # noqa: E402
 from nvfp4.planes import NVFP4Planes  # noqa: E402
-from nvfp4.safetensors_io import read_header  # noqa: E402
 from nvfp4.spec import BLOCK_SIZE  # noqa: E402
+from nvfp4_checkpoints import write_modelopt  # noqa: E402
+from nvfp4_checkpoints.safetensors_io import read_header  # noqa: E402
 
 TARGETS = ("mlx", "gguf", "modelopt", "compressed-tensors")
 ARMS = ("copy", *TARGETS)
@@ -320,8 +326,8 @@ def warm_read(src: Path) -> float:
 
 def child_env() -> dict[str, str]:
     env = dict(os.environ)
-    if str(CORE_SRC) in sys.path:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CORE_SRC), env.get("PYTHONPATH")]))
+    if SOURCES:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [*SOURCES, env.get("PYTHONPATH")]))
     return env
 
 
@@ -378,7 +384,16 @@ def arm_cmd(arm: str, src: Path, dst: Path, shard_bytes: int) -> list[str]:
     would with real 5 GB shards), so copy and convert write and fsync as many files."""
     if arm == "copy":
         return [sys.executable, "-c", COPY_CHILD, str(src), str(dst)]
-    cmd = [sys.executable, "-m", "nvfp4.cli", "convert", str(src), str(dst), "--to", arm]
+    cmd = [
+        sys.executable,
+        "-m",
+        "nvfp4_checkpoints.cli",
+        "convert",
+        str(src),
+        str(dst),
+        "--to",
+        arm,
+    ]
     return cmd if arm == "gguf" else [*cmd, "--max-shard-bytes", str(shard_bytes)]
 
 
@@ -406,8 +421,8 @@ def run_arm(arm: str, src: Path, workdir: Path, shard_bytes: int) -> dict[str, A
 
 
 def startup_cost(workdir: Path) -> float:
-    """Median seconds of ``python -m nvfp4.cli --help`` (interpreter + imports)."""
-    cmd = [sys.executable, "-m", "nvfp4.cli", "--help"]
+    """Median seconds of ``python -m nvfp4_checkpoints.cli --help`` (interpreter + imports)."""
+    cmd = [sys.executable, "-m", "nvfp4_checkpoints.cli", "--help"]
     return statistics.median(run_child(cmd, workdir / "startup.log").wall_s for _ in range(3))
 
 
@@ -421,7 +436,7 @@ def verify_outputs(src: Path, workdir: Path, shard_bytes: int) -> dict[str, str]
         log = workdir / f"verify_{arm}.log"
         status = run_child(arm_cmd(arm, src, dst, shard_bytes), log).status
         if status == 0:
-            cmd = [sys.executable, "-m", "nvfp4.cli", "verify", str(src), str(dst)]
+            cmd = [sys.executable, "-m", "nvfp4_checkpoints.cli", "verify", str(src), str(dst)]
             status = run_child(cmd, log).status
         lines = log.read_text(errors="replace").strip().splitlines()
         verdicts[arm] = (lines[-1] if lines else "") if status == 0 else f"FAILED: {lines[-1:]}"
@@ -600,11 +615,11 @@ def markdown(result: dict[str, Any], png: str | None) -> str:
         "before each arm; outputs on the same file system, deleted after each arm (untimed)",
         "- copy: a child `python -c` that `shutil.copyfile`-s each file then fsyncs it and the "
         "directory (the converters fsync their outputs too)",
-        f"- convert: `python -m nvfp4.cli convert SRC DST --to T` (Hugging Face targets with "
+        f"- convert: `python -m nvfp4_checkpoints.cli convert SRC DST --to T` (Hugging Face targets with "
         f"`--max-shard-bytes {spec['shard_bytes']}`, the source's, so they write as many "
         "files as the copy); its wall time includes "
         f"interpreter start-up and imports ({result['cli_startup_s']:.2f} s for "
-        "`python -m nvfp4.cli --help`)",
+        "`python -m nvfp4_checkpoints.cli --help`)",
         "- peak memory: the child's `ru_maxrss` (GNU `/usr/bin/time -f %M`), which counts "
         "touched memory-mapped source pages",
         f"- run time: {result['total_s']:.0f} s",

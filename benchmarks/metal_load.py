@@ -54,7 +54,7 @@ def triplet_checkpoint(workdir: Path, n: int, k: int) -> Path:
     if (dst / ".complete").is_file():
         return dst
     from nvfp4 import reference
-    from nvfp4.checkpoint import write_modelopt
+    from nvfp4_checkpoints import write_modelopt
 
     rng = np.random.default_rng(4)
     w = rng.standard_normal((n, k), dtype=np.float32)
@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    from nvfp4.checkpoint import open_checkpoint
+    from nvfp4_checkpoints import open_checkpoint
 
     name = "metal_load_quick" if args.quick else "metal_load"
     n, k = (1024, 512) if args.quick else (N, K)

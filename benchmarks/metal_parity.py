@@ -68,8 +68,8 @@ def weight_changes(path: Path) -> dict[str, Any]:
     counts as changed when its E2M1 value changes (codes 0 and 8, +0 and -0, are the same
     value: re-encoding a decoded -0.0 gives +0)."""
     from nvfp4 import reference
-    from nvfp4.checkpoint import open_checkpoint
     from nvfp4.spec import E2M1_VALUES
+    from nvfp4_checkpoints import open_checkpoint
     from nvfp4_metal.transcode import requantize_dense, to_planes
 
     def values_of(p: Any) -> np.ndarray:

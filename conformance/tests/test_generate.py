@@ -6,7 +6,7 @@
   ModelOpt checkpoint the suite writes with nvfp4's writer.
 * ``generate`` reads checkpoints exported by nvidia-modelopt itself (a tiny Llama in
   float32 with W4A4 ``NVFP4`` layers, and in bfloat16 with ``MIXED_PRECISION`` layers, built
-  on the CPU by nvfp4-core's ``tests/make_modelopt_exports.py``): its NVFP4 model's logits
+  on the CPU by nvfp4-checkpoints' ``tests/make_modelopt_exports.py``): its NVFP4 model's logits
   equal those of the same model with every NVFP4 weight decoded to a dense float32 Linear.
 """
 
@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 from nvfp4_conformance import t6
 
-CORE_TESTS = Path(__file__).resolve().parents[2] / "packages" / "nvfp4-core" / "tests"
+CHECKPOINTS_TESTS = Path(__file__).resolve().parents[2] / "packages" / "nvfp4-checkpoints" / "tests"
 
 
 def _cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
@@ -143,13 +143,13 @@ def modelopt_exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     pytest.importorskip("modelopt.torch.quantization")
-    if not (CORE_TESTS / "make_modelopt_exports.py").exists():
-        pytest.fail(f"{CORE_TESTS / 'make_modelopt_exports.py'} is missing")
-    sys.path.insert(0, str(CORE_TESTS))
+    if not (CHECKPOINTS_TESTS / "make_modelopt_exports.py").exists():
+        pytest.fail(f"{CHECKPOINTS_TESTS / 'make_modelopt_exports.py'} is missing")
+    sys.path.insert(0, str(CHECKPOINTS_TESTS))
     try:
         from make_modelopt_exports import exports
     finally:
-        sys.path.remove(str(CORE_TESTS))
+        sys.path.remove(str(CHECKPOINTS_TESTS))
     built: dict[str, Path] = exports(tmp_path_factory.mktemp("modelopt"), ("llama", "mixed"))
     return built
 
@@ -159,7 +159,7 @@ def _dense_logits(checkpoint: Path, ids: list[int]) -> Any:
     plain torch Linear: the oracle for the NVFP4 path."""
     import torch
     from nvfp4 import dequantize
-    from nvfp4.checkpoint import open_checkpoint
+    from nvfp4_checkpoints import open_checkpoint
     from nvfp4_conformance import llm
 
     loaded = llm.load_model(checkpoint, _DenseBackend())

@@ -2,7 +2,7 @@
 
 This is the code path of ``python -m nvfp4_conformance generate`` and of tier T6:
 
-1. :func:`load_model` opens the checkpoint with :func:`nvfp4.checkpoint.open_checkpoint`,
+1. :func:`load_model` opens the checkpoint with :func:`nvfp4_checkpoints.open_checkpoint`,
    builds the transformers causal LM its ``config.json`` describes (float32), loads the
    unquantized tensors (embeddings, norms, an untied ``lm_head``) and replaces the module
    at every quantized prefix with an :class:`NVFP4Linear` that calls ``backend.qmm`` on
@@ -74,7 +74,7 @@ def load_model(checkpoint: str | os.PathLike[str], backend: Any) -> LoadedModel:
     """Build the float32 model of a ModelOpt NVFP4 checkpoint with its NVFP4 linears on
     ``backend`` (every quantized prefix must be a ``torch.nn.Linear`` of the model)."""
     torch = _torch()
-    from nvfp4.checkpoint import open_checkpoint
+    from nvfp4_checkpoints import open_checkpoint
     from transformers import AutoModelForCausalLM
 
     from .nvfp4_linear import NVFP4Linear

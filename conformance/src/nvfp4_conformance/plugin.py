@@ -25,9 +25,11 @@ Markers:
 ``min_spec(version)``
     The test applies from that spec version on.
 
-Fixtures: ``nvfp4_backend`` (the backend object), ``nvfp4_spec_version``, and
-``nvfp4_record`` - ``nvfp4_record(case_id, **figures)`` stores measured figures (errors,
-tolerances, counts) that go into the certificate.
+Fixtures: ``nvfp4_backend`` (the backend object), ``nvfp4_spec_version``,
+``nvfp4_tolerance`` - ``nvfp4_tolerance(path, dtype)``, the number of the spec version being
+certified (every tier asks it, never the newest version's default) - and ``nvfp4_record`` -
+``nvfp4_record(case_id, **figures)`` stores measured figures (errors, tolerances, counts)
+that go into the certificate.
 """
 
 from __future__ import annotations
@@ -407,6 +409,20 @@ def nvfp4_spec_version(nvfp4_conformance_run: ConformanceRun) -> str:
     """The spec version being certified."""
     assert nvfp4_conformance_run.spec_version is not None
     return nvfp4_conformance_run.spec_version
+
+
+@pytest.fixture(scope="session")
+def nvfp4_tolerance(nvfp4_spec_version: str) -> Callable[[str, Any], float]:
+    """``nvfp4_tolerance(path, dtype)``: the number of the spec version being certified
+    (:func:`nvfp4_conformance.numbers.tolerance_lookup`)."""
+    from .numbers import tolerance_lookup
+
+    try:
+        return tolerance_lookup(nvfp4_spec_version)
+    except ImportError as exc:
+        pytest.fail(
+            f"nvfp4.tolerances is missing from the installed nvfp4-core: {exc}", pytrace=False
+        )
 
 
 @pytest.fixture

@@ -1,14 +1,19 @@
-"""The spec's prose, its TOML and its code say the same thing.
+"""The spec's prose, its TOML and its code say the same thing, for every released version.
 
-Spec 1.0 lives in three places: the prose (``spec/1.0/nvfp4.md``), the numbers
-(``spec/1.0/tolerances.toml``) and the code (:mod:`nvfp4.spec`, :mod:`nvfp4.tolerances`).
-This file fails as soon as one of them drifts:
+Each released spec version lives in three places: the prose (``spec/<X.Y>/nvfp4.md``), the
+numbers (``spec/<X.Y>/tolerances.toml``) and the code (``nvfp4.spec.for_version("X.Y")``,
+``nvfp4.tolerances.tolerances_for("X.Y")``). Every test here runs once per released folder
+(every ``spec/<X.Y>/`` holding ``nvfp4.md`` and ``tolerances.toml``) and fails as soon as one
+of them drifts:
 
-* (a) ``nvfp4.tolerances`` equals ``tolerances.toml``;
-* (b) every constant, table and formula of the prose equals ``nvfp4.spec`` (the constants
-  table, the E2M1 and E4M3 tables, the tie list, the swizzle formula evaluated against
-  :func:`nvfp4.spec.swizzle_128x4_offset`, the worked example recomputed by the reference);
-* (c) the version in the prose, the folder, the TOML and the changelog is ``SPEC_VERSION``;
+* (0) every released folder has a table in code and every table in code has a folder;
+* (a) ``tolerances_for(X.Y)`` equals ``tolerances.toml``;
+* (b) every constant, table and formula of the prose equals ``for_version(X.Y)`` (the
+  constants table, the E2M1 and E4M3 tables, the tie list, the swizzle formula evaluated
+  against :func:`nvfp4.spec.swizzle_128x4_offset`, the worked example recomputed by the
+  reference);
+* (c) the version in the prose, the folder, the TOML and the changelog is ``X.Y``, and the
+  newest folder is ``SPEC_VERSION``;
 * (d) every section heading that code and documents cite exists.
 
 The tests read the repository's ``spec/`` folder. They run from a checkout; from an
@@ -31,6 +36,7 @@ import nvfp4
 import pytest
 from nvfp4 import reference, spec, tolerances
 from nvfp4.dtypes import OUTPUT_DTYPES
+from nvfp4.spec import SpecTables
 
 try:
     import tomllib
@@ -72,19 +78,23 @@ REQUIRED_HEADINGS = (
 #: The swizzle formula exactly as the prose states it.
 SWIZZLE_FORMULA = "((n//128)*ceil(kb/4) + k//4)*512 + (n%32)*16 + ((n%128)//32)*4 + k%4"
 
-#: Row name of the prose's constants table -> the value in nvfp4.spec.
-CONSTANTS: dict[str, float] = {
-    "block size": spec.BLOCK_SIZE,
-    "E2M1 max": spec.E2M1_MAX,
-    "E4M3 max": spec.E4M3_MAX,
-    "E4M3 min subnormal": spec.E4M3_MIN_SUBNORMAL,
-    "global amax divisor": spec.GLOBAL_AMAX_DIVISOR,
-    "GGUF type": spec.GGUF_TYPE_NVFP4,
-    "GGUF super-block": spec.GGUF_SUPER_BLOCK,
-    "GGUF super-block bytes": spec.GGUF_BLOCK_BYTES,
-    "swizzle row tile": spec.SWIZZLE_ROW_TILE,
-    "swizzle column tile": spec.SWIZZLE_COL_TILE,
-}
+
+def constants(t: SpecTables) -> dict[str, float]:
+    """Row name of the prose's constants table -> the value in the version's table."""
+    return {
+        "block size": t.block_size,
+        "E2M1 max": t.e2m1_max,
+        "E4M3 max": t.e4m3_max,
+        "E4M3 min subnormal": t.e4m3_min_subnormal,
+        "E4M3 bias": t.e4m3_bias,
+        "global amax divisor": t.global_amax_divisor,
+        "GGUF type": t.gguf_type_nvfp4,
+        "GGUF super-block": t.gguf_super_block,
+        "GGUF super-block bytes": t.gguf_block_bytes,
+        "swizzle row tile": t.swizzle_row_tile,
+        "swizzle column tile": t.swizzle_col_tile,
+    }
+
 
 #: (section, phrase): facts the prose must state in words, where a number could drift.
 PHRASES = (
@@ -129,11 +139,62 @@ def _repo_root() -> Path:
     )
 
 
+_VERSION_DIR = re.compile(r"\d+\.\d+")
+
+
+def released_folders(root: Path) -> list[str]:
+    """Every released version under ``spec/``: a ``<X.Y>`` folder holding ``nvfp4.md`` and
+    ``tolerances.toml``, oldest first."""
+    found = [
+        d.name
+        for d in (root / "spec").iterdir()
+        if d.is_dir()
+        and _VERSION_DIR.fullmatch(d.name)
+        and (d / "nvfp4.md").is_file()
+        and (d / "tolerances.toml").is_file()
+    ]
+    return sorted(found, key=spec.version_key)
+
+
+def _versions_to_check() -> list[str]:
+    """The union of the released folders and the versions with a table in code (a folder
+    without a table, or a table without a folder, then fails its own parameter)."""
+    here = Path(__file__).resolve()
+    roots = [p for p in here.parents if (p / "spec" / "README.md").is_file()]
+    folders = released_folders(roots[0]) if roots else []
+    return sorted(set(folders) | set(spec.SUPPORTED_SPEC_VERSIONS), key=spec.version_key)
+
+
+@pytest.fixture(scope="module", params=_versions_to_check())
+def version(request: pytest.FixtureRequest) -> str:
+    v: str = request.param
+    return v
+
+
 @pytest.fixture(scope="module")
-def spec_dir() -> Path:
-    d = _repo_root() / "spec" / spec.SPEC_VERSION
-    assert d.is_dir(), f"spec folder for SPEC_VERSION {spec.SPEC_VERSION!r} missing: {d}"
+def spec_dir(version: str) -> Path:
+    d = _repo_root() / "spec" / version
+    for name in ("nvfp4.md", "tolerances.toml"):
+        assert (d / name).is_file(), (
+            f"nvfp4-core has a table for spec {version} but spec/{version}/{name} is missing"
+        )
     return d
+
+
+@pytest.fixture(scope="module")
+def spec_tables(version: str) -> SpecTables:
+    try:
+        return spec.for_version(version)
+    except spec.SpecVersionError as exc:
+        pytest.fail(f"spec/{version}/ is released but nvfp4.spec has no table: {exc}")
+
+
+@pytest.fixture(scope="module")
+def tolerance_table(version: str) -> Any:
+    try:
+        return tolerances.tolerances_for(version)
+    except spec.SpecVersionError as exc:
+        pytest.fail(f"spec/{version}/ is released but nvfp4.tolerances has no numbers: {exc}")
 
 
 @pytest.fixture(scope="module")
@@ -205,15 +266,61 @@ def parse_number(text: str) -> float:
     return float(text)
 
 
+# ------------------------------------------- (0) released folders == tables in code
+def test_every_released_folder_has_its_tables_and_back() -> None:
+    folders = released_folders(_repo_root())
+    assert folders, "no released spec folder (spec/<X.Y>/ with nvfp4.md and tolerances.toml)"
+    assert list(spec.SUPPORTED_SPEC_VERSIONS) == folders, (
+        f"released folders {folders}, nvfp4.spec tables {list(spec.SUPPORTED_SPEC_VERSIONS)}"
+    )
+    in_code = sorted(tolerances._BY_VERSION, key=spec.version_key)
+    assert in_code == folders, f"released folders {folders}, nvfp4.tolerances tables {in_code}"
+    assert spec.SPEC_VERSION == folders[-1] == tolerances.TOLERANCES_SPEC_VERSION
+    for v in folders:
+        assert spec.for_version(v).version == v
+
+
+def test_module_names_are_the_newest_table() -> None:
+    newest = spec.for_version(spec.SPEC_VERSION)
+    assert spec.E2M1_VALUES is newest.e2m1_values
+    assert spec.E4M3_VALUES is newest.e4m3_values
+    assert spec.E2M1_BOUNDS is newest.e2m1_bounds
+    assert spec.E4M3_INVALID_BYTES is newest.e4m3_invalid_bytes
+    assert newest.e4m3_nan_byte == spec.E4M3_NAN_BYTE == 0x7F
+    assert newest.global_amax_divisor == spec.GLOBAL_AMAX_DIVISOR
+    assert newest.reserved_paths == spec.RESERVED_PATHS
+    assert tolerances.TOLERANCES is tolerances.tolerances_for(spec.SPEC_VERSION)
+    assert not newest.e4m3_values.flags.writeable
+    assert not newest.e2m1_values.flags.writeable
+    with pytest.raises(AttributeError):
+        newest.block_size = 32  # type: ignore[misc]
+
+
+def test_unknown_version_is_one_line_naming_the_supported() -> None:
+    for call in (
+        lambda: spec.for_version("0.9"),
+        lambda: tolerances.tolerances_for("0.9"),
+        lambda: tolerances.tolerance("qmm", "float32", spec="0.9"),
+    ):
+        with pytest.raises(spec.SpecVersionError) as info:
+            call()
+        message = str(info.value)
+        assert "'0.9'" in message
+        assert "\n" not in message
+        assert f"supported: {', '.join(spec.SUPPORTED_SPEC_VERSIONS)}" in message
+
+
 # ----------------------------------------------------- (a) TOML == nvfp4.tolerances
-def test_tolerances_module_equals_toml(toml_data: dict[str, Any]) -> None:
+def test_tolerances_module_equals_toml(
+    version: str, toml_data: dict[str, Any], tolerance_table: Any
+) -> None:
     data = dict(toml_data)
-    assert data.pop("spec_version") == tolerances.TOLERANCES_SPEC_VERSION == spec.SPEC_VERSION
+    assert data.pop("spec_version") == version
     assert data.pop("metric") == tolerances.METRIC
-    mirrored = {path: dict(table) for path, table in tolerances.TOLERANCES.items()}
+    mirrored = {path: dict(table) for path, table in tolerance_table.items()}
     assert data == mirrored, (
-        "nvfp4/tolerances.py differs from spec/1.0/tolerances.toml:\n"
-        f"  toml:   {data}\n  python: {mirrored}"
+        f"nvfp4.tolerances.tolerances_for({version!r}) differs from "
+        f"spec/{version}/tolerances.toml:\n  toml:   {data}\n  python: {mirrored}"
     )
     for path, table in data.items():
         for key, value in table.items():
@@ -222,17 +329,23 @@ def test_tolerances_module_equals_toml(toml_data: dict[str, Any]) -> None:
             )
             assert math.isfinite(value), f"[{path}] {key} = {value!r}"
             assert value >= 0, f"[{path}] {key} = {value!r}"
-            assert tolerances.tolerance(path, key) == value
+            assert tolerances.tolerance(path, key, spec=version) == value
 
 
-def test_toml_tables_cover_every_output_dtype(toml_data: dict[str, Any]) -> None:
+def test_toml_tables_cover_every_output_dtype(
+    toml_data: dict[str, Any], spec_tables: SpecTables
+) -> None:
     dtypes = set(OUTPUT_DTYPES)
     for path in ("dequantize", "qmm", "gather_qmm", "w4a4"):
         assert set(toml_data[path]) == dtypes, f"[{path}] keys {sorted(toml_data[path])}"
     assert all(v == 0.0 for v in toml_data["dequantize"].values()), "decoding is exact"
     assert toml_data["quantize"]["reference"] == 0.0, "the reference encoder is bit-exact"
     assert toml_data["quantize"]["boundary_window"] == 2.0**-20
-    assert toml_data["w4a8"] == {}, "w4a8 is reserved in spec 1.0"
+    reserved = {p for p, t in toml_data.items() if isinstance(t, dict) and not t}
+    assert reserved == spec_tables.reserved_paths, (
+        f"reserved (empty) tables {sorted(reserved)}, "
+        f"for_version().reserved_paths {sorted(spec_tables.reserved_paths)}"
+    )
 
 
 def test_tolerance_lookup_and_errors() -> None:
@@ -253,51 +366,52 @@ def test_tolerance_lookup_and_errors() -> None:
 
 
 # --------------------------------------------------------- (b) prose == nvfp4.spec
-def test_constants_table(prose: str) -> None:
+def test_constants_table(prose: str, spec_tables: SpecTables) -> None:
     rows = tables(section(prose, "Constants"))[0]
     stated = {r[0]: r[1] for r in rows}
-    for name, value in CONSTANTS.items():
+    for name, value in constants(spec_tables).items():
         assert name in stated, f"constants table lacks {name!r}"
         assert parse_number(stated[name]) == value, f"{name}: prose {stated[name]}, spec.py {value}"
-    assert parse_number(stated["E4M3 bias"]) == 7
     bias = int(parse_number(stated["E4M3 bias"]))
-    assert spec.E4M3_VALUES[bias << 3] == 1.0, "exponent field == bias must decode to 1.0"
-    assert spec.GLOBAL_AMAX_DIVISOR == spec.E2M1_MAX * spec.E4M3_MAX
+    assert spec_tables.e4m3_values[bias << 3] == 1.0, "exponent field == bias must decode to 1.0"
+    assert spec_tables.global_amax_divisor == spec_tables.e2m1_max * spec_tables.e4m3_max
 
 
-def test_e2m1_table(prose: str) -> None:
+def test_e2m1_table(prose: str, spec_tables: SpecTables) -> None:
     rows = tables(section(prose, "E2M1 (the element)"))[0]
     assert [int(r[0]) for r in rows] == list(range(16)), "the table lists codes 0..15 in order"
     for code, bits, value in rows:
         assert bits == format(int(code), "04b"), f"code {code}: bits {bits}"
         v = float(value)
-        expected = spec.E2M1_VALUES[int(code)]
+        expected = spec_tables.e2m1_values[int(code)]
         assert v == expected, f"code {code}: prose {value}, spec.E2M1_VALUES {expected!r}"
         assert np.signbit(v) == np.signbit(expected), f"code {code}: sign of {value}"
 
 
-def test_e4m3_table(prose: str) -> None:
+def test_e4m3_table(prose: str, spec_tables: SpecTables) -> None:
+    values = spec_tables.e4m3_values
     rows = tables(section(prose, "E4M3 (the block scale)"))[0]
     assert len(rows) >= 5
     for byte_text, e, m, value in rows:
         byte = int(byte_text, 16)
         assert int(e) == (byte >> 3) & 0xF, f"{byte_text}: exponent field {e}"
         assert int(m) == byte & 0x7, f"{byte_text}: mantissa field {m}"
-        assert float(value) == spec.E4M3_VALUES[byte], f"{byte_text}: prose {value}"
-    assert spec.E4M3_VALUES[0x7E] == spec.E4M3_MAX
-    assert spec.E4M3_VALUES[0x01] == spec.E4M3_MIN_SUBNORMAL
-    invalid = {
-        b for b in range(256) if not np.isfinite(spec.E4M3_VALUES[b]) or spec.E4M3_VALUES[b] < 0
-    }
-    assert invalid | {0x80} <= spec.E4M3_INVALID_BYTES  # 0x80 is -0: invalid by bit 7
-    assert set(range(0x7F)).isdisjoint(spec.E4M3_INVALID_BYTES)
+        assert float(value) == values[byte], f"{byte_text}: prose {value}"
+    assert values[0x7E] == spec_tables.e4m3_max
+    assert values[0x01] == spec_tables.e4m3_min_subnormal
+    nan_byte = spec_tables.e4m3_nan_byte
+    assert f"`{nan_byte:#04X}`".replace("0X", "0x") in section(prose, "E4M3 (the block scale)")
+    assert np.isnan(values[nan_byte])
+    invalid = {b for b in range(256) if not np.isfinite(values[b]) or values[b] < 0}
+    assert invalid | {0x80} <= spec_tables.e4m3_invalid_bytes  # 0x80 is -0: invalid by bit 7
+    assert set(range(nan_byte)).isdisjoint(spec_tables.e4m3_invalid_bytes)
 
 
-def test_tie_list(prose: str) -> None:
+def test_tie_list(prose: str, spec_tables: SpecTables) -> None:
     rows = tables(section(prose, "The reference encoder"))[0]
-    mags = [float(v) for v in spec.E2M1_VALUES[:8]]
+    mags = [float(v) for v in spec_tables.e2m1_values[:8]]
     mids = [float(r[0]) for r in rows]
-    assert mids == [float(b) for b in spec.E2M1_BOUNDS], f"tie list {mids}"
+    assert mids == [float(b) for b in spec_tables.e2m1_bounds], f"tie list {mids}"
     for mid_text, neighbours, result in rows:
         lo, hi = (float(v) for v in neighbours.split(","))
         i = mags.index(lo)
@@ -307,7 +421,11 @@ def test_tie_list(prose: str) -> None:
         assert float(result) == even, f"{mid_text} -> {result}: not the even neighbour"
         q = np.array([float(mid_text)], dtype=np.float32)
         code = reference.e2m1_encode(q, np.array([False]))[0]
-        assert spec.E2M1_VALUES[code] == float(result), f"reference rounds {mid_text} otherwise"
+        assert spec_tables.e2m1_values[code] == float(result), (
+            f"reference rounds {mid_text} otherwise"
+        )
+        if float(result) == hi:
+            assert float(mid_text) in spec_tables.e2m1_odd_bounds, f"{mid_text}: not odd-bound"
 
 
 _BINOPS: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
@@ -363,6 +481,11 @@ def test_swizzle_formula(prose: str) -> None:
         rows, cols = spec.swizzled_scale_shape(n_rows, kb)
         assert len(np.unique(want)) == want.size
         assert want.max() < rows * cols
+        band, stride = spec.swizzle_128x4_band(kb)
+        assert stride * (rows // spec.SWIZZLE_ROW_TILE) == rows * cols
+        tile_of = n // spec.SWIZZLE_ROW_TILE
+        banded = tile_of * stride + band.reshape(spec.SWIZZLE_ROW_TILE, kb)[n % 128, k]
+        np.testing.assert_array_equal(banded, want, err_msg=f"band N={n_rows} kb={kb}")
 
 
 def test_phrases(prose: str) -> None:
@@ -373,8 +496,7 @@ def test_phrases(prose: str) -> None:
     assert not missing, f"nvfp4.md no longer states: {missing}"
 
 
-def _example_input() -> tuple[npt.NDArray[np.float32], list[list[str]]]:
-    prose = (_repo_root() / "spec" / spec.SPEC_VERSION / "nvfp4.md").read_text(encoding="utf-8")
+def _example_input(prose: str) -> tuple[npt.NDArray[np.float32], list[list[str]]]:
     rows = tables(section(prose, "Worked example"))[0]
     x = np.zeros((1, 64), dtype=np.float32)
     x[0, :16] = [float(r[1]) for r in rows]
@@ -405,7 +527,7 @@ def _bits(v: Any) -> int:
 
 
 def test_worked_example(prose: str) -> None:
-    x, rows = _example_input()
+    x, rows = _example_input(prose)
     assert len(rows) == 16
     assert np.abs(x[0, :16]).max() == 3.0
     p = reference.quantize(x)
@@ -460,28 +582,31 @@ def test_worked_example(prose: str) -> None:
 def test_worked_example_gguf_bytes_decode_with_gguf_py(prose: str) -> None:
     """Independent oracle: gguf-py decodes the prose's GGUF super-block to e2m1 * e4m3."""
     quants = pytest.importorskip("gguf.quants")
-    x, _ = _example_input()
+    x, _ = _example_input(prose)
     block = np.frombuffer(_hex_bytes(_dump(prose)["gguf.weight"]), dtype=np.uint8).reshape(1, -1)
     got = quants.NVFP4.dequantize_blocks(block).reshape(1, 64)
     np.testing.assert_array_equal(got, reference.dequantize_unscaled(reference.quantize(x)))
 
 
 # ------------------------------------------------------------------- (c) versions
-def test_version_everywhere(spec_dir: Path, prose: str, toml_data: dict[str, Any]) -> None:
-    assert spec_dir.name == spec.SPEC_VERSION == nvfp4.SPEC_VERSION
-    assert spec.SPEC_VERSION in spec.SUPPORTED_SPEC_VERSIONS
-    assert nvfp4.require_spec(spec.SPEC_VERSION) == spec.SPEC_VERSION
+def test_version_everywhere(
+    version: str, spec_dir: Path, prose: str, toml_data: dict[str, Any]
+) -> None:
+    assert spec_dir.name == version
+    assert version in spec.SUPPORTED_SPEC_VERSIONS
+    assert nvfp4.require_spec(version) == version
+    assert nvfp4.SPEC_VERSION == spec.SPEC_VERSION == spec.SUPPORTED_SPEC_VERSIONS[-1]
     m = re.search(r"^Version: (\S+)$", prose, flags=re.MULTILINE)
-    assert m, "nvfp4.md states `Version: <SPEC_VERSION>`"
-    assert m.group(1) == spec.SPEC_VERSION, f"nvfp4.md states Version {m.group(1)}"
-    assert toml_data["spec_version"] == spec.SPEC_VERSION
+    assert m, "nvfp4.md states `Version: <X.Y>`"
+    assert m.group(1) == version, f"spec/{version}/nvfp4.md states Version {m.group(1)}"
+    assert toml_data["spec_version"] == version
     changelog = (spec_dir / "changelog.md").read_text(encoding="utf-8")
     entry = re.search(
-        rf"^## {re.escape(spec.SPEC_VERSION)} - (\d{{4}}-\d{{2}}-\d{{2}})$",
+        rf"^## {re.escape(version)} - (\d{{4}}-\d{{2}}-\d{{2}})$",
         changelog,
         flags=re.MULTILINE,
     )
-    assert entry, f"changelog.md has no `## {spec.SPEC_VERSION} - YYYY-MM-DD` entry"
+    assert entry, f"changelog.md has no `## {version} - YYYY-MM-DD` entry"
     date = re.search(r"^Date: (\S+)$", prose, flags=re.MULTILINE)
     assert date, "nvfp4.md states `Date: YYYY-MM-DD`"
     assert date.group(1) == entry.group(1), "nvfp4.md's Date differs from the changelog's"
@@ -499,16 +624,23 @@ def test_required_headings(prose: str) -> None:
     assert not duplicated, f"ambiguous headings in nvfp4.md: {duplicated}"
 
 
-def test_cited_sections_exist(prose: str) -> None:
-    """Every ``spec 1.0, "Section"`` cited in nvfp4-core's code and scripts is a heading."""
-    titles = {t for _, t, _ in headings(prose)}
+def test_cited_sections_exist() -> None:
+    """Every ``spec X.Y, "Section"`` cited in nvfp4-core's code and scripts is a heading of
+    ``spec/X.Y/nvfp4.md``."""
     core = Path(nvfp4.__file__).resolve().parent
-    root = _repo_root() / "packages" / "nvfp4-core"
-    files = sorted(core.rglob("*.py")) + sorted((root / "scripts").glob("*.py"))
-    cite = re.compile(rf'spec {re.escape(spec.SPEC_VERSION)},? (?:section )?"([^"]+)"')
+    root = _repo_root()
+    files = sorted(core.rglob("*.py")) + sorted((root / "packages/nvfp4-core/scripts").glob("*.py"))
+    cite = re.compile(r'spec (\d+\.\d+),? (?:section )?"([^"]+)"')
     cited = {
-        (f.name, m.group(1)) for f in files for m in cite.finditer(f.read_text(encoding="utf-8"))
+        (f.name, m.group(1), m.group(2))
+        for f in files
+        for m in cite.finditer(f.read_text(encoding="utf-8"))
     }
     assert cited, "expected nvfp4-core to cite spec sections"
-    dangling = sorted((f, t) for f, t in cited if t not in titles)
+    titles: dict[str, set[str]] = {}
+    for v in {v for _, v, _ in cited}:
+        md = root / "spec" / v / "nvfp4.md"
+        assert md.is_file(), f"code cites spec {v}, which has no released folder"
+        titles[v] = {t for _, t, _ in headings(md.read_text(encoding="utf-8"))}
+    dangling = sorted((f, v, t) for f, v, t in cited if t not in titles[v])
     assert not dangling, f"cited sections missing from nvfp4.md: {dangling}"

@@ -3,7 +3,7 @@
 * ``backend``: the ``metal`` backend as users get it (``nvfp4.get_backend("metal")``); the
   tests need MLX and fail (they do not skip) when it cannot run here.
 * ``exports``: tiny Llama and Qwen3-MoE checkpoints exported by NVIDIA ModelOpt itself
-  (nvfp4-core's ``tests/make_modelopt_exports.py``, built once per session).
+  (nvfp4-checkpoints' ``tests/make_modelopt_exports.py``, built once per session).
 * As in nvfp4-core, ``NVFP4_REQUIRE_ORACLES=1`` (set by CI) turns any skip into a failure.
 """
 
@@ -17,7 +17,7 @@ import pytest
 from nvfp4.testing import pytest_configure, pytest_sessionfinish  # noqa: F401 - the oracle rule
 
 _EXPORTS_SCRIPT = (
-    Path(__file__).resolve().parents[2] / "nvfp4-core" / "tests" / "make_modelopt_exports.py"
+    Path(__file__).resolve().parents[2] / "nvfp4-checkpoints" / "tests" / "make_modelopt_exports.py"
 )
 
 
@@ -40,7 +40,7 @@ def _native_impl(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _exports_module() -> Any:
     if not _EXPORTS_SCRIPT.is_file():
-        pytest.skip(f"nvfp4-core's export script is not in this tree ({_EXPORTS_SCRIPT})")
+        pytest.skip(f"nvfp4-checkpoints' export script is not in this tree ({_EXPORTS_SCRIPT})")
     spec = importlib.util.spec_from_file_location("make_modelopt_exports", _EXPORTS_SCRIPT)
     assert spec is not None
     assert spec.loader is not None

@@ -17,8 +17,8 @@ import pytest
 from metal_helpers import rel_err
 from mlx.utils import tree_unflatten
 from nvfp4 import reference
-from nvfp4.checkpoint import open_checkpoint, write_checkpoint
 from nvfp4.planes import NVFP4Planes
+from nvfp4_checkpoints import open_checkpoint, write_checkpoint
 from nvfp4_metal.loader import LoadError, mlx_lm_config
 from nvfp4_metal.nn import NVFP4Linear, NVFP4SwitchLinear
 

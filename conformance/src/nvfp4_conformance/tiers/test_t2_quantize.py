@@ -35,17 +35,17 @@ pytestmark = pytest.mark.requires_capability("quantize_activations")
 TIES = np.asarray(E2M1_BOUNDS, dtype=np.float32)
 
 
-def _quantize_tolerances() -> tuple[float, float]:
-    from nvfp4.tolerances import tolerance
-
-    return float(tolerance("quantize", "boundary_window")), float(tolerance("quantize", "others"))
-
-
 def compare_encodings(
-    x: npt.NDArray[Any], got: Any, ref: NVFP4Planes, *, exact: bool
+    x: npt.NDArray[Any],
+    got: Any,
+    ref: NVFP4Planes,
+    *,
+    exact: bool,
+    tolerance: Callable[[str, Any], float],
 ) -> dict[str, Any]:
-    """:func:`nvfp4_conformance.encoders.compare_encoding` with the spec's window."""
-    window, _ = _quantize_tolerances()
+    """:func:`nvfp4_conformance.encoders.compare_encoding` with the window of the certified
+    spec version (``tolerance`` is the ``nvfp4_tolerance`` fixture)."""
+    window = tolerance("quantize", "boundary_window")
     return compare_encoding(
         x, got, ref, window=window, exact=exact, what="quantize_activations"
     ).figures()
@@ -114,14 +114,16 @@ CASES: dict[str, tuple[Builder, float | None]] = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_quantize_activations(nvfp4_backend: Any, nvfp4_record: Any, case: str) -> None:
+def test_quantize_activations(
+    nvfp4_backend: Any, nvfp4_record: Any, nvfp4_tolerance: Any, case: str
+) -> None:
     """Crafted cases: exact midpoints (static and dynamic global), wide row ranges, zeros,
     zero blocks, float16 / bfloat16 inputs."""
     build, input_scale = CASES[case]
     x = build(np.random.default_rng(zlib.crc32(case.encode())))
     got, ref = _run(nvfp4_backend, x, input_scale)
     exact = nvfp4_backend.info.name == "reference"
-    figures = compare_encodings(x, got, ref, exact=exact)
+    figures = compare_encodings(x, got, ref, exact=exact, tolerance=nvfp4_tolerance)
     nvfp4_record(case, shape=list(x.shape), input_scale=input_scale, **figures)
 
 
@@ -137,10 +139,12 @@ RANDOM_CORPUS = [
 ]
 
 
-def test_random_corpus_disagreement_fraction(nvfp4_backend: Any, nvfp4_record: Any) -> None:
+def test_random_corpus_disagreement_fraction(
+    nvfp4_backend: Any, nvfp4_record: Any, nvfp4_tolerance: Any
+) -> None:
     """Random activations, 2^20 elements and more: every difference is a boundary
-    disagreement and their fraction is within ``[quantize] others`` (0 for the reference)."""
-    _, others = _quantize_tolerances()
+    disagreement and their fraction is within ``[quantize] others`` (``reference``, 0, for
+    the reference)."""
     exact = nvfp4_backend.info.name == "reference"
     total = disagreements = 0
     for name, shape, _dtype, input_scale, scale in RANDOM_CORPUS:
@@ -151,12 +155,12 @@ def test_random_corpus_disagreement_fraction(nvfp4_backend: Any, nvfp4_record: A
             x = rng.standard_normal(shape) * np.exp(rng.normal(0.0, 1.0, size=(shape[0], 1)))
         x = x.astype(np.float32)
         got, ref = _run(nvfp4_backend, x, input_scale)
-        figures = compare_encodings(x, got, ref, exact=exact)
+        figures = compare_encodings(x, got, ref, exact=exact, tolerance=nvfp4_tolerance)
         total += figures["elements"]
         disagreements += figures["disagreements"]
         nvfp4_record(name, shape=list(shape), input_scale=input_scale, **figures)
     fraction = disagreements / total
-    limit = 0.0 if exact else others
+    limit = nvfp4_tolerance("quantize", "reference" if exact else "others")
     nvfp4_record(
         "random corpus",
         elements=total,
@@ -188,7 +192,7 @@ _special = st.sampled_from([0.0, -0.0, 0.25, -0.75, 1.25, 3.5, -5.0, 6.0, 1e-30,
 )
 @given(data=st.data())
 def test_quantize_activations_property(
-    nvfp4_backend: Any, nvfp4_record: Any, data: st.DataObject
+    nvfp4_backend: Any, nvfp4_record: Any, nvfp4_tolerance: Any, data: st.DataObject
 ) -> None:
     """Hypothesis-drawn activations (any finite float32, specials mixed in), dynamic and
     static globals."""
@@ -200,5 +204,6 @@ def test_quantize_activations_property(
     )
     input_scale = data.draw(st.sampled_from([None, None, 1.0, 0.01, 7.5]), label="input_scale")
     got, ref = _run(nvfp4_backend, x, input_scale)
-    figures = compare_encodings(x, got, ref, exact=nvfp4_backend.info.name == "reference")
+    exact = nvfp4_backend.info.name == "reference"
+    figures = compare_encodings(x, got, ref, exact=exact, tolerance=nvfp4_tolerance)
     nvfp4_record(f"m{m}_k{kb * BLOCK_SIZE}_s{input_scale}", shape=[m, kb * BLOCK_SIZE], **figures)

@@ -3,7 +3,8 @@ float64 reference (:func:`nvfp4.reference.qmm` with ``out_dtype=None``: exactly 
 weights, float64 accumulation, the global applied once after accumulation).
 
 The error measure is spec 1.0's: ``max|y - ref| / max|ref|`` per output dtype, against
-``nvfp4.tolerances.tolerance(path, dtype)`` (``spec/1.0/tolerances.toml``). Every case's
+``nvfp4.tolerances.tolerance(path, dtype, spec=<the certified version>)``
+(``spec/<v>/tolerances.toml``). Every case's
 measured ``max|err|``, ``max|ref|`` and ratio go into the certificate, pass or fail. The
 output dtype is x's dtype (the verbs' default). MoE rows whose expert id is outside
 ``[0, E)`` must be exactly zero - even when that row of ``x`` holds NaN or Inf, since the
@@ -50,15 +51,10 @@ QMM_SHAPES = [
 
 
 @pytest.fixture(scope="session")
-def tolerance() -> Any:
-    """``tolerance(path, dtype)`` from the installed nvfp4-core (spec/<v>/tolerances.toml)."""
-    try:
-        from nvfp4.tolerances import tolerance as tol
-    except ImportError as exc:
-        pytest.fail(
-            f"nvfp4.tolerances is missing from the installed nvfp4-core: {exc}", pytrace=False
-        )
-    return tol
+def tolerance(nvfp4_tolerance: Any) -> Any:
+    """``tolerance(path, dtype)`` of the spec version being certified
+    (``spec/<v>/tolerances.toml``)."""
+    return nvfp4_tolerance
 
 
 def _rng(*key: Any) -> np.random.Generator:

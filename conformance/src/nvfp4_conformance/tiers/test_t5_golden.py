@@ -5,8 +5,8 @@ Each manifest entry lists its arrays; every ``expected`` array names the ``op`` 
 produces it, the arguments (array keys; ``"."`` is the case's own planes) and the rule:
 ``exact`` (byte for byte; for a non-reference activation encoder, spec 1.0's tie rule
 applies to the codes, as in T2) or ``tolerance`` (``max|y - ref| / max|ref|`` against
-``nvfp4.tolerances.tolerance(path, dtype)``, with ``zero_rows`` exactly zero and
-``nan_rows`` non-finite). Backend verbs run on the backend under test; the encoder and the
+``nvfp4.tolerances.tolerance(path, dtype, spec=...)`` of the certified spec version, with
+``zero_rows`` exactly zero and ``nan_rows`` non-finite). Backend verbs run on the backend under test; the encoder and the
 layout transcoders run on the installed nvfp4-core. An op this suite does not know fails:
 a newer manifest needs a newer suite.
 """
@@ -258,11 +258,6 @@ def _act_planes(arrays: dict[str, npt.NDArray[Any]], key: str, name: str) -> NVF
 
 
 @pytest.fixture(scope="session")
-def tolerance_fn() -> Any:
-    try:
-        from nvfp4.tolerances import tolerance
-    except ImportError as exc:
-        pytest.fail(
-            f"nvfp4.tolerances is missing from the installed nvfp4-core: {exc}", pytrace=False
-        )
-    return tolerance
+def tolerance_fn(nvfp4_tolerance: Any) -> Any:
+    """``tolerance(path, dtype)`` of the spec version being certified."""
+    return nvfp4_tolerance

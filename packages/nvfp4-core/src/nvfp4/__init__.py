@@ -5,8 +5,8 @@
 * :func:`quantize`, :func:`dequantize` and :mod:`nvfp4.reference` - the bit-exact reference;
 * :mod:`nvfp4.layouts` - lossless transcoders (ModelOpt, compressed-tensors, MLX, GGUF, 128x4);
 * :mod:`nvfp4.fusion` and :mod:`nvfp4.sharding` - fused partitions, expert stacks, tensor parallelism;
-* :mod:`nvfp4.checkpoint` and the ``nvfp4`` CLI (``inspect | convert | verify``) - streaming,
-  atomic checkpoint reading and writing (ModelOpt, compressed-tensors, MLX, GGUF);
+* :mod:`nvfp4.fixtures` - the golden fixtures (checkpoint reading and writing, and the
+  ``nvfp4`` CLI, are the separate package nvfp4-checkpoints: ``import nvfp4_checkpoints``);
 * :func:`get_backend` and :mod:`nvfp4.backend` - the backend contract and its registry.
 """
 

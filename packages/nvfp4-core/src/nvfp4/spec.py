@@ -1,23 +1,28 @@
-"""NVFP4 spec 1.0 in code.
+"""The NVFP4 spec in code, one table per released version.
 
 This module is the single source of truth for every number and table that
-``spec/1.0/nvfp4.md`` defines. Other modules (the reference, the layouts, the
-backends) import from here; nothing else restates a constant. A test
-(``tests/test_spec_drift.py``) keeps this module, the prose and
-``spec/1.0/tolerances.toml`` from drifting apart.
+``spec/<version>/nvfp4.md`` defines. :func:`for_version` returns a released version's
+:class:`SpecTables` (immutable); the module-level names (:data:`E2M1_VALUES`,
+:data:`BLOCK_SIZE`, ...) are the newest version's values, read from that table, never
+restated. Other modules (the reference, the layouts, the backends) import from here;
+nothing else restates a constant. A test (``tests/test_spec_drift.py``) keeps every
+released folder under ``spec/`` and its table here from drifting apart.
 
 Contents:
 
-* versioning: :data:`SPEC_VERSION`, :data:`SUPPORTED_SPEC_VERSIONS`, :func:`require_spec`;
+* versioning: :data:`SPEC_VERSION`, :data:`SUPPORTED_SPEC_VERSIONS`, :func:`require_spec`,
+  :func:`for_version`, :class:`SpecTables`;
 * the element format E2M1: :data:`E2M1_VALUES` (all 16 codes), :data:`E2M1_BOUNDS`;
 * the block-scale format FP8 E4M3: :data:`E4M3_VALUES` (all 256 bytes),
   :func:`e4m3_decode`, :func:`e4m3_round`, :func:`e4m3_encode_exact`;
 * the constants of the reference encoder and of the layouts;
-* the 128x4 scale swizzle formula :func:`swizzle_128x4_offset`.
+* the 128x4 scale swizzle formula :func:`swizzle_128x4_offset` and its band
+  :func:`swizzle_128x4_band`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Final
 
 import numpy as np
@@ -29,36 +34,191 @@ __all__ = [
     "E2M1_MAX",
     "E2M1_ODD_BOUNDS",
     "E2M1_VALUES",
+    "E4M3_BIAS",
     "E4M3_INVALID_BYTES",
     "E4M3_MAX",
     "E4M3_MIN_SUBNORMAL",
+    "E4M3_NAN_BYTE",
     "E4M3_VALUES",
     "GGUF_BLOCK_BYTES",
     "GGUF_SUPER_BLOCK",
     "GGUF_TYPE_NVFP4",
     "GLOBAL_AMAX_DIVISOR",
+    "RESERVED_PATHS",
     "SPEC_VERSION",
     "SUPPORTED_SPEC_VERSIONS",
     "SWIZZLE_COL_TILE",
+    "SWIZZLE_ROW_GROUP",
     "SWIZZLE_ROW_TILE",
+    "SWIZZLE_TILE_BYTES",
+    "SpecTables",
     "SpecVersionError",
     "e4m3_decode",
     "e4m3_encode_exact",
     "e4m3_round",
+    "for_version",
     "require_spec",
+    "swizzle_128x4_band",
     "swizzle_128x4_offset",
     "swizzled_scale_shape",
+    "version_key",
 ]
+
+# --------------------------------------------------------------------------------------
+# One released version's tables
+# --------------------------------------------------------------------------------------
+
+
+def _frozen(values: list[float]) -> npt.NDArray[np.float32]:
+    a = np.array(values, dtype=np.float32)
+    a.setflags(write=False)
+    return a
+
+
+@dataclass(frozen=True, eq=False)
+class SpecTables:
+    """Every constant and table of one released spec version (``spec/<version>/nvfp4.md``).
+
+    Immutable: the attributes cannot be rebound and the arrays are read-only.
+    """
+
+    #: The version, ``MAJOR.MINOR``.
+    version: str
+    #: Elements per block along K (the contraction axis); one E4M3 scale byte per block.
+    block_size: int
+    #: Value of each of the 16 E2M1 codes. Bit 3 is the sign; bits 0-2 index the
+    #: magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6. Code 8 is -0.0.
+    e2m1_values: npt.NDArray[np.float32]
+    #: Midpoints between consecutive E2M1 magnitudes. A magnitude strictly between two
+    #: bounds rounds to the nearer value; a magnitude equal to a bound is a tie.
+    e2m1_bounds: npt.NDArray[np.float32]
+    #: The ties whose even neighbour is the upper one (0.75 -> 1, 1.75 -> 2, 3.5 -> 4).
+    e2m1_odd_bounds: npt.NDArray[np.float32]
+    #: The E4M3 exponent bias.
+    e4m3_bias: int
+    #: The byte an encoder writes for a block holding NaN or Inf (it decodes to NaN).
+    e4m3_nan_byte: int
+    #: Scale bytes a conforming plane never holds: every byte with bit 7 set (negative
+    #: scales and 0xFF) and the NaN byte. Content validation refuses them.
+    e4m3_invalid_bytes: frozenset[int]
+    #: ggml type id of NVFP4.
+    gguf_type_nvfp4: int
+    #: Elements per GGUF NVFP4 super-block (K must be a multiple of it).
+    gguf_super_block: int
+    #: Bytes per GGUF NVFP4 super-block: 4 scale bytes then 32 bytes of nibbles.
+    gguf_block_bytes: int
+    #: The 128x4 swizzle tiles rows by this many ...
+    swizzle_row_tile: int
+    #: ... and scale columns (K/16) by this many.
+    swizzle_col_tile: int
+    #: Rows of one 32-row group inside a 128-row tile (``n % 32``, ``(n % 128) // 32``).
+    swizzle_row_group: int
+    #: Bytes of one tile: ``swizzle_row_tile * swizzle_col_tile``.
+    swizzle_tile_bytes: int
+    #: Tolerance paths the version names but defines no number for (a backend cannot be
+    #: certified for them).
+    reserved_paths: frozenset[str]
+
+    @property
+    def e2m1_max(self) -> float:
+        """Largest E2M1 magnitude."""
+        return float(self.e2m1_values.max())
+
+    @property
+    def e4m3_values(self) -> npt.NDArray[np.float32]:
+        """Value of each of the 256 E4M3 bytes (bytes 0x00..0x7E are the valid scales,
+        increasing); read-only."""
+        return _e4m3_table(self.e4m3_bias, self.e4m3_nan_byte)
+
+    @property
+    def e4m3_max(self) -> float:
+        """Largest finite E4M3 value (the byte below the NaN byte)."""
+        return float(self.e4m3_values[self.e4m3_nan_byte - 1])
+
+    @property
+    def e4m3_min_subnormal(self) -> float:
+        """Smallest positive E4M3 value (byte 0x01, a subnormal)."""
+        return float(self.e4m3_values[0x01])
+
+    @property
+    def global_amax_divisor(self) -> float:
+        """``global = amax / global_amax_divisor`` (= E2M1 max * E4M3 max)."""
+        return self.e2m1_max * self.e4m3_max
+
+
+_E4M3_CACHE: dict[tuple[int, int], npt.NDArray[np.float32]] = {}
+
+
+def _e4m3_table(bias: int, nan_byte: int) -> npt.NDArray[np.float32]:
+    """Decode all 256 E4M3 bytes (3 mantissa bits, no infinities, ``nan_byte`` and its
+    negative twin NaN); cached, read-only."""
+    key = (bias, nan_byte)
+    if key not in _E4M3_CACHE:
+        b = np.arange(256, dtype=np.int64)
+        sign = np.where(b & 0x80, -1.0, 1.0)
+        exponent = (b >> 3) & 0xF
+        mantissa = b & 0x7
+        # exponent 0: subnormal, value = mantissa/8 * 2^(1-bias)
+        # otherwise: normal, value = (1 + mantissa/8) * 2^(exponent-bias)
+        value = np.where(
+            exponent == 0,
+            mantissa / 8.0 * 2.0 ** (1 - bias),
+            (1.0 + mantissa / 8.0) * np.exp2(exponent - float(bias)),
+        )
+        value = sign * value
+        value[(b & 0x7F) == nan_byte] = np.nan
+        table = value.astype(np.float32)
+        table.setflags(write=False)
+        _E4M3_CACHE[key] = table
+    return _E4M3_CACHE[key]
+
+
+def _spec_1_0() -> SpecTables:
+    """Spec 1.0 (``spec/1.0/nvfp4.md``)."""
+    return SpecTables(
+        version="1.0",
+        block_size=16,
+        e2m1_values=_frozen(
+            [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+        ),
+        e2m1_bounds=_frozen([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]),
+        e2m1_odd_bounds=_frozen([0.75, 1.75, 3.5]),
+        e4m3_bias=7,
+        e4m3_nan_byte=0x7F,
+        e4m3_invalid_bytes=frozenset([0x7F, *range(0x80, 0x100)]),
+        gguf_type_nvfp4=40,
+        gguf_super_block=64,
+        gguf_block_bytes=36,
+        swizzle_row_tile=128,
+        swizzle_col_tile=4,
+        swizzle_row_group=32,
+        swizzle_tile_bytes=512,
+        reserved_paths=frozenset({"w4a8"}),
+    )
+
+
+#: Every released version's table, by version. A release adds one; none is ever removed or
+#: edited (a released folder under ``spec/`` is immutable, and so is its table).
+_RELEASED: dict[str, SpecTables] = {"1.0": _spec_1_0()}
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """``"1.10"`` -> ``(1, 10)``: the order of spec versions (``(-1,)`` for a malformed one)."""
+    try:
+        return tuple(int(p) for p in version.split("."))
+    except (AttributeError, ValueError):
+        return (-1,)
+
 
 # --------------------------------------------------------------------------------------
 # Versioning
 # --------------------------------------------------------------------------------------
 
+#: Every spec version this package implements, oldest first (an engine pinned to 1.0 keeps
+#: working after 1.1 ships, as long as 1.0 stays in this tuple).
+SUPPORTED_SPEC_VERSIONS: Final = tuple(sorted(_RELEASED, key=version_key))
 #: The newest spec version this package implements.
-SPEC_VERSION: Final = "1.0"
-#: Every spec version this package implements (an engine pinned to 1.0 keeps working
-#: after 1.1 ships, as long as 1.0 stays in this tuple).
-SUPPORTED_SPEC_VERSIONS: Final = ("1.0",)
+SPEC_VERSION: Final = SUPPORTED_SPEC_VERSIONS[-1]
 
 
 class SpecVersionError(RuntimeError):
@@ -86,71 +246,73 @@ def require_spec(version: str) -> str:
     return version
 
 
+def for_version(version: str) -> SpecTables:
+    """The constants and tables of released spec ``version`` (``"1.0"``).
+
+    Raises:
+        SpecVersionError: for a version this nvfp4-core has no table for; the one-line
+            message names the versions it has.
+    """
+    table = _RELEASED.get(version) if isinstance(version, str) else None
+    if table is None:
+        have = ", ".join(sorted(_RELEASED, key=version_key))
+        raise SpecVersionError(
+            f"NVFP4 spec {version!r} has no table in this nvfp4-core; supported: {have}"
+        )
+    return table
+
+
 # --------------------------------------------------------------------------------------
-# Block structure
+# The newest version's values, by name (read from its table, never restated)
 # --------------------------------------------------------------------------------------
+
+_NEWEST: Final = for_version(SPEC_VERSION)
 
 #: Elements per block along K (the contraction axis); one E4M3 scale byte per block.
-BLOCK_SIZE: Final = 16
-
-# --------------------------------------------------------------------------------------
-# E2M1 (the 4-bit element)
-# --------------------------------------------------------------------------------------
-
-#: Value of each of the 16 E2M1 codes. Bit 3 is the sign; bits 0-2 index the magnitudes
-#: 0, 0.5, 1, 1.5, 2, 3, 4, 6. Code 8 is -0.0.
-E2M1_VALUES: Final[npt.NDArray[np.float32]] = np.array(
-    [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
-    dtype=np.float32,
-)
-E2M1_VALUES.setflags(write=False)
+BLOCK_SIZE: Final = _NEWEST.block_size
+#: Value of each of the 16 E2M1 codes (read-only).
+E2M1_VALUES: Final = _NEWEST.e2m1_values
 #: Largest E2M1 magnitude.
-E2M1_MAX: Final = 6.0
-#: Midpoints between consecutive E2M1 magnitudes. A magnitude strictly between two bounds
-#: rounds to the nearer value; a magnitude equal to a bound is a tie.
-E2M1_BOUNDS: Final[npt.NDArray[np.float32]] = np.array(
-    [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], dtype=np.float32
-)
-E2M1_BOUNDS.setflags(write=False)
-#: The ties whose even neighbour is the upper one (0.75 -> 1, 1.75 -> 2, 3.5 -> 4). At the
-#: other bounds (0.25, 1.25, 2.5, 5) round-to-nearest-even goes down.
-E2M1_ODD_BOUNDS: Final[npt.NDArray[np.float32]] = np.array([0.75, 1.75, 3.5], dtype=np.float32)
-E2M1_ODD_BOUNDS.setflags(write=False)
-
-# --------------------------------------------------------------------------------------
-# FP8 E4M3 (the block scale)
-# --------------------------------------------------------------------------------------
-
+E2M1_MAX: Final = _NEWEST.e2m1_max
+#: Midpoints between consecutive E2M1 magnitudes (read-only).
+E2M1_BOUNDS: Final = _NEWEST.e2m1_bounds
+#: The ties whose even neighbour is the upper one (read-only). At the other bounds
+#: (0.25, 1.25, 2.5, 5) round-to-nearest-even goes down.
+E2M1_ODD_BOUNDS: Final = _NEWEST.e2m1_odd_bounds
+#: The E4M3 exponent bias.
+E4M3_BIAS: Final = _NEWEST.e4m3_bias
+#: Value of each of the 256 E4M3 bytes (read-only). Bytes 0x00..0x7E are the valid
+#: scales, increasing.
+E4M3_VALUES: Final = _NEWEST.e4m3_values
 #: Largest finite E4M3 value (byte 0x7E).
-E4M3_MAX: Final = 448.0
+E4M3_MAX: Final = _NEWEST.e4m3_max
 #: Smallest positive E4M3 value (byte 0x01, a subnormal): 2^-9.
-E4M3_MIN_SUBNORMAL: Final = 2.0**-9
-#: Scale bytes a conforming plane never holds: every byte with bit 7 set (negative scales
-#: and 0xFF) and 0x7F (NaN). Content validation refuses them.
-E4M3_INVALID_BYTES: Final = frozenset([0x7F, *range(0x80, 0x100)])
+E4M3_MIN_SUBNORMAL: Final = _NEWEST.e4m3_min_subnormal
+#: The scale byte of a block holding NaN or Inf (0x7F, NaN).
+E4M3_NAN_BYTE: Final = _NEWEST.e4m3_nan_byte
+#: Scale bytes a conforming plane never holds (bit 7 set, and the NaN byte).
+E4M3_INVALID_BYTES: Final = _NEWEST.e4m3_invalid_bytes
+#: ``global = amax / GLOBAL_AMAX_DIVISOR`` (= E2M1_MAX * E4M3_MAX = 6 * 448). The stored
+#: global is the DECODE multiplier (ModelOpt's ``weight_scale_2``).
+GLOBAL_AMAX_DIVISOR: Final = _NEWEST.global_amax_divisor
+#: ggml type id of NVFP4.
+GGUF_TYPE_NVFP4: Final = _NEWEST.gguf_type_nvfp4
+#: Elements per GGUF NVFP4 super-block (K must be a multiple of it).
+GGUF_SUPER_BLOCK: Final = _NEWEST.gguf_super_block
+#: Bytes per GGUF NVFP4 super-block: 4 scale bytes then 32 bytes of nibbles.
+GGUF_BLOCK_BYTES: Final = _NEWEST.gguf_block_bytes
+#: The 128x4 swizzle tiles rows by 128 and scale columns (K/16) by 4.
+SWIZZLE_ROW_TILE: Final = _NEWEST.swizzle_row_tile
+SWIZZLE_COL_TILE: Final = _NEWEST.swizzle_col_tile
+#: Rows of one group inside a swizzle tile (32) and bytes of one tile (512).
+SWIZZLE_ROW_GROUP: Final = _NEWEST.swizzle_row_group
+SWIZZLE_TILE_BYTES: Final = _NEWEST.swizzle_tile_bytes
+#: Tolerance paths the newest version reserves (no numbers: ``w4a8``).
+RESERVED_PATHS: Final = _NEWEST.reserved_paths
 
-
-def _build_e4m3_table() -> npt.NDArray[np.float32]:
-    """Decode all 256 E4M3 bytes (bias 7, 3 mantissa bits, no infinities, 0x7F/0xFF NaN)."""
-    b = np.arange(256, dtype=np.int64)
-    sign = np.where(b & 0x80, -1.0, 1.0)
-    exponent = (b >> 3) & 0xF
-    mantissa = b & 0x7
-    # exponent 0: subnormal, value = mantissa * 2^-9 (= mantissa/8 * 2^(1-7))
-    # otherwise: normal, value = (1 + mantissa/8) * 2^(exponent-7)
-    value = np.where(
-        exponent == 0,
-        mantissa * 2.0**-9,
-        (1.0 + mantissa / 8.0) * np.exp2(exponent - 7.0),
-    )
-    value = sign * value
-    value[(b & 0x7F) == 0x7F] = np.nan
-    return value.astype(np.float32)
-
-
-#: Value of each of the 256 E4M3 bytes. Bytes 0x00..0x7E are the valid scales, increasing.
-E4M3_VALUES: Final[npt.NDArray[np.float32]] = _build_e4m3_table()
-E4M3_VALUES.setflags(write=False)
+# --------------------------------------------------------------------------------------
+# Formulas (identical in every 1.x version: a minor version never changes bits)
+# --------------------------------------------------------------------------------------
 
 
 def e4m3_decode(scale_bytes: npt.ArrayLike) -> npt.NDArray[np.float32]:
@@ -178,33 +340,9 @@ def e4m3_encode_exact(values: npt.NDArray[np.float32]) -> npt.NDArray[np.uint8]:
     """Byte of non-negative values that are exactly representable in E4M3 (after
     :func:`e4m3_round`). Positive bytes 0x00..0x7E are monotonic in value, so a binary
     search over the table finds them."""
-    positive = E4M3_VALUES[:0x7F]
+    positive = E4M3_VALUES[:E4M3_NAN_BYTE]
     idx = np.searchsorted(positive, np.asarray(values, dtype=np.float32))
     return idx.astype(np.uint8)
-
-
-# --------------------------------------------------------------------------------------
-# The reference encoder
-# --------------------------------------------------------------------------------------
-
-#: ``global = amax / GLOBAL_AMAX_DIVISOR`` (= E2M1_MAX * E4M3_MAX = 6 * 448). The stored
-#: global is the DECODE multiplier (ModelOpt's ``weight_scale_2``).
-GLOBAL_AMAX_DIVISOR: Final = E2M1_MAX * E4M3_MAX
-
-# --------------------------------------------------------------------------------------
-# Layout constants
-# --------------------------------------------------------------------------------------
-
-#: ggml type id of NVFP4.
-GGUF_TYPE_NVFP4: Final = 40
-#: Elements per GGUF NVFP4 super-block (K must be a multiple of it).
-GGUF_SUPER_BLOCK: Final = 64
-#: Bytes per GGUF NVFP4 super-block: 4 scale bytes then 32 bytes of nibbles.
-GGUF_BLOCK_BYTES: Final = 36
-
-#: The 128x4 swizzle tiles rows by 128 and scale columns (K/16) by 4.
-SWIZZLE_ROW_TILE: Final = 128
-SWIZZLE_COL_TILE: Final = 4
 
 
 def swizzled_scale_shape(n: int, k_blocks: int) -> tuple[int, int]:
@@ -233,4 +371,20 @@ def swizzle_128x4_offset(
     k = np.asarray(k, dtype=np.int64)
     col_tiles = -(-k_blocks // SWIZZLE_COL_TILE)
     tile = (n // SWIZZLE_ROW_TILE) * col_tiles + k // SWIZZLE_COL_TILE
-    return tile * 512 + (n % 32) * 16 + ((n % SWIZZLE_ROW_TILE) // 32) * 4 + k % SWIZZLE_COL_TILE
+    group = SWIZZLE_ROW_GROUP  # rows n % 32 step by 16 bytes, groups (n % 128) // 32 by 4
+    row = (n % group) * (SWIZZLE_TILE_BYTES // group) + (n % SWIZZLE_ROW_TILE) // group * 4
+    return tile * SWIZZLE_TILE_BYTES + row + k % SWIZZLE_COL_TILE
+
+
+def swizzle_128x4_band(k_blocks: int) -> tuple[npt.NDArray[np.int64], int]:
+    """The offsets of one 128-row band: :func:`swizzle_128x4_offset` of rows 0..127 x scale
+    columns 0..k_blocks-1 (int64 ``[128 * k_blocks]``, row-major, read-only), and the byte
+    stride between consecutive bands. Row ``n`` of any band lies at ``(n // 128) * stride``
+    plus the band offset of row ``n % 128``, so a transform gathers or scatters through the
+    band without building an index array larger than ``128 x k_blocks``."""
+    rows = np.arange(SWIZZLE_ROW_TILE, dtype=np.int64)[:, None]
+    cols = np.arange(k_blocks, dtype=np.int64)[None, :]
+    band = np.ascontiguousarray(swizzle_128x4_offset(rows, cols, k_blocks).reshape(-1))
+    band.setflags(write=False)
+    stride = -(-k_blocks // SWIZZLE_COL_TILE) * SWIZZLE_TILE_BYTES
+    return band, stride

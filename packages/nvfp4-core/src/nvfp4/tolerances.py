@@ -1,15 +1,20 @@
-"""The tolerances of NVFP4 spec 1.0, as data.
+"""The tolerances of every released NVFP4 spec version, as data.
 
-This mirrors ``spec/1.0/tolerances.toml`` (the normative file, with the measurements
+This mirrors ``spec/<version>/tolerances.toml`` (the normative files, with the measurements
 behind every number) so that an installed ``nvfp4-core`` needs no copy of the repository's
-``spec/`` folder. ``tests/test_spec_drift.py`` keeps the two equal.
+``spec/`` folder. ``tests/test_spec_drift.py`` keeps each released folder's TOML equal to
+:func:`tolerances_for` of its version.
 
 Matmul paths (``qmm``, ``gather_qmm``, ``w4a4``) give, per output dtype, the largest
 allowed ``max|y - ref| / max|ref|`` against the float64 reference computed from the same x
 (:mod:`nvfp4.reference`). ``dequantize`` is exact (0). ``quantize`` holds ``reference``
 (0 disagreements), ``others`` (the largest fraction of elements another encoder may change,
 each at a rounding boundary) and ``boundary_window`` (how close to a boundary, relative).
-``w4a8`` is reserved: spec 1.0 defines no number for it.
+``w4a8`` is reserved in spec 1.0: it has no number.
+
+A lookup names the version it certifies (``tolerance("qmm", "float16", spec="1.0")``): a
+1.0 certificate made after 1.1 ships must use 1.0's numbers. Without ``spec`` it gets the
+newest version's. :data:`TOLERANCES` is the newest version's table.
 """
 
 from __future__ import annotations
@@ -19,52 +24,86 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from .dtypes import dtype_name
+from .spec import SPEC_VERSION, SpecVersionError, version_key
 
-__all__ = ["METRIC", "TOLERANCES", "TOLERANCES_SPEC_VERSION", "tolerance"]
+__all__ = ["METRIC", "TOLERANCES", "TOLERANCES_SPEC_VERSION", "tolerance", "tolerances_for"]
 
-#: The spec version these numbers belong to.
-TOLERANCES_SPEC_VERSION: Final = "1.0"
-#: The matmul error measure the numbers bound.
+#: The matmul error measure the numbers bound (:func:`nvfp4.testing.relative_error`).
 METRIC: Final = "max|y - ref| / max|ref|"
 
-_TABLES: dict[str, dict[str, float]] = {
-    "dequantize": {"float32": 0.0, "float16": 0.0, "bfloat16": 0.0},
-    "quantize": {"reference": 0.0, "others": 1e-5, "boundary_window": 2.0**-20},
-    "qmm": {"float32": 1e-4, "float16": 1e-3, "bfloat16": 1e-2},
-    "gather_qmm": {"float32": 1e-4, "float16": 1e-3, "bfloat16": 1e-2},
-    "w4a4": {"float32": 3e-7, "float16": 1e-3, "bfloat16": 1e-2},
-    "w4a8": {},
+Table = Mapping[str, Mapping[str, float]]
+
+
+def _freeze(tables: dict[str, dict[str, float]]) -> Table:
+    return MappingProxyType({path: MappingProxyType(dict(t)) for path, t in tables.items()})
+
+
+#: Every released version's numbers, by version. A release adds one; none is ever removed or
+#: edited (a number changes only in a new spec version).
+_BY_VERSION: dict[str, Table] = {
+    "1.0": _freeze(
+        {
+            "dequantize": {"float32": 0.0, "float16": 0.0, "bfloat16": 0.0},
+            "quantize": {"reference": 0.0, "others": 1e-5, "boundary_window": 2.0**-20},
+            "qmm": {"float32": 1e-4, "float16": 1e-3, "bfloat16": 1e-2},
+            "gather_qmm": {"float32": 1e-4, "float16": 1e-3, "bfloat16": 1e-2},
+            "w4a4": {"float32": 3e-7, "float16": 1e-3, "bfloat16": 1e-2},
+            "w4a8": {},
+        }
+    ),
 }
 
-#: path -> (key -> number), read-only. Keys are output dtype names ("float32", "float16",
-#: "bfloat16"), except for ``quantize`` ("reference", "others", "boundary_window").
-TOLERANCES: Final[Mapping[str, Mapping[str, float]]] = MappingProxyType(
-    {path: MappingProxyType(table) for path, table in _TABLES.items()}
-)
+
+def _newest() -> str:
+    return max(_BY_VERSION, key=version_key)
 
 
-def tolerance(path: str, dtype: Any) -> float:
-    """The spec 1.0 number for ``path`` and ``dtype``.
+def tolerances_for(version: str | None = None) -> Table:
+    """The numbers of spec ``version`` (default: the newest this package has), read-only:
+    path -> (key -> number). Keys are output dtype names (``"float32"``, ``"float16"``,
+    ``"bfloat16"``), except for ``quantize`` (``"reference"``, ``"others"``,
+    ``"boundary_window"``); a reserved path has an empty table.
+
+    Raises:
+        SpecVersionError: for a version without numbers here; the one-line message names
+            the versions that have them.
+    """
+    v = _newest() if version is None else version
+    table = _BY_VERSION.get(v) if isinstance(v, str) else None
+    if table is None:
+        have = ", ".join(sorted(_BY_VERSION, key=version_key))
+        raise SpecVersionError(
+            f"NVFP4 spec {v!r} has no tolerances in this nvfp4-core; supported: {have}"
+        )
+    return table
+
+
+def tolerance(path: str, dtype: Any, spec: str | None = None) -> float:
+    """The number of spec ``spec`` (default: the newest) for ``path`` and ``dtype``.
 
     Args:
         path: ``"qmm"``, ``"gather_qmm"``, ``"w4a4"``, ``"dequantize"`` or ``"quantize"``.
         dtype: an output dtype name (``"float32"``, ``"float16"``, ``"bfloat16"``) or a
             numpy / ml_dtypes dtype; for ``quantize`` one of ``"reference"``, ``"others"``,
             ``"boundary_window"``.
+        spec: the spec version being certified (``"1.0"``).
 
     Raises:
+        SpecVersionError: for an unknown spec version.
         KeyError: for an unknown path, a reserved path (``w4a8``) or a key the path lacks;
             the message names what was asked and what exists.
     """
-    if path not in TOLERANCES:
+    tables = tolerances_for(spec)
+    v = _newest() if spec is None else spec
+    if path not in tables:
         raise KeyError(
-            f"spec {TOLERANCES_SPEC_VERSION} tolerances: unknown path {path!r}; "
-            f"expected one of {', '.join(sorted(TOLERANCES))}"
+            f"spec {v} tolerances: unknown path {path!r}; "
+            f"expected one of {', '.join(sorted(tables))}"
         )
-    table = TOLERANCES[path]
+    table = tables[path]
     if not table:
         raise KeyError(
-            f"spec {TOLERANCES_SPEC_VERSION} tolerances: path {path!r} is reserved and has no "
+            f"spec {v} tolerances: path {path!r} is reserved and has no "
             "numbers in this spec version (a backend cannot be certified for it)"
         )
     key = dtype
@@ -75,7 +114,13 @@ def tolerance(path: str, dtype: Any) -> float:
             key = repr(dtype)
     if key not in table:
         raise KeyError(
-            f"spec {TOLERANCES_SPEC_VERSION} tolerances: path {path!r} has no entry {key!r}; "
+            f"spec {v} tolerances: path {path!r} has no entry {key!r}; "
             f"expected one of {', '.join(sorted(table))}"
         )
     return float(table[key])
+
+
+#: The spec version of :data:`TOLERANCES` (the newest, :data:`nvfp4.spec.SPEC_VERSION`).
+TOLERANCES_SPEC_VERSION: Final = SPEC_VERSION
+#: The newest version's numbers (``tolerances_for(TOLERANCES_SPEC_VERSION)``), read-only.
+TOLERANCES: Final[Table] = tolerances_for(TOLERANCES_SPEC_VERSION)

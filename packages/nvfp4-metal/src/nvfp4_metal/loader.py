@@ -1,7 +1,7 @@
 """Load an NVFP4 checkpoint as an ``mlx_lm`` model whose quantized linears are NVFP4 modules.
 
 :func:`load` takes a ModelOpt or compressed-tensors NVFP4 checkpoint directory (anything
-:func:`nvfp4.checkpoint.open_checkpoint` reads with a Hugging Face ``config.json``, our
+:func:`nvfp4_checkpoints.open_checkpoint` reads with a Hugging Face ``config.json``, our
 MLX-native directory too) and returns ``(model, tokenizer)``: the ``mlx_lm`` model of the
 config's ``model_type``, so ``mlx_lm.generate(model, tokenizer, prompt=...)`` and
 ``mlx_lm.generate.generate_step`` work on it unchanged.
@@ -27,6 +27,10 @@ config's ``model_type``, so ``mlx_lm.generate(model, tokenizer, prompt=...)`` an
    else ``None``.
 
 Static activation scales (``input_scale``) and KV-cache scales are not used (W4A16).
+
+Checkpoints are read by nvfp4-checkpoints (``pip install 'nvfp4-metal[checkpoints]'``, which
+the ``lm`` extra includes); without it importing this module raises an ``ImportError`` that
+says so.
 """
 
 from __future__ import annotations
@@ -42,9 +46,16 @@ import numpy.typing as npt
 from mlx.nn.layers.base import Module
 from mlx.nn.layers.linear import Linear
 from mlx.utils import tree_flatten, tree_unflatten
-from nvfp4.checkpoint import Checkpoint, CheckpointError, open_checkpoint
 from nvfp4.dtypes import dtype_name
 from nvfp4.fusion import stack_experts
+
+try:
+    from nvfp4_checkpoints import Checkpoint, CheckpointError, open_checkpoint
+except ImportError as exc:
+    raise ImportError(
+        "nvfp4_metal.load reads checkpoints with nvfp4-checkpoints, which is not installed "
+        f"({exc}): pip install 'nvfp4-metal[checkpoints]'"
+    ) from exc
 
 from .nn import NVFP4Linear, NVFP4SwitchLinear
 from .ops import MX_DTYPES

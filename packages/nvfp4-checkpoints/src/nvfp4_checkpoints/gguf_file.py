@@ -20,7 +20,7 @@ The format (GGUF versions 2 and 3, little-endian; all counts and lengths are uin
 where a string is a uint64 byte length and UTF-8 bytes. Everything malformed - a bad magic,
 an unsupported version or byte order, a count or length that runs past the end of the
 file, an unknown value or tensor type, tensor data outside the file - is a
-:class:`~nvfp4.checkpoint.CheckpointError` naming the file, what was expected and what was
+:class:`~nvfp4_checkpoints.CheckpointError` naming the file, what was expected and what was
 found.
 """
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from nvfp4.checkpoint.overlapped import OverlappedWriter
+from nvfp4_checkpoints.overlapped import OverlappedWriter
 
 
 def test_pieces_land_in_order_with_alignment() -> None:

@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 from make_modelopt_exports import session_exports
 from nvfp4 import NVFP4Planes, dequantize, quantize
-from nvfp4.checkpoint import (
+from nvfp4.fusion import stack_experts
+from nvfp4_checkpoints import (
     CheckpointError,
     detect_flavour,
     open_checkpoint,
     write_modelopt,
 )
-from nvfp4.fusion import stack_experts
 
 torch = pytest.importorskip("torch")
 st_torch = pytest.importorskip("safetensors.torch")

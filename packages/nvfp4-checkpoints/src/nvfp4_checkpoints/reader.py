@@ -36,8 +36,7 @@ from typing import Any, Final
 import ml_dtypes
 import numpy as np
 import numpy.typing as npt
-
-from ..layouts import (
+from nvfp4.layouts import (
     MLXPlanes,
     from_compressed_tensors,
     from_gguf,
@@ -45,9 +44,9 @@ from ..layouts import (
     from_modelopt,
     input_scale_from_input_global_scale,
 )
-from ..planes import NVFP4Planes, PlaneError, validate
-from ..safetensors_io import DTYPES, SafetensorsError, SafetensorsFile, TensorInfo
-from ..spec import BLOCK_SIZE, GGUF_TYPE_NVFP4
+from nvfp4.planes import NVFP4Planes, PlaneError, validate
+from nvfp4.spec import BLOCK_SIZE, GGUF_TYPE_NVFP4
+
 from .flavours import (
     MODELOPT_NVFP4_ALGOS,
     CheckpointError,
@@ -56,6 +55,7 @@ from .flavours import (
     read_json,
 )
 from .gguf_file import GGML_BF16, PLAIN_TYPES, GGUFFile, ggml_type_name
+from .safetensors_io import DTYPES, SafetensorsError, SafetensorsFile, TensorInfo
 
 __all__ = ["Checkpoint", "PlaneShape", "open_checkpoint"]
 
@@ -434,7 +434,7 @@ class CompressedTensorsCheckpoint(_HFCheckpoint):
 
 
 class MLXCheckpoint(_HFCheckpoint):
-    """Our MLX-native directory (see :mod:`nvfp4.checkpoint.writers`): ``weight`` uint32
+    """Our MLX-native directory (see :mod:`nvfp4_checkpoints.writers`): ``weight`` uint32
     ``[E?, N, K/8]``, ``scales`` uint8, sidecars ``global_scale`` (DECODE), optionally
     ``input_scale`` (DECODE) and ``partitions`` (int64 row boundaries of fused planes).
     An ``mlx_lm`` nvfp4 model (no sidecar) reads with a global of 1.0, which is how MLX
@@ -703,7 +703,7 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     """Open the NVFP4 checkpoint at ``path`` (a Hugging Face directory or a GGUF file),
     detecting its flavour. Reads headers and configs only.
 
-    Raises :class:`~nvfp4.checkpoint.CheckpointError` for a missing path, an unknown
+    Raises :class:`~nvfp4_checkpoints.CheckpointError` for a missing path, an unknown
     flavour, an unreadable or lying file header, or an index naming missing shards.
     """
     p = Path(path)

@@ -15,8 +15,8 @@ import numpy.typing as npt
 import pytest
 from make_modelopt_exports import session_exports
 from nvfp4 import dequantize
-from nvfp4.checkpoint import Checkpoint, open_checkpoint
-from nvfp4.cli import main
+from nvfp4_checkpoints import Checkpoint, open_checkpoint
+from nvfp4_checkpoints.cli import main
 
 torch = pytest.importorskip("torch")
 st_torch = pytest.importorskip("safetensors.torch")
@@ -391,7 +391,7 @@ def test_mlx_quantize_output_without_sidecars(tmp_path: Path) -> None:
     """An nvfp4 directory as mlx_lm writes it (``mx.quantize(mode="nvfp4")``, no global
     sidecar): read with a global of 1.0 and decoded exactly as ``mx.dequantize`` does."""
     mx = pytest.importorskip("mlx.core")
-    from nvfp4.safetensors_io import save_file
+    from nvfp4_checkpoints.safetensors_io import save_file
 
     rng = np.random.default_rng(4)
     d = tmp_path / "mlx_lm"

@@ -6,7 +6,7 @@ transcoded by :mod:`nvfp4.layouts` (a byte shuffle, never a decode) and written 
 next is read. Peak memory is about one (expert-stacked, for GGUF) tensor. Every writer is
 atomic (:mod:`.atomic`): the output appears under its name complete or not at all.
 
-* :func:`write_checkpoint` converts an opened :class:`~nvfp4.checkpoint.Checkpoint` to any
+* :func:`write_checkpoint` converts an opened :class:`~nvfp4_checkpoints.Checkpoint` to any
   flavour, copying the source directory's other files (tokenizer, generation config...)
   into directory outputs.
 * :func:`write_modelopt`, :func:`write_compressed_tensors`, :func:`write_mlx` and
@@ -18,7 +18,7 @@ atomic (:mod:`.atomic`): the output appears under its name complete or not at al
 Hugging Face outputs are ``model.safetensors``, or ``model-0000i-of-0000n.safetensors``
 shards plus ``model.safetensors.index.json`` when larger than ``max_shard_bytes``.
 
-**The MLX-native directory** (read back by :class:`~nvfp4.checkpoint.reader.MLXCheckpoint`)
+**The MLX-native directory** (read back by :class:`~nvfp4_checkpoints.reader.MLXCheckpoint`)
 is what ``mlx_lm`` loads, plus sidecars for what MLX's kernels do not apply themselves:
 
 * ``config.json``: the source model config, with ``"quantization": {"group_size": 16,
@@ -42,7 +42,7 @@ experts are merged into ``[E, N, K]`` tensors as llama.cpp expects, q/k rows of 
 tensors are widened to F32 (lossless). Names the map does not know keep their Hugging Face
 name. The metadata holds the architecture's hyper-parameters from ``config.json`` and
 ``nvfp4.*`` keys (spec version, the HF config, the GGUF<->HF name map and original dtypes)
-from which :class:`~nvfp4.checkpoint.reader.GGUFCheckpoint` restores the HF view exactly.
+from which :class:`~nvfp4_checkpoints.reader.GGUFCheckpoint` restores the HF view exactly.
 K % 64 != 0 is refused before anything is written. The tokenizer (``tokenizer.ggml.*``,
 which llama.cpp needs to load the file) comes from the source directory's Hugging Face
 ``tokenizer.json`` (:mod:`.gguf_vocab`), or is copied from a GGUF source; without one the
@@ -66,19 +66,18 @@ from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
-
-from .. import __version__
-from ..fusion import stack_experts, unstack_experts
-from ..layouts import (
+from nvfp4.fusion import stack_experts, unstack_experts
+from nvfp4.layouts import (
     input_global_scale_from_input_scale,
     to_compressed_tensors,
     to_mlx,
     to_modelopt,
 )
-from ..layouts.gguf import gguf_global, iter_gguf_data
-from ..planes import NVFP4Planes, PlaneError
-from ..safetensors_io import DTYPES, SafetensorsWriter, dtype_name
-from ..spec import BLOCK_SIZE, GGUF_BLOCK_BYTES, GGUF_SUPER_BLOCK, SPEC_VERSION
+from nvfp4.layouts.gguf import gguf_global, iter_gguf_data
+from nvfp4.planes import NVFP4Planes, PlaneError
+from nvfp4.spec import BLOCK_SIZE, GGUF_BLOCK_BYTES, GGUF_SUPER_BLOCK, SPEC_VERSION
+
+from . import __version__
 from .atomic import atomic_output
 from .flavours import FLAVOURS, MODELOPT_NVFP4_ALGOS, CheckpointError, import_gguf
 from .gguf_file import PLAIN_TYPES
@@ -99,6 +98,7 @@ from .reader import (
     group_experts,
     rope_permute_rows,
 )
+from .safetensors_io import DTYPES, SafetensorsWriter, dtype_name
 
 __all__ = [
     "DEFAULT_MAX_SHARD_BYTES",
@@ -955,13 +955,13 @@ def write_checkpoint(
     1-D bf16/f16 to F32 and records the original dtype). ModelOpt sources keep their
     per-layer ``quant_algo``. ``progress(tensors_done, tensors_total, bytes_done,
     bytes_total)`` is called after each tensor. Raises
-    :class:`~nvfp4.checkpoint.CheckpointError` when ``dst`` exists and ``force`` is false,
+    :class:`~nvfp4_checkpoints.CheckpointError` when ``dst`` exists and ``force`` is false,
     and :class:`~nvfp4.PlaneError` for planes the target cannot hold (K % 64 for GGUF,
     fused partitions for ModelOpt / compressed-tensors), before writing anything.
 
     A GGUF gets the tokenizer of the source directory's ``tokenizer.json``
-    (:mod:`nvfp4.checkpoint.gguf_vocab`), or the ``tokenizer.*`` keys of a GGUF source;
-    when the source has none, a one-line note is logged (``nvfp4.checkpoint.writers``).
+    (:mod:`nvfp4_checkpoints.gguf_vocab`), or the ``tokenizer.*`` keys of a GGUF source;
+    when the source has none, a one-line note is logged (``nvfp4_checkpoints.writers``).
     """
     source = _checkpoint_source(src)
     if to == "gguf":
@@ -1095,7 +1095,7 @@ def write_gguf(
 ) -> Path:
     """Write a GGUF file (see the module docstring). ``tokenizer``: a Hugging Face
     directory with a ``tokenizer.json`` whose tokenizer the GGUF gets
-    (:mod:`nvfp4.checkpoint.gguf_vocab`; ``config["vocab_size"]`` tokens). K % 64 != 0 is
+    (:mod:`nvfp4_checkpoints.gguf_vocab`; ``config["vocab_size"]`` tokens). K % 64 != 0 is
     refused with a :class:`~nvfp4.PlaneError` before anything is written. Atomic."""
     src = _mapping_source(planes, tensors, config, input_scales)
     if tokenizer is not None:

@@ -30,13 +30,13 @@ from typing import Any, TextIO
 
 import numpy as np
 import numpy.typing as npt
+from nvfp4.planes import NVFP4Planes, PlaneError
+from nvfp4.spec import SPEC_VERSION
 
-from .checkpoint import FLAVOURS, Checkpoint, CheckpointError, open_checkpoint, write_checkpoint
-from .checkpoint.atomic import interrupt_on_signals
-from .checkpoint.writers import DEFAULT_MAX_SHARD_BYTES
-from .planes import NVFP4Planes, PlaneError
+from . import FLAVOURS, Checkpoint, CheckpointError, open_checkpoint, write_checkpoint
+from .atomic import interrupt_on_signals
 from .safetensors_io import SafetensorsError
-from .spec import SPEC_VERSION
+from .writers import DEFAULT_MAX_SHARD_BYTES
 
 __all__ = ["main"]
 

@@ -1,4 +1,4 @@
-"""GGUF tokenizer metadata (:mod:`nvfp4.checkpoint.gguf_vocab`) from Hugging Face tokenizers.
+"""GGUF tokenizer metadata (:mod:`nvfp4_checkpoints.gguf_vocab`) from Hugging Face tokenizers.
 
 Oracles, none of them this package:
 
@@ -30,14 +30,14 @@ from typing import Any
 import numpy as np
 import pytest
 from nvfp4 import quantize
-from nvfp4.checkpoint import (
+from nvfp4_checkpoints import (
     CheckpointError,
     open_checkpoint,
     write_checkpoint,
     write_gguf,
     write_modelopt,
 )
-from nvfp4.checkpoint.gguf_vocab import gguf_pre_tokenizer, read_hf_vocab
+from nvfp4_checkpoints.gguf_vocab import gguf_pre_tokenizer, read_hf_vocab
 
 gguf = pytest.importorskip("gguf")
 tokenizers = pytest.importorskip("tokenizers")
@@ -460,7 +460,7 @@ def test_unigram_keeps_its_scores_with_a_warning(
     body = json.loads((path / "tokenizer.json").read_text())
     body["added_tokens"] = added
     (path / "tokenizer.json").write_text(json.dumps(body), encoding="utf-8")
-    with caplog.at_level(logging.WARNING, logger="nvfp4"):
+    with caplog.at_level(logging.WARNING, logger="nvfp4_checkpoints"):
         v = read_hf_vocab(path)
     assert v is not None
     assert v.model == "llama"
@@ -505,7 +505,7 @@ def test_unknown_pre_tokenizer_writes_default_with_a_warning(
     tok_dir = _byte_level(tmp_path / "tok", steps, ["<|endoftext|>"])
     n = len(json.loads((tok_dir / "tokenizer.json").read_text())["model"]["vocab"])
     ck = _with_tokenizer(_tiny_model(tmp_path / "ck", n), tok_dir)
-    with caplog.at_level(logging.WARNING, logger="nvfp4"):
+    with caplog.at_level(logging.WARNING, logger="nvfp4_checkpoints"):
         out = _convert(ck, tmp_path / "m.gguf")
     assert _fields(out)["tokenizer.ggml.pre"] == "default"
     assert any("'default'" in r.getMessage() for r in caplog.records), caplog.text
@@ -529,7 +529,7 @@ def test_wordpiece_is_skipped_with_a_warning(
     tok_dir.mkdir()
     tok.save(str(tok_dir / "tokenizer.json"))
     ck = _with_tokenizer(_tiny_model(tmp_path / "ck", 2), tok_dir)
-    with caplog.at_level(logging.WARNING, logger="nvfp4"):
+    with caplog.at_level(logging.WARNING, logger="nvfp4_checkpoints"):
         out = _convert(ck, tmp_path / "m.gguf")
     assert _fields(out) == {}
     assert "WordPiece" in caplog.text
@@ -569,7 +569,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH")) if p)
     return subprocess.run(
-        [sys.executable, "-m", "nvfp4.cli", *args],
+        [sys.executable, "-m", "nvfp4_checkpoints.cli", *args],
         capture_output=True,
         text=True,
         env=env,
@@ -589,7 +589,7 @@ def test_no_tokenizer_writes_none_and_says_so(
     assert "wrote" in r.stderr
     assert _fields(tmp_path / "m.gguf") == {}
     with (
-        caplog.at_level(logging.WARNING, logger="nvfp4"),
+        caplog.at_level(logging.WARNING, logger="nvfp4_checkpoints"),
         open_checkpoint(tmp_path / "m.gguf") as g,
     ):
         write_checkpoint(tmp_path / "m3.gguf", g, "gguf")

@@ -34,7 +34,7 @@ Token types follow the converter: added tokens marked ``special`` (or that look 
 has no name for is written as ``"default"`` with a warning: llama.cpp then splits text
 differently from the Hugging Face tokenizer.
 
-Warnings go to the ``nvfp4.checkpoint.gguf_vocab`` logger (printed on stderr by the
+Warnings go to the ``nvfp4_checkpoints.gguf_vocab`` logger (printed on stderr by the
 ``nvfp4`` command).
 """
 
@@ -254,7 +254,7 @@ def read_hf_vocab(path: str | os.PathLike[str], vocab_size: int | None = None) -
     ``vocab_size`` (``config.json``'s, by default read from ``path/config.json``) is the
     number of tokens written: ids the tokenizer does not use become ``UNUSED`` padding.
     Returns ``None`` (with a warning) for tokenizer kinds GGUF cannot hold; raises
-    :class:`~nvfp4.checkpoint.CheckpointError` for an unreadable ``tokenizer.json`` or a
+    :class:`~nvfp4_checkpoints.CheckpointError` for an unreadable ``tokenizer.json`` or a
     tokenizer with more ids than ``vocab_size``."""
     base = Path(path)
     file = base / TOKENIZER_FILE

@@ -1,4 +1,4 @@
-"""nvfp4.safetensors_io against the safetensors library (the oracle) and malformed files."""
+"""nvfp4_checkpoints.safetensors_io against the safetensors library (the oracle) and malformed files."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from make_modelopt_exports import session_exports
-from nvfp4.safetensors_io import (
+from nvfp4_checkpoints.safetensors_io import (
     SafetensorsError,
     SafetensorsFile,
     SafetensorsWriter,

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from make_modelopt_exports import session_exports
 from nvfp4 import quantize
-from nvfp4.checkpoint import open_checkpoint, write_modelopt
-from nvfp4.checkpoint.atomic import TMP_MARK
-from nvfp4.cli import main
+from nvfp4_checkpoints import open_checkpoint, write_modelopt
+from nvfp4_checkpoints.atomic import TMP_MARK
+from nvfp4_checkpoints.cli import main
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -31,7 +31,7 @@ def modelopt_exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
 
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "nvfp4.cli", *args],
+        [sys.executable, "-m", "nvfp4_checkpoints.cli", *args],
         capture_output=True,
         text=True,
         env=_env(env),
@@ -247,7 +247,7 @@ def test_gguf_refuses_k_not_multiple_of_64(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ interrupts and kills
 def _start_slow_convert(src: Path, dst: Path, to: str = "modelopt") -> subprocess.Popen[str]:
     p = subprocess.Popen(
-        [sys.executable, "-m", "nvfp4.cli", "convert", str(src), str(dst), "--to", to],
+        [sys.executable, "-m", "nvfp4_checkpoints.cli", "convert", str(src), str(dst), "--to", to],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -1,0 +1,87 @@
+"""A certificate names one spec version and measures against that version's numbers only.
+
+A hypothetical later version ("1.1", whose ``qmm`` numbers differ) is registered in
+``nvfp4.tolerances`` for the duration of a test: the default lookup then returns 1.1's
+numbers, while every lookup for 1.0 - :func:`nvfp4.tolerances.tolerance` with ``spec="1.0"``,
+the suite's :func:`nvfp4_conformance.numbers.tolerance_lookup` and a whole T4 run with
+``--nvfp4-spec 1.0`` - still returns 1.0's: a 1.0 certificate made after 1.1 exists is the
+one made today.
+"""
+
+from __future__ import annotations
+
+import json
+from types import MappingProxyType
+from typing import Any
+
+import pytest
+from nvfp4 import tolerances
+from nvfp4_conformance.numbers import tolerance_lookup
+
+#: 1.1's qmm numbers: every dtype's 1.0 number halved (a minor version may tighten one).
+LATER = "1.1"
+
+
+@pytest.fixture
+def later_version(monkeypatch: pytest.MonkeyPatch) -> dict[str, float]:
+    """Register spec "1.1" in nvfp4.tolerances (undone after the test); its qmm table."""
+    v10 = tolerances.tolerances_for("1.0")
+    qmm = {dtype: number / 2 for dtype, number in v10["qmm"].items()}
+    tables = {path: MappingProxyType(dict(t)) for path, t in v10.items()}
+    tables["qmm"] = MappingProxyType(qmm)
+    monkeypatch.setitem(tolerances._BY_VERSION, LATER, MappingProxyType(tables))
+    return qmm
+
+
+def test_core_lookup_for_1_0_ignores_a_later_version(later_version: dict[str, float]) -> None:
+    assert tolerances.tolerance("qmm", "float32") == later_version["float32"]  # the newest
+    assert tolerances.tolerance("qmm", "float32", spec=LATER) == later_version["float32"]
+    assert tolerances.tolerance("qmm", "float32", spec="1.0") == 1e-4
+    assert tolerances.tolerance("qmm", "bfloat16", spec="1.0") == 1e-2
+    assert tolerances.tolerances_for("1.0")["qmm"]["float16"] == 1e-3
+
+
+def test_suite_lookup_for_1_0_ignores_a_later_version(later_version: dict[str, float]) -> None:
+    v10 = tolerance_lookup("1.0")
+    later = tolerance_lookup(LATER)
+    for path, table in tolerances.tolerances_for("1.0").items():
+        for key, number in table.items():
+            assert v10(path, key) == number, f"[{path}] {key}"
+    for dtype, number in later_version.items():
+        assert later("qmm", dtype) == number != v10("qmm", dtype)
+
+
+def test_unknown_version_fails_the_lookup() -> None:
+    import nvfp4
+
+    with pytest.raises(nvfp4.SpecVersionError, match=r"'0\.9'.*supported: 1\.0"):
+        tolerance_lookup("0.9")
+
+
+def test_a_1_0_run_records_1_0_numbers(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, later_version: dict[str, float]
+) -> None:
+    monkeypatch.delenv("NVFP4_BACKEND", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    cert_path = pytester.path / "cert.json"
+    result = pytester.runpytest(
+        "--pyargs",
+        "nvfp4_conformance.tiers",
+        "--nvfp4-backend=reference",
+        "--nvfp4-tiers=T4",
+        "--nvfp4-spec=1.0",
+        f"--nvfp4-certificate={cert_path}",
+        "-k",
+        "test_qmm[",
+        "-p",
+        "no:cacheprovider",
+    )
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    cert: dict[str, Any] = json.loads(cert_path.read_text(encoding="utf-8"))
+    assert cert["spec_version"] == "1.0"
+    cases = [c for t in cert["tests"] if "test_qmm[" in t["nodeid"] for c in t["cases"]]
+    assert cases
+    v10 = tolerances.tolerances_for("1.0")["qmm"]
+    for case in cases:
+        assert case["tolerance"] == v10[case["dtype"]], case
+        assert case["tolerance"] != later_version[case["dtype"]]
