@@ -29,15 +29,17 @@ from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import (
     BLOCK_SIZE,
     E2M1_VALUES,
-    E4M3_MAX,
-    E4M3_MIN_SUBNORMAL,
+    E4M3_NAN_BYTE,
     E4M3_VALUES,
+    block_scale_unrounded,
 )
 
 __all__ = ["EncodingComparison", "compare_encoding"]
 
 _MAGNITUDES = E2M1_VALUES[:8]
-NONFINITE_SCALE = 0x7F
+NONFINITE_SCALE = E4M3_NAN_BYTE
+#: The largest valid scale byte (448).
+_E4M3_MAX_BYTE = E4M3_NAN_BYTE - 1
 
 
 @dataclass
@@ -63,12 +65,7 @@ class EncodingComparison:
 def _unrounded_scale(blocks: npt.NDArray[np.float32], g: np.float32) -> npt.NDArray[np.float32]:
     """Reference encoder step 2 before the E4M3 rounding: ``block_amax / (6 * global)``
     (float32, the product first), 0 -> 1, clamped to ``[2^-9, 448]``."""
-    amax = np.abs(blocks).max(axis=-1)
-    denom = np.float32(np.float32(6.0) * g)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        s = (amax / denom).astype(np.float32)
-    s = np.where(s == 0, np.float32(1.0), s)
-    return np.clip(s, np.float32(E4M3_MIN_SUBNORMAL), np.float32(E4M3_MAX)).astype(np.float32)
+    return block_scale_unrounded(np.abs(blocks).max(axis=-1), g)
 
 
 def compare_encoding(
@@ -115,9 +112,9 @@ def compare_encoding(
     if sdiff.any():
         b_got = got.scales.astype(np.int64)
         b_ref = ref.scales.astype(np.int64)
-        step_ok = (np.abs(b_got - b_ref) == 1) & (b_got <= 0x7E)
+        step_ok = (np.abs(b_got - b_ref) == 1) & (b_got <= _E4M3_MAX_BYTE)
         mid = (
-            E4M3_VALUES[np.clip(b_got, 0, 0x7E)].astype(np.float64)
+            E4M3_VALUES[np.clip(b_got, 0, _E4M3_MAX_BYTE)].astype(np.float64)
             + E4M3_VALUES[b_ref].astype(np.float64)
         ) / 2
         near = np.abs(s.astype(np.float64) - mid) <= window * mid

@@ -65,12 +65,11 @@ from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import (
     BLOCK_SIZE,
     E2M1_BOUNDS,
+    E2M1_MAX,
     E2M1_VALUES,
-    E4M3_MAX,
-    E4M3_MIN_SUBNORMAL,
     E4M3_VALUES,
-    e4m3_encode_exact,
-    e4m3_round,
+    block_scale_unrounded,
+    e4m3_encode,
 )
 
 F32 = npt.NDArray[np.float32]
@@ -397,10 +396,7 @@ def measure_w4a4(worst: Worst, quick: bool) -> int:
 
 # ------------------------------------------------------------- other encoders (T2)
 def _e4m3_bytes(s: F32) -> tuple[npt.NDArray[np.uint8], F32]:
-    s = np.where(s == 0, np.float32(1.0), s)
-    s = np.clip(s, np.float32(E4M3_MIN_SUBNORMAL), np.float32(E4M3_MAX)).astype(np.float32)
-    v = e4m3_round(s)
-    return e4m3_encode_exact(v), v
+    return e4m3_encode(np.where(s == 0, np.float32(1.0), s))
 
 
 def _rne_codes(q: F32, neg: npt.NDArray[np.bool_]) -> npt.NDArray[np.uint8]:
@@ -424,7 +420,7 @@ def other_encoder(x: F32, g: np.float32, order: str) -> tuple[npt.NDArray[np.uin
     blocks = x.reshape(n, k // BLOCK_SIZE, BLOCK_SIZE)
     bamax = np.abs(blocks).max(axis=-1)
     enc = np.float32(1.0) / g
-    six = np.float32(6.0)
+    six = np.float32(E2M1_MAX)
     with np.errstate(divide="ignore", invalid="ignore"):
         if order == "mlx":
             sb, sv = _e4m3_bytes((bamax / six) * enc)
@@ -460,9 +456,7 @@ def scale_boundary_distance(wf: F32, p: NVFP4Planes, sb: npt.NDArray[np.uint8]) 
     n, k = wf.shape
     bamax = np.abs(wf.reshape(n, k // BLOCK_SIZE, BLOCK_SIZE)).max(axis=-1)
     g = np.float32(p.global_scale)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        s = (bamax / (np.float32(6.0) * g)).astype(np.float32)
-    s = np.clip(np.where(s == 0, np.float32(1.0), s), E4M3_MIN_SUBNORMAL, E4M3_MAX)
+    s = block_scale_unrounded(bamax, g)
     mid = (E4M3_VALUES[sb[diff]] + E4M3_VALUES[p.scales[diff]]) / np.float32(2.0)
     return float(np.max(np.abs(s[diff] - mid) / mid))
 

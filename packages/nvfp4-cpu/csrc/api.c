@@ -30,24 +30,43 @@ float nv_e4m3_lut[256];
 static float nv_e2m1_bounds[7];   /* midpoints between E2M1 magnitudes */
 static float nv_e2m1_odd[3];      /* the midpoints where round-half-even goes up */
 static int nv_initialised = 0;
+/* The encoder's constants from nvfp4.spec (ENCODER_CONSTANTS), set by nvfp4cpu_init. */
+static float nv_e2m1_max;       /* E2M1_MAX: s = block_amax / (e2m1_max * global) */
+static float nv_e4m3_max;       /* E4M3_MAX: the clamp's upper end */
+static float nv_e4m3_min_sub;   /* E4M3_MIN_SUBNORMAL: the clamp's lower end, the subnormal step */
+static int nv_e4m3_bias;        /* E4M3_BIAS */
+static uint8_t nv_e4m3_nan;     /* E4M3_NAN_BYTE: the scale byte of a block holding NaN or Inf */
 
 /* ------------------------------------------------------------------ init and ISA facts */
 
-NV_API int nvfp4cpu_abi_version(void) { return 1; }
+NV_API int nvfp4cpu_abi_version(void) { return 2; }
 
 /* The spec tables from nvfp4.spec: E2M1_VALUES (16), E4M3_VALUES (256), E2M1_BOUNDS (7),
- * E2M1_ODD_BOUNDS (3). Must be called once before anything else. */
-NV_API int nvfp4cpu_init(const float *e2m1, const float *e4m3, const float *bounds, const float *odd) {
+ * E2M1_ODD_BOUNDS (3), and the encoder's constants (ENCODER_CONSTANTS): E2M1_MAX,
+ * E4M3_MAX, E4M3_MIN_SUBNORMAL, E4M3_BIAS, E4M3_NAN_BYTE. Must be called once before
+ * anything else. */
+NV_API int nvfp4cpu_init(const float *e2m1, const float *e4m3, const float *bounds, const float *odd,
+                         float e2m1_max, float e4m3_max, float e4m3_min_sub, int e4m3_bias,
+                         int nan_byte) {
     if (!e2m1 || !e4m3 || !bounds || !odd) return NV_EINVAL;
+    if (!(e2m1_max > 0.0f) || !(e4m3_max > 0.0f) || !(e4m3_min_sub > 0.0f) || e4m3_bias < 1 ||
+        nan_byte < 1 || nan_byte > 0xFF)
+        return NV_EINVAL;
     memcpy(nv_e2m1_lut, e2m1, sizeof(nv_e2m1_lut));
     memcpy(nv_e4m3_lut, e4m3, sizeof(nv_e4m3_lut));
     memcpy(nv_e2m1_bounds, bounds, sizeof(nv_e2m1_bounds));
     memcpy(nv_e2m1_odd, odd, sizeof(nv_e2m1_odd));
+    nv_e2m1_max = e2m1_max;
+    nv_e4m3_max = e4m3_max;
+    nv_e4m3_min_sub = e4m3_min_sub;
+    nv_e4m3_bias = e4m3_bias;
+    nv_e4m3_nan = (uint8_t)nan_byte;
     nv_initialised = 1;
     return 0;
 }
 
-/* CPU feature bits, for availability() and the ISA checks. */
+/* CPU feature bits, for availability() and the ISA checks. The bits are this file's: Python
+ * asks for them by name (nvfp4cpu_cpu_feature_bit). */
 enum {
     NV_F_AVX2 = 1 << 0, NV_F_FMA = 1 << 1, NV_F_F16C = 1 << 2, NV_F_AVX512F = 1 << 3,
     NV_F_AVX512BW = 1 << 4, NV_F_AVX512VL = 1 << 5, NV_F_AVX512VNNI = 1 << 6,
@@ -69,6 +88,21 @@ NV_API unsigned nvfp4cpu_cpu_features(void) {
     if (__builtin_cpu_supports("avx512bf16")) f |= NV_F_AVX512BF16;
 #endif
     return f;
+}
+
+/* The bit of a feature of nvfp4cpu_cpu_features(), by name ("avx2", "fma", "f16c",
+ * "avx512f", "avx512bw", "avx512vl", "avx512vnni", "avx512bf16", "x86"); 0 for a name
+ * this library does not know. */
+NV_API unsigned nvfp4cpu_cpu_feature_bit(const char *name) {
+    static const struct { const char *name; unsigned bit; } bits[] = {
+        {"avx2", NV_F_AVX2},       {"fma", NV_F_FMA},           {"f16c", NV_F_F16C},
+        {"avx512f", NV_F_AVX512F}, {"avx512bw", NV_F_AVX512BW}, {"avx512vl", NV_F_AVX512VL},
+        {"avx512vnni", NV_F_AVX512VNNI}, {"avx512bf16", NV_F_AVX512BF16}, {"x86", NV_F_X86},
+    };
+    if (!name) return 0;
+    for (size_t i = 0; i < sizeof(bits) / sizeof(bits[0]); i++)
+        if (strcmp(bits[i].name, name) == 0) return bits[i].bit;
+    return 0;
 }
 
 /* 1 when the ISA level's translation unit is linked into this library. */
@@ -560,31 +594,36 @@ NV_API int nvfp4cpu_unpack(int nth, const uint8_t *tiled_codes, const uint8_t *t
 /* Bit-exact with nvfp4.reference.quantize_activations: every step is one float32 operation
  * in the reference's order (this file is compiled with -ffp-contract=off, so no FMA fuses a
  * product into a sum):
- *   s = block_amax / (6 * g)   (the product first, then one division)
- *   s == 0 -> 1; clamp to [2^-9, 448]; round to E4M3, nearest-even
+ *   s = block_amax / (E2M1_MAX * g)   (the product first, then one division)
+ *   s == 0 -> 1; clamp to [E4M3_MIN_SUBNORMAL, E4M3_MAX]; round to E4M3, nearest-even
  *   q = x / (e4m3(s) * g)      (the product first, then one true division)
  *   code = E2M1 nearest-even of |q|, saturating at 6; sign bit = x < 0
- * A block holding NaN or Inf gets scale byte 0x7F and zero codes (it decodes to NaN, so the
+ * A block holding NaN or Inf gets scale byte E4M3_NAN_BYTE and zero codes (it decodes to NaN, so the
  * output rows that read it are non-finite); the other blocks of its row are unaffected. */
 
-/* E4M3 round-to-nearest-even of s in [2^-9, 448], exactly as nvfp4.spec.e4m3_round:
- * step = 2^(max(binade, -6) - 3), rint(s / step) * step (both exact: powers of two). */
+#define NV_E4M3_MANTISSA_BITS 3 /* the "M3" of E4M3 */
+
+/* E4M3 round-to-nearest-even of s in [E4M3_MIN_SUBNORMAL, E4M3_MAX], exactly as
+ * nvfp4.spec.e4m3_round: step = 2^(max(binade, 1 - bias) - 3), rint(s / step) * step (both
+ * exact: powers of two). */
 static float nv_e4m3_round(float s) {
     int ex;
     frexpf(s, &ex); /* s = mant * 2^ex, mant in [0.5, 1): the binade is ex - 1 */
     int binade = ex - 1;
-    if (binade < -6) binade = -6;
-    const float step = ldexpf(1.0f, binade - 3);
+    if (binade < 1 - nv_e4m3_bias) binade = 1 - nv_e4m3_bias;
+    const float step = ldexpf(1.0f, binade - NV_E4M3_MANTISSA_BITS);
     return rintf(s / step) * step;
 }
 
-/* The byte of an exactly representable positive E4M3 value in [2^-9, 448]. */
+/* The byte of an exactly representable positive E4M3 value in [E4M3_MIN_SUBNORMAL,
+ * E4M3_MAX]. */
 static uint8_t nv_e4m3_byte(float r) {
     union { float f; uint32_t u; } v = {r};
-    const int unbiased = (int)((v.u >> 23) & 0xFFu) - 127;
-    if (unbiased >= -6) /* normal: exponent field unbiased + 7, top 3 mantissa bits */
-        return (uint8_t)(((unbiased + 7) << 3) | ((v.u >> 20) & 7u));
-    return (uint8_t)(r * 512.0f); /* subnormal: r = m * 2^-9, m = 1..7 */
+    const int unbiased = (int)((v.u >> 23) & 0xFFu) - 127; /* float32's own bias */
+    if (unbiased >= 1 - nv_e4m3_bias) /* normal: exponent field unbiased + bias, top mantissa bits */
+        return (uint8_t)(((unbiased + nv_e4m3_bias) << NV_E4M3_MANTISSA_BITS) |
+                         ((v.u >> (23 - NV_E4M3_MANTISSA_BITS)) & ((1u << NV_E4M3_MANTISSA_BITS) - 1u)));
+    return (uint8_t)(r / nv_e4m3_min_sub); /* subnormal: r = m * min_sub, m = 1..7 (exact) */
 }
 
 /* E2M1 code of q, as nvfp4.reference.e2m1_encode: the number of midpoints strictly below
@@ -612,8 +651,8 @@ typedef struct {
 static void nv_qa_task(void *ctx, int64_t lo, int64_t hi) { /* rows [lo, hi) */
     const nv_qa_job *j = (const nv_qa_job *)ctx;
     const float g = j->g;
-    const float denom = 6.0f * g;          /* 6 * global, float32 */
-    const float smin = ldexpf(1.0f, -9), smax = 448.0f;
+    const float denom = nv_e2m1_max * g;   /* E2M1_MAX * global, float32 */
+    const float smin = nv_e4m3_min_sub, smax = nv_e4m3_max;
     for (int64_t r = lo; r < hi; r++) {
         for (int64_t b = 0; b < j->k / NV_BLOCK; b++) {
             const float *xb = j->x + r * j->k + b * NV_BLOCK;
@@ -630,7 +669,7 @@ static void nv_qa_task(void *ctx, int64_t lo, int64_t hi) { /* rows [lo, hi) */
                 if (a > amax) amax = a;
             }
             if (bad) {
-                j->scales[r * (j->k / NV_BLOCK) + b] = 0x7F; /* NaN: the block decodes to NaN */
+                j->scales[r * (j->k / NV_BLOCK) + b] = nv_e4m3_nan; /* the block decodes to NaN */
                 memset(cb, 0, NV_BLOCK / 2);
                 continue;
             }

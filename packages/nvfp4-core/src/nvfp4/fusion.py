@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .planes import NVFP4Planes, PlaneError, validate
-from .spec import E4M3_MAX, E4M3_MIN_SUBNORMAL, E4M3_VALUES, e4m3_encode_exact, e4m3_round
+from .spec import E4M3_MIN_SUBNORMAL, E4M3_VALUES, e4m3_encode
 
 __all__ = [
     "ReconcileReport",
@@ -253,8 +253,7 @@ def reconcile_globals(planes: NVFP4Planes) -> tuple[NVFP4Planes, ReconcileReport
     target = s * row_gi / row_gmax  # s * g_i exact in float64, then one rounding
     nonzero = planes.scales != 0
     under = nonzero & (target < E4M3_MIN_SUBNORMAL)
-    clamped = np.clip(target, E4M3_MIN_SUBNORMAL, E4M3_MAX).astype(np.float32)
-    new_bytes = np.where(nonzero, e4m3_encode_exact(e4m3_round(clamped)), np.uint8(0))
+    new_bytes = np.where(nonzero, e4m3_encode(target)[0], np.uint8(0))
     new_bytes = new_bytes.astype(np.uint8)
 
     s_new = E4M3_VALUES[new_bytes].astype(np.float64)

@@ -30,9 +30,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .spec import BLOCK_SIZE
+from .spec import BLOCK_SIZE, E4M3_INVALID_BYTES, E4M3_NAN_BYTE
 
 __all__ = ["NVFP4Planes", "PlaneError", "expand_row_global", "validate"]
+
+#: The invalid scale bytes (:data:`nvfp4.spec.E4M3_INVALID_BYTES`) are every byte from the
+#: NaN byte up, so one comparison finds them.
+_FIRST_INVALID_SCALE = min(E4M3_INVALID_BYTES)
+if frozenset(range(_FIRST_INVALID_SCALE, 256)) != E4M3_INVALID_BYTES:  # pragma: no cover
+    raise ImportError("nvfp4.spec.E4M3_INVALID_BYTES is not a range up to 0xFF")
 
 
 class PlaneError(ValueError):
@@ -233,14 +239,15 @@ def check_global_shape(
 def _check_content(p: NVFP4Planes) -> None:
     """O(n) checks: every scale byte a valid positive E4M3 value, every global finite > 0."""
     s = p.scales
-    bad = s >= 0x7F  # 0x7F is NaN; every byte with bit 7 set is >= 0x80
+    bad = s >= _FIRST_INVALID_SCALE  # E4M3_INVALID_BYTES: the NaN byte and bit 7 set
     if bad.any():
         idx = tuple(int(i) for i in np.argwhere(bad)[0])
         byte = int(s[idx])
         raise PlaneError(
             p.name,
             f"scale byte at {idx}",
-            "0x00..0x7E (bit 7 clear, not the NaN byte 0x7F)",
+            f"0x00..0x{_FIRST_INVALID_SCALE - 1:02X} (bit 7 clear, not the NaN byte "
+            f"0x{E4M3_NAN_BYTE:02X})",
             f"0x{byte:02X}",
         )
     g = p.global_scale

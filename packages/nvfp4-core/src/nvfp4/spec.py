@@ -14,7 +14,9 @@ Contents:
   :func:`for_version`, :class:`SpecTables`;
 * the element format E2M1: :data:`E2M1_VALUES` (all 16 codes), :data:`E2M1_BOUNDS`;
 * the block-scale format FP8 E4M3: :data:`E4M3_VALUES` (all 256 bytes),
-  :func:`e4m3_decode`, :func:`e4m3_round`, :func:`e4m3_encode_exact`;
+  :func:`e4m3_decode`, :func:`e4m3_round`, :func:`e4m3_encode_exact`, :func:`e4m3_encode`
+  (clamp, round, byte), :data:`E4M3_NAN_BYTE`;
+* the reference encoder's block-scale step :func:`block_scale_encode`;
 * the constants of the reference encoder and of the layouts;
 * the 128x4 scale swizzle formula :func:`swizzle_128x4_offset` and its band
   :func:`swizzle_128x4_band`.
@@ -40,6 +42,7 @@ __all__ = [
     "E4M3_MIN_SUBNORMAL",
     "E4M3_NAN_BYTE",
     "E4M3_VALUES",
+    "ENCODER_CONSTANTS",
     "GGUF_BLOCK_BYTES",
     "GGUF_SUPER_BLOCK",
     "GGUF_TYPE_NVFP4",
@@ -53,7 +56,10 @@ __all__ = [
     "SWIZZLE_TILE_BYTES",
     "SpecTables",
     "SpecVersionError",
+    "block_scale_encode",
+    "block_scale_unrounded",
     "e4m3_decode",
+    "e4m3_encode",
     "e4m3_encode_exact",
     "e4m3_round",
     "for_version",
@@ -309,6 +315,10 @@ SWIZZLE_ROW_GROUP: Final = _NEWEST.swizzle_row_group
 SWIZZLE_TILE_BYTES: Final = _NEWEST.swizzle_tile_bytes
 #: Tolerance paths the newest version reserves (no numbers: ``w4a8``).
 RESERVED_PATHS: Final = _NEWEST.reserved_paths
+#: The encoder's constants by name, as the compiled kernels receive them at init (nvfp4-cpu's
+#: ``nvfp4cpu_init``): E2M1 max (6), E4M3 max (448), E4M3 min subnormal (2^-9), E4M3 bias (7)
+#: and the NaN byte (0x7F).
+ENCODER_CONSTANTS: Final = (E2M1_MAX, E4M3_MAX, E4M3_MIN_SUBNORMAL, E4M3_BIAS, E4M3_NAN_BYTE)
 
 # --------------------------------------------------------------------------------------
 # Formulas (identical in every 1.x version: a minor version never changes bits)
@@ -343,6 +353,39 @@ def e4m3_encode_exact(values: npt.NDArray[np.float32]) -> npt.NDArray[np.uint8]:
     positive = E4M3_VALUES[:E4M3_NAN_BYTE]
     idx = np.searchsorted(positive, np.asarray(values, dtype=np.float32))
     return idx.astype(np.uint8)
+
+
+def e4m3_encode(s: npt.ArrayLike) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.float32]]:
+    """The E4M3 step of every encoder: ``s`` (any float array) in float32, clamped to
+    ``[E4M3_MIN_SUBNORMAL, E4M3_MAX]`` (``[2^-9, 448]``), rounded to E4M3 nearest-even.
+    Returns the bytes and their exact float32 values."""
+    a = np.asarray(s, dtype=np.float32)
+    clamped = np.clip(a, np.float32(E4M3_MIN_SUBNORMAL), np.float32(E4M3_MAX)).astype(np.float32)
+    rounded = e4m3_round(clamped)
+    return e4m3_encode_exact(rounded), rounded
+
+
+def block_scale_unrounded(
+    block_amax: npt.ArrayLike, row_global: npt.ArrayLike
+) -> npt.NDArray[np.float32]:
+    """Step 2 of the reference encoder before the E4M3 rounding
+    (spec 1.0, "The reference encoder"): ``s = block_amax / (E2M1_MAX * global)`` in float32
+    (the product first, then one division), ``s == 0`` becomes 1.0, clamped to ``[2^-9, 448]``. ``row_global``
+    broadcasts against ``block_amax``."""
+    amax = np.asarray(block_amax, dtype=np.float32)
+    denom = (np.float32(E2M1_MAX) * np.asarray(row_global, dtype=np.float32)).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        s = (amax / denom).astype(np.float32)
+    s = np.where(s == 0, np.float32(1.0), s)
+    return np.clip(s, np.float32(E4M3_MIN_SUBNORMAL), np.float32(E4M3_MAX)).astype(np.float32)
+
+
+def block_scale_encode(
+    block_amax: npt.ArrayLike, row_global: npt.ArrayLike
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.float32]]:
+    """Step 2 of the reference encoder: :func:`block_scale_unrounded` then
+    :func:`e4m3_encode`. Returns the scale bytes and their exact float32 values."""
+    return e4m3_encode(block_scale_unrounded(block_amax, row_global))
 
 
 def swizzled_scale_shape(n: int, k_blocks: int) -> tuple[int, int]:

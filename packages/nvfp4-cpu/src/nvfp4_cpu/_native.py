@@ -2,8 +2,10 @@
 run-time choices (instruction-set level, thread count).
 
 Nothing here runs at import time. :func:`load` loads the library once (thread-safe), hands
-it the spec tables from :mod:`nvfp4.spec` (the single source of truth for the E2M1 and E4M3
-values) and declares every entry point's C signature. A missing or unloadable library is
+it the spec tables and the encoder's constants from :mod:`nvfp4.spec` (the single source of
+truth for the E2M1 and E4M3 values, 6, 448, 2^-9, the E4M3 bias and the NaN byte) and
+declares every entry point's C signature. The CPU feature bits are the library's: Python
+asks for them by name (``nvfp4cpu_cpu_feature_bit``). A missing or unloadable library is
 reported as :class:`NativeUnavailable` with the reason, never as an import error.
 
 Environment:
@@ -25,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from nvfp4.spec import E2M1_BOUNDS, E2M1_ODD_BOUNDS, E2M1_VALUES, E4M3_VALUES
+from nvfp4.spec import E2M1_BOUNDS, E2M1_ODD_BOUNDS, E2M1_VALUES, E4M3_VALUES, ENCODER_CONSTANTS
 
 __all__ = [
     "ISA_ENV",
@@ -47,14 +49,9 @@ ISA_ENV = "NVFP4_CPU_ISA"
 THREADS_ENV = "NVFP4_CPU_THREADS"
 LIBRARY_ENV = "NVFP4_CPU_LIBRARY"
 #: ABI version this Python code speaks (``nvfp4cpu_abi_version()``).
-ABI_VERSION = 1
+ABI_VERSION = 2
 #: Instruction-set levels, by their C enum value (index).
 ISA_LEVELS: tuple[str, ...] = ("portable", "avx2", "avx512")
-
-# CPU feature bits of nvfp4cpu_cpu_features().
-_F_AVX2, _F_FMA, _F_F16C = 1 << 0, 1 << 1, 1 << 2
-_F_AVX512F, _F_AVX512BW, _F_AVX512VL = 1 << 3, 1 << 4, 1 << 5
-_F_AVX512VNNI, _F_AVX512BF16, _F_X86 = 1 << 6, 1 << 7, 1 << 30
 
 #: What each level needs from the CPU, in words (for refusals).
 ISA_REQUIREMENTS = {
@@ -79,8 +76,12 @@ _i64, _int = ctypes.c_int64, ctypes.c_int
 
 _SIGNATURES: dict[str, tuple[object, list[object]]] = {
     "nvfp4cpu_abi_version": (_int, []),
-    "nvfp4cpu_init": (_int, [_f32p, _f32p, _f32p, _f32p]),
+    "nvfp4cpu_init": (
+        _int,
+        [_f32p, _f32p, _f32p, _f32p, ctypes.c_float, ctypes.c_float, ctypes.c_float, _int, _int],
+    ),
     "nvfp4cpu_cpu_features": (ctypes.c_uint, []),
+    "nvfp4cpu_cpu_feature_bit": (ctypes.c_uint, [ctypes.c_char_p]),
     "nvfp4cpu_isa_compiled": (_int, [_int]),
     "nvfp4cpu_isa_supported": (_int, [_int]),
     "nvfp4cpu_qmm": (_int, [_int, _int, _u8p, _u8p, _f32p, _i64, _i64, _f32p, _i64, _f32p]),
@@ -119,6 +120,14 @@ class Native:
     def compiled(self, isa: str) -> bool:
         return bool(self.lib.nvfp4cpu_isa_compiled(ISA_LEVELS.index(isa)))
 
+    def has(self, feature: str) -> bool:
+        """Whether this CPU has ``feature`` (a name of ``nvfp4cpu_cpu_feature_bit``:
+        ``"avx512vnni"``, ``"x86"``, ...); the bit is the library's."""
+        bit = int(self.lib.nvfp4cpu_cpu_feature_bit(feature.encode("ascii")))
+        if bit == 0:
+            raise ValueError(f"nvfp4-cpu: {self.path} knows no CPU feature {feature!r}")
+        return bool(self.features & bit)
+
     def supported(self, isa: str) -> bool:
         return bool(self.lib.nvfp4cpu_isa_supported(ISA_LEVELS.index(isa)))
 
@@ -134,14 +143,14 @@ class Native:
         if isa == "avx512":
             extras = [
                 name
-                for bit, name in ((_F_AVX512VNNI, "VNNI"), (_F_AVX512BF16, "BF16"))
-                if self.features & bit
+                for feature, name in (("avx512vnni", "VNNI"), ("avx512bf16", "BF16"))
+                if self.has(feature)
             ]
             have = f"; the CPU also has {'/'.join(extras)}" if extras else ""
             return f"x86-64 AVX-512 (F/BW/VL){have}"
         if isa == "avx2":
             return "x86-64 AVX2 (+FMA/F16C)"
-        machine = "x86-64" if self.features & _F_X86 else os.uname().machine
+        machine = "x86-64" if self.has("x86") else os.uname().machine
         return f"{machine} portable C"
 
     def check(self, rc: int, what: str) -> None:
@@ -191,7 +200,16 @@ def _load() -> Native:
         np.ascontiguousarray(t, dtype=np.float32)
         for t in (E2M1_VALUES, E4M3_VALUES, E2M1_BOUNDS, E2M1_ODD_BOUNDS)
     ]
-    if lib.nvfp4cpu_init(*(ptr(t, ctypes.c_float) for t in tables)) != 0:
+    e2m1_max, e4m3_max, e4m3_min_sub, e4m3_bias, nan_byte = ENCODER_CONSTANTS
+    rc = lib.nvfp4cpu_init(
+        *(ptr(t, ctypes.c_float) for t in tables),
+        float(e2m1_max),
+        float(e4m3_max),
+        float(e4m3_min_sub),
+        int(e4m3_bias),
+        int(nan_byte),
+    )
+    if rc != 0:
         raise NativeUnavailable(f"{path}: nvfp4cpu_init refused the spec tables")
     return Native(lib=lib, path=path, features=int(lib.nvfp4cpu_cpu_features()))
 

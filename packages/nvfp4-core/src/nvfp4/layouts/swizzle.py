@@ -14,7 +14,8 @@ the padded matrix reshaped to ``(N'/128, 4, 32, C'/4, 4)`` and transposed to axe
 ``[E, N' * C']``, one buffer per expert.
 
 The transform is a gather/scatter through the offsets of one 128-row tile band (the band
-offsets repeat every row tile), so no index array larger than ``128 x K/16`` is built.
+offsets repeat every row tile, :func:`nvfp4.spec.swizzle_128x4_band`), so no index array
+larger than ``128 x K/16`` is built.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..planes import PlaneError
-from ..spec import SWIZZLE_ROW_TILE, swizzle_128x4_offset, swizzled_scale_shape
+from ..spec import SWIZZLE_ROW_TILE, swizzle_128x4_band, swizzled_scale_shape
 from ._common import describe
 
 __all__ = ["swizzle_scales", "swizzled_size", "unswizzle_scales"]
@@ -37,19 +38,6 @@ def swizzled_size(n: int, k_blocks: int) -> int:
     return rows * cols
 
 
-def _band_offsets(k_blocks: int) -> tuple[npt.NDArray[np.int64], int]:
-    """Offsets of rows 0..127 x columns 0..k_blocks-1 (flattened row-major), and the byte
-    stride between consecutive 128-row tile bands."""
-    rows = np.arange(SWIZZLE_ROW_TILE, dtype=np.int64)[:, None]
-    cols = np.arange(k_blocks, dtype=np.int64)[None, :]
-    band = swizzle_128x4_offset(rows, cols, k_blocks).reshape(-1)
-    one = swizzle_128x4_offset(
-        np.array([0, SWIZZLE_ROW_TILE], dtype=np.int64), np.zeros(2, np.int64), k_blocks
-    )
-    stride = int(one[1] - one[0])
-    return band, stride
-
-
 def swizzle_scales(scales: Any, name: str = "scales") -> npt.NDArray[np.uint8]:
     """Linear E4M3 scale bytes ``[N, K/16]`` (or ``[E, N, K/16]``) -> the flat 128x4 swizzled
     buffer of ``swizzled_size(N, K/16)`` bytes (or ``[E, that]``), pad bytes zero."""
@@ -59,7 +47,7 @@ def swizzle_scales(scales: Any, name: str = "scales") -> npt.NDArray[np.uint8]:
     lead = s.shape[:-2]
     n, k_blocks = int(s.shape[-2]), int(s.shape[-1])
     rows_p, _ = swizzled_scale_shape(n, k_blocks)
-    band, stride = _band_offsets(k_blocks)
+    band, stride = swizzle_128x4_band(k_blocks)
     tiles = rows_p // SWIZZLE_ROW_TILE
     padded = np.zeros((*lead, rows_p, k_blocks), dtype=np.uint8)
     padded[..., :n, :] = s
@@ -85,7 +73,7 @@ def unswizzle_scales(
             describe(b),
         )
     lead = b.shape[:-1]
-    band, stride = _band_offsets(k_blocks)
+    band, stride = swizzle_128x4_band(k_blocks)
     tiles = size // stride
     linear = b.reshape(*lead, tiles, stride)[..., band]
     out = linear.reshape(*lead, tiles * SWIZZLE_ROW_TILE, k_blocks)[..., :n, :]

@@ -9,7 +9,8 @@ float32 and in this order (spec 1.0, "The reference encoder"):
 3. ``s == 0 -> 1``; clamp to ``[2^-9, 448]``; round to E4M3, nearest even (the byte);
 4. ``q = x / (e4m3(s) * g)`` - the product first, one correctly rounded division;
 5. the E2M1 code: ``|q|`` nearest-even saturating at 6, sign bit ``x < 0``;
-6. a block holding NaN or Inf gets scale byte ``0x7F`` (NaN) and all-zero codes.
+6. a block holding NaN or Inf gets scale byte :data:`nvfp4.spec.E4M3_NAN_BYTE` (``0x7F``,
+   NaN) and all-zero codes.
 
 Codes are written ``[M, K/2]`` (element ``2j`` in the low nibble). Scales are written
 either linear ``[M, K/16]`` or into the 128x4-swizzled buffer (cuBLASLt / CUTLASS / torch
@@ -28,10 +29,13 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from nvfp4.spec import E4M3_NAN_BYTE
 
 from ..codec import clamp_scale, e2m1_rne_index, e4m3_rne
 
 __all__ = ["quantize_kernel"]
+
+_NAN_BYTE = tl.constexpr(E4M3_NAN_BYTE)  # the scale byte of a block holding NaN or Inf
 
 
 @triton.jit
@@ -84,7 +88,7 @@ def quantize_kernel(
 
     codes = _encode(x_even, denom) | (_encode(x_odd, denom) << 4)
     codes = tl.where(bad[:, :, None], 0, codes)
-    sbyte = tl.where(bad, 0x7F, sbyte)
+    sbyte = tl.where(bad, _NAN_BYTE, sbyte)
 
     tl.store(
         codes_ptr + r[:, None, None] * (K // 2) + b[None, :, None] * 8 + e[None, None, :],
