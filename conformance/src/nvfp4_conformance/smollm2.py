@@ -6,7 +6,7 @@ linear (q, k, v, o, gate, up, down of every layer) is quantized with the referen
 :func:`nvfp4.quantize`; q/k/v share one global (the largest amax of the three / 2688) and so
 do gate/up, as ModelOpt exports fused layers. Embeddings, norms and the (tied) ``lm_head``
 stay float32. :func:`write_nvfp4_checkpoint` writes that as a ModelOpt NVFP4 checkpoint with
-:func:`nvfp4_checkpoints.write_modelopt`.
+:func:`nvfp4_checkpoints.write_checkpoint` (``flavour="modelopt"``).
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def load_tokenizer() -> Any:
 
 @dataclass
 class QuantizedModel:
-    """What :func:`nvfp4_checkpoints.write_modelopt` takes: the NVFP4 planes by module
+    """What :func:`nvfp4_checkpoints.write_checkpoint` takes: the NVFP4 planes by module
     prefix, the other tensors by name, and the model config."""
 
     planes: dict[str, Any]
@@ -177,6 +177,8 @@ def planes_fingerprint(planes: Mapping[str, Any], tensors: Mapping[str, npt.NDAr
 
 def write_nvfp4_checkpoint(q: QuantizedModel, dst: str | os.PathLike[str]) -> Path:
     """Write ``q`` as a ModelOpt NVFP4 checkpoint directory with nvfp4's writer."""
-    from nvfp4_checkpoints import write_modelopt
+    from nvfp4_checkpoints import write_checkpoint
 
-    return Path(write_modelopt(dst, q.planes, q.tensors, q.config, force=True))
+    return write_checkpoint(
+        dst, q.planes, flavour="modelopt", tensors=q.tensors, config=q.config, force=True
+    )

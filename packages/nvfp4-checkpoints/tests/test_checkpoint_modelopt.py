@@ -22,7 +22,7 @@ from nvfp4_checkpoints import (
     CheckpointError,
     detect_flavour,
     open_checkpoint,
-    write_modelopt,
+    write_checkpoint,
 )
 
 torch = pytest.importorskip("torch")
@@ -212,8 +212,13 @@ def test_write_modelopt_config_matches_modelopt_and_shards(tmp_path: Path) -> No
     convert = pytest.importorskip("modelopt.torch.export.convert_hf_config")
     planes, tensors = _tiny_planes()
     inputs = {k: 0.01 for k in planes}
-    out = write_modelopt(
-        tmp_path / "one", planes, tensors, {"model_type": "llama"}, input_scales=inputs
+    out = write_checkpoint(
+        tmp_path / "one",
+        planes,
+        flavour="modelopt",
+        tensors=tensors,
+        config={"model_type": "llama"},
+        input_scales=inputs,
     )
     hq = json.loads((out / "hf_quant_config.json").read_text())
     cfg = json.loads((out / "config.json").read_text())
@@ -221,8 +226,14 @@ def test_write_modelopt_config_matches_modelopt_and_shards(tmp_path: Path) -> No
     assert cfg["quantization_config"] == convert.convert_hf_quant_config_format(hq)
     # weight-only on half of the layers: MIXED_PRECISION
     half = {k: v for i, (k, v) in enumerate(inputs.items()) if i % 2}
-    out2 = write_modelopt(
-        tmp_path / "mixed", planes, tensors, {}, input_scales=half, max_shard_bytes=1500
+    out2 = write_checkpoint(
+        tmp_path / "mixed",
+        planes,
+        flavour="modelopt",
+        tensors=tensors,
+        config={},
+        input_scales=half,
+        max_shard_bytes=1500,
     )
     hq2 = json.loads((out2 / "hf_quant_config.json").read_text())
     cfg2 = json.loads((out2 / "config.json").read_text())
@@ -253,7 +264,9 @@ def test_stacked_expert_planes_are_written_per_expert(tmp_path: Path) -> None:
     rng = np.random.default_rng(5)
     parts = [quantize(rng.standard_normal((16, 64)).astype(np.float32)) for _ in range(3)]
     stacked = stack_experts(parts, name="model.layers.0.mlp.experts.{}.down_proj")
-    out = write_modelopt(tmp_path / "e", {stacked.name: stacked}, {}, {})
+    out = write_checkpoint(
+        tmp_path / "e", {stacked.name: stacked}, flavour="modelopt", tensors={}, config={}
+    )
     with open_checkpoint(out) as ck:
         assert ck.quantized_names() == [
             f"model.layers.0.mlp.experts.{i}.down_proj" for i in range(3)

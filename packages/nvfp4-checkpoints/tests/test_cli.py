@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from make_modelopt_exports import session_exports
 from nvfp4 import quantize
-from nvfp4_checkpoints import open_checkpoint, write_modelopt
+from nvfp4_checkpoints import open_checkpoint, write_checkpoint
 from nvfp4_checkpoints.atomic import TMP_MARK
 from nvfp4_checkpoints.cli import main
 
@@ -97,7 +97,7 @@ def test_fused_globals_that_differ_are_reported(
         for x, s in zip("qkv", (1.0, 2.5, 1.0), strict=True)
     }
     planes = {k: quantize(v, name=k) for k, v in w.items()}
-    out = write_modelopt(tmp_path / "ck", planes, {}, {})
+    out = write_checkpoint(tmp_path / "ck", planes, flavour="modelopt", tensors={}, config={})
     assert main(["inspect", str(out), "--json"]) == 0
     (group,) = json.loads(capsys.readouterr().out)["fused_groups"]
     g = [float(planes[m].global_scale) for m in group["members"]]
@@ -230,11 +230,12 @@ def test_gguf_refuses_k_not_multiple_of_64(tmp_path: Path) -> None:
             rng.standard_normal((32, 48)).astype(np.float32), name="model.layers.0.mlp.down_proj"
         )
     }
-    src = write_modelopt(
+    src = write_checkpoint(
         tmp_path / "k48",
         planes,
-        {"model.norm.weight": np.ones(48, ml_dtypes.bfloat16)},
-        {"model_type": "llama", "num_hidden_layers": 1},
+        flavour="modelopt",
+        tensors={"model.norm.weight": np.ones(48, ml_dtypes.bfloat16)},
+        config={"model_type": "llama", "num_hidden_layers": 1},
     )
     r = _run("convert", str(src), str(tmp_path / "k48.gguf"), "--to", "gguf")
     _assert_bad_input(r, "K for GGUF NVFP4: expected a multiple of 64, found K = 48")

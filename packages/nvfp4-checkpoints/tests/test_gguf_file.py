@@ -1,4 +1,4 @@
-"""Our GGUF header reader (:mod:`nvfp4_checkpoints.gguf_file`) against gguf-py's own
+"""Our GGUF header reader (:mod:`nvfp4_checkpoints.gguf.file`) against gguf-py's own
 ``GGUFReader`` on a file gguf-py wrote with every value type and several tensor types, and
 on malformed files: every one a :class:`CheckpointError` naming the file, never another
 exception."""
@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 from nvfp4_checkpoints import CheckpointError
-from nvfp4_checkpoints.gguf_file import GGUFFile
+from nvfp4_checkpoints.gguf.file import GGUFFile
 
 gguf = pytest.importorskip("gguf")
 

@@ -1,4 +1,4 @@
-"""GGUF tokenizer metadata (:mod:`nvfp4_checkpoints.gguf_vocab`) from Hugging Face tokenizers.
+"""GGUF tokenizer metadata (:mod:`nvfp4_checkpoints.gguf.vocab`) from Hugging Face tokenizers.
 
 Oracles, none of them this package:
 
@@ -34,10 +34,8 @@ from nvfp4_checkpoints import (
     CheckpointError,
     open_checkpoint,
     write_checkpoint,
-    write_gguf,
-    write_modelopt,
 )
-from nvfp4_checkpoints.gguf_vocab import gguf_pre_tokenizer, read_hf_vocab
+from nvfp4_checkpoints.gguf.vocab import gguf_pre_tokenizer, read_hf_vocab
 
 gguf = pytest.importorskip("gguf")
 tokenizers = pytest.importorskip("tokenizers")
@@ -108,7 +106,7 @@ def _tiny_model(path: Path, vocab_size: int) -> Path:
         "rope_theta": 10000.0,
         "tie_word_embeddings": True,
     }
-    return write_modelopt(path, planes, tensors, config)
+    return write_checkpoint(path, planes, flavour="modelopt", tensors=tensors, config=config)
 
 
 def _with_tokenizer(ck: Path, tok_dir: Path) -> Path:
@@ -120,7 +118,7 @@ def _with_tokenizer(ck: Path, tok_dir: Path) -> Path:
 
 def _convert(ck: Path, dst: Path) -> Path:
     with open_checkpoint(ck) as c:
-        return write_checkpoint(dst, c, "gguf")
+        return write_checkpoint(dst, c, flavour="gguf")
 
 
 def _fields(path: Path) -> dict[str, Any]:
@@ -321,7 +319,7 @@ def test_split_regex_tokenizers(split: str, name: str, tmp_path: Path) -> None:
             pa, pb = a.planes(p), b.planes(p)
             assert np.array_equal(pa.codes, pb.codes)
             assert np.array_equal(pa.scales, pb.scales)
-        again = write_checkpoint(tmp_path / "again.gguf", b, "gguf")
+        again = write_checkpoint(tmp_path / "again.gguf", b, flavour="gguf")
     assert _fields(again) == got
 
 
@@ -554,13 +552,27 @@ def test_write_gguf_takes_a_tokenizer_directory(tmp_path: Path) -> None:
     config = {"model_type": "llama", "vocab_size": n}
     planes = {"model.layers.0.mlp.down_proj": w}
     tensors = {"model.embed_tokens.weight": emb}
-    out = write_gguf(tmp_path / "m.gguf", planes, tensors, config, tokenizer=tok_dir)
+    out = write_checkpoint(
+        tmp_path / "m.gguf",
+        planes,
+        flavour="gguf",
+        tensors=tensors,
+        config=config,
+        tokenizer=tok_dir,
+    )
     got = _fields(out)
     assert got["tokenizer.ggml.pre"] == "gpt-2"
     assert got["tokenizer.ggml.tokens"] == _auto(tok_dir).convert_ids_to_tokens(list(range(n)))
     assert got["tokenizer.ggml.token_type"][0] == CONTROL
     with pytest.raises(CheckpointError, match=r"no tokenizer\.json"):
-        write_gguf(tmp_path / "x.gguf", planes, tensors, config, tokenizer=tmp_path)
+        write_checkpoint(
+            tmp_path / "x.gguf",
+            planes,
+            flavour="gguf",
+            tensors=tensors,
+            config=config,
+            tokenizer=tmp_path,
+        )
     assert not (tmp_path / "x.gguf").exists()
 
 
@@ -592,7 +604,7 @@ def test_no_tokenizer_writes_none_and_says_so(
         caplog.at_level(logging.WARNING, logger="nvfp4_checkpoints"),
         open_checkpoint(tmp_path / "m.gguf") as g,
     ):
-        write_checkpoint(tmp_path / "m3.gguf", g, "gguf")
+        write_checkpoint(tmp_path / "m3.gguf", g, flavour="gguf")
     assert "has no tokenizer metadata" in caplog.text
     assert _fields(tmp_path / "m3.gguf") == {}
     # with the tokenizer, no note

@@ -139,7 +139,7 @@ def test_compressed_tensors_checkpoint_loads_to_the_same_model(
     exports: dict[str, Path], tmp_path: Path
 ) -> None:
     with open_checkpoint(exports["llama"]) as src:
-        write_checkpoint(tmp_path / "ct", src, "compressed-tensors")
+        write_checkpoint(tmp_path / "ct", src, flavour="compressed-tensors")
     assert open_checkpoint(tmp_path / "ct").flavour == "compressed-tensors"
     a, _ = nvfp4_metal.load(exports["llama"], dtype="float32")
     b, _ = nvfp4_metal.load(tmp_path / "ct", dtype="float32")

@@ -5,49 +5,44 @@ The checkpoint tooling of the NVFP4 standard, on top of ``nvfp4`` (nvfp4-core):
 * :func:`open_checkpoint` -> :class:`Checkpoint`: lazy (memory-mapped, one tensor at a
   time) access to the canonical planes, the activations' input scales (DECODE convention),
   the other tensors, MoE expert groups and fused q/k/v, gate/up groups;
-* :func:`write_checkpoint`: convert a checkpoint to another flavour, streaming and atomic;
-* :func:`write_modelopt`, :func:`write_compressed_tensors`, :func:`write_mlx`,
-  :func:`write_gguf`: write from mappings of planes and tensors;
+* :func:`write_checkpoint`: write a checkpoint of any flavour, from an opened checkpoint (a
+  conversion) or from mappings of planes and tensors, streaming and atomic;
 * :func:`detect_flavour`, :class:`CheckpointError`;
 * the ``nvfp4`` command (:mod:`nvfp4_checkpoints.cli`: ``inspect | convert | verify``).
 
-The byte layouts are those of :mod:`nvfp4.layouts`; this package only moves tensors in and
-out of files. The MLX-native directory and the GGUF conventions are documented in
-:mod:`nvfp4_checkpoints.writers`.
+One module per flavour holds its reader and its writer (:mod:`.modelopt`,
+:mod:`.compressed_tensors`, :mod:`.mlx`, the :mod:`.gguf` package), on shared primitives:
+:mod:`.safetensors_io` and :mod:`.hf` (Hugging Face directories of safetensors files),
+:mod:`.source` (what a writer reads, in which order), :mod:`.atomic` and
+:mod:`.overlapped` (the destination: a temporary sibling renamed into place, written from a
+second thread). :mod:`.api` drives them from one table of flavours. The byte layouts are
+those of :mod:`nvfp4.layouts`; this package only moves tensors in and out of files.
 """
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from .api import FLAVOUR_IO, open_checkpoint, write_checkpoint
 from .atomic import atomic_output, clean_stale
+from .checkpoint import Checkpoint, PlaneShape
 from .flavours import FLAVOURS, CheckpointError, Flavour, detect_flavour
-from .reader import Checkpoint, PlaneShape, open_checkpoint
-from .writers import (
-    DEFAULT_MAX_SHARD_BYTES,
-    Progress,
-    write_checkpoint,
-    write_compressed_tensors,
-    write_gguf,
-    write_mlx,
-    write_modelopt,
-)
+from .hf import DEFAULT_MAX_SHARD_BYTES
+from .source import Progress
 
 __all__ = [
     "DEFAULT_MAX_SHARD_BYTES",
     "FLAVOURS",
+    "FLAVOUR_IO",
     "Checkpoint",
     "CheckpointError",
     "Flavour",
     "PlaneShape",
     "Progress",
+    "__version__",
     "atomic_output",
     "clean_stale",
     "detect_flavour",
     "open_checkpoint",
     "write_checkpoint",
-    "write_compressed_tensors",
-    "write_gguf",
-    "write_mlx",
-    "write_modelopt",
 ]

@@ -33,10 +33,16 @@ import numpy.typing as npt
 from nvfp4.planes import NVFP4Planes, PlaneError
 from nvfp4.spec import SPEC_VERSION
 
-from . import FLAVOURS, Checkpoint, CheckpointError, open_checkpoint, write_checkpoint
+from . import (
+    DEFAULT_MAX_SHARD_BYTES,
+    FLAVOURS,
+    Checkpoint,
+    CheckpointError,
+    open_checkpoint,
+    write_checkpoint,
+)
 from .atomic import interrupt_on_signals
 from .safetensors_io import SafetensorsError
-from .writers import DEFAULT_MAX_SHARD_BYTES
 
 __all__ = ["main"]
 
@@ -217,7 +223,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         dst = write_checkpoint(
             args.dst,
             ck,
-            args.to,
+            flavour=args.to,
             force=args.force,
             progress=_Bar(sys.stderr),
             max_shard_bytes=args.max_shard_bytes,

@@ -12,7 +12,7 @@ tensors``           ``quant_method == "compressed-tensors"`` and ``format ==
                     "nvfp4-pack-quantized"`` (or ``"mixed-precision"`` with an
                     ``nvfp4-pack-quantized`` config group)
 ``mlx``             a directory whose ``config.json`` has a ``quantization`` block with
-                    ``mode == "nvfp4"`` (written by :func:`nvfp4_checkpoints.write_mlx`)
+                    ``mode == "nvfp4"`` (written by :mod:`nvfp4_checkpoints.mlx`)
 ``gguf``            a file starting with the magic ``GGUF``
 =================== =========================================================================
 

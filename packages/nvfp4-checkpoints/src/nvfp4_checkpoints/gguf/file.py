@@ -36,7 +36,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from .flavours import CheckpointError, import_gguf
+from ..flavours import CheckpointError, import_gguf
 
 __all__ = [
     "GGML_BF16",

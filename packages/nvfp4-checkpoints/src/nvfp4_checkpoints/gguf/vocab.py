@@ -34,7 +34,7 @@ Token types follow the converter: added tokens marked ``special`` (or that look 
 has no name for is written as ``"default"`` with a warning: llama.cpp then splits text
 differently from the Hugging Face tokenizer.
 
-Warnings go to the ``nvfp4_checkpoints.gguf_vocab`` logger (printed on stderr by the
+Warnings go to the ``nvfp4_checkpoints.gguf.vocab`` logger (printed on stderr by the
 ``nvfp4`` command).
 """
 
@@ -49,8 +49,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from .flavours import CheckpointError, import_gguf
-from .gguf_file import GGUFFile
+from ..flavours import CheckpointError, import_gguf
+from .file import GGUFFile
 
 __all__ = [
     "TOKENIZER_FILE",

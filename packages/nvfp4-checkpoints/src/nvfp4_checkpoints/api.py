@@ -1,0 +1,133 @@
+"""The two entry points, driven by one table of flavours: :func:`open_checkpoint` and
+:func:`write_checkpoint`.
+
+Every write streams (the output is planned from shapes alone, then written tensor by
+tensor; peak memory is about one tensor, one expert stack for GGUF) and is atomic
+(:mod:`.atomic`): the output appears under its name complete or not at all.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import numpy.typing as npt
+from nvfp4.planes import NVFP4Planes
+
+from . import compressed_tensors, gguf, mlx, modelopt
+from .atomic import atomic_output
+from .checkpoint import Checkpoint
+from .flavour_io import FlavourIO, WriteOptions
+from .flavours import FLAVOURS, CheckpointError, detect_flavour
+from .hf import DEFAULT_MAX_SHARD_BYTES
+from .source import Progress, Source, checkpoint_source, mapping_source
+
+__all__ = ["FLAVOUR_IO", "open_checkpoint", "write_checkpoint"]
+
+#: Every flavour's reader and writer, in the order of :data:`~nvfp4_checkpoints.FLAVOURS`.
+FLAVOUR_IO: Final[Mapping[str, FlavourIO]] = {
+    io.flavour: io for io in (modelopt.IO, compressed_tensors.IO, mlx.IO, gguf.IO)
+}
+assert tuple(FLAVOUR_IO) == FLAVOURS
+logger = logging.getLogger(__name__)
+
+
+def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
+    """Open the NVFP4 checkpoint at ``path`` (a Hugging Face directory or a GGUF file),
+    detecting its flavour. Reads headers and configs only.
+
+    Raises :class:`~nvfp4_checkpoints.CheckpointError` for a missing path, an unknown
+    flavour, an unreadable or lying file header, or an index naming missing shards.
+    """
+    p = Path(path)
+    return FLAVOUR_IO[detect_flavour(p)].read(p)
+
+
+def _source(
+    source: Checkpoint | Mapping[str, NVFP4Planes],
+    tensors: Mapping[str, npt.ArrayLike] | None,
+    config: Mapping[str, Any] | None,
+    input_scales: Mapping[str, float] | None,
+) -> Source:
+    if isinstance(source, Checkpoint):
+        given = [
+            k
+            for k, v in (("tensors", tensors), ("config", config), ("input_scales", input_scales))
+            if v is not None
+        ]
+        if given:
+            raise TypeError(
+                f"write_checkpoint: {', '.join(given)} come from the checkpoint itself when "
+                "the source is an opened Checkpoint"
+            )
+        return checkpoint_source(source)
+    if config is None:
+        raise TypeError("write_checkpoint: a source of planes needs config= (the model config)")
+    return mapping_source(source, tensors or {}, config, input_scales)
+
+
+def write_checkpoint(
+    dst: str | os.PathLike[str],
+    source: Checkpoint | Mapping[str, NVFP4Planes],
+    *,
+    flavour: str,
+    tensors: Mapping[str, npt.ArrayLike] | None = None,
+    config: Mapping[str, Any] | None = None,
+    input_scales: Mapping[str, float] | None = None,
+    tokenizer: str | os.PathLike[str] | None = None,
+    force: bool = False,
+    progress: Progress | None = None,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+) -> Path:
+    """Write ``source`` as a checkpoint of ``flavour`` (``"modelopt"``,
+    ``"compressed-tensors"``, ``"mlx"`` or ``"gguf"``) at ``dst``: streaming, tensor by
+    tensor, atomic. Returns ``dst`` as a :class:`~pathlib.Path`.
+
+    ``source`` is either an opened :class:`~nvfp4_checkpoints.Checkpoint` (a conversion: its
+    other tensors, config and input scales come with it, and a directory output gets the
+    source directory's other files: tokenizer, generation config...) or a mapping ``prefix
+    -> NVFP4Planes``, with ``tensors`` (``name -> array``, the non-quantized tensors),
+    ``config`` (the model's ``config.json``, required) and ``input_scales`` (``prefix ->``
+    the activations' DECODE global). Expert-stacked planes ``[E, N, K]`` under a key
+    containing ``{}`` (``"...experts.{}.gate_proj"``) are written per expert, as Hugging
+    Face checkpoints store them; GGUF stacks experts again.
+
+    What each flavour writes is documented in its module (:mod:`.modelopt`,
+    :mod:`.compressed_tensors`, :mod:`.mlx`, :mod:`.gguf`). Quantized tensors are
+    transcoded losslessly (the compressed-tensors global within the one ulp of a float32
+    reciprocal); other tensors are copied as they are (GGUF widens 1-D bf16/f16 to F32 and
+    records the original dtype). ModelOpt sources keep their per-layer ``quant_algo``.
+    Hugging Face outputs are sharded above ``max_shard_bytes``. ``tokenizer``: a Hugging
+    Face directory with a ``tokenizer.json`` whose tokenizer a GGUF gets (by default a
+    GGUF gets its source's, and a one-line note is logged when the source has none).
+    ``progress(tensors_done, tensors_total, bytes_done, bytes_total)`` is called after each
+    tensor.
+
+    Raises :class:`~nvfp4_checkpoints.CheckpointError` for an unknown flavour, when ``dst``
+    exists and ``force`` is false, or for a ``tokenizer`` that is not one, and
+    :class:`~nvfp4.PlaneError` for planes the target cannot hold (K % 64 for GGUF, fused
+    partitions for ModelOpt / compressed-tensors), before writing anything.
+    """
+    io = FLAVOUR_IO.get(flavour)
+    if io is None:
+        raise CheckpointError(f"unknown output flavour {flavour!r} (one of {', '.join(FLAVOURS)})")
+    src = _source(source, tensors, config, input_scales)
+    if tokenizer is not None:
+        if not io.takes_tokenizer:
+            raise CheckpointError(
+                f"tokenizer= is for GGUF output; a {io.flavour} directory gets the source "
+                "directory's tokenizer files"
+            )
+        src.tokenizer_dir = Path(tokenizer)
+    io.check(src)
+    if max_shard_bytes <= 0:
+        raise CheckpointError(f"max_shard_bytes must be positive, found {max_shard_bytes}")
+    target = Path(dst)
+    with atomic_output(target, force=force) as tmp:
+        notes = io.write(tmp, src, WriteOptions(progress, max_shard_bytes))
+    for note in notes:
+        logger.warning("%s", note)
+    return target

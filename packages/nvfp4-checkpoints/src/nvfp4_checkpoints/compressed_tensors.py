@@ -1,0 +1,167 @@
+"""The compressed-tensors flavour: ``nvfp4-pack-quantized`` checkpoints, read and written.
+
+A compressed-tensors NVFP4 linear ``<prefix>`` is ``<prefix>.weight_packed`` U8,
+``.weight_scale`` F8_E4M3, ``.weight_global_scale`` F32 ``[1]`` (ENCODE = 1/decode: the
+global read back is within the one ulp of a float32 reciprocal) and optionally
+``.input_global_scale`` F32 ``[1]`` (ENCODE), byte layouts of
+:mod:`nvfp4.layouts.compressed_tensors`; a legacy ``weight_shape`` tensor is ignored.
+``config.json``'s ``quantization_config`` holds the ``NVFP4`` (static activation global)
+or ``NVFP4A16`` (weights only) config groups.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Final
+
+import numpy.typing as npt
+from nvfp4.layouts import (
+    from_compressed_tensors,
+    input_global_scale_from_input_scale,
+    input_scale_from_input_global_scale,
+    to_compressed_tensors,
+)
+from nvfp4.planes import NVFP4Planes
+from nvfp4.spec import BLOCK_SIZE
+
+from .checkpoint import scalar
+from .flavour_io import FlavourIO
+from .flavours import read_json
+from .hf import (
+    PRODUCER,
+    Entry,
+    HFCheckpoint,
+    HFFormat,
+    base_config,
+    exclude_modules,
+    leading_dims,
+    refuse_partitions,
+    write_hf,
+)
+from .source import Plan, PlaneItem, Source, natural, plane_items
+
+__all__ = ["IO", "CompressedTensorsCheckpoint", "CompressedTensorsFormat", "ct_scheme"]
+
+
+class CompressedTensorsCheckpoint(HFCheckpoint):
+    """A compressed-tensors ``nvfp4-pack-quantized`` checkpoint: ``weight_packed`` U8,
+    ``weight_scale`` F8_E4M3, ``weight_global_scale`` F32 (ENCODE), optionally
+    ``input_global_scale`` (ENCODE). A legacy ``weight_shape`` tensor is ignored."""
+
+    CODES = "weight_packed"
+    SCALES = "weight_scale"
+    OWNED = (
+        "weight_packed",
+        "weight_scale",
+        "weight_global_scale",
+        "input_global_scale",
+        "weight_shape",
+    )
+
+    def __init__(self, path: Path) -> None:
+        cfg = read_json(path / "config.json")
+        qc = cfg.get("quantization_config")
+        self.quant_config = qc if isinstance(qc, dict) else {}
+        super().__init__(path, "compressed-tensors")
+
+    def planes(self, prefix: str) -> NVFP4Planes:
+        return from_compressed_tensors(self._parts(prefix), name=prefix)
+
+    def input_scale(self, prefix: str) -> float | None:
+        self._check_prefix(prefix)
+        name = f"{prefix}.input_global_scale"
+        if name not in self.store:
+            return None
+        return scalar(input_scale_from_input_global_scale(self.store.get(name), name), name)
+
+
+class CompressedTensorsFormat(HFFormat):
+    """The compressed-tensors tensors and config."""
+
+    flavour = "compressed-tensors"
+
+    def plane_entries(self, item: PlaneItem) -> list[Entry]:
+        refuse_partitions(item, "compressed-tensors")
+        lead, (n, k) = leading_dims(item), item.shape.shape[-2:]
+        out: list[Entry] = [
+            (f"{item.key}.weight_packed", "U8", (*lead, n, k // 2)),
+            (f"{item.key}.weight_scale", "F8_E4M3", (*lead, n, k // BLOCK_SIZE)),
+            (f"{item.key}.weight_global_scale", "F32", lead or (1,)),
+        ]
+        if item.input_scale is not None:
+            shape = tuple(item.input_scale.shape) or (1,)
+            out.append((f"{item.key}.input_global_scale", "F32", shape))
+        return out
+
+    def plane_arrays(self, item: PlaneItem, planes: NVFP4Planes) -> list[npt.NDArray[Any]]:
+        t = to_compressed_tensors(planes)
+        out = [t["weight_packed"], t["weight_scale"], t["weight_global_scale"]]
+        if item.input_scale is not None:
+            out.append(input_global_scale_from_input_scale(item.input_scale, item.key))
+        return out
+
+    def config_files(self, src: Source, layout: Plan) -> dict[str, dict[str, Any]]:
+        items = plane_items(layout)
+        with_input = sorted((it.key for it in items if it.input_scale is not None), key=natural)
+        without = sorted((it.key for it in items if it.input_scale is None), key=natural)
+        groups: dict[str, Any] = {}
+        if with_input and without:
+            targets_a = [f"re:^{re.escape(k)}$" for k in with_input]
+            targets_b = [f"re:^{re.escape(k)}$" for k in without]
+            groups["group_0"] = ct_scheme(targets_a, activations=True)
+            groups["group_1"] = ct_scheme(targets_b, activations=False)
+        else:
+            groups["group_0"] = ct_scheme(["Linear"], activations=bool(with_input))
+        config = base_config(src.config)
+        config["quantization_config"] = {
+            "config_groups": groups,
+            "format": "nvfp4-pack-quantized",
+            "global_compression_ratio": None,
+            "ignore": exclude_modules(layout),
+            "kv_cache_scheme": None,
+            "quant_method": "compressed-tensors",
+            "quantization_status": "compressed",
+            "producer": dict(PRODUCER),
+        }
+        return {"config.json": config}
+
+
+def ct_scheme(targets: list[str], *, activations: bool) -> dict[str, Any]:
+    """A compressed-tensors config group: the ``NVFP4`` preset (static activation global,
+    block scales at run time) or ``NVFP4A16`` (weights only)."""
+    weights = {
+        "num_bits": 4,
+        "type": "float",
+        "symmetric": True,
+        "group_size": BLOCK_SIZE,
+        "strategy": "tensor_group",
+        "dynamic": False,
+        "observer": "minmax",
+    }
+    inputs = None
+    if activations:
+        inputs = {
+            "num_bits": 4,
+            "type": "float",
+            "symmetric": True,
+            "group_size": BLOCK_SIZE,
+            "strategy": "tensor_group",
+            "dynamic": "local",
+            "observer": "static_minmax",
+        }
+    return {
+        "targets": targets,
+        "weights": weights,
+        "input_activations": inputs,
+        "output_activations": None,
+        "format": "nvfp4-pack-quantized",
+    }
+
+
+FORMAT = CompressedTensorsFormat()
+IO: Final[FlavourIO] = FlavourIO(
+    flavour="compressed-tensors",
+    read=CompressedTensorsCheckpoint,
+    write=lambda tmp, src, options: write_hf(FORMAT, tmp, src, options),
+)

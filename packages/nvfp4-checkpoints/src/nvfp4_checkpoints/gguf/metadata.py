@@ -1,0 +1,116 @@
+"""The GGUF conventions this package's reader and writer share: the ``nvfp4.*`` metadata
+keys, the architecture of a Hugging Face config, its hyper-parameters, and the RoPE row
+permutation llama.cpp applies to the q/k projections of the ``llama`` architecture."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+
+from ..flavours import CheckpointError, import_gguf
+
+__all__ = [
+    "KV_GGUF_NAMES",
+    "KV_HF_CONFIG",
+    "KV_HF_DTYPES",
+    "KV_HF_NAMES",
+    "KV_ROPE_PERMUTED",
+    "KV_SPEC",
+    "add_hparams",
+    "gguf_arch",
+    "permuted_heads",
+    "rope_permute_rows",
+]
+
+#: GGUF metadata keys this package writes (and reads back).
+KV_SPEC: Final = "nvfp4.spec_version"
+KV_HF_CONFIG: Final = "nvfp4.hf_config"
+KV_GGUF_NAMES: Final = "nvfp4.gguf_names"
+KV_HF_NAMES: Final = "nvfp4.hf_names"
+KV_HF_DTYPES: Final = "nvfp4.hf_dtypes"
+KV_ROPE_PERMUTED: Final = "nvfp4.rope_permuted"
+
+
+def rope_permute_rows(a: npt.NDArray[Any], n_head: int, inverse: bool = False) -> npt.NDArray[Any]:
+    """Reorder the rows of a q/k projection the way llama.cpp's converter does for
+    Llama-family models (HF's rotate-half RoPE -> ggml's interleaved pairs), or undo it.
+    Works on any array whose first axis is the output rows (codes, scale bytes, dense)."""
+    rows = a.shape[0]
+    if n_head <= 0 or rows % (2 * n_head):
+        raise CheckpointError(f"cannot RoPE-permute {rows} rows over {n_head} heads")
+    half = rows // n_head // 2
+    if inverse:
+        b = a.reshape(n_head, half, 2, *a.shape[1:]).swapaxes(1, 2)
+    else:
+        b = a.reshape(n_head, 2, half, *a.shape[1:]).swapaxes(1, 2)
+    return np.ascontiguousarray(b.reshape(a.shape))
+
+
+_ARCH_ALIASES: Final = {"mistral": "llama", "mixtral": "llama"}
+
+
+def gguf_arch(config: Mapping[str, Any]) -> str:
+    """gguf-py's architecture name for a Hugging Face ``config.model_type``
+    (llama/mistral/mixtral -> ``llama``, qwen3_moe -> ``qwen3moe``...)."""
+    gguf = import_gguf()
+    model_type = str(config.get("model_type") or "")
+    arch = _ARCH_ALIASES.get(model_type, model_type.replace("_", ""))
+    known = set(gguf.MODEL_ARCH_NAMES.values())
+    return arch if arch in known else (arch or "unknown")
+
+
+def permuted_heads(arch: str, config: Mapping[str, Any]) -> dict[str, int]:
+    """GGUF leaf names whose rows the writer RoPE-permutes, with their head counts: q and k
+    of the ``llama`` architecture (as llama.cpp's converter does), else none."""
+    if arch == "llama" and isinstance(config.get("num_attention_heads"), int):
+        n_head = int(config["num_attention_heads"])
+        return {"attn_q": n_head, "attn_k": int(config.get("num_key_value_heads") or n_head)}
+    return {}
+
+
+def _rope_theta(config: Mapping[str, Any]) -> float | None:
+    if isinstance(config.get("rope_theta"), (int, float)):
+        return float(config["rope_theta"])
+    rp = config.get("rope_parameters")
+    if isinstance(rp, dict) and isinstance(rp.get("rope_theta"), (int, float)):
+        return float(rp["rope_theta"])
+    return None
+
+
+def add_hparams(w: Any, config: Mapping[str, Any]) -> None:
+    """Architecture hyper-parameters gguf-py / llama.cpp expect, where config.json has them."""
+
+    def num(*keys: str) -> Any:
+        for k in keys:
+            v = config.get(k)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                return v
+        return None
+
+    ints = (
+        (w.add_context_length, ("max_position_embeddings",)),
+        (w.add_embedding_length, ("hidden_size",)),
+        (w.add_block_count, ("num_hidden_layers",)),
+        (w.add_feed_forward_length, ("intermediate_size",)),
+        (w.add_head_count, ("num_attention_heads",)),
+        (w.add_head_count_kv, ("num_key_value_heads",)),
+        (w.add_key_length, ("head_dim",)),
+        (w.add_value_length, ("head_dim",)),
+        (w.add_vocab_size, ("vocab_size",)),
+        (w.add_expert_count, ("num_experts", "num_local_experts")),
+        (w.add_expert_used_count, ("num_experts_per_tok",)),
+        (w.add_expert_feed_forward_length, ("moe_intermediate_size",)),
+    )
+    for add, keys in ints:
+        v = num(*keys)
+        if v is not None:
+            add(int(v))
+    eps = num("rms_norm_eps")
+    if eps is not None:
+        w.add_layer_norm_rms_eps(float(eps))
+    theta = _rope_theta(config)
+    if theta is not None:
+        w.add_rope_freq_base(theta)

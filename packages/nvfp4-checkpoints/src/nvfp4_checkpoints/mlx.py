@@ -1,0 +1,158 @@
+"""The MLX flavour: the MLX-native directory, read and written.
+
+It is what ``mlx_lm`` loads, plus sidecars for what MLX's kernels do not apply themselves:
+
+* ``config.json``: the source model config, with ``"quantization": {"group_size": 16,
+  "bits": 4, "mode": "nvfp4"}`` (mlx_lm's quantization block) and our block ``"nvfp4":
+  {"spec_version": "1.0", "format": "mlx-nvfp4", "global_scale": "global_scale",
+  "input_scale": "input_scale", "partitions": "partitions", "producer": {...}}``;
+* per quantized prefix: ``<prefix>.weight`` uint32 ``[E?, N, K/8]`` (the canonical code
+  bytes read as little-endian words), ``<prefix>.scales`` uint8 ``[E?, N, K/16]`` (E4M3
+  bytes), ``<prefix>.global_scale`` float32 sidecar (the DECODE global: ``()``, ``(E,)``,
+  ``(P,)`` or ``(E, P)``, multiplied into the matmul output), optionally
+  ``<prefix>.input_scale`` float32 ``()`` (activations' DECODE global) and
+  ``<prefix>.partitions`` int64 ``(P + 1,)`` (row boundaries of fused planes);
+* every other tensor as it is (bf16 stays bf16), under its Hugging Face name.
+
+An ``mlx_lm`` nvfp4 model (no sidecar) reads with a global of 1.0, which is how MLX
+decodes it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+from nvfp4.layouts import MLXPlanes, from_mlx, to_mlx
+from nvfp4.planes import NVFP4Planes
+from nvfp4.spec import BLOCK_SIZE, SPEC_VERSION
+
+from .checkpoint import PlaneShape, scalar
+from .flavour_io import FlavourIO
+from .flavours import read_json
+from .hf import PRODUCER, Entry, HFCheckpoint, HFFormat, base_config, leading_dims, write_hf
+from .safetensors_io import TensorInfo
+from .source import Plan, PlaneItem, Source
+
+__all__ = ["IO", "MLXCheckpoint", "MLXFormat"]
+
+
+class MLXCheckpoint(HFCheckpoint):
+    """Our MLX-native directory (see the module docstring): ``weight`` uint32
+    ``[E?, N, K/8]``, ``scales`` uint8, sidecars ``global_scale`` (DECODE), optionally
+    ``input_scale`` (DECODE) and ``partitions`` (int64 row boundaries of fused planes).
+    An ``mlx_lm`` nvfp4 model (no sidecar) reads with a global of 1.0, which is how MLX
+    decodes it."""
+
+    CODES = "weight"
+    SCALES = "scales"
+    OWNED = ("weight", "scales", "global_scale", "input_scale", "partitions")
+
+    def __init__(self, path: Path) -> None:
+        cfg = read_json(path / "config.json")
+        self.quant_config = {
+            "quantization": cfg.get("quantization", {}),
+            "nvfp4": cfg.get("nvfp4", {}),
+        }
+        super().__init__(path, "mlx")
+
+    def _looks_nvfp4(self, prefix: str) -> bool:
+        codes = self.store.info(f"{prefix}.weight")
+        scales = self.store.info(f"{prefix}.scales")
+        return (
+            codes.dtype == "U32"
+            and scales.dtype == "U8"
+            and len(codes.shape) in (2, 3)
+            and f"{prefix}.biases" not in self.store  # affine modes carry biases
+        )
+
+    def _k_of(self, codes: TensorInfo) -> int:
+        return codes.shape[-1] * 8
+
+    def plane_shape(self, prefix: str) -> PlaneShape:
+        base = super().plane_shape(prefix)
+        parts = f"{prefix}.partitions"
+        if parts in self.store:
+            return PlaneShape(base.shape, self.store.info(parts).shape[0] - 1)
+        return base
+
+    def planes(self, prefix: str) -> NVFP4Planes:
+        parts = self._parts(prefix)
+        partitions = None
+        if "partitions" in parts:
+            partitions = tuple(int(b) for b in np.asarray(parts["partitions"]).tolist())
+        # without a sidecar (mx.quantize with no global_scale, as mlx_lm writes) the scale
+        # bytes are the whole block scale: the decode global is exactly 1
+        mp = MLXPlanes(
+            weight=parts["weight"],
+            scales=parts["scales"],
+            global_scale=parts.get("global_scale", np.asarray(1.0, dtype=np.float32)),
+            partitions=partitions,
+            name=prefix,
+        )
+        return from_mlx(mp)
+
+    def input_scale(self, prefix: str) -> float | None:
+        self._check_prefix(prefix)
+        name = f"{prefix}.input_scale"
+        return scalar(self.store.get(name), name) if name in self.store else None
+
+
+class MLXFormat(HFFormat):
+    """The MLX-native tensors, sidecars and config."""
+
+    flavour = "mlx"
+
+    def plane_entries(self, item: PlaneItem) -> list[Entry]:
+        lead, (n, k) = leading_dims(item), item.shape.shape[-2:]
+        parts = item.shape.partitions
+        gshape = lead + ((parts,) if parts is not None else ())
+        out: list[Entry] = [
+            (f"{item.key}.weight", "U32", (*lead, n, k // 8)),
+            (f"{item.key}.scales", "U8", (*lead, n, k // BLOCK_SIZE)),
+            (f"{item.key}.global_scale", "F32", gshape),
+        ]
+        if item.input_scale is not None:
+            out.append((f"{item.key}.input_scale", "F32", tuple(item.input_scale.shape)))
+        if parts is not None:
+            out.append((f"{item.key}.partitions", "I64", (parts + 1,)))
+        return out
+
+    def plane_arrays(self, item: PlaneItem, planes: NVFP4Planes) -> list[npt.NDArray[Any]]:
+        m = to_mlx(planes)
+        lead = leading_dims(item)
+        parts = item.shape.partitions
+        gshape = lead + ((parts,) if parts is not None else ())
+        out: list[npt.NDArray[Any]] = [
+            m.weight,
+            m.scales,
+            np.array(np.broadcast_to(m.global_scale, gshape), dtype=np.float32),
+        ]
+        if item.input_scale is not None:
+            out.append(item.input_scale)
+        if m.partitions is not None:
+            out.append(np.asarray(m.partitions, dtype=np.int64))
+        return out
+
+    def config_files(self, src: Source, layout: Plan) -> dict[str, dict[str, Any]]:
+        config = base_config(src.config)
+        config["quantization"] = {"group_size": BLOCK_SIZE, "bits": 4, "mode": "nvfp4"}
+        config["nvfp4"] = {
+            "spec_version": SPEC_VERSION,
+            "format": "mlx-nvfp4",
+            "global_scale": "global_scale",
+            "input_scale": "input_scale",
+            "partitions": "partitions",
+            "producer": dict(PRODUCER),
+        }
+        return {"config.json": config}
+
+
+FORMAT = MLXFormat()
+IO: Final[FlavourIO] = FlavourIO(
+    flavour="mlx",
+    read=MLXCheckpoint,
+    write=lambda tmp, src, options: write_hf(FORMAT, tmp, src, options),
+)

@@ -1,0 +1,200 @@
+"""The ModelOpt flavour: NVIDIA ModelOpt's Hugging Face export, read and written.
+
+A ModelOpt NVFP4 linear ``<prefix>`` is ``<prefix>.weight`` U8 (codes),
+``.weight_scale`` F8_E4M3, ``.weight_scale_2`` F32 (the DECODE global) and ``.input_scale``
+F32 (the activations' DECODE global), byte layouts of :mod:`nvfp4.layouts.modelopt`.
+``hf_quant_config.json`` holds the ``quant_algo`` (``NVFP4`` when every layer has an input
+scale, ``W4A16_NVFP4`` when none has, else ``MIXED_PRECISION`` with per-layer
+``quantized_layers``), and ``config.json`` its ``quantization_config`` in the shape
+ModelOpt's ``convert_hf_quant_config_format`` gives it. ModelOpt sources keep their
+per-layer ``quant_algo`` when converted to ModelOpt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import numpy.typing as npt
+from nvfp4.layouts import from_modelopt, to_modelopt
+from nvfp4.planes import NVFP4Planes
+from nvfp4.spec import BLOCK_SIZE
+
+from .checkpoint import Checkpoint, scalar
+from .flavour_io import FlavourIO
+from .flavours import MODELOPT_NVFP4_ALGOS, read_json
+from .hf import (
+    PRODUCER,
+    Entry,
+    HFCheckpoint,
+    HFFormat,
+    base_config,
+    exclude_modules,
+    leading_dims,
+    refuse_partitions,
+    write_hf,
+)
+from .source import Plan, PlaneItem, Source, plane_items
+
+__all__ = ["IO", "ModelOptCheckpoint", "ModelOptFormat", "modelopt_config_json"]
+
+
+class ModelOptCheckpoint(HFCheckpoint):
+    """A ModelOpt HF export: ``weight`` U8, ``weight_scale`` F8_E4M3, ``weight_scale_2``
+    F32, ``input_scale`` F32 per quantized prefix. With ``MIXED_PRECISION`` only the
+    layers whose ``quant_algo`` is an NVFP4 algorithm count as NVFP4 (the others' tensors
+    are passed through as non-quantized tensors)."""
+
+    CODES = "weight"
+    SCALES = "weight_scale"
+    OWNED = ("weight", "weight_scale", "weight_scale_2", "input_scale")
+
+    def __init__(self, path: Path) -> None:
+        hq = path / "hf_quant_config.json"
+        cfg = read_json(path / "config.json") if (path / "config.json").is_file() else {}
+        if hq.is_file():
+            self.quant_config = read_json(hq)
+            q = self.quant_config.get("quantization", {})
+        else:
+            qc = cfg.get("quantization_config", {})
+            self.quant_config = {"quantization": qc} if isinstance(qc, dict) else {}
+            q = qc if isinstance(qc, dict) else {}
+        self.quant_algo = str(q.get("quant_algo") or "")
+        layers = q.get("quantized_layers") or {}
+        self.layer_algos: dict[str, str] = {
+            str(k): str(v.get("quant_algo", "")) for k, v in layers.items() if isinstance(v, dict)
+        }
+        super().__init__(path, "modelopt")
+
+    def _accept(self, prefix: str) -> bool:
+        if self.quant_algo == "MIXED_PRECISION" and prefix in self.layer_algos:
+            return self.layer_algos[prefix] in MODELOPT_NVFP4_ALGOS
+        return True
+
+    def algo(self, prefix: str) -> str:
+        """The prefix's ModelOpt ``quant_algo`` (``NVFP4``, ``W4A16_NVFP4``, ...)."""
+        if prefix in self.layer_algos:
+            return self.layer_algos[prefix]
+        if self.quant_algo in MODELOPT_NVFP4_ALGOS:
+            return self.quant_algo
+        return "NVFP4" if self.input_scale(prefix) is not None else "W4A16_NVFP4"
+
+    def planes(self, prefix: str) -> NVFP4Planes:
+        return from_modelopt(self._parts(prefix), name=prefix)
+
+    def input_scale(self, prefix: str) -> float | None:
+        self._check_prefix(prefix)
+        name = f"{prefix}.input_scale"
+        return scalar(self.store.get(name), name) if name in self.store else None
+
+
+class ModelOptFormat(HFFormat):
+    """The ModelOpt tensors and config files."""
+
+    flavour = "modelopt"
+
+    def plane_entries(self, item: PlaneItem) -> list[Entry]:
+        refuse_partitions(item, "ModelOpt")
+        lead, (n, k) = leading_dims(item), item.shape.shape[-2:]
+        out: list[Entry] = [
+            (f"{item.key}.weight", "U8", (*lead, n, k // 2)),
+            (f"{item.key}.weight_scale", "F8_E4M3", (*lead, n, k // BLOCK_SIZE)),
+            (f"{item.key}.weight_scale_2", "F32", lead),
+        ]
+        if item.input_scale is not None:
+            out.append((f"{item.key}.input_scale", "F32", tuple(item.input_scale.shape)))
+        return out
+
+    def plane_arrays(self, item: PlaneItem, planes: NVFP4Planes) -> list[npt.NDArray[Any]]:
+        t = to_modelopt(planes)
+        out = [t["weight"], t["weight_scale"], t["weight_scale_2"]]
+        if item.input_scale is not None:
+            out.append(item.input_scale)
+        return out
+
+    def config_files(self, src: Source, layout: Plan) -> dict[str, dict[str, Any]]:
+        items = plane_items(layout)
+        algos = _algos_of(src.origin)
+        per_layer = {
+            it.key: (algos or {}).get(it.key)
+            or ("NVFP4" if it.input_scale is not None else "W4A16_NVFP4")
+            for it in items
+        }
+        distinct = set(per_layer.values())
+        quant: dict[str, Any]
+        if len(distinct) == 1:
+            quant = {
+                "quant_algo": distinct.pop(),
+                "kv_cache_quant_algo": None,
+                "group_size": BLOCK_SIZE,
+                "exclude_modules": exclude_modules(layout),
+            }
+        else:
+            quant = {
+                "quant_algo": "MIXED_PRECISION",
+                "kv_cache_quant_algo": None,
+                "quantized_layers": {
+                    k: {"quant_algo": a, "group_size": BLOCK_SIZE} for k, a in per_layer.items()
+                },
+            }
+        hf_quant = {"producer": dict(PRODUCER), "quantization": quant}
+        config = base_config(src.config)
+        config["quantization_config"] = modelopt_config_json(hf_quant)
+        return {"config.json": config, "hf_quant_config.json": hf_quant}
+
+
+def _modelopt_group(algo: str) -> dict[str, Any]:
+    weights = {"dynamic": False, "num_bits": 4, "type": "float", "group_size": BLOCK_SIZE}
+    if algo == "W4A16_NVFP4":
+        return {"weights": weights}
+    inputs = {"dynamic": False, "num_bits": 4, "type": "float", "group_size": BLOCK_SIZE}
+    return {"input_activations": inputs, "weights": weights}
+
+
+def modelopt_config_json(hf_quant: Mapping[str, Any]) -> dict[str, Any]:
+    """``config.json``'s ``quantization_config`` for an ``hf_quant_config.json``, in the
+    shape ModelOpt's ``convert_hf_quant_config_format`` gives it (NVFP4 algorithms)."""
+    q = hf_quant["quantization"]
+    algo = q["quant_algo"]
+    out: dict[str, Any] = {}
+    if algo == "MIXED_PRECISION":
+        by_cfg: dict[tuple[Any, ...], list[str]] = {}
+        for layer, cfg in q["quantized_layers"].items():
+            by_cfg.setdefault(tuple(sorted(cfg.items())), []).append(layer)
+        groups = {}
+        for i, (cfg_key, layers) in enumerate(by_cfg.items()):
+            g = _modelopt_group(str(dict(cfg_key).get("quant_algo", "")))
+            g["targets"] = sorted(layers)
+            groups[f"group_{i}"] = g
+        out["config_groups"] = groups
+        out["quantized_layers"] = q["quantized_layers"]
+    else:
+        g = _modelopt_group(algo)
+        g["targets"] = ["Linear"]
+        out["config_groups"] = {"group_0": g}
+    excl = q.get("exclude_modules")
+    out["ignore"] = excl if excl is not None else []
+    out["quant_algo"] = algo
+    out["producer"] = hf_quant["producer"]
+    out["quant_method"] = "modelopt"
+    return out
+
+
+def _algos_of(origin: Checkpoint | None) -> dict[str, str] | None:
+    """A ModelOpt source's per-layer NVFP4 ``quant_algo`` (kept when writing ModelOpt)."""
+    if isinstance(origin, ModelOptCheckpoint):
+        return {
+            p: origin.algo(p)
+            for p in origin.quantized_names()
+            if origin.algo(p) in MODELOPT_NVFP4_ALGOS
+        }
+    return None
+
+
+FORMAT = ModelOptFormat()
+IO: Final[FlavourIO] = FlavourIO(
+    flavour="modelopt",
+    read=ModelOptCheckpoint,
+    write=lambda tmp, src, options: write_hf(FORMAT, tmp, src, options),
+)

@@ -1,0 +1,85 @@
+"""write_checkpoint, the one writing entry point: the table of flavours behind it, and the
+arguments it refuses before anything is written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from nvfp4 import quantize
+from nvfp4_checkpoints import (
+    FLAVOUR_IO,
+    FLAVOURS,
+    CheckpointError,
+    open_checkpoint,
+    write_checkpoint,
+)
+
+CONFIG = {"model_type": "llama", "num_hidden_layers": 1}
+
+
+def _planes() -> dict[str, object]:
+    w = np.random.default_rng(0).standard_normal((32, 64)).astype(np.float32)
+    return {"model.layers.0.mlp.down_proj": quantize(w, name="model.layers.0.mlp.down_proj")}
+
+
+def test_the_table_has_every_flavour_in_order() -> None:
+    assert tuple(FLAVOUR_IO) == FLAVOURS
+    assert [io.flavour for io in FLAVOUR_IO.values()] == list(FLAVOURS)
+    assert [f for f, io in FLAVOUR_IO.items() if io.takes_tokenizer] == ["gguf"]
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_every_flavour_reads_back_what_it_wrote(tmp_path: Path, flavour: str) -> None:
+    if flavour == "gguf":
+        pytest.importorskip("gguf")
+    planes = _planes()
+    norm = {"model.norm.weight": np.ones(64, np.float32)}
+    dst = tmp_path / ("out.gguf" if flavour == "gguf" else "out")
+    out = write_checkpoint(
+        dst, planes, flavour=flavour, tensors=norm, config=CONFIG, input_scales={}
+    )
+    assert out == dst
+    with open_checkpoint(out) as ck:
+        assert ck.flavour == flavour
+        (name,) = ck.quantized_names()
+        got, want = ck.planes(name), next(iter(planes.values()))
+        assert got.codes.tobytes() == want.codes.tobytes()  # type: ignore[attr-defined]
+        assert got.scales.tobytes() == want.scales.tobytes()  # type: ignore[attr-defined]
+        assert ck.tensor_names() == ["model.norm.weight"]
+
+
+def test_refuses_an_unknown_flavour_before_writing(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match=r"unknown output flavour 'awq' \(one of modelopt"):
+        write_checkpoint(tmp_path / "x", _planes(), flavour="awq", config=CONFIG)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_planes_need_a_config(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match="needs config="):
+        write_checkpoint(tmp_path / "x", _planes(), flavour="modelopt")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_checkpoint_source_brings_its_own_tensors_and_config(tmp_path: Path) -> None:
+    src = write_checkpoint(tmp_path / "src", _planes(), flavour="modelopt", config=CONFIG)
+    with open_checkpoint(src) as ck, pytest.raises(TypeError, match="config, input_scales"):
+        write_checkpoint(tmp_path / "x", ck, flavour="mlx", config=CONFIG, input_scales={"a": 1.0})
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_tokenizer_is_for_gguf_only(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="tokenizer= is for GGUF output"):
+        write_checkpoint(
+            tmp_path / "x", _planes(), flavour="modelopt", config=CONFIG, tokenizer=tmp_path
+        )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_refuses_a_shard_size_that_is_not_positive(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="max_shard_bytes must be positive, found 0"):
+        write_checkpoint(
+            tmp_path / "x", _planes(), flavour="modelopt", config=CONFIG, max_shard_bytes=0
+        )
+    assert list(tmp_path.iterdir()) == []
