@@ -665,7 +665,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     for shape, (n, k) in shapes.items():
         planes = random_planes(n, k, seed=n + k)
-        ctx = ShapeCtx(shape, n, k, planes, backend.prepare(planes), threads, reps, args.quick)
+        ctx = ShapeCtx(
+            shape, n, k, planes, backend.prepare(planes).payload, threads, reps, args.quick
+        )
         cases = arm_ours(ctx, native, isa)
         mm: GgmlMatmuls | None = None
         if ggml is not None:  # right after ours: C2 / C3 compare the two
@@ -685,7 +687,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             except (RuntimeError, OSError) as exc:
                 skipped["ggml"] = f"ggml arm failed: {exc}"
         cases += arm_numpy(ctx)
-        dense32 = backend.dequantize(ctx.pw, "float32")  # exact decode, for the dense arms
+        dense32 = backend.dequantize(ctx.planes, "float32")  # exact decode, for the dense arms
         if torch is not None:
             cases += arm_torch(ctx, torch, dense32)
         if mx is not None:

@@ -121,7 +121,7 @@ def _self_check(b: Any, torch: Any) -> list[str]:
         xt = torch.from_numpy(x).to(DEVICE).to(torch.bfloat16)
         ref = reference.qmm(xt.float().cpu().numpy(), planes, out_dtype=None)
         for path in ops.QMM_PATHS:
-            y = ops.qmm(xt, w, torch.bfloat16, p.config, path).float().cpu().numpy()
+            y = ops.qmm(xt, w.payload, torch.bfloat16, p.config, path).float().cpu().numpy()
             err = float(np.abs(y - ref).max() / np.abs(ref).max())
             if not err <= tolerance("qmm", "bfloat16"):
                 bad.append(f"qmm {path} M={m}: error {err:.3g}")
@@ -172,7 +172,9 @@ def run(quick: bool) -> dict[str, Any]:
             moved = n * k // 2 + n * k // 16 + 2 * m * (k + n)
             row: dict[str, Any] = {"N": n, "K": k, "M": m, "bytes": moved}
             for path in ops.QMM_PATHS:
-                ms = _bench(lambda p_=path, x=x, w=w: ops.qmm(x, w, torch.bfloat16, cfg, p_))
+                ms = _bench(
+                    lambda p_=path, x=x, w=w: ops.qmm(x, w.payload, torch.bfloat16, cfg, p_)
+                )
                 row[path] = {
                     "ms": ms,
                     "GBps": moved / (ms * 1e-3) / 1e9,
@@ -190,7 +192,9 @@ def run(quick: bool) -> dict[str, Any]:
             base_ms = _bench(lambda x=x, dense=dense: x @ dense.t())
             row = {"N": n, "K": k, "M": m, "torch_bf16_TFLOPs": flops / (base_ms * 1e-3) / 1e12}
             for path in ("gemm", "dequant_matmul"):
-                ms = _bench(lambda p_=path, x=x, w=w: ops.qmm(x, w, torch.bfloat16, cfg, p_))
+                ms = _bench(
+                    lambda p_=path, x=x, w=w: ops.qmm(x, w.payload, torch.bfloat16, cfg, p_)
+                )
                 row[path] = {
                     "ms": ms,
                     "TFLOPs": flops / (ms * 1e-3) / 1e12,
@@ -218,7 +222,7 @@ def run(quick: bool) -> dict[str, Any]:
                     idx = torch.sort(ids).values if srt else ids
                     ms = _bench(
                         lambda path=path, idx=idx, srt=srt, x=x, w=w: ops.gather(
-                            x, w, idx, torch.bfloat16, cfg, path=path, sorted_indices=srt
+                            x, w.payload, idx, torch.bfloat16, cfg, path=path, sorted_indices=srt
                         )
                     )
                     row[f"{path}_{'sorted' if srt else 'unsorted'}"] = {

@@ -1,4 +1,4 @@
-"""Test-only NVFP4 backends: the reference backend with one deliberate defect each.
+"""Test-only NVFP4 backends: the reference kernels with one deliberate defect each.
 
 The self-tests copy this file next to a ``*.dist-info`` whose ``entry_points.txt`` registers
 every factory below in the group ``nvfp4.backends``, so the suite finds them through
@@ -13,13 +13,13 @@ from typing import Any
 import numpy as np
 import pytest
 from nvfp4 import reference
-from nvfp4.backend import Availability
+from nvfp4.contract import Availability
 from nvfp4.planes import NVFP4Planes
-from nvfp4.reference_backend import ReferenceBackend
+from nvfp4.reference_backend import ReferenceKernels
 from nvfp4.spec import E4M3_VALUES
 
 
-class _Broken(ReferenceBackend):
+class _Broken(ReferenceKernels):
     NAME = "broken"
     DROP_CAPS: frozenset[str] = frozenset()
 
@@ -41,12 +41,11 @@ class FlipCode(_Broken):
 
     NAME = "broken-flip-code"
 
-    def prepare(self, planes: NVFP4Planes) -> NVFP4Planes:
-        p = super().prepare(planes)
-        lo, hi = p.codes & 0x0F, p.codes >> 4
+    def prepare(self, planes: NVFP4Planes) -> Any:
+        lo, hi = planes.codes & 0x0F, planes.codes >> 4
         lo = np.where(lo == 5, 6, lo)
         hi = np.where(hi == 5, 6, hi)
-        return p.replace(codes=(lo | (hi << 4)).astype(np.uint8))
+        return super().prepare(planes.replace(codes=(lo | (hi << 4)).astype(np.uint8)))
 
 
 class DropGlobal(_Broken):
@@ -55,12 +54,11 @@ class DropGlobal(_Broken):
 
     NAME = "broken-drop-global"
 
-    def prepare(self, planes: NVFP4Planes) -> NVFP4Planes:
-        p = super().prepare(planes)
-        g = np.asarray(p.global_scale)
-        if g.ndim == 0:
-            return p
-        return p.replace(global_scale=np.asarray(g.reshape(-1)[0], dtype=np.float32))
+    def prepare(self, planes: NVFP4Planes) -> Any:
+        g = np.asarray(planes.global_scale)
+        if g.ndim:
+            planes = planes.replace(global_scale=np.asarray(g.reshape(-1)[0], dtype=np.float32))
+        return super().prepare(planes)
 
 
 class IgnoreOutOfRange(_Broken):
@@ -69,27 +67,22 @@ class IgnoreOutOfRange(_Broken):
     NAME = "broken-ignore-out-of-range"
 
     def gather_qmm(
-        self,
-        x: Any,
-        w: NVFP4Planes,
-        expert_ids: Any,
-        *,
-        sorted_indices: bool = False,
-        out_dtype: Any = None,
+        self, x: Any, w: Any, expert_ids: Any, *, sorted_indices: bool, out_dtype: str
     ) -> Any:
-        e = w.num_experts or 1
+        e = w.planes.num_experts or 1
         ids = np.clip(np.asarray(expert_ids), 0, e - 1)
         return super().gather_qmm(x, w, ids, sorted_indices=sorted_indices, out_dtype=out_dtype)
 
 
 class LaxPrepare(_Broken):
-    """Does not validate the content of planes at load time (accepts NaN scale bytes,
-    negative globals)."""
+    """Would accept planes whose content is malformed (NaN scale bytes, negative globals)
+    if anything handed it such planes: core validates before any backend's prepare, so the
+    defect cannot show."""
 
     NAME = "broken-lax-prepare"
 
-    def prepare(self, planes: NVFP4Planes) -> NVFP4Planes:
-        return planes
+    def prepare(self, planes: NVFP4Planes) -> Any:
+        return super().prepare(planes)
 
 
 class Skipper(_Broken):
@@ -98,7 +91,7 @@ class Skipper(_Broken):
 
     NAME = "broken-skipper"
 
-    def dequantize(self, w: NVFP4Planes, dtype: Any = "float32") -> Any:
+    def dequantize(self, w: Any, *, dtype: str) -> Any:
         pytest.skip("dequantize is not implemented yet")
 
 
@@ -119,16 +112,14 @@ def _requantize_codes(x: Any, p: NVFP4Planes, rule: Any) -> NVFP4Planes:
 class _OwnEncoder(_Broken):
     """W4A4 through its own activation encoder (as a real backend's would be)."""
 
-    def qmm_w4a4(
-        self, x: Any, w: NVFP4Planes, *, input_scale: Any = None, out_dtype: Any = None
-    ) -> Any:
-        a = np.asarray(x)
-        xp = self.quantize_activations(a, input_scale)
+    def qmm_w4a4(self, x: Any, w: Any, *, input_scale: Any, out_dtype: str) -> Any:
+        xp = self.quantize_activations(x, input_scale=input_scale)
         xd = reference.dequantize_unscaled(xp).astype(np.float64)
-        wd = reference.dequantize_unscaled(w).astype(np.float64)
+        wd = reference.dequantize_unscaled(w.planes).astype(np.float64)
+        g = w.planes.row_global().astype(np.float64) * np.float64(xp.global_scale)
         with np.errstate(invalid="ignore"):
-            y = (xd @ wd.T) * (w.row_global().astype(np.float64) * np.float64(xp.global_scale))
-        return y.astype(np.float32).astype(out_dtype if out_dtype is not None else a.dtype)
+            y = (xd @ wd.T) * g
+        return reference.output(y, out_dtype)
 
 
 class TiesDown(_OwnEncoder):
@@ -138,8 +129,8 @@ class TiesDown(_OwnEncoder):
 
     NAME = "test-ties-down"
 
-    def quantize_activations(self, x: Any, input_scale: Any = None) -> NVFP4Planes:
-        p = super().quantize_activations(x, input_scale)
+    def quantize_activations(self, x: Any, *, input_scale: Any) -> NVFP4Planes:
+        p = super().quantize_activations(x, input_scale=input_scale)
 
         def rule(q: Any, codes: Any) -> Any:
             up_ties = np.isin(np.abs(q), np.array([0.75, 1.75, 3.5], np.float32))
@@ -153,8 +144,8 @@ class OffByOne(_OwnEncoder):
 
     NAME = "broken-encoder-boundary"
 
-    def quantize_activations(self, x: Any, input_scale: Any = None) -> NVFP4Planes:
-        p = super().quantize_activations(x, input_scale)
+    def quantize_activations(self, x: Any, *, input_scale: Any) -> NVFP4Planes:
+        p = super().quantize_activations(x, input_scale=input_scale)
 
         def rule(q: Any, codes: Any) -> Any:
             wrong = (np.abs(q) > 2.0) & (np.abs(q) < 2.5)

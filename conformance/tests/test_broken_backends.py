@@ -147,17 +147,15 @@ def test_ignored_out_of_range_ids_fail_gather_only(run_suite: Run) -> None:
     assert "out-of-range expert id must be exactly zero" in msg
 
 
-def test_lax_prepare_fails_refusals(run_suite: Run) -> None:
+def test_a_backend_cannot_skip_validation(run_suite: Run) -> None:
+    """A kernels object whose prepare would take anything still passes the refusal tiers:
+    core validates structure and content before any backend sees the planes."""
     result, cert = run_suite("broken-lax-prepare", "T0,T1")
-    assert result.ret == 1
-    failed = set(_by_outcome(cert, "failed"))
-    assert any("test_invalid_scale_bytes_refused" in n for n in failed)
-    assert any("test_prepare_refuses_malformed_content" in n for n in failed)
-    assert any("test_prepare_refuses_malformed_structure" in n for n in failed)
-    assert not any("test_verbs_refuse" in n for n in failed), "the verbs still validate"
-    msg = next(t["message"] for t in cert["tests"] if "malformed_content" in t["nodeid"])
-    assert "prepare accepted malformed planes" in msg
-    assert "scale_byte_0x7F" in msg
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    passed = set(_by_outcome(cert, "passed"))
+    assert any("test_invalid_scale_bytes_refused" in n for n in passed)
+    assert any("test_prepare_refuses_malformed_content" in n for n in passed)
+    assert any("test_prepare_refuses_malformed_structure" in n for n in passed)
 
 
 def test_other_tie_rule_is_a_counted_boundary_disagreement(run_suite: Run) -> None:

@@ -22,7 +22,7 @@ checkpoint with every NVFP4 linear on a named backend (the code path T6 certifie
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 #: Spec versions this suite has tests for (the run uses the newest one that the suite,
 #: nvfp4-core and the backend under test all implement, unless --nvfp4-spec says otherwise).

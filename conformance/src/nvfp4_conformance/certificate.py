@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import __version__
+from ._version import __version__
 from .recording import ConformanceRun, TestOutcome, jsonable
 
 __all__ = ["build_certificate", "capability_status", "render_markdown", "write_certificate"]

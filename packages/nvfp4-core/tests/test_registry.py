@@ -22,7 +22,7 @@ import pytest
 from nvfp4 import reference
 from nvfp4.backend import CAPABILITIES, Availability, Backend
 from nvfp4.planes import NVFP4Planes, PlaneError
-from nvfp4.reference_backend import ReferenceBackend
+from nvfp4.reference_backend import ReferenceKernels
 from nvfp4.registry import (
     ENTRY_POINT_GROUP,
     KNOWN_PACKAGES,
@@ -45,11 +45,11 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 _PLUGIN_TEMPLATE = '''
 """A fake NVFP4 backend: the reference verbs under another name."""
-from nvfp4.backend import Availability, BackendInfo
-from nvfp4.reference_backend import ReferenceBackend
+from nvfp4.contract import Availability, BackendInfo
+from nvfp4.reference_backend import ReferenceKernels
 
 
-class FakeBackend(ReferenceBackend):
+class FakeBackend(ReferenceKernels):
     def __init__(self) -> None:
         super().__init__()
         self.info = BackendInfo(
@@ -116,7 +116,7 @@ def assert_fell_back(b: Any) -> None:
     assert b.availability().ok
     if set(discover()) <= {"reference", FAKE}:
         assert b.info.name == "reference"
-        assert isinstance(b, ReferenceBackend)
+        assert isinstance(b.kernels, ReferenceKernels)
 
 
 # --------------------------------------------------------------------- plain lookups
@@ -124,7 +124,7 @@ def test_reference_is_always_discovered() -> None:
     entries = discover()
     assert "reference" in entries
     b = entries["reference"].load()
-    assert isinstance(b, ReferenceBackend)
+    assert isinstance(b.kernels, ReferenceKernels)
     assert entries["reference"].availability().ok
 
 
@@ -135,13 +135,13 @@ def test_get_backend_default_is_an_available_backend() -> None:
     assert set(b.info.spec_versions) & set(nvfp4.SUPPORTED_SPEC_VERSIONS)
     if set(discover()) == {"reference"}:
         assert b.info.name == "reference"
-        assert isinstance(b, ReferenceBackend)
+        assert isinstance(b.kernels, ReferenceKernels)
 
 
 def test_get_backend_reference_by_name() -> None:
     b = get_backend("reference")
     assert isinstance(b, nvfp4.Backend)
-    assert isinstance(b, ReferenceBackend)
+    assert isinstance(b.kernels, ReferenceKernels)
     assert b.info.name == "reference"
     assert nvfp4.get_backend is get_backend
 
@@ -348,7 +348,10 @@ def test_reference_backend_info() -> None:
 def test_reference_backend_prepare_validates_content() -> None:
     b = get_backend("reference")
     w = _weights(np.random.default_rng(0), 4)
-    assert b.prepare(w) is w
+    pw = b.prepare(w)
+    assert isinstance(pw, nvfp4.Prepared)
+    assert (pw.name, pw.shape, pw.partitions) == (w.name, w.shape, w.partitions)
+    assert b.to_planes(pw) is w
     bad = w.scales.copy()
     bad[1, 2] = 0x80
     with pytest.raises(PlaneError, match="scale byte"):
@@ -361,26 +364,29 @@ def test_reference_backend_prepare_validates_content() -> None:
 def test_reference_backend_qmm_out_dtype_defaults_to_x(x_dtype: Any) -> None:
     rng = np.random.default_rng(1)
     b = get_backend("reference")
-    w = b.prepare(_weights(rng, 6))
+    p = _weights(rng, 6)
+    w = b.prepare(p)
     x = rng.standard_normal((3, 64)).astype(x_dtype)
     y = b.qmm(x, w)
     assert y.dtype == np.dtype(x_dtype)
-    assert_same(y, reference.qmm(x, w, out_dtype=x_dtype))
+    assert_same(y, reference.qmm(x, p, out_dtype=x_dtype))
     y32 = b.qmm(x, w, out_dtype="float32")
-    assert_same(y32, reference.qmm(x, w, out_dtype=np.float32))
+    assert_same(y32, reference.qmm(x, p, out_dtype=np.float32))
 
 
 def test_reference_backend_gather_qmm() -> None:
     rng = np.random.default_rng(2)
     b = get_backend("reference")
-    w = b.prepare(_weights(rng, 3, 5))
-    assert w.global_scale.shape == (3,)
+    p = _weights(rng, 3, 5)
+    w = b.prepare(p)
+    assert p.global_scale.shape == (3,)
+    assert w.num_experts == 3
     x = rng.standard_normal((6, 64)).astype(np.float16)
     ids = np.array([2, -1, 0, 3, 1, 2], dtype=np.int64)
     y = b.gather_qmm(x, w, ids)
     assert y.dtype == np.float16
     assert y.shape == (6, 5)
-    assert_same(y, reference.gather_qmm(x, w, ids, out_dtype=np.float16))
+    assert_same(y, reference.gather_qmm(x, p, ids, out_dtype=np.float16))
     assert not np.any(y[[1, 3]])  # out-of-range expert ids: exact zero rows
     assert np.all(np.abs(y[[0, 2, 4, 5]]).max(axis=1) > 0)
     y_sorted = b.gather_qmm(x[[1, 2, 4]], w, np.array([-1, 0, 1]), sorted_indices=True)
@@ -390,16 +396,18 @@ def test_reference_backend_gather_qmm() -> None:
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_reference_backend_dequantize(dtype: str) -> None:
     b = get_backend("reference")
-    w = b.prepare(_weights(np.random.default_rng(3), 4))
-    assert_same(b.dequantize(w, dtype), reference.dequantize(w, dtype))
+    p = _weights(np.random.default_rng(3), 4)
+    w = b.prepare(p)
+    assert_same(b.dequantize(w, dtype), reference.dequantize(p, dtype))
     # the default is float32
-    assert_same(b.dequantize(w), reference.dequantize(w, np.float32))
+    assert_same(b.dequantize(w), reference.dequantize(p, np.float32))
 
 
 def test_reference_backend_activations_and_w4a4() -> None:
     rng = np.random.default_rng(4)
     b = get_backend("reference")
-    w = b.prepare(_weights(rng, 8))
+    p = _weights(rng, 8)
+    w = b.prepare(p)
     x = rng.standard_normal((3, 64)).astype(np.float32)
     x[1, 7] = np.nan
     for input_scale in (None, np.float32(0.002)):
@@ -410,7 +418,7 @@ def test_reference_backend_activations_and_w4a4() -> None:
             assert_same(getattr(got, plane), getattr(want, plane))
         y = b.qmm_w4a4(x.astype(BF16), w, input_scale=input_scale)
         assert y.dtype == BF16
-        ref = reference.qmm_w4a4(x.astype(BF16), w, input_scale=input_scale, out_dtype=BF16)
+        ref = reference.qmm_w4a4(x.astype(BF16), p, input_scale=input_scale, out_dtype=BF16)
         assert_same(y, ref)
         assert np.isnan(y[1].astype(np.float32)).all()
         assert np.isfinite(y[[0, 2]].astype(np.float32)).all()

@@ -6,7 +6,7 @@ import numpy as np
 import nvfp4
 import pytest
 from nvfp4 import PlaneError
-from nvfp4_cpu import CPUBackend, PreparedWeight
+from nvfp4_cpu import CPUBackend, CPUKernels, PreparedWeight
 from nvfp4_cpu._native import Native
 from nvfp4_cpu.layout import TILE, prepare, tile_layout_reference
 
@@ -53,7 +53,7 @@ def test_partitions_and_expert_globals_become_row_globals(native: Native) -> Non
     assert pw.partitions == (0, 4, 10)
     np.testing.assert_array_equal(pw.row_global[0, :4], np.full(4, p.global_scale[0, 0]))
     np.testing.assert_array_equal(pw.row_global[1, 4:10], np.full(6, p.global_scale[1, 1]))
-    assert CPUBackend().to_planes(pw).partitions == (0, 4, 10)
+    assert CPUKernels().to_planes(pw).partitions == (0, 4, 10)
 
 
 @pytest.mark.parametrize("byte", [0x7F, 0x80, 0xFF])
@@ -80,7 +80,7 @@ def test_prepare_refuses_non_planes_and_verbs_refuse_foreign_handles() -> None:
     b = CPUBackend()
     with pytest.raises(PlaneError, match="planes type"):
         b.prepare(np.zeros((2, 8), np.uint8))  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match=r"CPUBackend\.prepare"):
+    with pytest.raises(TypeError, match=r"Backend\.prepare"):
         b.qmm(np.ones((1, 16), np.float32), {"codes": 1})
 
 

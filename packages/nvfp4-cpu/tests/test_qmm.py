@@ -130,7 +130,7 @@ def test_qmm_nonfinite_activations_propagate(isa: str) -> None:
 
 def test_qmm_refusals(native: Native) -> None:
     b = CPUBackend()
-    pw = prepare(_weight(7, 48), native)
+    pw = b.prepare(_weight(7, 48))
     with pytest.raises(
         ValueError, match=r"x must be \[\.\.\., K\] with K = 48, found shape \(2, 32\)"
     ):
@@ -139,7 +139,7 @@ def test_qmm_refusals(native: Native) -> None:
         b.qmm(np.ones((2, 48), np.int32), pw)
     with pytest.raises(ValueError, match="output dtype"):
         b.qmm(np.ones((2, 48), np.float32), pw, out_dtype="int8")
-    moe = prepare(nvfp4.quantize(np.ones((2, 7, 48), np.float32)), native)
+    moe = b.prepare(nvfp4.quantize(np.ones((2, 7, 48), np.float32)))
     with pytest.raises(ValueError, match="go through gather_qmm"):
         b.qmm(np.ones((2, 48), np.float32), moe)
 
@@ -156,7 +156,7 @@ def test_qmm_into_preallocated_output(isa: str, native: Native) -> None:
     with pytest.raises(ValueError, match="out must be C-contiguous float32"):
         ops.qmm(native, isa, 2, x, pw, out=np.empty((3, 32), np.float32))
     with pytest.raises(ValueError, match="out= needs out_dtype float32"):
-        ops.qmm(native, isa, 2, x, pw, out=out, out_dtype=np.float16)
+        ops.qmm(native, isa, 2, x, pw, out=out, out_dtype="float16")
 
 
 def test_qmm_every_chunk_kernel(isa: str) -> None:

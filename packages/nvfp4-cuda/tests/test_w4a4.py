@@ -55,7 +55,7 @@ def fake_scaled_mm(
 def blackwell(monkeypatch: pytest.MonkeyPatch) -> CUDABackend:
     monkeypatch.setattr(torch, "_scaled_mm", fake_scaled_mm)
     b = CUDABackend()
-    b._platform = Platform(
+    b.kernels._platform = Platform(
         True,
         device="emulated sm_100 (CPU)",
         torch_device="cpu",
@@ -101,7 +101,7 @@ def test_w4a4_matches_reference(
 
 def test_weight_padding_is_cached(blackwell: CUDABackend) -> None:
     planes = reference.quantize(np.ones((5, 48), np.float32))
-    w = blackwell.prepare(planes)
+    w = blackwell.prepare(planes).payload
     first = w4a4.prepare_weight(w)
     assert w4a4.prepare_weight(w) is first
     codes, _swz, n_p, k_p = first

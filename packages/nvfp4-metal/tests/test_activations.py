@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from nvfp4 import reference
 from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import E2M1_BOUNDS, E4M3_VALUES
-from nvfp4_metal import ops
+from nvfp4_metal import MetalBackend, ops
 
 
 def assert_identical(got: NVFP4Planes, ref: NVFP4Planes, what: str) -> None:
@@ -89,12 +89,14 @@ def test_nonfinite_blocks_marked_and_global_ignores_them() -> None:
 
 
 def test_refusals() -> None:
+    """Core's verbs refuse before the MLX encoder runs."""
+    b = MetalBackend()
     with pytest.raises(ValueError, match="multiple of 16"):
-        ops.quantize_activations(mx.ones((2, 24)))
+        b.quantize_activations(mx.ones((2, 24)))
     with pytest.raises(ValueError, match=r"\[M, K\]"):
-        ops.quantize_activations(mx.ones((2, 2, 16)))
+        b.quantize_activations(mx.ones((2, 2, 16)))
     with pytest.raises(ValueError, match="input_scale"):
-        ops.quantize_activations(mx.ones((2, 16)), 0.0)
+        b.quantize_activations(mx.ones((2, 16)), 0.0)
 
 
 _finite = st.floats(width=32, allow_nan=False, allow_infinity=False)

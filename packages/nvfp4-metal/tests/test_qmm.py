@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from metal_helpers import NP_DTYPES, activations, assert_within, realistic_planes, to_np
 from nvfp4 import reference
-from nvfp4_metal import ops
+from nvfp4_metal import MetalBackend, ops
 from nvfp4_metal.transcode import transcode
 
 SHAPES = [
@@ -49,28 +49,30 @@ def test_qmm_leading_axes_and_out_dtype() -> None:
     rng = np.random.default_rng(7)
     p = realistic_planes(rng, 24, 64)
     x = rng.standard_normal((2, 3, 64)).astype(np.float32)
-    y = ops.qmm(mx.array(x), transcode(p), out_dtype="bfloat16")
+    b = MetalBackend()
+    y = b.qmm(mx.array(x), p, out_dtype="bfloat16")
     assert y.shape == (2, 3, 24)
     assert y.dtype == mx.bfloat16
     ref = reference.qmm(x.reshape(6, 64), p, out_dtype=None).reshape(2, 3, 24)
     assert_within(to_np(y), ref, "qmm", "bfloat16", "leading axes")
-    # numpy input is accepted (float64 rounded to float32 as the reference does)
-    y64 = to_np(ops.qmm(x.astype(np.float64), transcode(p)))
-    assert y64.dtype == np.float32
-    y64mx = to_np(ops.qmm(mx.array(x.astype(np.float64)), transcode(p)))
-    assert np.array_equal(y64mx, y64)
+    # numpy input is accepted (float64 rounded to float32 once, the result widened back)
+    y64 = b.qmm(x.astype(np.float64), p)
+    assert y64.dtype == np.float64
+    y32 = to_np(b.qmm(x, p))
+    assert np.array_equal(y64, y32.astype(np.float64))
 
 
 def test_qmm_refuses_wrong_k_and_experts() -> None:
     rng = np.random.default_rng(8)
-    w = transcode(realistic_planes(rng, 8, 64, name="w_k64"))
+    b = MetalBackend()
+    w = b.prepare(realistic_planes(rng, 8, 64, name="w_k64"))
     with pytest.raises(ValueError, match="K = 64"):
-        ops.qmm(mx.ones((2, 48)), w)
+        b.qmm(mx.ones((2, 48)), w)
     with pytest.raises(ValueError, match="expected a float32"):
-        ops.qmm(mx.ones((2, 64), dtype=mx.int32), w)
-    moe = transcode(realistic_planes(rng, 8, 64, experts=2, name="moe"))
+        b.qmm(mx.ones((2, 64), dtype=mx.int32), w)
+    moe = b.prepare(realistic_planes(rng, 8, 64, experts=2, name="moe"))
     with pytest.raises(ValueError, match="gather_qmm"):
-        ops.qmm(mx.ones((2, 64)), moe)
+        b.qmm(mx.ones((2, 64)), moe)
 
 
 def test_compiled_graph_matches_eager_bits() -> None:

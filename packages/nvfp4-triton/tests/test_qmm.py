@@ -94,11 +94,7 @@ def test_zero_rows_and_non_finite_x(cfg: KernelConfig) -> None:
     assert np.isnan(y[1]).all()
 
 
-def test_checks_refuse_bad_x(cfg: KernelConfig) -> None:
+def test_unknown_path_is_refused(cfg: KernelConfig) -> None:
     w = upload(_weight(np.random.default_rng(2), 8, 32), "cpu")
-    with pytest.raises(ValueError, match="32"):
-        ops.gemv(torch.ones((2, 48)), w, torch.float32, cfg)
-    with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
-        ops.gemm(torch.ones((2, 32), dtype=torch.float64), w, torch.float32, cfg)
     with pytest.raises(ValueError, match="unknown qmm path"):
         ops.qmm(torch.ones((2, 32)), w, torch.float32, cfg, "w4a4")

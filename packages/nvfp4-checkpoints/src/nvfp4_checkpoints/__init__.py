@@ -21,8 +21,7 @@ those of :mod:`nvfp4.layouts`; this package only moves tensors in and out of fil
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
+from ._version import __version__
 from .api import FLAVOUR_IO, open_checkpoint, write_checkpoint
 from .atomic import atomic_output, clean_stale
 from .checkpoint import Checkpoint, PlaneShape

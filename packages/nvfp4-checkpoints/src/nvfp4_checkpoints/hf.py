@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 from nvfp4.planes import NVFP4Planes, PlaneError
 
-from . import __version__
+from ._version import __version__
 from .checkpoint import Checkpoint, PlaneShape
 from .flavour_io import WriteOptions
 from .flavours import CheckpointError, Flavour, read_json

@@ -7,18 +7,30 @@
 * :mod:`nvfp4.fusion` and :mod:`nvfp4.sharding` - fused partitions, expert stacks, tensor parallelism;
 * :mod:`nvfp4.fixtures` - the golden fixtures (checkpoint reading and writing, and the
   ``nvfp4`` CLI, are the separate package nvfp4-checkpoints: ``import nvfp4_checkpoints``);
-* :func:`get_backend` and :mod:`nvfp4.backend` - the backend contract and its registry.
+* the verbs (:func:`prepare`, :func:`qmm`, :func:`gather_qmm`, :func:`dequantize`,
+  :func:`quantize_activations`, :func:`qmm_w4a4`) and :class:`Backend`, which checks every
+  argument once and calls a backend's kernels (:mod:`nvfp4.contract`, the narrow contract a
+  backend implements); :func:`get_backend` and :mod:`nvfp4.registry` find the backends.
 """
 
 from __future__ import annotations
 
-from .backend import Availability, Backend, BackendInfo
+from ._version import __version__
+from .backend import Backend, Prepared
+from .contract import Availability, BackendInfo, Kernels
 from .planes import NVFP4Planes, PlaneError, validate
-from .reference import dequantize, quantize
+from .reference import quantize
 from .registry import BackendUnavailable, get_backend
 from .spec import SPEC_VERSION, SUPPORTED_SPEC_VERSIONS, SpecVersionError, require_spec
-
-__version__ = "0.1.0"
+from .verbs import (
+    dequantize,
+    gather_qmm,
+    prepare,
+    qmm,
+    qmm_w4a4,
+    quantize_activations,
+    to_planes,
+)
 
 __all__ = [
     "SPEC_VERSION",
@@ -27,13 +39,21 @@ __all__ = [
     "Backend",
     "BackendInfo",
     "BackendUnavailable",
+    "Kernels",
     "NVFP4Planes",
     "PlaneError",
+    "Prepared",
     "SpecVersionError",
     "__version__",
     "dequantize",
+    "gather_qmm",
     "get_backend",
+    "prepare",
+    "qmm",
+    "qmm_w4a4",
     "quantize",
+    "quantize_activations",
     "require_spec",
+    "to_planes",
     "validate",
 ]

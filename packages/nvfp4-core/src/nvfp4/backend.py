@@ -1,110 +1,260 @@
-"""The backend contract: a :class:`typing.Protocol`, and the frozen dataclasses passed
-across it.
+"""The verbs, owned by core: :class:`Backend` wraps a backend's kernels
+(:class:`nvfp4.contract.Kernels`) and :class:`Prepared` is the handle of a prepared weight.
 
-A backend is any object with the attributes and methods of :class:`Backend`; it does not
-inherit from anything in core. It is published under the entry-point group
-``nvfp4.backends`` as a zero-argument factory::
+:func:`nvfp4.get_backend` returns a :class:`Backend`. Each verb checks its arguments with
+:mod:`nvfp4.frontend`, validates planes, reshapes ``[..., K]`` inputs to ``[M, K]``,
+resolves the output dtype, handles ``M = 0`` itself, and only then calls the kernel, whose
+result it reshapes back. A backend therefore contains no argument checking of its own, and
+every backend refuses the same inputs with the same messages.
 
-    [project.entry-points."nvfp4.backends"]
-    cuda = "nvfp4_cuda:backend"
-
-Importing the module behind an entry point and calling the factory must be cheap and must
-never fail for lack of hardware: heavy imports (torch, triton, mlx) happen lazily, and
-:meth:`Backend.availability` says whether the backend can run here and, if not, why.
-
-What a backend cannot do natively it leaves out of :attr:`BackendInfo.capabilities`; the
-conformance certificate then lists that capability as "not certified" instead of hiding
-it.
+The module-level verbs (:mod:`nvfp4.verbs`) do the same through the backend a
+:class:`Prepared` handle came from, or through the reference backend for raw planes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+import inspect
+from typing import Any, final
 
+import numpy as np
 import numpy.typing as npt
 
-from .planes import NVFP4Planes
+from . import frontend
+from .contract import CAPABILITIES, KERNELS, Availability, BackendInfo, Kernels
+from .dtypes import resolve_dtype
+from .planes import NVFP4Planes, validate
 
 __all__ = [
     "CAPABILITIES",
     "Availability",
     "Backend",
     "BackendInfo",
+    "Kernels",
+    "Prepared",
 ]
 
-#: Every capability name a backend may declare, with what it promises.
-CAPABILITIES: dict[str, str] = {
-    "dequantize": "dequantize(w, dtype) exact per spec for float32, float16, bfloat16",
-    "qmm": "W4A16 qmm(x, w) within spec/1.0/tolerances.toml",
-    "gather_qmm": "MoE W4A16 gather_qmm with per-expert globals, sorted and unsorted ids",
-    "fused_partitions": "per-partition globals applied per output row",
-    "quantize_activations": "activation encoder (W4A4 input side)",
-    "w4a4": "qmm with NVFP4-quantized activations (native or declared emulated)",
-    "w4a8": "qmm with 8-bit activations (its own tolerance)",
-}
 
+@final
+class Prepared:
+    """A weight prepared by one backend: opaque and immutable.
 
-@dataclass(frozen=True)
-class Availability:
-    """Whether a backend can run on this machine. ``reason`` is required when ``ok`` is
-    false and says what is missing and what to install or set."""
-
-    ok: bool
-    reason: str = ""
-    device: str = ""
-
-    def __post_init__(self) -> None:
-        if not self.ok and not self.reason:
-            raise ValueError("Availability(ok=False) needs a reason")
-
-
-@dataclass(frozen=True)
-class BackendInfo:
-    """Static facts about a backend.
-
-    Attributes:
-        name: equal to its entry-point name (``reference``, ``cpu``, ``cuda``, ...).
-        spec_versions: spec versions it implements, e.g. ``("1.0",)``.
-        priority: automatic selection picks the available backend with the highest one.
-        capabilities: names from :data:`CAPABILITIES`.
-        version: the distribution's version.
-        package: the distribution to install to get it (used in error messages).
-        notes: free-form facts the certificate repeats (for instance "W4A4 emulated").
+    It records what the verbs check (``name``, ``shape``, ``num_experts``, ``partitions``)
+    from the validated planes it was made from; the backend's own form of the weight is
+    private. Made only by :meth:`Backend.prepare`; attributes cannot be set or deleted, so a
+    handle cannot be edited into a shape its payload does not have.
     """
+
+    __slots__ = ("_backend", "_payload", "name", "partitions", "shape")
 
     name: str
-    spec_versions: tuple[str, ...]
-    priority: int
-    capabilities: frozenset[str]
-    version: str = ""
-    package: str = ""
-    notes: tuple[str, ...] = field(default_factory=tuple)
+    shape: tuple[int, ...]
+    partitions: tuple[int, ...] | None
+    _backend: Backend
+    _payload: Any
+
+    def __init__(self, *_: Any, **__: Any) -> None:
+        raise TypeError("Prepared weights are made by Backend.prepare(planes)")
+
+    @classmethod
+    def _make(cls, backend: Backend, planes: NVFP4Planes, payload: Any) -> Prepared:
+        self = object.__new__(cls)
+        for attr, value in (
+            ("_backend", backend),
+            ("_payload", payload),
+            ("name", planes.name),
+            ("shape", tuple(int(d) for d in planes.shape)),
+            ("partitions", planes.partitions),
+        ):
+            object.__setattr__(self, attr, value)
+        return self
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"Prepared weight {self.name!r} is immutable")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"Prepared weight {self.name!r} is immutable")
+
+    def __copy__(self) -> Prepared:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Prepared:
+        return self
+
+    def __reduce__(self) -> Any:
+        raise TypeError(f"Prepared weight {self.name!r} cannot be pickled: pickle its planes")
+
+    @property
+    def backend(self) -> Backend:
+        """The backend that prepared it (and runs its verbs)."""
+        return self._backend
+
+    @property
+    def payload(self) -> Any:
+        """The backend's own form of the weight (read-only use: kernels, debugging)."""
+        return self._payload
+
+    @property
+    def num_experts(self) -> int | None:
+        return self.shape[0] if len(self.shape) == 3 else None
+
+    @property
+    def n(self) -> int:
+        return self.shape[-2]
+
+    @property
+    def k(self) -> int:
+        return self.shape[-1]
+
+    def __repr__(self) -> str:
+        return f"Prepared({self.name!r}, shape={self.shape}, backend={self._backend.info.name!r})"
 
 
-@runtime_checkable
-class Backend(Protocol):
-    """What every NVFP4 backend offers.
+#: The members every kernels object has (the kernels themselves are optional).
+_REQUIRED = ("info", "availability", "prepare", "from_numpy", "to_numpy")
 
-    Native arrays (``torch.Tensor``, ``mx.array``, numpy) go in and come out of the
-    matmul verbs; :meth:`from_numpy` / :meth:`to_numpy` convert for the suite. Every verb
-    validates the planes it is given (O(1)) before any kernel reads them.
+
+def _has_static(obj: object, name: str) -> bool:
+    """Whether ``obj`` has ``name`` without running it (``info`` may be a property that
+    detects the device: constructing a Backend must stay cheap)."""
+    try:
+        inspect.getattr_static(obj, name)
+    except AttributeError:
+        return False
+    return True
+
+
+class Backend:
+    """The NVFP4 verbs over one backend's kernels.
+
+    ``Backend(kernels)`` accepts any object with the members of
+    :class:`nvfp4.contract.Kernels`; :func:`nvfp4.get_backend` builds it from the registered
+    factory. Native arrays come back from the matmul verbs; numpy arrays are accepted as
+    inputs everywhere.
     """
 
-    info: BackendInfo
+    kernels: Kernels
+
+    def __init__(self, kernels: Kernels) -> None:
+        if isinstance(kernels, Backend):
+            kernels = kernels.kernels
+        missing = [m for m in _REQUIRED if not _has_static(kernels, m)]
+        if missing:
+            raise TypeError(
+                f"{type(kernels).__name__} is not an NVFP4 kernels object: it lacks "
+                f"{', '.join(missing)} (see nvfp4.contract.Kernels)"
+            )
+        self.kernels = kernels
+        self._available: Availability | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        """Backend-specific facts and tools (``isa``, ``platform()``, ...) read through to
+        the kernels object; the verbs themselves are always core's."""
+        kernels = self.__dict__.get("kernels")
+        if kernels is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(kernels, name)
+
+    # ---------------------------------------------------------------- facts
+    @property
+    def info(self) -> BackendInfo:
+        info: BackendInfo = self.kernels.info
+        return info
+
+    @property
+    def name(self) -> str:
+        return self.info.name
 
     def availability(self) -> Availability:
-        """Cheap, never raises, needs no device to import."""
-        ...
+        return self.kernels.availability()
 
-    def prepare(self, planes: NVFP4Planes) -> Any:
-        """A backend weight handle (its native arrays, its layout), made once per weight."""
-        ...
+    def has(self, verb: str) -> bool:
+        """Whether ``verb`` runs here: the kernel exists and, for an optional capability of
+        the spec (``qmm_w4a4``), it is declared."""
+        if getattr(self.kernels, verb, None) is None:
+            return False
+        return verb != "qmm_w4a4" or KERNELS[verb] in self.info.capabilities
 
+    def _kernel(self, verb: str, name: str) -> Any:
+        fn = getattr(self.kernels, verb, None)
+        if fn is None:
+            raise NotImplementedError(
+                f"{verb}({name!r}): NVFP4 backend {self.name!r} has no {verb} kernel"
+            )
+        if verb == "qmm_w4a4" and KERNELS[verb] not in self.info.capabilities:
+            notes = "; ".join(n for n in self.info.notes if "W4A4" in n or "w4a4" in n)
+            raise NotImplementedError(
+                f"{verb}({name!r}): NVFP4 backend {self.name!r} does not declare the "
+                f"'w4a4' capability here" + (f" ({notes})" if notes else "")
+            )
+        return fn
+
+    def _ready(self) -> None:
+        if self._available is None or not self._available.ok:
+            self._available = self.availability()
+        if not self._available.ok:
+            raise RuntimeError(
+                f"NVFP4 backend {self.name!r} cannot run here: {self._available.reason}"
+            )
+
+    # ------------------------------------------------------------- weights
+    def prepare(self, planes: NVFP4Planes) -> Prepared:
+        """Validate ``planes`` (structure, then content) and hand them to the backend once."""
+        if isinstance(planes, Prepared):
+            return self._own(planes, "prepare")
+        validate(planes)  # the type and the structure first: nothing reads a malformed plane
+        validate(planes, content=True)
+        self._ready()
+        return Prepared._make(self, planes, self.kernels.prepare(planes))
+
+    def _own(self, w: Prepared, verb: str) -> Prepared:
+        if w._backend is not self and w._backend.kernels is not self.kernels:
+            raise TypeError(
+                f"{verb}({w.name!r}): the weight was prepared by backend "
+                f"{w._backend.name!r}, not {self.name!r}"
+            )
+        return w
+
+    def _weight(self, w: Any, verb: str) -> Prepared:
+        if isinstance(w, Prepared):
+            return self._own(w, verb)
+        if isinstance(w, NVFP4Planes):
+            return self.prepare(w)
+        raise TypeError(
+            f"{verb}: expected a weight from Backend.prepare() (or nvfp4.NVFP4Planes), "
+            f"found {type(w).__name__}"
+        )
+
+    def to_planes(self, w: Prepared) -> NVFP4Planes:
+        """The canonical planes of a prepared weight, byte for byte."""
+        pw = self._weight(w, "to_planes")
+        planes: NVFP4Planes = self._kernel("to_planes", pw.name)(pw.payload)
+        return planes
+
+    # -------------------------------------------------------------- helpers
+    def _empty(self, lead: tuple[int, ...], n: int, dtype: str, widen: bool) -> Any:
+        a = np.zeros((*lead, n), dtype=np.float64 if widen else resolve_dtype(dtype))
+        return a if widen else self.kernels.from_numpy(a)
+
+    def _finish(self, y: Any, lead: tuple[int, ...], n: int, widen: bool) -> Any:
+        y = y.reshape(*lead, n)
+        if widen:
+            return np.asarray(self.kernels.to_numpy(y), dtype=np.float64)
+        return y
+
+    # ---------------------------------------------------------------- verbs
     def qmm(self, x: Any, w: Any, *, out_dtype: Any = None) -> Any:
-        """W4A16 ``y = x @ decode(w).T`` with the global applied after accumulation.
-        ``w`` is a handle from :meth:`prepare`. ``out_dtype`` defaults to x's dtype."""
-        ...
+        """W4A16 ``y = x @ decode(w).T`` with the global applied after accumulation; ``x`` is
+        ``[..., K]``; ``out_dtype`` defaults to x's dtype."""
+        pw = self._weight(w, "qmm")
+        what = f"qmm({pw.name!r})"
+        kernel = self._kernel("qmm", pw.name)
+        frontend.check_weight_kind("qmm", pw.name, pw.shape, experts=False)
+        xin = frontend.matmul_input(x, pw.k, what, self.kernels.from_numpy)
+        dtype, widen = frontend.output_dtype(xin.dtype, out_dtype)
+        if xin.rows == 0:
+            return self._empty(xin.lead, pw.n, dtype, widen)
+        y = kernel(xin.x, pw.payload, out_dtype=dtype)
+        return self._finish(y, xin.lead, pw.n, widen)
 
     def gather_qmm(
         self,
@@ -115,26 +265,63 @@ class Backend(Protocol):
         sorted_indices: bool = False,
         out_dtype: Any = None,
     ) -> Any:
-        """MoE: row ``m`` of ``x`` times expert ``expert_ids[m]``; ids outside ``[0, E)``
-        give exactly zero rows."""
-        ...
+        """MoE: row ``m`` of ``x [M, K]`` times expert ``expert_ids[m]``; ids outside
+        ``[0, E)`` give exactly zero rows."""
+        pw = self._weight(w, "gather_qmm")
+        what = f"gather_qmm({pw.name!r})"
+        kernel = self._kernel("gather_qmm", pw.name)
+        frontend.check_weight_kind("gather_qmm", pw.name, pw.shape, experts=True)
+        xin = frontend.matmul_input(x, pw.k, what, self.kernels.from_numpy, rows=True)
+        ids = frontend.expert_ids_input(
+            expert_ids,
+            xin.rows,
+            what,
+            sorted_indices=sorted_indices,
+            convert=self.kernels.from_numpy,
+        )
+        dtype, widen = frontend.output_dtype(xin.dtype, out_dtype)
+        if xin.rows == 0:
+            return self._empty(xin.lead, pw.n, dtype, widen)
+        y = kernel(xin.x, pw.payload, ids, sorted_indices=bool(sorted_indices), out_dtype=dtype)
+        return self._finish(y, xin.lead, pw.n, widen)
 
     def dequantize(self, w: Any, dtype: Any = "float32") -> Any:
-        """Decode a prepared weight to a dense native array."""
-        ...
+        """Decode a prepared weight (or planes) to a dense native array, exactly."""
+        pw = self._weight(w, "dequantize")
+        kernel = self._kernel("dequantize", pw.name)
+        return kernel(pw.payload, dtype=frontend.decode_dtype(dtype))
 
     def quantize_activations(self, x: Any, input_scale: Any = None) -> NVFP4Planes:
         """Quantize ``[M, K]`` activations with the spec's block rule (canonical planes)."""
-        ...
+        what = "quantize_activations('activation')"
+        kernel = self._kernel("quantize_activations", "activation")
+        a = frontend.activation_input(x, what, self.kernels.from_numpy)
+        g = frontend.input_scale_value(input_scale, what)
+        self._ready()
+        planes: NVFP4Planes = kernel(a, input_scale=g)
+        return planes
 
     def qmm_w4a4(self, x: Any, w: Any, *, input_scale: Any = None, out_dtype: Any = None) -> Any:
-        """W4A4 matmul, where the ``w4a4`` capability is declared."""
-        ...
+        """W4A4: activations quantized with the spec's rule, then the matmul with both
+        globals applied after accumulation (where ``w4a4`` is declared)."""
+        pw = self._weight(w, "qmm_w4a4")
+        what = f"qmm_w4a4({pw.name!r})"
+        kernel = self._kernel("qmm_w4a4", pw.name)
+        frontend.check_weight_kind("qmm_w4a4", pw.name, pw.shape, experts=False)
+        xin = frontend.matmul_input(x, pw.k, what, self.kernels.from_numpy)
+        g = frontend.input_scale_value(input_scale, what)
+        dtype, widen = frontend.output_dtype(xin.dtype, out_dtype)
+        if xin.rows == 0:
+            return self._empty(xin.lead, pw.n, dtype, widen)
+        y = kernel(xin.x, pw.payload, input_scale=g, out_dtype=dtype)
+        return self._finish(y, xin.lead, pw.n, widen)
 
+    # -------------------------------------------------------------- arrays
     def from_numpy(self, a: npt.NDArray[Any]) -> Any:
-        """A numpy array as this backend's native array."""
-        ...
+        return self.kernels.from_numpy(a)
 
     def to_numpy(self, a: Any) -> npt.NDArray[Any]:
-        """A native array as numpy (dtype preserved; bfloat16 as ``ml_dtypes.bfloat16``)."""
-        ...
+        return self.kernels.to_numpy(a)
+
+    def __repr__(self) -> str:
+        return f"nvfp4.Backend({self.name!r})"

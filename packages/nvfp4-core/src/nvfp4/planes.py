@@ -32,7 +32,7 @@ import numpy.typing as npt
 
 from .spec import BLOCK_SIZE, E4M3_INVALID_BYTES, E4M3_NAN_BYTE
 
-__all__ = ["NVFP4Planes", "PlaneError", "expand_row_global", "validate"]
+__all__ = ["NVFP4Planes", "PlaneError", "describe", "expand_row_global", "validate"]
 
 #: The invalid scale bytes (:data:`nvfp4.spec.E4M3_INVALID_BYTES`) are every byte from the
 #: NaN byte up, so one comparison finds them.
@@ -53,7 +53,8 @@ class PlaneError(ValueError):
         super().__init__(f"tensor {tensor!r}: {what}: expected {expected}, found {found}")
 
 
-def _describe(a: object) -> str:
+def describe(a: object) -> str:
+    """``'ndarray uint8 (4, 8)'`` or the type name, for error messages."""
     if isinstance(a, np.ndarray):
         return f"ndarray {a.dtype} {tuple(a.shape)}"
     return type(a).__name__
@@ -91,7 +92,7 @@ class NVFP4Planes:
                 object.__setattr__(self, "partitions", tuple(self.partitions))
             except TypeError:
                 raise PlaneError(
-                    self.name, "partitions", "a tuple of row boundaries", _describe(self.partitions)
+                    self.name, "partitions", "a tuple of row boundaries", describe(self.partitions)
                 ) from None
         _check_structure(self)
 
@@ -167,7 +168,7 @@ def _check_structure(p: NVFP4Planes) -> None:
     codes, scales, g = p.codes, p.scales, p.global_scale
     for plane, arr in (("codes", codes), ("scales", scales), ("global_scale", g)):
         if not isinstance(arr, np.ndarray):
-            raise PlaneError(name, f"{plane} type", "numpy.ndarray", _describe(arr))
+            raise PlaneError(name, f"{plane} type", "numpy.ndarray", describe(arr))
     if codes.dtype != np.uint8:
         raise PlaneError(name, "codes dtype", "uint8", codes.dtype)
     if scales.dtype != np.uint8:
@@ -267,7 +268,7 @@ def validate(planes: NVFP4Planes, content: bool = False) -> NVFP4Planes:
     and the found.
     """
     if not isinstance(planes, NVFP4Planes):
-        raise PlaneError("<unnamed>", "planes type", "nvfp4.NVFP4Planes", _describe(planes))
+        raise PlaneError("<unnamed>", "planes type", "nvfp4.NVFP4Planes", describe(planes))
     _check_structure(planes)
     if content:
         _check_content(planes)

@@ -21,7 +21,14 @@ import numpy as np
 import numpy.typing as npt
 
 from .dtypes import as_float32_input, resolve_dtype
-from .inputs import check_expert_ids, check_x
+from .frontend import (
+    activation_input,
+    check_weight_kind,
+    dtype_name,
+    expert_ids_input,
+    input_scale_value,
+    matmul_input,
+)
 from .planes import (
     NVFP4Planes,
     check_global_shape,
@@ -34,12 +41,10 @@ from .spec import (
     E2M1_BOUNDS,
     E2M1_ODD_BOUNDS,
     E2M1_VALUES,
-    E4M3_MAX,
-    E4M3_MIN_SUBNORMAL,
+    E4M3_NAN_BYTE,
     E4M3_VALUES,
     GLOBAL_AMAX_DIVISOR,
-    e4m3_encode_exact,
-    e4m3_round,
+    block_scale_encode,
 )
 
 __all__ = [
@@ -49,19 +54,23 @@ __all__ = [
     "dequantize_unscaled",
     "e2m1_encode",
     "gather_qmm",
+    "gather_qmm_2d",
     "global_from_amax",
+    "output",
     "pack_codes",
     "qmm",
-    "qmm_decoded",
+    "qmm_2d",
     "qmm_w4a4",
+    "qmm_w4a4_2d",
     "quantize",
     "quantize_activations",
+    "quantize_activations_2d",
     "unpack_codes",
 ]
 
 #: Scale byte written for an activation block holding NaN or Inf: 0x7F decodes to NaN,
 #: so the output rows that read it are non-finite instead of silently wrong.
-NONFINITE_BLOCK_SCALE = 0x7F
+NONFINITE_BLOCK_SCALE = E4M3_NAN_BYTE
 
 
 # ------------------------------------------------------------------------------ codes
@@ -124,13 +133,7 @@ def block_scale_bytes(
     their exact float32 values. ``row_global`` broadcasts against ``block_amax`` (it has
     a trailing axis of 1 for the blocks of a row).
     """
-    denom = (np.float32(6.0) * row_global).astype(np.float32)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        s = (block_amax / denom).astype(np.float32)
-    s = np.where(s == 0, np.float32(1.0), s)
-    s = np.clip(s, np.float32(E4M3_MIN_SUBNORMAL), np.float32(E4M3_MAX)).astype(np.float32)
-    s_rounded = e4m3_round(s)
-    return e4m3_encode_exact(s_rounded), s_rounded
+    return block_scale_encode(block_amax, row_global)
 
 
 # --------------------------------------------------------------------------- quantize
@@ -242,8 +245,10 @@ def dequantize(planes: NVFP4Planes, dtype: Any = np.float32) -> npt.NDArray[Any]
 
 
 # ----------------------------------------------------------------------------- matmul
-def _out(y: npt.NDArray[np.float64], out_dtype: Any) -> npt.NDArray[Any]:
-    if out_dtype is None or np.dtype(out_dtype) == np.float64:
+def output(y: npt.NDArray[np.float64], out_dtype: Any) -> npt.NDArray[Any]:
+    """A float64 result as ``out_dtype``: float64 (or ``None``) as is; otherwise rounded to
+    float32, then to ``out_dtype`` (float16 overflow to +-inf is the cast's defined result)."""
+    if out_dtype is None or dtype_name(out_dtype) == "float64":
         return y
     with np.errstate(over="ignore"):
         return y.astype(np.float32).astype(resolve_dtype(out_dtype))
@@ -258,9 +263,10 @@ def qmm(x: Any, w: NVFP4Planes, *, out_dtype: Any = np.float32) -> npt.NDArray[A
     and then to ``out_dtype``.
     """
     validate(w)
-    if w.num_experts is not None:
-        raise ValueError(f"qmm({w.name!r}): expert-stacked weights go through gather_qmm")
-    return qmm_decoded(x, decoded_operand(w), w, out_dtype=out_dtype)
+    check_weight_kind("qmm", w.name, w.shape, experts=False)
+    xin = matmul_input(x, w.k, f"qmm({w.name!r})")
+    y = qmm_2d(xin.x, decoded_operand(w))
+    return output(y.reshape(*xin.lead, w.n), out_dtype)
 
 
 def decoded_operand(w: NVFP4Planes) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
@@ -271,19 +277,15 @@ def decoded_operand(w: NVFP4Planes) -> tuple[npt.NDArray[np.float64], npt.NDArra
     return wd_t, w.row_global().astype(np.float64)
 
 
-def qmm_decoded(
-    x: Any,
-    operand: tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]],
-    w: NVFP4Planes,
-    *,
-    out_dtype: Any = np.float32,
-) -> npt.NDArray[Any]:
-    """:func:`qmm` on an operand from :func:`decoded_operand` (the same arithmetic)."""
+def qmm_2d(
+    a: npt.NDArray[Any], operand: tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]
+) -> npt.NDArray[np.float64]:
+    """The arithmetic of :func:`qmm` on a checked ``a [M, K]`` and an operand from
+    :func:`decoded_operand`: float64 accumulation, the global after it."""
     wd_t, row_global = operand
-    a = check_x(x, w.k, f"qmm({w.name!r})")
-    y = a.astype(np.float64) @ wd_t
+    y: npt.NDArray[np.float64] = a.astype(np.float64) @ wd_t
     y *= row_global
-    return _out(y, out_dtype)
+    return y
 
 
 def gather_qmm(
@@ -302,15 +304,18 @@ def gather_qmm(
     refused so backends that trust it are tested against honest callers).
     """
     validate(w)
-    e = w.num_experts
-    if e is None:
-        raise ValueError(f"gather_qmm({w.name!r}): weights must be [E, N, K], found {w.shape}")
-    a = check_x(x, w.k, f"gather_qmm({w.name!r})")
-    if a.ndim != 2:
-        raise ValueError(f"gather_qmm({w.name!r}): x must be [M, K], found shape {a.shape}")
-    ids = check_expert_ids(
-        expert_ids, a.shape[0], f"gather_qmm({w.name!r})", sorted_indices=sorted_indices
-    )
+    what = f"gather_qmm({w.name!r})"
+    check_weight_kind("gather_qmm", w.name, w.shape, experts=True)
+    xin = matmul_input(x, w.k, what, rows=True)
+    ids = expert_ids_input(expert_ids, xin.rows, what, sorted_indices=sorted_indices)
+    return output(gather_qmm_2d(xin.x, w, ids), out_dtype)
+
+
+def gather_qmm_2d(
+    a: npt.NDArray[Any], w: NVFP4Planes, ids: npt.NDArray[np.int64]
+) -> npt.NDArray[np.float64]:
+    """The arithmetic of :func:`gather_qmm` on checked operands (``ids`` int64 ``[M]``)."""
+    e = w.shape[0]
     y = np.zeros((a.shape[0], w.n), dtype=np.float64)
     row_g = w.row_global()
     for expert in np.unique(ids[(ids >= 0) & (ids < e)]):
@@ -319,7 +324,7 @@ def gather_qmm(
             NVFP4Planes(w.codes[expert], w.scales[expert], np.ones((), np.float32), name=w.name)
         ).astype(np.float64)
         y[rows] = (a[rows].astype(np.float64) @ wd.T) * row_g[expert].astype(np.float64)
-    return _out(y, out_dtype)
+    return y
 
 
 # ------------------------------------------------------------------------ activations
@@ -329,28 +334,29 @@ def quantize_activations(
     """Quantize activations ``[M, K]`` to NVFP4 with the weight block rule (W4A4).
 
     The global is the checkpoint's static ``input_scale`` (a decode multiplier, as ModelOpt
-    stores it) when given, else dynamic: ``amax / 2688`` over the finite values. A block
-    holding NaN or Inf gets scale byte 0x7F (NaN) and zero codes, so it decodes to NaN and
-    the output rows that read it are non-finite; nothing raises.
+    stores it) when given, else dynamic: ``amax / 2688`` over the finite values (1.0 where
+    that quotient is 0, spec 1.0's erratum). A block holding NaN or Inf gets scale byte 0x7F
+    (NaN) and zero codes, so it decodes to NaN and the output rows that read it are
+    non-finite; nothing raises.
     """
-    a = as_float32_input(x, f"quantize_activations({name!r})")
-    if a.ndim != 2:
-        raise ValueError(f"quantize_activations({name!r}): x must be [M, K], found shape {a.shape}")
+    what = f"quantize_activations({name!r})"
+    a = activation_input(x, what)
+    return quantize_activations_2d(a, input_scale_value(input_scale, what), name=name)
+
+
+def quantize_activations_2d(
+    x: npt.NDArray[Any], input_scale: float | None, *, name: str = "activation"
+) -> NVFP4Planes:
+    """The arithmetic of :func:`quantize_activations` on a checked ``x [M, K]`` and a
+    checked static global (``None``: dynamic)."""
+    a = np.asarray(x, dtype=np.float32)
     m, k = a.shape
-    if k == 0 or k % BLOCK_SIZE:
-        raise ValueError(
-            f"quantize_activations({name!r}): K must be a positive multiple of 16, found {k}"
-        )
     finite = np.isfinite(a)
     clean = np.where(finite, a, np.float32(0.0))
     if input_scale is None:
         g = global_from_amax(np.abs(clean).max() if clean.size else np.float32(0.0))
     else:
         g = np.asarray(input_scale, dtype=np.float32).reshape(())
-        if not (np.isfinite(g) and g > 0):
-            raise ValueError(
-                f"quantize_activations({name!r}): input_scale must be finite and > 0, found {g!r}"
-            )
     p = quantize(clean, g, name=name)
     bad_block = ~finite.reshape(m, k // BLOCK_SIZE, BLOCK_SIZE).all(axis=-1)
     if bad_block.any():
@@ -368,12 +374,24 @@ def qmm_w4a4(
     """W4A4 reference: activations quantized by :func:`quantize_activations`, then
     ``(sum_k xq*wq) * global_x * global_w[n]`` accumulated in float64."""
     validate(w)
-    if w.num_experts is not None:
-        raise ValueError(f"qmm_w4a4({w.name!r}): expert-stacked weights are not supported here")
-    a = check_x(x, w.k, f"qmm_w4a4({w.name!r})")
-    lead = a.shape[:-1]
-    xp = quantize_activations(a.reshape(-1, w.k), input_scale, name=f"{w.name}.input")
+    what = f"qmm_w4a4({w.name!r})"
+    check_weight_kind("qmm_w4a4", w.name, w.shape, experts=False)
+    xin = matmul_input(x, w.k, what)
+    g = input_scale_value(input_scale, what)
+    y = qmm_w4a4_2d(xin.x, w, g)
+    return output(y.reshape(*xin.lead, w.n), out_dtype)
+
+
+def qmm_w4a4_2d(
+    a: npt.NDArray[Any], w: NVFP4Planes, input_scale: float | None
+) -> npt.NDArray[np.float64]:
+    """The arithmetic of :func:`qmm_w4a4` on checked operands."""
+    if a.shape[0] == 0:
+        return np.zeros((0, w.n), dtype=np.float64)
+    xp = quantize_activations_2d(a, input_scale, name=f"{w.name}.input")
     xd = dequantize_unscaled(xp).astype(np.float64)
     wd = dequantize_unscaled(w).astype(np.float64)
-    y = (xd @ wd.T) * (w.row_global().astype(np.float64) * np.float64(xp.global_scale))
-    return _out(y.reshape(*lead, w.n), out_dtype)
+    y: npt.NDArray[np.float64] = (xd @ wd.T) * (
+        w.row_global().astype(np.float64) * np.float64(xp.global_scale)
+    )
+    return y

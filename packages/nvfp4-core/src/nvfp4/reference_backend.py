@@ -1,36 +1,48 @@
-"""The ``reference`` backend: the numpy reference behind the :class:`~nvfp4.backend.Backend`
-contract. Core registers it itself, so every machine has a backend and the conformance
-suite certifies the numpy path like any other."""
+"""The ``reference`` backend: the numpy reference (:mod:`nvfp4.reference`) as kernels of
+the contract (:mod:`nvfp4.contract`). Core registers it itself, so every machine has a
+backend and the conformance suite certifies the numpy path like any other.
+
+It is also the smallest complete adapter there is: each kernel is one call into the
+reference's 2-D arithmetic, because core has checked every operand already.
+"""
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from . import reference
-from .backend import Availability, BackendInfo
-from .planes import NVFP4Planes, validate
+from .contract import Availability, BackendInfo
+from .planes import NVFP4Planes
 from .spec import SUPPORTED_SPEC_VERSIONS
 
-__all__ = ["ReferenceBackend", "backend"]
+__all__ = ["ReferenceKernels", "backend"]
 
 
-def _version() -> str:
-    from . import __version__
+class _Weight:
+    """Prepared reference weight: the planes, and their exactly decoded float64 operand,
+    made on the first matmul (8 bytes per weight) and kept while the handle lives."""
 
-    return __version__
+    __slots__ = ("_operand", "planes")
+
+    def __init__(self, planes: NVFP4Planes) -> None:
+        self.planes = planes
+        self._operand: tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]] | None = None
+
+    def operand(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        if self._operand is None:
+            self._operand = reference.decoded_operand(self.planes)
+        return self._operand
 
 
-class ReferenceBackend:
+class ReferenceKernels:
     """Numpy, float64 accumulation, bit-exact decoding. Slow and always available."""
 
     def __init__(self) -> None:
-        self._decoded: weakref.WeakKeyDictionary[
-            NVFP4Planes, tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]
-        ] = weakref.WeakKeyDictionary()
+        from ._version import __version__
+
         self.info = BackendInfo(
             name="reference",
             spec_versions=SUPPORTED_SPEC_VERSIONS,
@@ -45,7 +57,7 @@ class ReferenceBackend:
                     "w4a4",
                 }
             ),
-            version=_version(),
+            version=__version__,
             package="nvfp4-core",
             notes=("numpy on the CPU; float64 accumulation; W4A4 emulated exactly",),
         )
@@ -53,55 +65,38 @@ class ReferenceBackend:
     def availability(self) -> Availability:
         return Availability(True, device="numpy on the CPU")
 
-    def prepare(self, planes: NVFP4Planes) -> NVFP4Planes:
-        return validate(planes, content=True)
+    def prepare(self, planes: NVFP4Planes) -> _Weight:
+        return _Weight(planes)
 
-    def _operand(self, w: NVFP4Planes) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-        """The decoded float64 operand of a weight, computed once per planes object (held
-        weakly: it goes when the planes go). A model's worth costs 8 bytes per weight."""
-        operand = self._decoded.get(w)
-        if operand is None:
-            operand = reference.decoded_operand(w)
-            self._decoded[w] = operand
-        return operand
-
-    @staticmethod
-    def _out_dtype(x: Any, out_dtype: Any) -> Any:
-        return out_dtype if out_dtype is not None else np.asarray(x).dtype
-
-    def qmm(self, x: Any, w: NVFP4Planes, *, out_dtype: Any = None) -> npt.NDArray[Any]:
-        validate(w)
-        if w.num_experts is not None:
-            raise ValueError(f"qmm({w.name!r}): expert-stacked weights go through gather_qmm")
-        return reference.qmm_decoded(
-            x, self._operand(w), w, out_dtype=self._out_dtype(x, out_dtype)
-        )
+    def qmm(self, x: npt.NDArray[Any], w: _Weight, *, out_dtype: str) -> npt.NDArray[Any]:
+        return reference.output(reference.qmm_2d(x, w.operand()), out_dtype)
 
     def gather_qmm(
         self,
-        x: Any,
-        w: NVFP4Planes,
-        expert_ids: Any,
+        x: npt.NDArray[Any],
+        w: _Weight,
+        expert_ids: npt.NDArray[np.int64],
         *,
-        sorted_indices: bool = False,
-        out_dtype: Any = None,
+        sorted_indices: bool,
+        out_dtype: str,
     ) -> npt.NDArray[Any]:
-        return reference.gather_qmm(
-            x, w, expert_ids, sorted_indices=sorted_indices, out_dtype=self._out_dtype(x, out_dtype)
-        )
+        return reference.output(reference.gather_qmm_2d(x, w.planes, expert_ids), out_dtype)
 
-    def dequantize(self, w: NVFP4Planes, dtype: Any = "float32") -> npt.NDArray[Any]:
-        return reference.dequantize(w, dtype)
+    def dequantize(self, w: _Weight, *, dtype: str) -> npt.NDArray[Any]:
+        return reference.dequantize(w.planes, dtype)
 
-    def quantize_activations(self, x: Any, input_scale: Any = None) -> NVFP4Planes:
-        return reference.quantize_activations(x, input_scale)
+    def quantize_activations(
+        self, x: npt.NDArray[Any], *, input_scale: float | None
+    ) -> NVFP4Planes:
+        return reference.quantize_activations_2d(x, input_scale)
 
     def qmm_w4a4(
-        self, x: Any, w: NVFP4Planes, *, input_scale: Any = None, out_dtype: Any = None
+        self, x: npt.NDArray[Any], w: _Weight, *, input_scale: float | None, out_dtype: str
     ) -> npt.NDArray[Any]:
-        return reference.qmm_w4a4(
-            x, w, input_scale=input_scale, out_dtype=self._out_dtype(x, out_dtype)
-        )
+        return reference.output(reference.qmm_w4a4_2d(x, w.planes, input_scale), out_dtype)
+
+    def to_planes(self, w: _Weight) -> NVFP4Planes:
+        return w.planes
 
     def from_numpy(self, a: npt.NDArray[Any]) -> npt.NDArray[Any]:
         return np.asarray(a)
@@ -110,6 +105,6 @@ class ReferenceBackend:
         return np.asarray(a)
 
 
-def backend() -> ReferenceBackend:
+def backend() -> ReferenceKernels:
     """Entry-point factory (``reference = "nvfp4.reference_backend:backend"``)."""
-    return ReferenceBackend()
+    return ReferenceKernels()

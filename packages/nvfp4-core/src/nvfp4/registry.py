@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
 
-from .backend import Availability, Backend
+from .backend import Backend
+from .contract import Availability
 from .hardware import driver_evidence
 from .spec import SUPPORTED_SPEC_VERSIONS
 
@@ -70,18 +71,21 @@ class BackendEntry:
     name: str
     source: str
     factory: Callable[[], Any] | None = None
-    backend: Any = None
+    backend: Backend | None = None
     error: str = ""
 
-    def load(self) -> Any:
+    def load(self) -> Backend | None:
+        """The core :class:`~nvfp4.Backend` over the factory's kernels (made once), or
+        ``None`` with :attr:`error` saying why."""
         if self.backend is None and not self.error and self.factory is not None:
             try:
-                self.backend = self.factory()
+                kernels = self.factory()
+                if kernels is None:
+                    self.error = f"loading {self.source} failed: its factory returned None"
+                else:
+                    self.backend = Backend(kernels)
             except Exception as exc:  # a broken plugin must not take the others down
                 self.error = f"loading {self.source} failed: {type(exc).__name__}: {exc}"
-            else:
-                if self.backend is None:
-                    self.error = f"loading {self.source} failed: its factory returned None"
         return self.backend
 
     def availability(self) -> Availability:
@@ -162,14 +166,15 @@ def get_backend(name: str | None = None) -> Backend:
         if not avail.ok:
             raise BackendUnavailable(requested, avail.reason, installed)
         b = entry.load()
+        assert b is not None  # available, so loaded
         mismatch = _spec_ok(b)
         if mismatch:
             raise BackendUnavailable(requested, mismatch, installed)
-        return b  # type: ignore[no-any-return]
+        return b
 
-    candidates = []
+    candidates: list[Backend] = []
     for entry in entries.values():
-        if entry.availability().ok and not _spec_ok(entry.backend):
+        if entry.availability().ok and entry.backend is not None and not _spec_ok(entry.backend):
             candidates.append(entry.backend)
         elif entry.error:
             warnings.warn(f"NVFP4 backend {entry.name!r} skipped: {entry.error}", stacklevel=2)
@@ -178,4 +183,4 @@ def get_backend(name: str | None = None) -> Backend:
         hint = _missing_hardware_hint(set(entries))
         if hint:
             warnings.warn(f"using the numpy reference backend; {hint}", stacklevel=2)
-    return best  # type: ignore[no-any-return]
+    return best

@@ -1,4 +1,5 @@
-"""The ``cpu`` backend: the :class:`nvfp4.backend.Backend` contract over the compiled kernels.
+"""The ``cpu`` backend: the kernel contract (:mod:`nvfp4.contract`) over the compiled C
+kernels, and :class:`CPUBackend`, core's verbs over them.
 
 Construction is cheap and never fails (the library is loaded on first use);
 :meth:`CPUBackend.availability` says whether it can run here and which instruction set and
@@ -11,7 +12,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from nvfp4.backend import Availability, BackendInfo
+from nvfp4.backend import Backend
+from nvfp4.contract import Availability, BackendInfo
 from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import SUPPORTED_SPEC_VERSIONS
 
@@ -26,7 +28,7 @@ from ._native import (
 )
 from .layout import PreparedWeight, prepare
 
-__all__ = ["CAPABILITIES", "PRIORITY", "CPUBackend", "backend"]
+__all__ = ["CAPABILITIES", "PRIORITY", "CPUBackend", "CPUKernels", "backend"]
 
 #: Above ``reference`` (0): picked automatically when installed and available.
 PRIORITY = 50
@@ -36,13 +38,14 @@ CAPABILITIES = frozenset(
 
 
 def _version() -> str:
-    from . import __version__
+    from ._version import __version__
 
     return __version__
 
 
-class CPUBackend:
-    """Fused NVFP4 kernels for x86-64 (AVX-512, AVX2) and any CPU (portable C).
+class CPUKernels:
+    """Fused NVFP4 kernels for x86-64 (AVX-512, AVX2) and any CPU (portable C): the kernel
+    contract (:mod:`nvfp4.contract`) on numpy arrays.
 
     Args:
         isa: ``"portable"``, ``"avx2"`` or ``"avx512"`` to force a level; ``None`` uses
@@ -92,61 +95,49 @@ class CPUBackend:
         plural = "s" if threads != 1 else ""
         return Availability(True, device=f"{native.describe(isa)}, {threads} thread{plural}")
 
-    # ------------------------------------------------------------------------- verbs
+    # ----------------------------------------------------------------------- kernels
     def prepare(self, planes: NVFP4Planes) -> PreparedWeight:
-        """Validate (structure and content) and tile the planes once."""
+        """Tile the (validated) planes once."""
         native, _, threads = self._config()
         return prepare(planes, native, threads)
 
-    @staticmethod
-    def _out_dtype(x: Any, out_dtype: Any) -> Any:
-        return out_dtype if out_dtype is not None else np.asarray(x).dtype
-
-    def qmm(self, x: Any, w: Any, *, out_dtype: Any = None) -> npt.NDArray[Any]:
+    def qmm(self, x: npt.NDArray[Any], w: PreparedWeight, *, out_dtype: str) -> npt.NDArray[Any]:
         native, isa, threads = self._config()
-        return ops.qmm(native, isa, threads, x, w, out_dtype=self._out_dtype(x, out_dtype))
+        return ops.qmm(native, isa, threads, x, w, out_dtype=out_dtype)
 
     def gather_qmm(
         self,
-        x: Any,
-        w: Any,
-        expert_ids: Any,
+        x: npt.NDArray[Any],
+        w: PreparedWeight,
+        expert_ids: npt.NDArray[Any],
         *,
-        sorted_indices: bool = False,
-        out_dtype: Any = None,
+        sorted_indices: bool,
+        out_dtype: str,
     ) -> npt.NDArray[Any]:
         native, isa, threads = self._config()
-        return ops.gather_qmm(
-            native,
-            isa,
-            threads,
-            x,
-            w,
-            expert_ids,
-            sorted_indices=sorted_indices,
-            out_dtype=self._out_dtype(x, out_dtype),
-        )
+        return ops.gather_qmm(native, isa, threads, x, w, expert_ids, out_dtype=out_dtype)
 
-    def dequantize(self, w: Any, dtype: Any = "float32") -> npt.NDArray[Any]:
+    def dequantize(self, w: PreparedWeight, *, dtype: str) -> npt.NDArray[Any]:
         native, isa, threads = self._config()
         return ops.dequantize(native, isa, threads, w, dtype)
 
-    def quantize_activations(self, x: Any, input_scale: Any = None) -> NVFP4Planes:
+    def quantize_activations(
+        self, x: npt.NDArray[Any], *, input_scale: float | None
+    ) -> NVFP4Planes:
         native, _, threads = self._config()
         return ops.quantize_activations(native, threads, x, input_scale)
 
     def qmm_w4a4(
-        self, x: Any, w: Any, *, input_scale: Any = None, out_dtype: Any = None
+        self,
+        x: npt.NDArray[Any],
+        w: PreparedWeight,
+        *,
+        input_scale: float | None,
+        out_dtype: str,
     ) -> npt.NDArray[Any]:
         native, isa, threads = self._config()
         return ops.qmm_w4a4(
-            native,
-            isa,
-            threads,
-            x,
-            w,
-            input_scale=input_scale,
-            out_dtype=self._out_dtype(x, out_dtype),
+            native, isa, threads, x, w, input_scale=input_scale, out_dtype=out_dtype
         )
 
     def to_planes(self, w: PreparedWeight) -> NVFP4Planes:
@@ -159,6 +150,14 @@ class CPUBackend:
 
     def to_numpy(self, a: Any) -> npt.NDArray[Any]:
         return np.asarray(a)
+
+
+class CPUBackend(Backend):
+    """The verbs (checked by core, :class:`nvfp4.Backend`) over :class:`CPUKernels`, with the
+    same arguments; ``isa`` and ``threads`` read through."""
+
+    def __init__(self, isa: str | None = None, threads: int | None = None) -> None:
+        super().__init__(CPUKernels(isa, threads))
 
 
 def backend() -> CPUBackend:

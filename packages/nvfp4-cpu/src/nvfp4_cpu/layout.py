@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from nvfp4.planes import NVFP4Planes, PlaneError, validate
+from nvfp4.planes import NVFP4Planes, PlaneError
 from nvfp4.spec import BLOCK_SIZE
 
 from ._native import Native, ptr
@@ -133,8 +133,7 @@ class PreparedWeight:
 
 
 def prepare(planes: NVFP4Planes, native: Native, threads: int = 1) -> PreparedWeight:
-    """Validate ``planes`` (structure and content: scale bytes, globals) and tile them."""
-    validate(planes, content=True)
+    """Tile ``planes`` (validated by core, structure and content) into the row tiles."""
     e = planes.num_experts or 1
     n, k = planes.n, planes.k
     tiles = -(-n // TILE)

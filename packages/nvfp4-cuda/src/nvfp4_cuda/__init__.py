@@ -1,6 +1,6 @@
 """nvfp4-cuda: NVFP4 on NVIDIA GPUs, the ``cuda`` backend of :mod:`nvfp4`.
 
-* :func:`backend` / :class:`CUDABackend` - the :class:`nvfp4.backend.Backend` contract
+* :func:`backend` / :class:`CUDABackend` - core's verbs over the kernel contract
   (priority 100): W4A16 ``qmm`` (decode GEMV, prefill GEMM, or dequantize + cuBLAS, by the
   table in :mod:`nvfp4_cuda.dispatch`), MoE ``gather_qmm``, exact ``dequantize``,
   bit-exact ``quantize_activations``, and W4A4 on compute capability 10.x / 12.x;
@@ -15,8 +15,7 @@ run on the CPU and the device is reported as "Triton interpreter on CPU".
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from ._version import __version__
+from .backend import CUDABackend, CUDAKernels, backend
 
-from .backend import CUDABackend, backend
-
-__all__ = ["CUDABackend", "__version__", "backend"]
+__all__ = ["CUDABackend", "CUDAKernels", "__version__", "backend"]

@@ -1,7 +1,7 @@
 """The ``cuda`` backend: the shared Triton backend with NVIDIA's device facts.
 
 Everything vendor-neutral (verbs, validation, kernels, conversions) is
-:class:`nvfp4_triton.backend.TritonBackend`; this class adds the CUDA specifics:
+:class:`nvfp4_triton.backend.TritonKernels`; this class adds the CUDA specifics:
 
 * :func:`nvfp4_cuda.device.detect` - the GPU and its compute capability, or the Triton
   interpreter (``TRITON_INTERPRET=1``), or why neither;
@@ -16,24 +16,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from nvfp4_triton.backend import Platform, TritonBackend
+from nvfp4.backend import Backend
+from nvfp4_triton.backend import Platform, TritonKernels
 from nvfp4_triton.weights import DeviceWeight
 
 from . import device, dispatch, w4a4
 
-__all__ = ["PRIORITY", "CUDABackend", "backend"]
+__all__ = ["PRIORITY", "CUDABackend", "CUDAKernels", "backend"]
 
 #: Above ``cpu`` (50) and ``reference`` (0): chosen automatically where a GPU is usable.
 PRIORITY = 100
 
 
 def _version() -> str:
-    from . import __version__
+    from ._version import __version__
 
     return __version__
 
 
-class CUDABackend(TritonBackend):
+class CUDAKernels(TritonKernels):
     """NVFP4 on NVIDIA GPUs (or on the CPU under the Triton interpreter)."""
 
     NAME = "cuda"
@@ -91,6 +92,14 @@ class CUDABackend(TritonBackend):
                 "cores (10.x / 12.x do)"
             )
         return tuple(notes)
+
+
+class CUDABackend(Backend):
+    """Core's verbs (:class:`nvfp4.Backend`) over :class:`CUDAKernels`; ``platform()`` and the
+    other facts of the kernels read through."""
+
+    def __init__(self) -> None:
+        super().__init__(CUDAKernels())
 
 
 def backend() -> CUDABackend:

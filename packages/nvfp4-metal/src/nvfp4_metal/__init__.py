@@ -3,7 +3,7 @@
 On Apple silicon it runs on the Metal GPU; elsewhere on MLX's CPU device
 (``pip install "mlx[cpu]"``), and :meth:`MetalBackend.availability` says which.
 
-* :func:`backend` / :class:`MetalBackend` - the :class:`nvfp4.backend.Backend` contract;
+* :func:`backend` / :class:`MetalBackend` - core's verbs over :class:`MetalKernels` (the kernel contract);
 * :func:`prepare` -> :class:`MetalWeight` - the direct transcode: canonical planes become
   MLX's native ``nvfp4`` arrays by reinterpreting bytes (no dense matrix), the decode
   global kept as a sidecar (:mod:`nvfp4_metal.transcode`);
@@ -21,9 +21,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
-
-from .backend import MetalBackend, backend
+from ._version import __version__
+from .backend import MetalBackend, MetalKernels, backend
 from .settings import IMPL_ENV, W4A4_ENV, Impl, impl_from_env
 
 if TYPE_CHECKING:
@@ -35,6 +34,7 @@ __all__ = [
     "W4A4_ENV",
     "Impl",
     "MetalBackend",
+    "MetalKernels",
     "MetalWeight",
     "__version__",
     "backend",

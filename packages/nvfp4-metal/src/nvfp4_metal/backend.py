@@ -1,4 +1,5 @@
-"""The ``metal`` backend: the :class:`nvfp4.backend.Backend` contract on MLX.
+"""The ``metal`` backend: the kernel contract (:mod:`nvfp4.contract`) on MLX, and
+:class:`MetalBackend`, core's verbs over it.
 
 Constructing it imports nothing heavy and never fails; :meth:`MetalBackend.availability`
 imports MLX (once), runs a tiny ``nvfp4`` matmul and names the device honestly: "Apple Metal
@@ -8,7 +9,7 @@ Priority 40 on Apple silicon (the native backend there) and 10 elsewhere: below 
 ``cpu`` backend's 50 on x86 (MLX's CPU kernels are a functional path, not a fast one), above
 ``reference``'s 0.
 
-Arrays in and out of the verbs are ``mx.array`` (numpy is accepted and converted);
+Arrays in and out of the verbs are ``mx.array`` (core accepts numpy and converts it);
 :meth:`from_numpy` / :meth:`to_numpy` convert for the suite (bfloat16 as
 ``ml_dtypes.bfloat16``).
 """
@@ -20,14 +21,22 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import numpy.typing as npt
-from nvfp4.backend import Availability, BackendInfo
-from nvfp4.planes import NVFP4Planes, validate
+from nvfp4.backend import Backend
+from nvfp4.contract import Availability, BackendInfo
+from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import SUPPORTED_SPEC_VERSIONS
 
 from ._mlx import is_apple_silicon, probe, require
 from .settings import IMPL_ENV, W4A4_ENV, Impl, resolve_impl, w4a4_opt_in
 
-__all__ = ["NATIVE_CAPABILITIES", "PRIORITY_APPLE", "PRIORITY_OTHER", "MetalBackend", "backend"]
+__all__ = [
+    "NATIVE_CAPABILITIES",
+    "PRIORITY_APPLE",
+    "PRIORITY_OTHER",
+    "MetalBackend",
+    "MetalKernels",
+    "backend",
+]
 
 PRIORITY_APPLE = 40
 PRIORITY_OTHER = 10
@@ -37,13 +46,13 @@ NATIVE_CAPABILITIES = frozenset(
 
 
 def _version() -> str:
-    from . import __version__
+    from ._version import __version__
 
     return __version__
 
 
-class MetalBackend:
-    """NVFP4 on MLX.
+class MetalKernels:
+    """NVFP4 on MLX: the kernel contract (:mod:`nvfp4.contract`) on ``mx.array``.
 
     Args:
         impl: ``"native"`` or ``"affine"`` (the comparison rollback, see
@@ -113,61 +122,33 @@ class MetalBackend:
 
         return ops
 
-    def _handle(self, w: Any) -> Any:
-        """A prepared weight, or planes (validated first: a malformed plane is refused with
-        a PlaneError before anything reads it) prepared now."""
-        from .transcode import MetalWeight
-
-        if isinstance(w, MetalWeight):
-            return w
-        return self.prepare(w)
-
-    # -------------------------------------------------------------------------- verbs
+    # ------------------------------------------------------------------------ kernels
     def prepare(self, planes: NVFP4Planes) -> Any:
-        """Validate (structure, then content) and transcode once (see
-        :mod:`nvfp4_metal.transcode`)."""
-        validate(planes)
+        """Transcode validated planes once (see :mod:`nvfp4_metal.transcode`)."""
         self._ops()
         from .transcode import prepare
 
         return prepare(planes, impl=self.impl)
 
-    def qmm(self, x: Any, w: Any, *, out_dtype: Any = None) -> Any:
-        ops = self._ops()
-        return ops.qmm(x, self._handle(w), out_dtype=out_dtype)
+    def qmm(self, x: Any, w: Any, *, out_dtype: str) -> Any:
+        return self._ops().qmm(x, w, out_dtype=out_dtype)
 
     def gather_qmm(
-        self,
-        x: Any,
-        w: Any,
-        expert_ids: Any,
-        *,
-        sorted_indices: bool = False,
-        out_dtype: Any = None,
+        self, x: Any, w: Any, expert_ids: Any, *, sorted_indices: bool, out_dtype: str
     ) -> Any:
-        ops = self._ops()
-        return ops.gather_qmm(
-            x, self._handle(w), expert_ids, sorted_indices=sorted_indices, out_dtype=out_dtype
+        return self._ops().gather_qmm(
+            x, w, expert_ids, sorted_indices=sorted_indices, out_dtype=out_dtype
         )
 
-    def dequantize(self, w: Any, dtype: Any = "float32") -> Any:
-        ops = self._ops()
-        return ops.dequantize(self._handle(w), dtype)
+    def dequantize(self, w: Any, *, dtype: str) -> Any:
+        return self._ops().dequantize(w, dtype)
 
-    def quantize_activations(self, x: Any, input_scale: Any = None) -> NVFP4Planes:
-        ops = self._ops()
-        planes: NVFP4Planes = ops.quantize_activations(x, input_scale)
+    def quantize_activations(self, x: Any, *, input_scale: float | None) -> NVFP4Planes:
+        planes: NVFP4Planes = self._ops().quantize_activations(x, input_scale)
         return planes
 
-    def qmm_w4a4(self, x: Any, w: Any, *, input_scale: Any = None, out_dtype: Any = None) -> Any:
-        if "w4a4" not in self.info.capabilities:
-            handle = self._handle(w)  # malformed planes are still refused as such
-            raise NotImplementedError(
-                f"qmm_w4a4({handle.name!r}): the metal backend does not declare w4a4 here "
-                f"({self.info.notes[-1]})"
-            )
-        ops = self._ops()
-        return ops.qmm_w4a4(x, self._handle(w), input_scale=input_scale, out_dtype=out_dtype)
+    def qmm_w4a4(self, x: Any, w: Any, *, input_scale: float | None, out_dtype: str) -> Any:
+        return self._ops().qmm_w4a4(x, w, input_scale=input_scale, out_dtype=out_dtype)
 
     def to_planes(self, w: Any) -> NVFP4Planes:
         """The canonical planes of a native prepared weight, byte for byte."""
@@ -187,6 +168,14 @@ class MetalBackend:
                 return np.array(a.view(mx.uint16)).view(ml_dtypes.bfloat16)
             return np.array(a)
         return np.asarray(a)
+
+
+class MetalBackend(Backend):
+    """Core's verbs (:class:`nvfp4.Backend`) over :class:`MetalKernels`, with the same
+    arguments; ``impl`` reads through."""
+
+    def __init__(self, impl: str | None = None) -> None:
+        super().__init__(MetalKernels(impl))
 
 
 def backend() -> MetalBackend:

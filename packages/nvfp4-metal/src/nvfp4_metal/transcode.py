@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import mlx.core as mx
 import numpy as np
@@ -43,6 +43,7 @@ __all__ = [
     "MetalWeight",
     "Source",
     "affine",
+    "decode_native",
     "prepare",
     "requantize_dense",
     "row_global_sidecar",
@@ -198,6 +199,18 @@ def pad_k32(w: mx.array, s: mx.array) -> tuple[mx.array, mx.array, int]:
     return mx.concatenate([w, zw], axis=-1), mx.concatenate([s, zs], axis=-1), BLOCK_SIZE
 
 
+def decode_native(w: MetalWeight) -> mx.array:
+    """The exact float32 decode of a native weight: ``mx.dequantize`` without a global gives
+    ``e2m1(code) * e4m3(scale)`` exactly; the sidecar global is multiplied once (per row)."""
+    wq, s, pad = pad_k32(w.weight, w.scales)
+    d = mx.dequantize(wq, s, group_size=BLOCK_SIZE, bits=4, mode="nvfp4", dtype=mx.float32)
+    if pad:
+        d = d[..., :-pad]
+    g = w.row_global
+    assert g is not None
+    return d * (g if g.ndim == 0 else mx.expand_dims(g, -1))
+
+
 def requantize_dense(planes: NVFP4Planes) -> MetalWeight:
     """The dense path (module docstring): decode to float16, then ``mx.quantize`` with
     ``mode="nvfp4"`` and ``global_scale = amax`` of the decoded piece, per expert and
@@ -274,8 +287,6 @@ def affine(planes: NVFP4Planes) -> MetalWeight:
     """``NVFP4_METAL_IMPL=affine``: exact dense decode (global included) to float32, cast
     to bfloat16, then ``mx.quantize(mode="affine", bits=4)`` with group 64, or 32 when
     K % 64 != 0; K % 32 != 0 is refused (MLX's affine groups are 32, 64 or 128)."""
-    from .ops import dequantize  # the exact decoder (imports this module)
-
     native = transcode(planes)
     group = next((g for g in AFFINE_GROUPS if planes.k % g == 0), None)
     if group is None:
@@ -285,7 +296,7 @@ def affine(planes: NVFP4Planes) -> MetalWeight:
             f"a multiple of {AFFINE_GROUPS[-1]} (MLX affine groups)",
             planes.k,
         )
-    dense = dequantize(native, "float32").astype(mx.bfloat16)
+    dense = decode_native(native).astype(mx.bfloat16)
     wq, sq, bq = mx.quantize(dense, group_size=group, bits=AFFINE_BITS, mode="affine")
     # float32 scales and biases (exact widening): MLX's affine matmul computes in the scales'
     # dtype, and the activations are float32 (see nvfp4_metal.ops, "Compute dtype")
@@ -322,12 +333,3 @@ def _env_impl() -> Impl:
     from .settings import impl_from_env
 
     return impl_from_env()
-
-
-def describe(obj: Any) -> str:
-    """Short type description for error messages."""
-    if isinstance(obj, mx.array):
-        return f"mx.array {obj.dtype} {tuple(obj.shape)}"
-    if isinstance(obj, np.ndarray):
-        return f"ndarray {obj.dtype} {tuple(obj.shape)}"
-    return type(obj).__name__

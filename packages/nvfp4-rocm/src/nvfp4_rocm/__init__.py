@@ -1,6 +1,6 @@
 """nvfp4-rocm: NVFP4 on AMD GPUs, the ``rocm`` backend of :mod:`nvfp4`.
 
-* :func:`backend` / :class:`ROCmBackend` - the :class:`nvfp4.backend.Backend` contract
+* :func:`backend` / :class:`ROCmBackend` - core's verbs over the kernel contract
   (priority 100): W4A16 ``qmm`` (decode GEMV for small M, dequantize + hipBLASLt for
   prefill, by :mod:`nvfp4_rocm.dispatch`), MoE ``gather_qmm``, exact ``dequantize``,
   bit-exact ``quantize_activations``, and W4A4 *emulated* (no AMD GPU has an NVFP4 matrix
@@ -17,8 +17,7 @@ the device is reported as "Triton interpreter on CPU (AMD configuration ...)".
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from ._version import __version__
+from .backend import ROCmBackend, ROCmKernels, backend
 
-from .backend import ROCmBackend, backend
-
-__all__ = ["ROCmBackend", "__version__", "backend"]
+__all__ = ["ROCmBackend", "ROCmKernels", "__version__", "backend"]

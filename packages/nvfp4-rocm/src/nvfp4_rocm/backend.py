@@ -1,7 +1,7 @@
 """The ``rocm`` backend: the shared Triton backend with AMD's device facts.
 
 Everything vendor-neutral (verbs, planes validation in front of each of them, kernels,
-conversions) is :class:`nvfp4_triton.backend.TritonBackend`; this class adds the ROCm
+conversions) is :class:`nvfp4_triton.backend.TritonKernels`; this class adds the ROCm
 specifics:
 
 * :func:`nvfp4_rocm.device.detect` - a ROCm build of torch and the GPU's ``gfx``
@@ -20,24 +20,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from nvfp4_triton.backend import Platform, TritonBackend
+from nvfp4.backend import Backend
+from nvfp4_triton.backend import Platform, TritonKernels
 from nvfp4_triton.weights import DeviceWeight
 
 from . import configs, device, dispatch, w4a4
 
-__all__ = ["PRIORITY", "ROCmBackend", "backend"]
+__all__ = ["PRIORITY", "ROCmBackend", "ROCmKernels", "backend"]
 
 #: Above ``cpu`` (50) and ``reference`` (0): chosen automatically where an AMD GPU is usable.
 PRIORITY = 100
 
 
 def _version() -> str:
-    from . import __version__
+    from ._version import __version__
 
     return __version__
 
 
-class ROCmBackend(TritonBackend):
+class ROCmKernels(TritonKernels):
     """NVFP4 on AMD GPUs (or on the CPU under the Triton interpreter)."""
 
     NAME = "rocm"
@@ -91,6 +92,14 @@ class ROCmBackend(TritonBackend):
                 f"{match.arch}: the kernels' logic is certified, not their speed",
             )
         return tuple(notes)
+
+
+class ROCmBackend(Backend):
+    """Core's verbs (:class:`nvfp4.Backend`) over :class:`ROCmKernels`; ``platform()`` and the
+    other facts of the kernels read through."""
+
+    def __init__(self) -> None:
+        super().__init__(ROCmKernels())
 
 
 def backend() -> ROCmBackend:

@@ -12,7 +12,7 @@ in each backend.
   quantization (linear or 128x4-swizzled scales);
 * :mod:`nvfp4_triton.weights` - :class:`DeviceWeight`, the planes on a torch device;
 * :mod:`nvfp4_triton.ops` - launch wrappers (torch tensors in and out);
-* :mod:`nvfp4_triton.backend` - :class:`TritonBackend`, the
+* :mod:`nvfp4_triton.backend` - :class:`TritonKernels`, the
   :class:`nvfp4.backend.Backend` contract over those ops, which each vendor backend
   specializes with its device facts.
 
@@ -23,8 +23,7 @@ submodules that hold kernels import triton when they are first imported. Set
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
+from ._version import __version__
 from .config import DequantTiles, GatherTiles, GemmTiles, GemvTiles, KernelConfig, QuantTiles
 from .interpret import INTERPRETER_DEVICE, interpreter_mode
 

@@ -1,20 +1,20 @@
-"""The :class:`nvfp4.backend.Backend` contract over the shared Triton kernels.
+"""The kernel contract (:mod:`nvfp4.contract`) over the shared Triton kernels.
 
-:class:`TritonBackend` implements every verb once, for every GPU vendor: input checks,
-planes validation, dtype defaults, the conversions to and from numpy, and the calls into
-:mod:`nvfp4_triton.ops`. A vendor backend (``nvfp4-cuda``, ``nvfp4-rocm``) subclasses it and
-supplies only what differs between vendors:
+:class:`TritonKernels` implements every kernel once, for every GPU vendor: the dtype names,
+the device placement, the conversions to and from numpy, and the calls into
+:mod:`nvfp4_triton.ops` (core's :class:`nvfp4.Backend` has checked every argument before).
+A vendor backend (``nvfp4-cuda``, ``nvfp4-rocm``) subclasses it and supplies only what
+differs between vendors:
 
-* :meth:`TritonBackend.detect` - the :class:`Platform`: is there a usable device (or the
+* :meth:`TritonKernels.detect` - the :class:`Platform`: is there a usable device (or the
   interpreter), what it is called, which :class:`~nvfp4_triton.config.KernelConfig` fits it;
-* :meth:`TritonBackend.qmm_path` / :meth:`TritonBackend.gather_path` - its dispatch table;
-* :meth:`TritonBackend.w4a4_supported` / :meth:`TritonBackend.w4a4_matmul` - a native W4A4
+* :meth:`TritonKernels.qmm_path` / :meth:`TritonKernels.gather_path` - its dispatch table;
+* :meth:`TritonKernels.w4a4_supported` / :meth:`TritonKernels.w4a4_matmul` - a native W4A4
   GEMM where the hardware has one (the ``w4a4`` capability is declared only then);
 * the class attributes ``NAME``, ``PRIORITY``, ``PACKAGE`` and ``NOTES``.
 
 Native arrays are torch tensors on the platform's device (CPU tensors under the
-interpreter). Verbs accept numpy arrays too, and raw :class:`nvfp4.NVFP4Planes` where a
-prepared weight is expected (validated and moved on the spot).
+interpreter); a tensor on another device is moved there.
 """
 
 from __future__ import annotations
@@ -24,15 +24,16 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from nvfp4.backend import Availability, BackendInfo
-from nvfp4.planes import NVFP4Planes, validate
+from nvfp4.contract import Availability, BackendInfo
+from nvfp4.frontend import decode_dtype
+from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import SUPPORTED_SPEC_VERSIONS
 
 from . import ops
 from .config import KernelConfig
 from .weights import DeviceWeight, upload
 
-__all__ = ["BASE_CAPABILITIES", "Platform", "TritonBackend", "torch_dtype"]
+__all__ = ["BASE_CAPABILITIES", "Platform", "TritonKernels", "torch_dtype"]
 
 #: Capabilities every Triton backend has (``w4a4`` is added where it is native).
 BASE_CAPABILITIES = frozenset(
@@ -69,31 +70,17 @@ class Platform:
     multiprocessors: int | None = None
 
 
-_DTYPE_NAMES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
-
-
 def torch_dtype(dtype: Any) -> Any:
-    """An output dtype (torch dtype, numpy / ml_dtypes dtype or spec name) as a torch dtype
-    among float32, float16, bfloat16; anything else is a ``ValueError``."""
+    """An output dtype (a spec name, a numpy / ml_dtypes or torch dtype) as a torch dtype
+    among float32, float16, bfloat16; anything else is core's one ``ValueError``."""
     import torch
 
-    table = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-    if isinstance(dtype, torch.dtype):
-        if dtype in table.values():
-            return dtype
-    else:
-        from nvfp4.dtypes import dtype_name
-
-        try:
-            return table[dtype_name(dtype)]
-        except ValueError:
-            pass
-    raise ValueError(f"output dtype: expected float32, float16 or bfloat16, found {dtype!r}")
+    return getattr(torch, decode_dtype(dtype))
 
 
-class TritonBackend:
-    """The backend contract over :mod:`nvfp4_triton.ops`; see the module docstring for what
-    a subclass supplies."""
+class TritonKernels:
+    """The kernel contract (:mod:`nvfp4.contract`) over :mod:`nvfp4_triton.ops`; see the
+    module docstring for what a subclass supplies."""
 
     NAME = "triton"
     PRIORITY = 0
@@ -206,120 +193,60 @@ class TritonBackend:
             return t.numpy()
         return np.asarray(a)
 
-    def _tensor(self, a: Any, p: Platform) -> Any:
+    @staticmethod
+    def _on(a: Any, p: Platform) -> Any:
+        """A caller's tensor on the platform's device (core checked everything else)."""
         import torch
 
-        if isinstance(a, torch.Tensor):
-            return a if str(a.device) == str(torch.device(p.torch_device)) else a.to(p.torch_device)
-        if isinstance(a, np.ndarray):
-            return self.from_numpy(a)
-        raise ValueError(f"expected a torch.Tensor or numpy array, found {type(a).__name__}")
+        device = torch.device(p.torch_device)
+        return a if a.device == device else a.to(device)
 
-    def _x(self, x: Any, w: DeviceWeight, p: Platform, what: str) -> tuple[Any, tuple[int, ...]]:
-        """x as a contiguous 2-D tensor ``[M, K]`` and its leading shape."""
-        import torch
-
-        t = self._tensor(x, p)
-        if t.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-            raise ValueError(
-                f"{what}({w.name!r}): x must be float32, float16 or bfloat16, found {t.dtype}"
-            )
-        if t.ndim < 1 or t.shape[-1] != w.k:
-            raise ValueError(
-                f"{what}({w.name!r}): x must be [..., K] with K = {w.k}, found shape "
-                f"{tuple(t.shape)}"
-            )
-        lead = tuple(t.shape[:-1])
-        return t.reshape(-1, w.k).contiguous(), lead
-
-    def _weight(self, w: Any) -> DeviceWeight:
-        """A prepared weight, or raw planes validated (structure, then content) and moved."""
-        if isinstance(w, DeviceWeight):
-            return w
-        return self.prepare(w)
-
-    def _out_dtype(self, x: Any, out_dtype: Any) -> Any:
-        return x.dtype if out_dtype is None else torch_dtype(out_dtype)
-
-    # ------------------------------------------------------------------- verbs
+    # ----------------------------------------------------------------- kernels
     def prepare(self, planes: NVFP4Planes) -> DeviceWeight:
-        """Validate (structure and content) and move the planes to the device once."""
-        validate(planes)  # structure first: a malformed plane is refused before any copy
+        """Move the (validated) planes to the device once."""
         p, _ = self._ready()
         return upload(planes, p.torch_device)
 
-    def qmm(self, x: Any, w: Any, *, out_dtype: Any = None) -> Any:
-        dw = self._weight(w)
+    def qmm(self, x: Any, w: DeviceWeight, *, out_dtype: str) -> Any:
         p, cfg = self._ready()
-        if dw.num_experts is not None:
-            raise ValueError(f"qmm({dw.name!r}): expert-stacked weights go through gather_qmm")
-        x2, lead = self._x(x, dw, p, "qmm")
-        out = self._out_dtype(x2, out_dtype)
-        path = self.qmm_path(x2.shape[0], dw.n, dw.k, x2.dtype, p)
-        y = ops.qmm(x2, dw, out, cfg, path)
-        return y.reshape(*lead, dw.n)
+        x = self._on(x, p)
+        path = self.qmm_path(x.shape[0], w.n, w.k, x.dtype, p)
+        return ops.qmm(x, w, torch_dtype(out_dtype), cfg, path)
 
     def gather_qmm(
         self,
         x: Any,
-        w: Any,
+        w: DeviceWeight,
         expert_ids: Any,
         *,
-        sorted_indices: bool = False,
-        out_dtype: Any = None,
+        sorted_indices: bool,
+        out_dtype: str,
     ) -> Any:
-        import torch
-
-        dw = self._weight(w)
         p, cfg = self._ready()
-        if dw.num_experts is None:
-            raise ValueError(
-                f"gather_qmm({dw.name!r}): weights must be [E, N, K], found {dw.shape}"
-            )
-        x2, lead = self._x(x, dw, p, "gather_qmm")
-        if len(lead) != 1:
-            raise ValueError(
-                f"gather_qmm({dw.name!r}): x must be [M, K], found shape {(*lead, dw.k)}"
-            )
-        ids = self._tensor(expert_ids, p)
-        if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.is_complex():
-            raise ValueError(
-                f"gather_qmm({dw.name!r}): expert_ids must be integers, found {ids.dtype}"
-            )
-        if tuple(ids.shape) != (x2.shape[0],):
-            raise ValueError(
-                f"gather_qmm({dw.name!r}): expert_ids must be [M] with M = {x2.shape[0]}, "
-                f"found {tuple(ids.shape)}"
-            )
-        out = self._out_dtype(x2, out_dtype)
-        path = self.gather_path(x2.shape[0], dw.n, dw.k, dw.num_experts, sorted_indices, p)
-        return ops.gather(x2, dw, ids, out, cfg, path=path, sorted_indices=sorted_indices)
+        x = self._on(x, p)
+        assert w.num_experts is not None  # core sends expert stacks only
+        path = self.gather_path(x.shape[0], w.n, w.k, w.num_experts, sorted_indices, p)
+        return ops.gather(
+            x,
+            w,
+            self._on(expert_ids, p),
+            torch_dtype(out_dtype),
+            cfg,
+            path=path,
+            sorted_indices=sorted_indices,
+        )
 
-    def dequantize(self, w: Any, dtype: Any = "float32") -> Any:
-        dw = self._weight(w)
+    def dequantize(self, w: DeviceWeight, *, dtype: str) -> Any:
         _, cfg = self._ready()
-        return ops.dequantize(dw, torch_dtype(dtype), cfg)
+        return ops.dequantize(w, torch_dtype(dtype), cfg)
 
-    def quantize_activations(self, x: Any, input_scale: Any = None) -> NVFP4Planes:
+    def quantize_activations(self, x: Any, *, input_scale: float | None) -> NVFP4Planes:
         """Activation planes (linear scales), bit-exact to the reference encoder."""
-        import torch
-
         p, cfg = self._ready()
-        t = self._tensor(x, p)
-        if t.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-            raise ValueError(
-                f"quantize_activations: x must be float32, float16 or bfloat16, found {t.dtype}"
-            )
-        if t.ndim != 2:
-            raise ValueError(f"quantize_activations: x must be [M, K], found {tuple(t.shape)}")
-        k = t.shape[1]
-        if k == 0 or k % 16:
-            raise ValueError(
-                f"quantize_activations: K must be a positive multiple of 16, found {k}"
-            )
+        t = self._on(x, p)
         g = ops.activation_global(t, input_scale)
         g_host = np.float32(g.item())  # finite and > 0 by construction
-        codes, scales = ops.quantize_activations(t.contiguous(), g, cfg)
+        codes, scales = ops.quantize_activations(t, g, cfg)
         return NVFP4Planes(
             codes.cpu().numpy(),
             scales.cpu().numpy(),
@@ -327,20 +254,12 @@ class TritonBackend:
             name="activation",
         )
 
-    def qmm_w4a4(self, x: Any, w: Any, *, input_scale: Any = None, out_dtype: Any = None) -> Any:
-        dw = self._weight(w)
+    def qmm_w4a4(
+        self, x: Any, w: DeviceWeight, *, input_scale: float | None, out_dtype: str
+    ) -> Any:
+        """The native W4A4 GEMM (core calls it only where ``w4a4`` is declared)."""
         p, _ = self._ready()
-        if not self.w4a4_supported(p):
-            raise NotImplementedError(
-                f"NVFP4 backend {self.NAME!r}: W4A4 needs a native FP4 GEMM, which "
-                f"{p.device or 'this device'} does not have (capability 'w4a4' not declared)"
-            )
-        if dw.num_experts is not None:
-            raise ValueError(f"qmm_w4a4({dw.name!r}): expert-stacked weights are not supported")
-        x2, lead = self._x(x, dw, p, "qmm_w4a4")
-        out = self._out_dtype(x2, out_dtype)
-        y = self.w4a4_matmul(x2, dw, input_scale, out, p)
-        return y.reshape(*lead, dw.n)
+        return self.w4a4_matmul(self._on(x, p), w, input_scale, torch_dtype(out_dtype), p)
 
     def to_planes(self, w: DeviceWeight) -> NVFP4Planes:
         """The canonical planes of a prepared weight, byte for byte."""

@@ -15,7 +15,7 @@ import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
-from ..planes import PlaneError
+from ..planes import PlaneError, describe
 
 __all__ = [
     "as_bytes",
@@ -30,13 +30,6 @@ __all__ = [
 
 _F8 = np.dtype(ml_dtypes.float8_e4m3fn)
 _EXACT_TO_F32 = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
-
-
-def describe(a: object) -> str:
-    """``'ndarray uint8 (4, 8)'`` or the type name, for error messages."""
-    if isinstance(a, np.ndarray):
-        return f"ndarray {a.dtype} {tuple(a.shape)}"
-    return type(a).__name__
 
 
 def fetch(tensors: Mapping[str, Any], key: str, name: str) -> npt.NDArray[Any]:

@@ -1,0 +1,142 @@
+"""The kernel contract: what a backend (ours or a third party's) implements.
+
+Core owns the verbs (:class:`nvfp4.Backend`): it checks every argument, validates planes,
+reshapes leading axes, resolves dtypes, applies the expert-id rules and writes every error
+message, once. A backend implements only kernels, on operands core has already checked:
+
+* ``x`` is the backend's native array (numpy, ``torch.Tensor``, ``mx.array``; numpy input is
+  converted with :meth:`Kernels.from_numpy` first), 2-D ``[M, K]`` with ``M >= 1``,
+  contiguous, of dtype float32, float16 or bfloat16;
+* ``w`` is what :meth:`Kernels.prepare` returned for planes that passed
+  :func:`nvfp4.validate` with ``content=True``; core wraps it in an immutable
+  :class:`nvfp4.Prepared` handle that records the weight's shape, and unwraps it before the
+  call (a ``qmm`` kernel only ever sees a 2-D weight, ``gather_qmm`` an expert stack);
+* dtypes are spec names: ``"float32"``, ``"float16"``, ``"bfloat16"``;
+* ``expert_ids`` is a native integer array ``[M]``; an id outside ``[0, E)`` must give an
+  exactly zero row and read nothing; ``sorted_indices`` is a hint the result must not depend
+  on (core refuses a false hint it can see, on host ids);
+* ``input_scale`` is ``None`` (dynamic) or a finite positive Python float.
+
+A kernel the backend does not have is simply not defined (core then raises
+``NotImplementedError`` naming the backend and the verb). What a backend claims is
+:attr:`BackendInfo.capabilities`; the conformance suite certifies exactly those, and core
+runs ``qmm_w4a4`` only where ``w4a4`` is declared (the optional capability of spec 1.0).
+
+A backend is published under the entry-point group ``nvfp4.backends`` as a zero-argument
+factory returning its kernels object::
+
+    [project.entry-points."nvfp4.backends"]
+    cuda = "nvfp4_cuda:backend"
+
+Importing the module behind an entry point and calling the factory must be cheap and must
+never fail for lack of hardware: heavy imports (torch, triton, mlx) happen lazily, and
+:meth:`Kernels.availability` says whether the kernels can run here and, if not, why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy.typing as npt
+
+from .planes import NVFP4Planes
+
+__all__ = [
+    "CAPABILITIES",
+    "KERNELS",
+    "Availability",
+    "BackendInfo",
+    "Kernels",
+]
+
+#: Every capability name a backend may declare, with what it promises.
+CAPABILITIES: dict[str, str] = {
+    "dequantize": "dequantize(w, dtype) exact per spec for float32, float16, bfloat16",
+    "qmm": "W4A16 qmm(x, w) within spec/1.0/tolerances.toml",
+    "gather_qmm": "MoE W4A16 gather_qmm with per-expert globals, sorted and unsorted ids",
+    "fused_partitions": "per-partition globals applied per output row",
+    "quantize_activations": "activation encoder (W4A4 input side)",
+    "w4a4": "qmm with NVFP4-quantized activations (native or declared emulated)",
+    "w4a8": "qmm with 8-bit activations (its own tolerance)",
+}
+
+#: The kernels a backend may implement, each with the capability that certifies it.
+KERNELS: dict[str, str] = {
+    "qmm": "qmm",
+    "gather_qmm": "gather_qmm",
+    "dequantize": "dequantize",
+    "quantize_activations": "quantize_activations",
+    "qmm_w4a4": "w4a4",
+}
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether a backend can run on this machine. ``reason`` is required when ``ok`` is
+    false and says what is missing and what to install or set."""
+
+    ok: bool
+    reason: str = ""
+    device: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.ok and not self.reason:
+            raise ValueError("Availability(ok=False) needs a reason")
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    """Static facts about a backend.
+
+    Attributes:
+        name: equal to its entry-point name (``reference``, ``cpu``, ``cuda``, ...).
+        spec_versions: spec versions it implements, e.g. ``("1.0",)``.
+        priority: automatic selection picks the available backend with the highest one.
+        capabilities: names from :data:`CAPABILITIES`.
+        version: the distribution's version.
+        package: the distribution to install to get it (used in error messages).
+        notes: free-form facts the certificate repeats (for instance "W4A4 emulated").
+    """
+
+    name: str
+    spec_versions: tuple[str, ...]
+    priority: int
+    capabilities: frozenset[str]
+    version: str = ""
+    package: str = ""
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+@runtime_checkable
+class Kernels(Protocol):
+    """The narrow contract. Only the members below are required; the kernels named in
+    :data:`KERNELS` (``qmm``, ``gather_qmm``, ``dequantize``, ``quantize_activations``,
+    ``qmm_w4a4``) and ``to_planes`` are each optional, with these signatures::
+
+        qmm(x, w, *, out_dtype: str) -> native [M, N]
+        gather_qmm(x, w, expert_ids, *, sorted_indices: bool, out_dtype: str) -> [M, N]
+        dequantize(w, *, dtype: str) -> native [E?, N, K]
+        quantize_activations(x, *, input_scale: float | None) -> NVFP4Planes
+        qmm_w4a4(x, w, *, input_scale: float | None, out_dtype: str) -> [M, N]
+        to_planes(w) -> NVFP4Planes          # the canonical planes back, byte for byte
+    """
+
+    info: BackendInfo
+
+    def availability(self) -> Availability:
+        """Cheap, never raises, needs no device to import."""
+        ...
+
+    def prepare(self, planes: NVFP4Planes) -> Any:
+        """The backend's form of validated planes (its native arrays, its layout), made once
+        per weight."""
+        ...
+
+    def from_numpy(self, a: npt.NDArray[Any]) -> Any:
+        """A numpy array as this backend's native array (bfloat16 from ``ml_dtypes``)."""
+        ...
+
+    def to_numpy(self, a: Any) -> npt.NDArray[Any]:
+        """A native array as numpy (dtype preserved; bfloat16 as ``ml_dtypes.bfloat16``)."""
+        ...
