@@ -56,15 +56,23 @@ PACKAGES["repository"] = ROOT
 #: What the repository's tests need: nox (they import the noxfile), the workflow schemas.
 REPOSITORY_TEST_DEPS = ("pytest>=8", "nox", "packaging", "pyyaml", "check-jsonschema==0.39.0")
 
+
+def _backends() -> dict[str, Path | None]:
+    """Every backend the tree publishes (its packages' ``nvfp4.backends`` entry points), with
+    the package that provides it; ``reference`` ships inside nvfp4-core (``None``: nothing
+    more to install). One source: the pyproject files (a test checks that
+    ``nvfp4.registry.KNOWN_PACKAGES`` says the same)."""
+    found: dict[str, Path | None] = {"reference": None}
+    for pyproject in sorted(ROOT.glob("packages/*/pyproject.toml")):
+        project = tomllib.loads(pyproject.read_text())["project"]
+        for name in project.get("entry-points", {}).get("nvfp4.backends", {}):
+            if name != "reference":
+                found[name] = pyproject.parent
+    return found
+
+
 #: Backends the conformance sessions know, with the package that provides each.
-#: ``reference`` ships inside nvfp4-core.
-HARDWARE = {
-    "reference": None,
-    "cpu": ROOT / "packages" / "nvfp4-cpu",
-    "metal": ROOT / "packages" / "nvfp4-metal",
-    "cuda": ROOT / "packages" / "nvfp4-cuda",
-    "rocm": ROOT / "packages" / "nvfp4-rocm",
-}
+HARDWARE = _backends()
 
 
 #: Backends whose kernels are Triton's, and the packages that hold Triton code: they need a

@@ -78,6 +78,7 @@ from nvfp4.tolerances import tolerance  # noqa: E402
 from nvfp4_cpu import ops  # noqa: E402
 from nvfp4_cpu._native import load  # noqa: E402
 from nvfp4_cpu.layout import PreparedWeight  # noqa: E402
+from read_probe import read_probe  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 COLD_BYTES = 1_100_000_000  # > 1 GB rotated in every cold variant (L3 here: 260-300 MiB)
@@ -543,17 +544,19 @@ def paired_probe(cold: Case, native: Any, isa: str, threads: int) -> dict[str, A
 
     The probe reads the weight set half a rotation away from the one the GEMV call uses
     (its codes and scales, whole MiBs), so over a rotation both read every set equally often
-    and both find it cold. Both run on nvfp4-cpu's pool with the same threads. Drift, and
+    and both find it cold. Both use the same number of threads. Drift, and
     memory whose speed differs from page to page (a VM's memory may sit on near and far host
-    nodes), then hit numerator and denominator of the bandwidth fraction alike."""
+    nodes), then hit numerator and denominator of the bandwidth fraction alike. The probe
+    (``read_probe.c``, compiled for the same ISA level) splits the MiBs over the same number
+    of threads."""
     sets = cold.sets or []
     mib = 1 << 20
     probe_t, probe_b, ours_t = [], [], []
     for i in range(cold.calls):
         w = sets[(i + len(sets) // 2) % len(sets)]
         t0 = time.perf_counter()
-        ops.read_probe(native, isa, threads, w.codes)
-        ops.read_probe(native, isa, threads, w.scales)
+        read_probe(isa, threads, w.codes)
+        read_probe(isa, threads, w.scales)
         probe_t.append(time.perf_counter() - t0)
         probe_b.append(w.codes.nbytes // mib * mib + w.scales.nbytes // mib * mib)
         t0 = time.perf_counter()
@@ -625,7 +628,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     probe_buf = np.ones((256 << 20) if args.quick else (1 << 30), dtype=np.uint8)
 
     def probe_call(_: int, b: np.ndarray = probe_buf) -> None:
-        ops.read_probe(native, isa, threads, b)
+        read_probe(isa, threads, b)
 
     probe_times = measure(probe_call, max(reps, 5))
     probe = {

@@ -39,7 +39,7 @@ static uint8_t nv_e4m3_nan;     /* E4M3_NAN_BYTE: the scale byte of a block hold
 
 /* ------------------------------------------------------------------ init and ISA facts */
 
-NV_API int nvfp4cpu_abi_version(void) { return 2; }
+NV_API int nvfp4cpu_abi_version(void) { return 3; }
 
 /* The spec tables from nvfp4.spec: E2M1_VALUES (16), E4M3_VALUES (256), E2M1_BOUNDS (7),
  * E2M1_ODD_BOUNDS (3), and the encoder's constants (ENCODER_CONSTANTS): E2M1_MAX,
@@ -708,34 +708,4 @@ NV_API float nvfp4cpu_finite_absmax(const float *x, int64_t count) {
         if (isfinite(a) && a > amax) amax = a;
     }
     return amax;
-}
-
-/* ------------------------------------------------------------- read-bandwidth probe */
-
-typedef struct {
-    const nv_isa_kernels *kern;
-    const uint64_t *buf;
-    atomic_ullong sum;
-} nv_probe_job;
-
-#define NV_PROBE_LINES 16384 /* 64-byte lines per item: 1 MiB */
-
-static void nv_probe_task(void *ctx, int64_t lo, int64_t hi) { /* 1 MiB pieces [lo, hi) */
-    nv_probe_job *j = (nv_probe_job *)ctx;
-    const uint64_t s = j->kern->read_sum(j->buf + lo * NV_PROBE_LINES * 8, (hi - lo) * NV_PROBE_LINES * 8);
-    atomic_fetch_add_explicit(&j->sum, s, memory_order_relaxed);
-}
-
-/* Reads the whole MiBs of buf with nth threads and the ISA's widest loads (a STREAM-style
- * read) and returns a checksum so the reads cannot be optimised away; the caller times it.
- * Returns 0 for an ISA this CPU lacks. */
-NV_API uint64_t nvfp4cpu_read_probe(int isa, int nth, const void *buf, int64_t bytes) {
-    const nv_isa_kernels *kern = nv_kernels_for(isa);
-    if (!kern || bytes < 0) return 0;
-    nv_probe_job job;
-    job.kern = kern;
-    job.buf = (const uint64_t *)buf;
-    atomic_init(&job.sum, 0);
-    nv_parallel(nv_probe_task, &job, bytes / (NV_PROBE_LINES * 64), 1, nth);
-    return atomic_load(&job.sum);
 }

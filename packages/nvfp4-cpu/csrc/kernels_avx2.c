@@ -204,5 +204,4 @@ const nv_isa_kernels nv_kernels_avx2 = {
     NV_AVX2_MC_MAX,
     k256_qmm_tiles,
     generic_dequant_tiles, /* the plain-C decoder, vectorised by the compiler for AVX2 */
-    generic_read_sum,
 };

@@ -292,5 +292,4 @@ const nv_isa_kernels nv_kernels_avx512 = {
     NV_MC_LIMIT,
     k512_qmm_tiles,
     k512_dequant_tiles,
-    generic_read_sum,
 };

@@ -89,15 +89,4 @@ __attribute__((unused)) static void generic_dequant_tiles(const nv_weight *w, in
     }
 }
 
-/* Eight independent 64-bit sums over the buffer: the compiler turns the inner loop into one
- * vector load and add per 64 bytes at the translation unit's widest vector width. */
-__attribute__((unused)) static uint64_t generic_read_sum(const uint64_t *p, int64_t words) {
-    uint64_t a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int64_t i = 0;
-    for (; i + 8 <= words; i += 8)
-        for (int q = 0; q < 8; q++) a[q] += p[i + q];
-    for (; i < words; i++) a[0] += p[i];
-    return a[0] + a[1] + a[2] + a[3] + a[4] + a[5] + a[6] + a[7];
-}
-
 #endif /* NVFP4CPU_KERNELS_GENERIC_H */

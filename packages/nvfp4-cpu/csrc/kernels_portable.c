@@ -8,5 +8,4 @@ const nv_isa_kernels nv_kernels_portable = {
     NV_GENERIC_MC_MAX,
     generic_qmm_tiles,
     generic_dequant_tiles,
-    generic_read_sum,
 };

@@ -83,8 +83,6 @@ typedef struct {
     void (*qmm_tiles)(const nv_weight *w, int64_t t0, int64_t nt, const nv_chunk *c);
     /* Decode tiles [t0, t0 + nt) of w into out ([n][k] of the given kind), exactly. */
     void (*dequant_tiles)(const nv_weight *w, int64_t t0, int64_t nt, void *out, int kind);
-    /* Sum of `words` 64-bit words (a read-bandwidth probe: the loads are the work). */
-    uint64_t (*read_sum)(const uint64_t *p, int64_t words);
 } nv_isa_kernels;
 
 /* The spec tables, handed over by Python (nvfp4.spec) at load time: the single source of

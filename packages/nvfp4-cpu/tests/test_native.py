@@ -25,7 +25,6 @@ def _cpuinfo_flags() -> set[str]:
 
 def test_library_loads_and_portable_always_runs(native: Native) -> None:
     assert native.path.exists()
-    assert native.lib.nvfp4cpu_abi_version() == 2
     assert native.supported("portable")
     assert native.best_isa() == native.supported_levels()[-1]
 

@@ -49,7 +49,7 @@ ISA_ENV = "NVFP4_CPU_ISA"
 THREADS_ENV = "NVFP4_CPU_THREADS"
 LIBRARY_ENV = "NVFP4_CPU_LIBRARY"
 #: ABI version this Python code speaks (``nvfp4cpu_abi_version()``).
-ABI_VERSION = 2
+ABI_VERSION = 3
 #: Instruction-set levels, by their C enum value (index).
 ISA_LEVELS: tuple[str, ...] = ("portable", "avx2", "avx512")
 
@@ -97,7 +97,6 @@ _SIGNATURES: dict[str, tuple[object, list[object]]] = {
     "nvfp4cpu_unpack": (_int, [_int, _u8p, _u8p, _i64, _i64, _i64, _u8p, _u8p]),
     "nvfp4cpu_quantize_activations": (_int, [_int, _f32p, _i64, _i64, ctypes.c_float, _u8p, _u8p]),
     "nvfp4cpu_finite_absmax": (ctypes.c_float, [_f32p, _i64]),
-    "nvfp4cpu_read_probe": (ctypes.c_uint64, [_int, _int, ctypes.c_void_p, _i64]),
 }
 
 

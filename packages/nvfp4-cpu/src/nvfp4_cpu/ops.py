@@ -37,7 +37,6 @@ __all__ = [
     "qmm",
     "qmm_w4a4",
     "quantize_activations",
-    "read_probe",
 ]
 
 _KIND = {"float32": 0, "float16": 1, "bfloat16": 2}
@@ -213,15 +212,3 @@ def qmm_w4a4(
     y = _qmm_f32(native, isa, threads, dequantize_unscaled(xp), w)
     y *= np.float32(xp.global_scale)
     return cast_output(y, out_dtype)
-
-
-def read_probe(native: Native, isa: str, threads: int, buf: npt.NDArray[Any]) -> int:
-    """Read every whole MiB of ``buf`` with ``threads`` threads and the level's
-    widest loads (a STREAM-style read, for bandwidth measurements: time it); returns a
-    checksum."""
-    a = np.ascontiguousarray(buf)
-    return int(
-        native.lib.nvfp4cpu_read_probe(
-            ISA_LEVELS.index(isa), threads, a.ctypes.data_as(ctypes.c_void_p), a.nbytes
-        )
-    )
