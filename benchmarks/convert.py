@@ -1,4 +1,4 @@
-"""`nvfp4 convert` against a plain copy of the same files, in one run (issue 7, item 5).
+"""`nvfp4 convert` against a plain copy of the same files, in one run.
 
 A synthetic ModelOpt NVFP4 checkpoint of more than 1 GB is built (or reused from
 ``--workdir``) with :func:`nvfp4_checkpoints.write_checkpoint`: Llama-like names and shapes
@@ -28,7 +28,7 @@ is the median of ``--runs`` rounds (3).
   ``/usr/bin/time -f %M``; touched file-backed memory-mapped pages count), judged on the
   worst run.
 
-Bars (issue 7): throughput >= 1/3 of the copy's; peak RSS < 2 x the largest tensor of the
+Bars: throughput >= 1/3 of the copy's; peak RSS < 2 x the largest tensor of the
 source + 300 MB (MB = 10^6 bytes).
 
 Writes ``benchmarks/results/convert.json``, ``docs/benchmark_results/convert.md`` and

@@ -1,4 +1,4 @@
-"""CPU NVFP4 kernels side by side, every arm in one process (issue 8; research section 8a).
+"""CPU NVFP4 kernels side by side, every arm in one process.
 
 Arms (all capped at the same thread count, outputs pre-allocated where the API allows):
 

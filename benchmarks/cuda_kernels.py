@@ -16,8 +16,8 @@ no GPU, a ROCm build, or ``TRITON_INTERPRET=1`` (the interpreter measures nothin
 speed). Output: ``benchmarks/results/cuda_kernels.json`` (machine, versions, every figure)
 and a Markdown summary in ``docs/benchmark_results/cuda_kernels.md``.
 
-Timing: ``triton.testing.do_bench_cudagraph`` (CUDA graphs hide the launch floor, as the
-research notes require for small shapes) where it works, else ``do_bench``; both report
+Timing: ``triton.testing.do_bench_cudagraph`` (CUDA graphs hide the launch floor, which
+small shapes need) where it works, else ``do_bench``; both report
 the median. Before timing, every path is checked against the float64 reference on a small
 shape, so a wrong kernel cannot produce a fast figure.
 

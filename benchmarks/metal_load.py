@@ -1,5 +1,5 @@
 """Load time of NVFP4 weights into MLX: the direct transcode against the dense path, side by
-side with a plain memcpy of the same bytes, in one process (issue 4).
+side with a plain memcpy of the same bytes, in one process.
 
 Arms, for each source:
 

@@ -1,4 +1,4 @@
-"""Greedy parity of the two ways of loading an NVFP4 checkpoint into MLX (issue 4).
+"""Greedy parity of the two ways of loading an NVFP4 checkpoint into MLX.
 
 The SmolLM2-135M NVFP4 ModelOpt checkpoint (``metal_common.smollm2_checkpoint``) is loaded
 twice with ``nvfp4_metal.load``:

@@ -1,5 +1,5 @@
 """Prompt-length sweep on MLX: prefill and decode tokens/s and peak memory, native NVFP4 vs
-the affine rollback, on SmolLM2-135M made NVFP4 (issue 4).
+the affine rollback, on SmolLM2-135M made NVFP4.
 
 The SmolLM2-135M NVFP4 ModelOpt checkpoint (``metal_common.smollm2_checkpoint``) is loaded
 with ``nvfp4_metal.load(path, impl=...)``:

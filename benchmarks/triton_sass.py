@@ -6,7 +6,7 @@ it spends per weight byte fit the GPU's issue rate at that speed. An H100 / H200
 one warp instruction per clock on each of its 4 schedulers: 132 SMs x 4 x 32 lanes x ~1.98
 GHz = ~33 T thread-instructions/s, against 4.8 TB/s (H200) or 3.35 TB/s (H100) of memory:
 about **7 (H200) to 10 (H100) thread-instructions per weight byte** at full bandwidth, so
-the 80 % goal of issue 5 leaves ~8.7 on an H200. (Many integer operations issue at half
+the goal of 80 % of the memory bandwidth leaves ~8.7 on an H200. (Many integer operations issue at half
 rate, so this is an upper bound.)
 
 For each kernel and shape this script compiles the kernel with Triton for a target

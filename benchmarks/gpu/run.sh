@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call on a lent NVIDIA GPU machine: everything issue 5 wants measured, in an order
+# One device call on a lent NVIDIA GPU machine: everything the GPU backends need measured, in an order
 # that keeps the most valuable results if time runs out. Prepare with prepare.sh, then
 #
 #     device run(command="bash benchmarks/gpu/run.sh", carry=[".whl"], timeout_s=560)

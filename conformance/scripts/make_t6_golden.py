@@ -1,6 +1,6 @@
 """Generate ``nvfp4_conformance/data/t6_golden.json``, the T6 greedy-parity golden file.
 
-    /work/devenv/bin/python conformance/scripts/make_t6_golden.py [--out PATH]
+    python conformance/scripts/make_t6_golden.py [--out PATH]
 
 Steps:
 

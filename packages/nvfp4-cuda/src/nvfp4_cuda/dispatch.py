@@ -22,7 +22,7 @@ Why these shapes of rule (what the measurements must confirm or move):
 
 * ``gemv`` streams the weight once for up to 16 rows of x with CUDA-core FMAs; decode is
   bandwidth-bound, so it wins while M is small. Published NVFP4 decode GEMVs reach 61-73 %
-  of DRAM bandwidth, good streaming GEMVs 82-94 % (research notes, section 1). Its work per
+  of DRAM bandwidth, good streaming GEMVs 82-94 %. Its work per
   weight byte grows with M (M FMAs per element) while the tensor-core ``gemm``'s does not
   (its small-M tile covers 16 rows). The one measurement behind the crossover so far is
   static: the instructions each kernel's K loop spends per weight byte in its compiled
@@ -31,8 +31,8 @@ Why these shapes of rule (what the measurements must confirm or move):
   GEMM is cheaper per byte from M = 4 on, but its grid has no split-K (``N / 64`` programs:
   64 for N = 4096, half an H200), so the GEMV keeps M <= 4.
 * ``gemm`` dequantizes each weight tile in registers inside the K loop (no dense weight in
-  memory): it moves 0.56 bytes per weight element against ~4.5 for dequantize-then-matmul
-  (research notes, section 3), so it wins at moderate M.
+  memory): it moves 0.56 bytes per weight element against ~4.5 for dequantize-then-matmul,
+  so it wins at moderate M.
 * ``dequant_matmul`` writes a dense copy of the weight in x's dtype (2 bytes per element)
   and calls cuBLAS. At large M the GEMM is compute-bound and cuBLAS's tuned bf16 kernels
   beat a Triton mixed-input GEMM, while the dequantize pass costs a fixed ~4.5 bytes per

@@ -1,0 +1,71 @@
+"""Nothing in the tree points outside it: no link or path to a folder beside the
+repository, no internal issue numbers or planning labels, no path of a development machine.
+A user of the repository has only the repository."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: What a file may not say, with why.
+FORBIDDEN = {
+    r"\.\./shared\b": "a folder beside the repository",
+    r"\]\(\.\./\.\./": "a link that climbs out of the repository",
+    r"\b[Ii]ssues? #?\d+\b(?!-)": "an internal issue number",
+    r"\bgoal G\d+\b": "an internal planning label",
+    r"\bresearch (notes|section)\b": "notes that are not in the repository",
+    r"(?<![\w.])/(work|root|home)/[\w.-]+": "a path of a development machine",
+}
+
+
+def _tracked_text_files() -> list[Path]:
+    names = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    files = []
+    for name in names:
+        path = ROOT / name
+        if not path.is_file() or path.suffix in {".safetensors", ".png", ".gguf", ".so"}:
+            continue
+        if path == Path(__file__):
+            continue  # this file names the patterns
+        files.append(path)
+    return files
+
+
+def _findings(text: str) -> list[str]:
+    return [
+        f"{why}: {m.group(0)!r}"
+        for pattern, why in FORBIDDEN.items()
+        for m in re.finditer(pattern, text)
+    ]
+
+
+def test_the_patterns_catch_what_they_should() -> None:
+    bad = (
+        "see ../shared/design/ARCHITECTURE.md; (issue 7, item 5); Issue #12; goal G8 in the "
+        "research notes; /work/devenv/bin/python; /root/.cache"
+    )
+    assert len(_findings(bad)) == 7
+    good = (
+        "each warp issues 16-byte loads; os.path; /tmp/x; /dev/nvidiactl; spec/1.0/nvfp4.md"
+    )
+    assert _findings(good) == []
+
+
+def test_no_file_points_outside_the_repository() -> None:
+    found = []
+    for path in _tracked_text_files():
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        found += [f"{path.relative_to(ROOT)}: {f}" for f in _findings(text)]
+    assert found == [], "\n".join(found)
