@@ -1,5 +1,5 @@
 """Inputs the tiers feed to a backend: probe planes for the codec, random and realistic
-weights, activations, and malformed planes.
+weights (the builders of :mod:`nvfp4.testing.data`), and malformed planes.
 
 Everything is seeded (``numpy.random.default_rng``) so every run of the suite, on every
 backend, sees the same bytes and the certificate's figures are comparable.
@@ -7,7 +7,6 @@ backend, sees the same bytes and the certificate's figures are comparable.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 from nvfp4 import reference
 from nvfp4.planes import NVFP4Planes
-from nvfp4.spec import BLOCK_SIZE
+from nvfp4.testing import globals_for, random_planes, realistic_weight
 
 __all__ = [
     "MalformedCase",
@@ -31,63 +30,6 @@ __all__ = [
 
 #: The 127 valid E4M3 scale bytes (0x00..0x7E).
 VALID_SCALE_BYTES = np.arange(0x7F, dtype=np.uint8)
-
-
-def globals_for(
-    rng: np.random.Generator, experts: int | None, parts: tuple[int, ...] | None
-) -> npt.NDArray[np.float32]:
-    """Distinct, realistic decode globals (``amax / 2688`` for amax in ~[0.05, 20]) of the
-    shape a tensor with these experts / partitions carries."""
-    shape = ((experts,) if experts else ()) + ((len(parts) - 1,) if parts else ())
-    amax = np.exp(rng.uniform(np.log(0.05), np.log(20.0), size=shape))
-    return np.asarray(amax / 2688.0, dtype=np.float32)
-
-
-def random_planes(
-    rng: np.random.Generator,
-    n: int,
-    k: int,
-    *,
-    experts: int | None = None,
-    partitions: tuple[int, ...] | None = None,
-    scale_bytes: tuple[int, int] = (0x00, 0x7E),
-    global_scale: Any = None,
-    name: str = "w",
-) -> NVFP4Planes:
-    """Uniformly random codes (all 16) and scale bytes in ``scale_bytes`` (inclusive)."""
-    lead = (experts, n) if experts else (n,)
-    codes = rng.integers(0, 256, size=(*lead, k // 2), dtype=np.uint8)
-    lo, hi = scale_bytes
-    scales = rng.integers(lo, hi + 1, size=(*lead, k // BLOCK_SIZE), dtype=np.uint8)
-    g = globals_for(rng, experts, partitions) if global_scale is None else global_scale
-    return NVFP4Planes(codes, scales, np.asarray(g, dtype=np.float32), partitions, name)
-
-
-def realistic_weight(
-    rng: np.random.Generator,
-    n: int,
-    k: int,
-    *,
-    experts: int | None = None,
-    partitions: tuple[int, ...] | None = None,
-    name: str = "w",
-) -> NVFP4Planes:
-    """A weight as a checkpoint holds it: Gaussian rows with log-normal magnitudes (and an
-    occasional outlier), quantized by the reference encoder, each expert and partition
-    with its own ``amax / 2688`` global."""
-    lead = (experts, n) if experts else (n,)
-    w = rng.standard_normal((*lead, k)).astype(np.float32)
-    w *= np.exp(rng.normal(0.0, 0.7, size=(*lead, 1))).astype(np.float32)
-    flat = w.reshape(-1)
-    outliers = rng.integers(0, flat.size, size=max(1, flat.size // 4096))
-    flat[outliers] *= np.float32(8.0)
-    if partitions is not None:
-        # different magnitudes per partition so their globals differ
-        for i, (a, b) in enumerate(itertools.pairwise(partitions)):
-            w[..., a:b, :] *= np.float32(2.0**i)
-    if experts:
-        w *= (2.0 ** np.arange(experts, dtype=np.float32) / 4.0)[:, None, None]
-    return reference.quantize(w, partitions=partitions, name=name)
 
 
 def codes_probe(name: str = "codes_probe") -> tuple[NVFP4Planes, npt.NDArray[np.uint8]]:

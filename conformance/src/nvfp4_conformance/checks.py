@@ -4,9 +4,10 @@
   elements differ, the first few with found and expected values, and a caller-supplied
   explanation of each (the code, scale byte and global behind a decoded element);
 * :func:`error_figures` / :func:`assert_within` - T4: ``max|y - ref|``, ``max|ref|`` and
-  their ratio against a tolerance, with a diagnosis per row group (partition, expert) that
-  names the group whose error is out of line and the factor it is off by (a dropped or
-  misapplied global shows up as a constant ratio).
+  their ratio against a tolerance (the one measure of :mod:`nvfp4.testing.errors`, with
+  its rules for zero, empty and non-finite arrays), with a diagnosis per row group
+  (partition, expert) that names the group whose error is out of line and the factor it
+  is off by (a dropped or misapplied global shows up as a constant ratio).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from nvfp4 import testing
+from nvfp4.testing import as_float64, error_figures
 
 __all__ = [
     "as_float64",
@@ -28,14 +31,6 @@ __all__ = [
 ]
 
 Explain = Callable[[tuple[int, ...]], str]
-
-
-def as_float64(a: npt.NDArray[Any]) -> npt.NDArray[np.float64]:
-    """Any float array (including ``ml_dtypes.bfloat16``) as float64, exactly."""
-    arr = np.asarray(a)
-    if arr.dtype.kind == "V" or arr.dtype.name == "bfloat16":
-        arr = arr.astype(np.float32)
-    return arr.astype(np.float64)
 
 
 def exact_mismatches(found: npt.NDArray[Any], expected: npt.NDArray[Any]) -> npt.NDArray[np.bool_]:
@@ -75,25 +70,6 @@ def assert_exact(
     if len(idx) > show:
         lines.append(f"  ... {len(idx) - show} more")
     raise AssertionError("\n".join(lines))
-
-
-def error_figures(found: Any, ref: npt.NDArray[Any]) -> dict[str, Any]:
-    """``max_abs_err``, ``max_ref``, ``max_rel_err`` (= max|err| / max|ref|) and where the
-    largest error is. Non-finite outputs make every figure ``inf``."""
-    f, r = as_float64(found), as_float64(ref)
-    err = np.abs(f - r)
-    max_ref = float(np.max(np.abs(r))) if r.size else 0.0
-    if not np.isfinite(f).all():
-        return {
-            "max_abs_err": float("inf"),
-            "max_ref": max_ref,
-            "max_rel_err": float("inf"),
-            "nonfinite": int((~np.isfinite(f)).sum()),
-        }
-    max_err = float(err.max()) if err.size else 0.0
-    rel = max_err / max_ref if max_ref > 0 else (0.0 if max_err == 0 else float("inf"))
-    at = tuple(int(v) for v in np.unravel_index(int(err.argmax()), err.shape)) if err.size else ()
-    return {"max_abs_err": max_err, "max_ref": max_ref, "max_rel_err": rel, "worst_at": at}
 
 
 def group_diagnosis(
@@ -136,23 +112,18 @@ def assert_within(
     """Fail unless ``max|found - ref| / max|ref| <= tol`` (and ``found`` is finite); return
     the error figures otherwise. ``groups`` (label -> (index, global)) names row groups -
     partitions, experts - for the diagnosis of a failure."""
-    figs = error_figures(found, ref)
-    if figs["max_rel_err"] <= tol:
-        return figs
-    lines = [
-        f"{what}: max|err|/max|ref| = {figs['max_rel_err']:.4g} > tolerance {tol:.4g} "
-        f"(max|err| {figs['max_abs_err']:.4g}, max|ref| {figs['max_ref']:.4g}"
-        + (f", worst at {figs.get('worst_at')})" if "worst_at" in figs else ")")
-    ]
-    if "nonfinite" in figs:
-        lines.append(f"  {figs['nonfinite']} non-finite outputs")
-    if groups:
+
+    def diagnose() -> list[str]:
+        assert groups is not None
+        lines = []
         diag = group_diagnosis(found, ref, {k: v[0] for k, v in groups.items()}, tol)
         if diag:
             lines.append("  out-of-tolerance groups:")
             lines.extend(diag)
         lines.extend(global_mixup_hint(found, ref, groups))
-    raise AssertionError("\n".join(lines))
+        return lines
+
+    return testing.assert_within(found, ref, tol, what, diagnose=diagnose if groups else None)
 
 
 def global_mixup_hint(

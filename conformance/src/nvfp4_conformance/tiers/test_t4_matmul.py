@@ -23,6 +23,8 @@ import pytest
 from nvfp4 import reference
 from nvfp4.dtypes import OUTPUT_DTYPES
 from nvfp4.planes import NVFP4Planes
+from nvfp4.spec import GLOBAL_AMAX_DIVISOR
+from nvfp4.testing import activations
 
 from nvfp4_conformance.cases import realistic_weight
 from nvfp4_conformance.checks import as_float64, assert_within, error_figures
@@ -61,12 +63,6 @@ def _rng(*key: Any) -> np.random.Generator:
     return np.random.default_rng(zlib.crc32(repr(key).encode()))
 
 
-def _x(rng: np.random.Generator, m: int, k: int, dtype: str) -> npt.NDArray[Any]:
-    """Activations with a spread of row magnitudes, representable in ``dtype``."""
-    x = rng.standard_normal((m, k)) * np.exp(rng.normal(0.0, 1.0, size=(m, 1)))
-    return x.astype(np.float32).astype(OUTPUT_DTYPES[dtype])
-
-
 def _call(
     backend: Any, verb: str, x: npt.NDArray[Any], w: Any, *args: Any, **kwargs: Any
 ) -> npt.NDArray[Any]:
@@ -102,7 +98,7 @@ def test_qmm(
 ) -> None:
     rng = _rng("qmm", m, k, n)
     planes = realistic_weight(rng, n, k, name=f"t4.qmm_{n}x{k}")
-    x = _x(rng, m, k, dtype)
+    x = activations(rng, m, k, dtype)
     ref = reference.qmm(x, planes, out_dtype=None)
     y = _call(nvfp4_backend, "qmm", x, nvfp4_backend.prepare(planes))
     _check_out(y, (m, n), dtype, "qmm")
@@ -137,7 +133,7 @@ def test_qmm_fused_partitions(
     rng = _rng("fused", label)
     planes = realistic_weight(rng, parts[-1], k, partitions=parts, name=f"t4.{label}")
     assert len(set(np.asarray(planes.global_scale).tolist())) == len(parts) - 1
-    x = _x(rng, m, k, dtype)
+    x = activations(rng, m, k, dtype)
     ref = reference.qmm(x, planes, out_dtype=None)
     y = _call(nvfp4_backend, "qmm", x, nvfp4_backend.prepare(planes))
     _check_out(y, (m, parts[-1]), dtype, "qmm (fused)")
@@ -266,7 +262,7 @@ def test_gather_qmm(
     """Per-expert globals; some expert ids out of range (-1, E, E+3, +-2^20)."""
     rng = _rng("gather", label)
     planes = realistic_weight(rng, n, k, experts=e, partitions=parts, name=f"t4.{label}")
-    x = _x(rng, m, k, dtype)
+    x = activations(rng, m, k, dtype)
     ids = _ids(rng, m, e, sort=sort, out_of_range=True).astype(np.int32 if sort else np.int64)
     _check_gather(nvfp4_backend, nvfp4_record, tolerance, label, planes, x, ids, dtype, sort)
 
@@ -282,7 +278,7 @@ def test_gather_qmm_fused_expert_partitions(
     planes = realistic_weight(
         rng, 32, 128, experts=3, partitions=(0, 16, 32), name="t4.moe_gate_up"
     )
-    x = _x(rng, 20, 128, dtype)
+    x = activations(rng, 20, 128, dtype)
     ids = _ids(rng, 20, 3, sort=False, out_of_range=True)
     _check_gather(
         nvfp4_backend, nvfp4_record, tolerance, "E3_gate_up_16_16", planes, x, ids, dtype, False
@@ -298,7 +294,7 @@ def test_gather_qmm_out_of_range_rows_not_read(
     row is not computed (a masked multiply would give NaN)."""
     rng = _rng("gather_nan")
     planes = realistic_weight(rng, 24, 64, experts=4, name="t4.moe_nan")
-    x = _x(rng, 12, 64, dtype)
+    x = activations(rng, 12, 64, dtype)
     ids = rng.integers(0, 4, size=12)
     ids[[2, 7, 11]] = [-1, 4, 99]
     x[2, 5] = np.nan
@@ -325,7 +321,7 @@ def test_gather_qmm_false_sorted_hint(
     ignored, never wrong rows."""
     rng = _rng("gather_false_hint")
     planes = realistic_weight(rng, 16, 64, experts=4, name="t4.moe_hint")
-    x = _x(rng, 10, 64, "float32")
+    x = activations(rng, 10, 64, "float32")
     ids = np.array([3, 0, 2, 1, 3, 0, 0, 2, 1, 3], dtype=np.int64)
     try:
         y = _call(
@@ -396,10 +392,10 @@ def test_qmm_w4a4(
     ``input_scale``), then the product of the decoded planes."""
     rng = _rng("w4a4", label)
     planes = realistic_weight(rng, n, k, name=f"t4.w4a4_{label}")
-    x = _x(rng, m, k, dtype)
+    x = activations(rng, m, k, dtype)
     input_scale = None
     if scale == "static":
-        input_scale = float(np.abs(as_float64(x)).max() / 2688.0 * 1.5)
+        input_scale = float(np.abs(as_float64(x)).max() / GLOBAL_AMAX_DIVISOR * 1.5)
     ref = w4a4_reference(nvfp4_backend, x, planes, input_scale)
     y = _call(nvfp4_backend, "qmm_w4a4", x, nvfp4_backend.prepare(planes), input_scale=input_scale)
     _check_out(y, (m, n), dtype, "qmm_w4a4")
@@ -417,7 +413,7 @@ def test_qmm_w4a4_nonfinite_rows(nvfp4_backend: Any, nvfp4_record: Any, toleranc
     as they would be without it (the dynamic global ignores non-finite values)."""
     rng = _rng("w4a4_nan")
     planes = realistic_weight(rng, 16, 128, name="t4.w4a4_nan")
-    x = _x(rng, 6, 128, "float32")
+    x = activations(rng, 6, 128, "float32")
     x[1, 3] = np.nan
     x[4, 100] = np.inf
     y = _call(nvfp4_backend, "qmm_w4a4", x, nvfp4_backend.prepare(planes))

@@ -1,5 +1,5 @@
-"""pytest hooks shared by the test suites of the nvfp4 packages (pytest itself is imported
-only by the suites that use them).
+"""The pytest hooks of the oracle rule, shared by the test suites of the nvfp4 packages
+(pytest itself is imported only by the suites that use them).
 
 The oracle rule: tests import their cross-check libraries (nvidia-modelopt, gguf, mlx,
 ml_dtypes, compressed-tensors, ...) with ``pytest.importorskip``, so a suite runs on a bare

@@ -1,0 +1,33 @@
+"""What the test suites of the nvfp4 packages, the conformance suite and the benchmarks
+share. Installed code imports it, so nothing here imports pytest at module level.
+
+* :mod:`nvfp4.testing.errors` - the spec's matmul error measure ``max|y - ref| / max|ref|``
+  (:func:`relative_error`, :func:`error_figures`, :func:`assert_within`);
+* :mod:`nvfp4.testing.data` - seeded test weights and activations (:func:`random_planes`,
+  :func:`realistic_weight`, :func:`activations`);
+* :mod:`nvfp4.testing.oracles` - the pytest hooks of the oracle rule; a suite's
+  ``conftest.py`` takes them with::
+
+      from nvfp4.testing import pytest_configure, pytest_sessionfinish  # noqa: F401
+"""
+
+from __future__ import annotations
+
+from .data import activations, globals_for, random_planes, realistic_weight
+from .errors import as_float64, assert_within, error_figures, relative_error
+from .oracles import OPTIONAL_ORACLE, REQUIRE_ORACLES_ENV, pytest_configure, pytest_sessionfinish
+
+__all__ = [
+    "OPTIONAL_ORACLE",
+    "REQUIRE_ORACLES_ENV",
+    "activations",
+    "as_float64",
+    "assert_within",
+    "error_figures",
+    "globals_for",
+    "pytest_configure",
+    "pytest_sessionfinish",
+    "random_planes",
+    "realistic_weight",
+    "relative_error",
+]

@@ -1,0 +1,86 @@
+"""Seeded test data: weights as planes and activations.
+
+Every builder draws from the ``numpy.random.Generator`` it is given, so a seeded generator
+gives the same bytes on every run and every backend (the conformance suite's certificates
+depend on it).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .. import reference
+from ..dtypes import OUTPUT_DTYPES
+from ..planes import NVFP4Planes
+from ..spec import BLOCK_SIZE, GLOBAL_AMAX_DIVISOR
+
+__all__ = ["activations", "globals_for", "random_planes", "realistic_weight"]
+
+
+def globals_for(
+    rng: np.random.Generator, experts: int | None, parts: tuple[int, ...] | None
+) -> npt.NDArray[np.float32]:
+    """Distinct, realistic decode globals (``amax / 2688`` for amax in ~[0.05, 20]) of the
+    shape a tensor with these experts / partitions carries."""
+    shape = ((experts,) if experts else ()) + ((len(parts) - 1,) if parts else ())
+    amax = np.exp(rng.uniform(np.log(0.05), np.log(20.0), size=shape))
+    return np.asarray(amax / GLOBAL_AMAX_DIVISOR, dtype=np.float32)
+
+
+def random_planes(
+    rng: np.random.Generator,
+    n: int,
+    k: int,
+    *,
+    experts: int | None = None,
+    partitions: tuple[int, ...] | None = None,
+    scale_bytes: tuple[int, int] = (0x00, 0x7E),
+    global_scale: Any = None,
+    name: str = "w",
+) -> NVFP4Planes:
+    """Uniformly random codes (all 16) and scale bytes in ``scale_bytes`` (inclusive; by
+    default every valid one), globals from :func:`globals_for` unless ``global_scale``."""
+    lead = (experts, n) if experts else (n,)
+    codes = rng.integers(0, 256, size=(*lead, k // 2), dtype=np.uint8)
+    lo, hi = scale_bytes
+    scales = rng.integers(lo, hi + 1, size=(*lead, k // BLOCK_SIZE), dtype=np.uint8)
+    g = globals_for(rng, experts, partitions) if global_scale is None else global_scale
+    return NVFP4Planes(codes, scales, np.asarray(g, dtype=np.float32), partitions, name)
+
+
+def realistic_weight(
+    rng: np.random.Generator,
+    n: int,
+    k: int,
+    *,
+    experts: int | None = None,
+    partitions: tuple[int, ...] | None = None,
+    name: str = "w",
+) -> NVFP4Planes:
+    """A weight as a checkpoint holds it: Gaussian rows with log-normal magnitudes (and an
+    occasional outlier), quantized by the reference encoder, each expert and partition
+    with its own ``amax / 2688`` global."""
+    lead = (experts, n) if experts else (n,)
+    w = rng.standard_normal((*lead, k)).astype(np.float32)
+    w *= np.exp(rng.normal(0.0, 0.7, size=(*lead, 1))).astype(np.float32)
+    flat = w.reshape(-1)
+    outliers = rng.integers(0, flat.size, size=max(1, flat.size // 4096))
+    flat[outliers] *= np.float32(8.0)
+    if partitions is not None:
+        # different magnitudes per partition so their globals differ
+        for i, (a, b) in enumerate(itertools.pairwise(partitions)):
+            w[..., a:b, :] *= np.float32(2.0**i)
+    if experts:
+        w *= (2.0 ** np.arange(experts, dtype=np.float32) / 4.0)[:, None, None]
+    return reference.quantize(w, partitions=partitions, name=name)
+
+
+def activations(rng: np.random.Generator, m: int, k: int, dtype: str) -> npt.NDArray[Any]:
+    """``[m, k]`` activations with a spread of row magnitudes (Gaussian rows scaled by
+    log-normal factors), rounded to float32 and then to the output dtype named ``dtype``."""
+    x = rng.standard_normal((m, k)) * np.exp(rng.normal(0.0, 1.0, size=(m, 1)))
+    return x.astype(np.float32).astype(OUTPUT_DTYPES[dtype])
