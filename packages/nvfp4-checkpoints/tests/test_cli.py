@@ -18,7 +18,7 @@ import pytest
 from make_modelopt_exports import session_exports
 from nvfp4 import quantize
 from nvfp4_checkpoints import open_checkpoint, write_checkpoint
-from nvfp4_checkpoints.atomic import TMP_MARK
+from nvfp4_checkpoints.destination import TMP_MARK
 from nvfp4_checkpoints.cli import main
 
 SRC = Path(__file__).resolve().parents[1] / "src"

@@ -13,9 +13,11 @@ The checkpoint tooling of the NVFP4 standard, on top of ``nvfp4`` (nvfp4-core):
 One module per flavour holds its reader and its writer (:mod:`.modelopt`,
 :mod:`.compressed_tensors`, :mod:`.mlx`, the :mod:`.gguf` package), on shared primitives:
 :mod:`.safetensors_io` and :mod:`.hf` (Hugging Face directories of safetensors files),
-:mod:`.source` (what a writer reads, in which order), :mod:`.atomic` and
-:mod:`.overlapped` (the destination: a temporary sibling renamed into place, written from a
-second thread). :mod:`.api` drives them from one table of flavours. The byte layouts are
+:mod:`.source` (what a writer reads, in which order), :mod:`.folder` (what a checkpoint
+folder may contain: containment, limits, the checks of every value read),
+:mod:`.destination` (the output's life cycle: a temporary sibling renamed into place
+without replacing what it was not asked to) and :mod:`.overlapped` (writes from a second
+thread). :mod:`.api` drives them from one table of flavours. The byte layouts are
 those of :mod:`nvfp4.layouts`; this package only moves tensors in and out of files.
 """
 
@@ -23,8 +25,8 @@ from __future__ import annotations
 
 from ._version import __version__
 from .api import FLAVOUR_IO, open_checkpoint, write_checkpoint
-from .atomic import atomic_output, clean_stale
 from .checkpoint import Checkpoint, PlaneShape
+from .destination import destination, recover
 from .flavours import FLAVOURS, CheckpointError, Flavour, detect_flavour
 from .hf import DEFAULT_MAX_SHARD_BYTES
 from .source import Progress
@@ -39,9 +41,9 @@ __all__ = [
     "PlaneShape",
     "Progress",
     "__version__",
-    "atomic_output",
-    "clean_stale",
+    "destination",
     "detect_flavour",
     "open_checkpoint",
+    "recover",
     "write_checkpoint",
 ]

@@ -3,7 +3,7 @@
 
 Every write streams (the output is planned from shapes alone, then written tensor by
 tensor; peak memory is about one tensor, one expert stack for GGUF) and is atomic
-(:mod:`.atomic`): the output appears under its name complete or not at all.
+(:mod:`.destination`): the output appears under its name complete or not at all.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import numpy.typing as npt
 from nvfp4.planes import NVFP4Planes
 
 from . import compressed_tensors, gguf, mlx, modelopt
-from .atomic import atomic_output
 from .checkpoint import Checkpoint
+from .destination import destination
 from .flavour_io import FlavourIO, WriteOptions
 from .flavours import FLAVOURS, CheckpointError, detect_flavour
 from .hf import DEFAULT_MAX_SHARD_BYTES
@@ -107,7 +107,9 @@ def write_checkpoint(
     tensor.
 
     Raises :class:`~nvfp4_checkpoints.CheckpointError` for an unknown flavour, when ``dst``
-    exists and ``force`` is false, or for a ``tokenizer`` that is not one, and
+    exists and ``force`` is false (or is not something ``force`` replaces: a checkpoint,
+    an empty folder, a GGUF file), when ``dst`` is the source, inside it or a parent of it,
+    when ``dst`` appears during the run, or for a ``tokenizer`` that is not one, and
     :class:`~nvfp4.PlaneError` for planes the target cannot hold (K % 64 for GGUF, fused
     partitions for ModelOpt / compressed-tensors), before writing anything.
     """
@@ -126,7 +128,8 @@ def write_checkpoint(
     if max_shard_bytes <= 0:
         raise CheckpointError(f"max_shard_bytes must be positive, found {max_shard_bytes}")
     target = Path(dst)
-    with atomic_output(target, force=force) as tmp:
+    origin = source.path if isinstance(source, Checkpoint) else None
+    with destination(target, force=force, source=origin) as tmp:
         notes = io.write(tmp, src, WriteOptions(progress, max_shard_bytes))
     for note in notes:
         logger.warning("%s", note)

@@ -23,6 +23,7 @@ The readers live with their flavour (:mod:`.modelopt`, :mod:`.compressed_tensors
 
 from __future__ import annotations
 
+import math
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -31,6 +32,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
 
+import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 from nvfp4.planes import NVFP4Planes, PlaneError
@@ -184,7 +186,13 @@ class Checkpoint(ABC):
 
 
 def scalar(a: npt.NDArray[Any], name: str) -> float:
-    """The one value of an input-scale tensor ``name`` (shape ``()`` or ``(1,)``)."""
+    """The one value of an input-scale tensor ``name`` (shape ``()`` or ``(1,)``, a float
+    dtype), validated like a global: finite and > 0."""
     if a.size != 1:
         raise PlaneError(name, "input scale", "one value (shape () or (1,))", tuple(a.shape))
-    return float(np.asarray(a, dtype=np.float32).reshape(()))
+    if a.dtype.kind != "f" and a.dtype != np.dtype(ml_dtypes.bfloat16):
+        raise PlaneError(name, "input scale dtype", "a float dtype", str(a.dtype))
+    v = float(np.asarray(a, dtype=np.float32).reshape(()))
+    if not math.isfinite(v) or v <= 0:
+        raise PlaneError(name, "input scale", "finite and > 0", v)
+    return v

@@ -41,7 +41,7 @@ from . import (
     open_checkpoint,
     write_checkpoint,
 )
-from .atomic import interrupt_on_signals
+from .destination import interrupt_on_signals
 from .safetensors_io import SafetensorsError
 
 __all__ = ["main"]

@@ -25,9 +25,8 @@ from nvfp4.layouts import (
 from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import BLOCK_SIZE
 
-from .checkpoint import scalar
 from .flavour_io import FlavourIO
-from .flavours import read_json
+from .folder import Fields
 from .hf import (
     PRODUCER,
     Entry,
@@ -59,21 +58,31 @@ class CompressedTensorsCheckpoint(HFCheckpoint):
         "weight_shape",
     )
 
+    CLAIMS = ("weight_packed", "weight_global_scale", "weight_scale")
+    GLOBAL = "weight_global_scale"
+    INPUT = "input_global_scale"
+
     def __init__(self, path: Path) -> None:
-        cfg = read_json(path / "config.json")
-        qc = cfg.get("quantization_config")
-        self.quant_config = qc if isinstance(qc, dict) else {}
         super().__init__(path, "compressed-tensors")
+
+    def _read_quant_config(self, config: Fields) -> None:
+        qc = config.obj("quantization_config", required=True)
+        assert qc is not None
+        groups = qc.obj("config_groups")
+        for key, _ in groups.items() if groups is not None else ():
+            groups.obj(key, required=True)  # type: ignore[union-attr]
+        qc.str_list("ignore")
+        self.quant_config = qc.data
+
+    def _accept(self, prefix: str) -> bool:
+        # a dense layer of a mixed checkpoint may have a weight_scale of its own (FP8)
+        return f"{prefix}.{self.CODES}" in self.store or f"{prefix}.{self.GLOBAL}" in self.store
 
     def planes(self, prefix: str) -> NVFP4Planes:
         return from_compressed_tensors(self._parts(prefix), name=prefix)
 
-    def input_scale(self, prefix: str) -> float | None:
-        self._check_prefix(prefix)
-        name = f"{prefix}.input_global_scale"
-        if name not in self.store:
-            return None
-        return scalar(input_scale_from_input_global_scale(self.store.get(name), name), name)
+    def _decode_input(self, a: npt.NDArray[Any], name: str) -> npt.NDArray[Any]:
+        return input_scale_from_input_global_scale(a, name)
 
 
 class CompressedTensorsFormat(HFFormat):

@@ -39,7 +39,7 @@ class FlavourIO:
     * ``check(src)`` raises for what the flavour cannot take, before the destination is
       touched (``takes_tokenizer``: whether a ``tokenizer=`` directory is taken);
     * ``write(tmp, src, options)`` writes the output at ``tmp`` (a fresh path: a directory
-      or a file is created there; :func:`~nvfp4_checkpoints.atomic.atomic_output` renames
+      or a file is created there; :func:`~nvfp4_checkpoints.destination.destination` renames
       it onto the destination) and returns the notes to log once it is in place.
     """
 

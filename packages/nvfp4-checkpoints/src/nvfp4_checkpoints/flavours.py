@@ -22,11 +22,12 @@ Anything else is refused with :class:`CheckpointError` saying what was found.
 from __future__ import annotations
 
 import importlib
-import json
 import os
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Final, Literal
+
+from .folder import CheckpointError, CheckpointFolder, Fields, read_json_file, short
 
 __all__ = [
     "FLAVOURS",
@@ -50,12 +51,6 @@ CT_NVFP4_FORMAT: Final = "nvfp4-pack-quantized"
 GGUF_MAGIC: Final = b"GGUF"
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be read or written as asked (missing files, unknown
-    flavour, inconsistent config or tensors, an existing destination). The message is one
-    line naming the path or tensor concerned."""
-
-
 def import_gguf() -> ModuleType:
     """The ``gguf`` package (gguf-py), or :class:`CheckpointError` saying how to get it."""
     try:
@@ -68,16 +63,7 @@ def import_gguf() -> ModuleType:
 
 def read_json(path: Path) -> dict[str, Any]:
     """A JSON object from ``path``, or :class:`CheckpointError` naming the file."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: not readable JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object, found {type(data).__name__}")
-    return data
+    return read_json_file(path)
 
 
 def _is_gguf(path: Path) -> bool:
@@ -85,12 +71,9 @@ def _is_gguf(path: Path) -> bool:
         return f.read(4) == GGUF_MAGIC
 
 
-def _modelopt_algo(hf_quant: dict[str, Any]) -> str | None:
-    q = hf_quant.get("quantization")
-    if not isinstance(q, dict):
-        return None
-    algo = q.get("quant_algo")
-    return algo if isinstance(algo, str) else None
+def _modelopt_algo(hf_quant: Fields | None) -> str | None:
+    q = hf_quant.obj("quantization") if hf_quant is not None else None
+    return q.str("quant_algo") if q is not None else None
 
 
 def detect_flavour(path: str | os.PathLike[str]) -> Flavour:
@@ -108,36 +91,41 @@ def detect_flavour(path: str | os.PathLike[str]) -> Flavour:
         raise CheckpointError(
             f"{p}: unknown flavour (a file that is not GGUF; HF checkpoints are directories)"
         )
-    config = read_json(p / "config.json") if (p / "config.json").is_file() else {}
-    hf_quant_path = p / "hf_quant_config.json"
-    hf_quant = read_json(hf_quant_path) if hf_quant_path.is_file() else {}
+    folder = CheckpointFolder(p)
+    config = folder.fields("config.json")
+    hf_quant = folder.fields("hf_quant_config.json")
+    if config is None:
+        config = Fields({}, p / "config.json")
 
-    mlx_q = config.get("quantization")
-    if isinstance(mlx_q, dict) and mlx_q.get("mode") == "nvfp4":
+    mlx_q = config.obj("quantization")
+    if mlx_q is not None and mlx_q.raw("mode") == "nvfp4":
         return "mlx"
     algo = _modelopt_algo(hf_quant)
     if algo is not None and (algo in MODELOPT_NVFP4_ALGOS or algo == "MIXED_PRECISION"):
         return "modelopt"
-    qc = config.get("quantization_config")
-    if isinstance(qc, dict):
-        method = qc.get("quant_method")
+    qc = config.obj("quantization_config")
+    if qc is not None:
+        method = qc.raw("quant_method")
         if method == "modelopt":
             return "modelopt"
         if method == "compressed-tensors":
-            fmt = qc.get("format")
-            groups = qc.get("config_groups") or {}
-            group_formats = {g.get("format") for g in groups.values() if isinstance(g, dict)}
+            fmt = qc.raw("format")
+            groups = qc.obj("config_groups")
+            group_formats = set()
+            for key, _ in groups.items() if groups is not None else ():
+                group_formats.add(groups.obj(key, required=True).raw("format"))  # type: ignore[union-attr]
             if fmt == CT_NVFP4_FORMAT or (
                 fmt == "mixed-precision" and CT_NVFP4_FORMAT in group_formats
             ):
                 return "compressed-tensors"
             raise CheckpointError(
-                f"{p}: unknown flavour (compressed-tensors format {fmt!r}, not {CT_NVFP4_FORMAT!r})"
+                f"{p}: unknown flavour (compressed-tensors format {short(fmt)}, not "
+                f"{CT_NVFP4_FORMAT!r})"
             )
-        found = f"quantization_config.quant_method {method!r}"
+        found = f"quantization_config.quant_method {short(method)}"
     elif algo is not None:
-        found = f"hf_quant_config.json quant_algo {algo!r}"
-    elif not config and not hf_quant:
+        found = f"hf_quant_config.json quant_algo {short(algo)}"
+    elif not config.data and hf_quant is None:
         found = "no config.json"
     else:
         found = "config.json without an NVFP4 quantization config"

@@ -29,14 +29,15 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 from nvfp4.planes import NVFP4Planes, PlaneError
+from nvfp4.spec import BLOCK_SIZE
 
 from ._version import __version__
-from .checkpoint import Checkpoint, PlaneShape
+from .checkpoint import Checkpoint, PlaneShape, scalar
 from .flavour_io import WriteOptions
-from .flavours import CheckpointError, Flavour, read_json
+from .flavours import CheckpointError, Flavour
+from .folder import CheckpointFolder, Fields, short
 from .safetensors_io import (
     DTYPES,
-    SafetensorsError,
     SafetensorsFile,
     SafetensorsWriter,
     TensorInfo,
@@ -71,50 +72,50 @@ Entry = tuple[str, str, tuple[int, ...]]  # (name, safetensors dtype, shape)
 
 # =========================================================================== reading
 class SafetensorsStore:
-    """The tensors of a Hugging Face directory, single file or sharded with an index."""
+    """The tensors of a Hugging Face directory, single file or sharded with an index; every
+    file it opens is a regular file inside the folder (:class:`~.folder.CheckpointFolder`)."""
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
+    def __init__(self, folder: CheckpointFolder) -> None:
+        self.root = root = folder.root
         self.files: list[SafetensorsFile] = []
         self.where: dict[str, SafetensorsFile] = {}
-        index = root / INDEX_FILE
-        try:
-            if index.is_file():
-                weight_map = read_json(index).get("weight_map")
-                if not isinstance(weight_map, dict):
-                    raise CheckpointError(f"{index}: no 'weight_map' object")
-                by_file: dict[str, list[str]] = {}
-                for name, fname in weight_map.items():
-                    by_file.setdefault(str(fname), []).append(str(name))
-                for fname, names in by_file.items():
-                    fpath = root / fname
-                    if not fpath.is_file():
-                        raise CheckpointError(f"{index}: shard {fname!r} is missing")
-                    sf = SafetensorsFile(fpath)
-                    self.files.append(sf)
-                    for name in names:
-                        if name not in sf:
-                            raise CheckpointError(
-                                f"{index}: tensor {name!r} is mapped to {fname!r}, "
-                                "which does not hold it"
-                            )
-                        self.where[name] = sf
-            else:
-                paths = sorted(root.glob("*.safetensors"))
-                if not paths:
-                    raise CheckpointError(f"{root}: no *.safetensors files")
-                for fpath in paths:
-                    sf = SafetensorsFile(fpath)
-                    self.files.append(sf)
-                    for name in sf.names():
-                        if name in self.where:
-                            raise CheckpointError(
-                                f"{root}: tensor {name!r} is in both "
-                                f"{self.where[name].path.name} and {fpath.name}"
-                            )
-                        self.where[name] = sf
-        except SafetensorsError as e:
-            raise CheckpointError(str(e)) from None
+        index = folder.fields(INDEX_FILE)
+        if index is not None:
+            weight_map = index.obj("weight_map", required=True)
+            assert weight_map is not None
+            by_file: dict[str, list[str]] = {}
+            for name, fname in weight_map.items():
+                if not isinstance(fname, str):
+                    weight_map.fail(name, "a shard file name", fname)
+                by_file.setdefault(fname, []).append(name)
+            if not by_file:
+                raise CheckpointError(f"{root / INDEX_FILE}: 'weight_map' is empty")
+            for fname, names in by_file.items():
+                sf = SafetensorsFile(folder.member(fname, what=f"{INDEX_FILE} shard"))
+                self.files.append(sf)
+                for name in names:
+                    if name not in sf:
+                        raise CheckpointError(
+                            f"{root / INDEX_FILE}: tensor {short(name)} is mapped to "
+                            f"{short(fname)}, which does not hold it"
+                        )
+                    self.where[name] = sf
+        else:
+            paths = [n for n in folder.listing() if n.endswith(".safetensors")]
+            if not paths:
+                raise CheckpointError(f"{root}: no *.safetensors files")
+            for fname in paths:
+                sf = SafetensorsFile(folder.member(fname, what="file"))
+                self.files.append(sf)
+                for name in sf.names():
+                    if name in self.where:
+                        raise CheckpointError(
+                            f"{root}: tensor {short(name)} is in both "
+                            f"{self.where[name].path.name} and {fname}"
+                        )
+                    self.where[name] = sf
+        if not self.where:
+            raise CheckpointError(f"{root}: the checkpoint holds no tensors")
 
     def names(self) -> list[str]:
         return list(self.where)
@@ -126,55 +127,112 @@ class SafetensorsStore:
         return self.where[name].info(name)
 
     def get(self, name: str) -> npt.NDArray[Any]:
-        try:
-            return self.where[name].get(name)
-        except SafetensorsError as e:
-            raise CheckpointError(str(e)) from None
+        return self.where[name].get(name)
 
 
 class HFCheckpoint(Checkpoint):
-    """Shared machinery of the safetensors flavours: a prefix is quantized when its
-    ``<prefix>.<codes suffix>`` and ``<prefix>.<scales suffix>`` tensors have the flavour's
-    dtypes; the prefix's own tensors (``OWNED``) are hidden from :meth:`tensor_names`."""
+    """Shared machinery of the safetensors flavours.
+
+    A prefix is claimed NVFP4 by any of its ``CLAIMS`` tensors (its block scales, its
+    global...) when the quantization config does not say otherwise (:meth:`_accept`); a
+    claimed prefix must then be complete and well typed (:meth:`_require_nvfp4`), or the
+    checkpoint is refused naming it: nothing the config calls NVFP4 is passed through as a
+    plain tensor. The prefix's own tensors (``OWNED``) are hidden from
+    :meth:`tensor_names`; its input scale (``INPUT``) is validated like a global."""
 
     CODES: str
     SCALES: str
     OWNED: tuple[str, ...]
+    #: Suffixes whose presence makes a prefix NVFP4.
+    CLAIMS: tuple[str, ...]
+    #: The codes' dtype and how many codes one element holds.
+    CODES_DTYPE: str = "U8"
+    CODES_PER_ELEMENT: int = 2
+    SCALES_DTYPES: tuple[str, ...] = ("F8_E4M3", "U8")
+    #: The global's suffix when it is required (``None``: optional).
+    GLOBAL: str | None = None
+    #: The input scale's suffix.
+    INPUT: str = "input_scale"
 
     def __init__(self, path: Path, flavour: Flavour) -> None:
         self.path = path
         self.flavour = flavour
-        cfg = path / "config.json"
-        self.config = read_json(cfg) if cfg.is_file() else {}
-        self.store = SafetensorsStore(path)
-        self._quantized = [p for p in self._candidates() if self._accept(p)]
+        self.folder = CheckpointFolder(path)
+        fields = self.folder.fields("config.json")
+        self.config = dict(fields.data) if fields is not None else {}
+        self._read_quant_config(fields if fields is not None else Fields({}, path / "config.json"))
+        self.store = SafetensorsStore(self.folder)
+        self._quantized = self._claimed()
         self._qset = frozenset(self._quantized)
         owned = {f"{p}.{s}" for p in self._qset for s in self.OWNED}
         self._plain = [n for n in self.store.names() if n not in owned]
         self._pset = frozenset(self._plain)
 
-    def _candidates(self) -> list[str]:
-        out = []
-        suffix = "." + self.SCALES
-        for name in self.store.names():
-            if name.endswith(suffix):
-                prefix = name[: -len(suffix)]
-                if f"{prefix}.{self.CODES}" in self.store and self._looks_nvfp4(prefix):
-                    out.append(prefix)
-        return out
+    def _read_quant_config(self, config: Fields) -> None:
+        """Read and check the flavour's quantization config (sets :attr:`quant_config`)."""
+        raise NotImplementedError
 
-    def _looks_nvfp4(self, prefix: str) -> bool:
+    def _claimed(self) -> list[str]:
+        out: dict[str, None] = {}
+        for name in self.store.names():
+            prefix, _, suffix = name.rpartition(".")
+            if suffix in self.CLAIMS and prefix and prefix not in out and self._accept(prefix):
+                self._require_nvfp4(prefix)
+                out[prefix] = None
+        return list(out)
+
+    def _require_nvfp4(self, prefix: str) -> None:
+        """Refuse a claimed prefix whose tensors are missing or of the wrong kind."""
+
+        def bad(suffix: str, expected: str, found: object) -> CheckpointError:
+            return CheckpointError(
+                f"{self.path}: NVFP4 tensor {short(prefix)}: {suffix}: expected {expected}, "
+                f"found {found}"
+            )
+
+        need = [self.CODES, self.SCALES] + ([self.GLOBAL] if self.GLOBAL else [])
+        for suffix in need:
+            if f"{prefix}.{suffix}" not in self.store:
+                raise bad(suffix, "a tensor (the quantization config makes it NVFP4)", "none")
         codes = self.store.info(f"{prefix}.{self.CODES}")
         scales = self.store.info(f"{prefix}.{self.SCALES}")
-        return (
-            codes.dtype == "U8"
-            and scales.dtype in ("F8_E4M3", "U8")
-            and len(codes.shape) in (2, 3)
-            and len(scales.shape) == len(codes.shape)
-        )
+        if codes.dtype != self.CODES_DTYPE:
+            raise bad(self.CODES, self.CODES_DTYPE, codes.dtype)
+        if len(codes.shape) not in (2, 3):
+            raise bad(self.CODES, "rank 2 or 3", f"shape {list(codes.shape)}")
+        if scales.dtype not in self.SCALES_DTYPES:
+            raise bad(self.SCALES, " or ".join(self.SCALES_DTYPES), scales.dtype)
+        if scales.shape[:-1] != codes.shape[:-1] or len(scales.shape) != len(codes.shape):
+            raise bad(
+                self.SCALES,
+                f"leading shape {list(codes.shape[:-1])} (the codes')",
+                f"shape {list(scales.shape)}",
+            )
+        if self._k_of(codes) != scales.shape[-1] * BLOCK_SIZE or not codes.shape[-1]:
+            raise bad(
+                self.SCALES,
+                f"K/16 = {self._k_of(codes) // BLOCK_SIZE} blocks per row",
+                f"shape {list(scales.shape)}",
+            )
 
     def _accept(self, prefix: str) -> bool:
         return True
+
+    def input_scale(self, prefix: str) -> float | None:
+        self._check_prefix(prefix)
+        name = f"{prefix}.{self.INPUT}"
+        if name not in self.store:
+            return None
+        info = self.store.info(name)
+        if info.dtype not in ("F32", "F16", "BF16"):
+            raise CheckpointError(
+                f"{self.path}: tensor {short(name)}: expected a float input scale, found {info.dtype}"
+            )
+        return scalar(self._decode_input(self.store.get(name), name), name)
+
+    def _decode_input(self, a: npt.NDArray[Any], name: str) -> npt.NDArray[Any]:
+        """The stored input scale in the DECODE convention."""
+        return a
 
     def quantized_names(self) -> list[str]:
         return list(self._quantized)
@@ -195,7 +253,7 @@ class HFCheckpoint(Checkpoint):
         return PlaneShape((*codes.shape[:-1], self._k_of(codes)))
 
     def _k_of(self, codes: TensorInfo) -> int:
-        return codes.shape[-1] * 2
+        return codes.shape[-1] * self.CODES_PER_ELEMENT
 
     def tensor_names(self) -> list[str]:
         return list(self._plain)
@@ -329,7 +387,7 @@ def _write_hf(
     for name, content in configs.items():
         _write_json(dst_tmp / name, content)
     for extra in extra_files:
-        shutil.copy2(extra, dst_tmp / extra.name)
+        shutil.copy2(extra, dst_tmp / extra.name, follow_symlinks=False)
 
 
 def _write_json(path: Path, content: Mapping[str, Any]) -> None:
@@ -340,27 +398,25 @@ def _write_json(path: Path, content: Mapping[str, Any]) -> None:
 
 def _extra_files(origin: Checkpoint | None) -> list[Path]:
     """The source directory's other files (tokenizer, generation config...), copied into
-    the output."""
-    if origin is None or not origin.path.is_dir():
+    the output: regular files inside it only (a symlink is refused, naming it)."""
+    if not isinstance(origin, HFCheckpoint):
         return []
-    return sorted(
-        p
-        for p in origin.path.iterdir()
-        if p.is_file()
-        and p.name not in _HF_CONFIG_FILES
-        and not p.name.endswith(".safetensors")
-        and not p.name.startswith(".")
-    )
+    return [
+        origin.folder.member(name, what="file")
+        for name in origin.folder.listing()
+        if name not in _HF_CONFIG_FILES and not name.endswith(".safetensors")
+    ]
 
 
 def write_hf(fmt: HFFormat, dst_tmp: Path, src: Source, options: WriteOptions) -> list[str]:
     """Write ``src`` as a Hugging Face directory of flavour ``fmt`` at ``dst_tmp``."""
+    extra_files = _extra_files(src.origin)  # refused before anything is written
     _write_hf(
         dst_tmp,
         fmt,
         src,
         max_shard_bytes=options.max_shard_bytes,
         progress=options.progress,
-        extra_files=_extra_files(src.origin),
+        extra_files=extra_files,
     )
     return []

@@ -29,11 +29,11 @@ from nvfp4.layouts import MLXPlanes, from_mlx, to_mlx
 from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import BLOCK_SIZE, SPEC_VERSION
 
-from .checkpoint import PlaneShape, scalar
+from .checkpoint import PlaneShape
 from .flavour_io import FlavourIO
-from .flavours import read_json
+from .flavours import CheckpointError
+from .folder import Fields, short
 from .hf import PRODUCER, Entry, HFCheckpoint, HFFormat, base_config, leading_dims, write_hf
-from .safetensors_io import TensorInfo
 from .source import Plan, PlaneItem, Source
 
 __all__ = ["IO", "MLXCheckpoint", "MLXFormat"]
@@ -50,35 +50,42 @@ class MLXCheckpoint(HFCheckpoint):
     SCALES = "scales"
     OWNED = ("weight", "scales", "global_scale", "input_scale", "partitions")
 
+    CLAIMS = ("scales", "global_scale")
+    CODES_DTYPE = "U32"
+    CODES_PER_ELEMENT = 8
+    SCALES_DTYPES = ("U8",)
+
     def __init__(self, path: Path) -> None:
-        cfg = read_json(path / "config.json")
-        self.quant_config = {
-            "quantization": cfg.get("quantization", {}),
-            "nvfp4": cfg.get("nvfp4", {}),
-        }
         super().__init__(path, "mlx")
 
-    def _looks_nvfp4(self, prefix: str) -> bool:
-        codes = self.store.info(f"{prefix}.weight")
-        scales = self.store.info(f"{prefix}.scales")
-        return (
-            codes.dtype == "U32"
-            and scales.dtype == "U8"
-            and len(codes.shape) in (2, 3)
-            and f"{prefix}.biases" not in self.store  # affine modes carry biases
-        )
+    def _read_quant_config(self, config: Fields) -> None:
+        q = config.obj("quantization", required=True)
+        assert q is not None
+        q.str("mode", choices=frozenset({"nvfp4"}))
+        for key, want in (("group_size", BLOCK_SIZE), ("bits", 4)):
+            if q.raw(key, want) != want or isinstance(q.raw(key), bool):
+                q.fail(key, f"{want} (NVFP4)", q.raw(key))
+        block = config.obj("nvfp4")
+        self.quant_config = {"quantization": q.data, "nvfp4": block.data if block else {}}
 
-    def _k_of(self, codes: TensorInfo) -> int:
-        return codes.shape[-1] * 8
+    def _accept(self, prefix: str) -> bool:
+        return f"{prefix}.biases" not in self.store  # affine modes carry biases
 
     def plane_shape(self, prefix: str) -> PlaneShape:
         base = super().plane_shape(prefix)
-        parts = f"{prefix}.partitions"
-        if parts in self.store:
-            return PlaneShape(base.shape, self.store.info(parts).shape[0] - 1)
-        return base
+        name = f"{prefix}.partitions"
+        if name not in self.store:
+            return base
+        parts = self.store.info(name)
+        if len(parts.shape) != 1 or parts.shape[0] < 2 or parts.dtype not in ("I64", "I32"):
+            raise CheckpointError(
+                f"{self.path}: tensor {short(name)}: expected I64 row boundaries of shape "
+                f"(P + 1,) with P >= 1, found {parts.dtype} {list(parts.shape)}"
+            )
+        return PlaneShape(base.shape, parts.shape[0] - 1)
 
     def planes(self, prefix: str) -> NVFP4Planes:
+        self.plane_shape(prefix)  # checks the partitions tensor
         parts = self._parts(prefix)
         partitions = None
         if "partitions" in parts:
@@ -93,11 +100,6 @@ class MLXCheckpoint(HFCheckpoint):
             name=prefix,
         )
         return from_mlx(mp)
-
-    def input_scale(self, prefix: str) -> float | None:
-        self._check_prefix(prefix)
-        name = f"{prefix}.input_scale"
-        return scalar(self.store.get(name), name) if name in self.store else None
 
 
 class MLXFormat(HFFormat):

@@ -21,9 +21,10 @@ from nvfp4.layouts import from_modelopt, to_modelopt
 from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import BLOCK_SIZE
 
-from .checkpoint import Checkpoint, scalar
+from .checkpoint import Checkpoint
 from .flavour_io import FlavourIO
-from .flavours import MODELOPT_NVFP4_ALGOS, read_json
+from .flavours import MODELOPT_NVFP4_ALGOS, CheckpointError
+from .folder import Fields, short
 from .hf import (
     PRODUCER,
     Entry,
@@ -50,22 +51,38 @@ class ModelOptCheckpoint(HFCheckpoint):
     SCALES = "weight_scale"
     OWNED = ("weight", "weight_scale", "weight_scale_2", "input_scale")
 
+    CLAIMS = ("weight_scale", "weight_scale_2")
+    GLOBAL = "weight_scale_2"
+
     def __init__(self, path: Path) -> None:
-        hq = path / "hf_quant_config.json"
-        cfg = read_json(path / "config.json") if (path / "config.json").is_file() else {}
-        if hq.is_file():
-            self.quant_config = read_json(hq)
-            q = self.quant_config.get("quantization", {})
-        else:
-            qc = cfg.get("quantization_config", {})
-            self.quant_config = {"quantization": qc} if isinstance(qc, dict) else {}
-            q = qc if isinstance(qc, dict) else {}
-        self.quant_algo = str(q.get("quant_algo") or "")
-        layers = q.get("quantized_layers") or {}
-        self.layer_algos: dict[str, str] = {
-            str(k): str(v.get("quant_algo", "")) for k, v in layers.items() if isinstance(v, dict)
-        }
         super().__init__(path, "modelopt")
+
+    def _read_quant_config(self, config: Fields) -> None:
+        hq = self.folder.fields("hf_quant_config.json")
+        if hq is not None:
+            self.quant_config = hq.data
+            q = hq.obj("quantization")
+        else:
+            q = config.obj("quantization_config")
+            self.quant_config = {"quantization": q.data} if q is not None else {}
+        self.quant_algo = (q.str("quant_algo") if q is not None else None) or ""
+        layers = q.obj("quantized_layers") if q is not None else None
+        self.layer_algos: dict[str, str] = {}
+        for layer, _ in layers.items() if layers is not None else ():
+            entry = layers.obj(layer, required=True)  # type: ignore[union-attr]
+            assert entry is not None
+            self.layer_algos[layer] = entry.str("quant_algo") or ""
+
+    def _claimed(self) -> list[str]:
+        claimed = super()._claimed()
+        have = set(claimed)
+        for layer, algo in self.layer_algos.items():
+            if algo in MODELOPT_NVFP4_ALGOS and layer not in have:
+                raise CheckpointError(
+                    f"{self.path}: quantized_layers names {short(layer)} {algo} but the "
+                    "checkpoint has no NVFP4 tensors for it"
+                )
+        return claimed
 
     def _accept(self, prefix: str) -> bool:
         if self.quant_algo == "MIXED_PRECISION" and prefix in self.layer_algos:
@@ -82,11 +99,6 @@ class ModelOptCheckpoint(HFCheckpoint):
 
     def planes(self, prefix: str) -> NVFP4Planes:
         return from_modelopt(self._parts(prefix), name=prefix)
-
-    def input_scale(self, prefix: str) -> float | None:
-        self._check_prefix(prefix)
-        name = f"{prefix}.input_scale"
-        return scalar(self.store.get(name), name) if name in self.store else None
 
 
 class ModelOptFormat(HFFormat):

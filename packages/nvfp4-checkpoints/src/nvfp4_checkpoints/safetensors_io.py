@@ -36,6 +36,8 @@ import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
+from .folder import MAX_JSON_BYTES, CheckpointError, check_shape, one_line, parse_json, short
+
 __all__ = [
     "DTYPES",
     "SafetensorsError",
@@ -68,11 +70,11 @@ DTYPES: Final[Mapping[str, np.dtype[Any]]] = {
 }
 
 #: The longest header this reader accepts (the safetensors library's limit is 100 MB).
-MAX_HEADER_BYTES: Final = 100_000_000
+MAX_HEADER_BYTES: Final = MAX_JSON_BYTES
 _ALIGN: Final = 8
 
 
-class SafetensorsError(ValueError):
+class SafetensorsError(CheckpointError):
     """A malformed or unreadable safetensors file; the message names the file (and the
     tensor where one is concerned)."""
 
@@ -108,8 +110,8 @@ class TensorInfo:
 
 
 def _fail(path: Path, what: str, tensor: str | None = None) -> SafetensorsError:
-    where = f"{path}" + (f", tensor {tensor!r}" if tensor is not None else "")
-    return SafetensorsError(f"safetensors file {where}: {what}")
+    where = f"{path}" + (f", tensor {short(tensor)}" if tensor is not None else "")
+    return SafetensorsError(one_line(f"safetensors file {where}: {what}"))
 
 
 def read_header(path: str | os.PathLike[str]) -> tuple[dict[str, TensorInfo], dict[str, str]]:
@@ -135,9 +137,9 @@ def read_header(path: str | os.PathLike[str]) -> tuple[dict[str, TensorInfo], di
             raise _fail(p, f"header length {n} exceeds {MAX_HEADER_BYTES} bytes")
         raw = f.read(n)
     try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise _fail(p, f"header is not valid UTF-8 JSON ({e})") from None
+        header = parse_json(raw, f"safetensors file {p}: header")
+    except CheckpointError as e:
+        raise SafetensorsError(str(e)) from None
     if not isinstance(header, dict):
         raise _fail(p, f"header is a JSON {type(header).__name__}, expected an object")
     meta_raw = header.pop("__metadata__", {})
@@ -148,7 +150,7 @@ def read_header(path: str | os.PathLike[str]) -> tuple[dict[str, TensorInfo], di
     metadata: dict[str, str] = dict(meta_raw)
     data_start = 8 + n
     data_size = size - data_start
-    entries = [_parse_entry(p, name, entry, data_start) for name, entry in header.items()]
+    entries = [_parse_entry(p, name, entry, data_start, size) for name, entry in header.items()]
     entries.sort(key=lambda t: (t.start, t.end))
     cursor = data_start
     for t in entries:
@@ -173,17 +175,18 @@ def read_header(path: str | os.PathLike[str]) -> tuple[dict[str, TensorInfo], di
     return {t.name: t for t in entries}, metadata
 
 
-def _parse_entry(p: Path, name: str, entry: Any, data_start: int) -> TensorInfo:
+def _parse_entry(p: Path, name: str, entry: Any, data_start: int, size: int) -> TensorInfo:
     if not isinstance(entry, dict):
         raise _fail(p, f"header entry is a {type(entry).__name__}, expected an object", name)
     dtype = entry.get("dtype")
     if not isinstance(dtype, str) or dtype not in DTYPES:
-        raise _fail(p, f"dtype {dtype!r} is not one of {', '.join(DTYPES)}", name)
-    shape = entry.get("shape")
-    if not isinstance(shape, list) or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-    ):
-        raise _fail(p, f"shape {shape!r} is not a list of non-negative integers", name)
+        raise _fail(p, f"dtype {short(dtype)} is not one of {', '.join(DTYPES)}", name)
+    try:
+        shape = check_shape(
+            entry.get("shape"), size, f"safetensors file {p}", f"tensor {short(name)}"
+        )
+    except CheckpointError as e:
+        raise SafetensorsError(str(e)) from None
     offsets = entry.get("data_offsets")
     if (
         not isinstance(offsets, list)
@@ -191,13 +194,15 @@ def _parse_entry(p: Path, name: str, entry: Any, data_start: int) -> TensorInfo:
         or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets)
         or offsets[1] < offsets[0]
     ):
-        raise _fail(p, f"data_offsets {offsets!r} are not [begin, end] with begin <= end", name)
+        raise _fail(
+            p, f"data_offsets {short(offsets)} are not [begin, end] with begin <= end", name
+        )
     expected = math.prod(shape) * DTYPES[dtype].itemsize
     found = offsets[1] - offsets[0]
     if expected != found:
         raise _fail(
             p,
-            f"{dtype} {shape} needs {expected} bytes but data_offsets {offsets} span {found}",
+            f"{dtype} {list(shape)} needs {expected} bytes but data_offsets {offsets} span {found}",
             name,
         )
     return TensorInfo(name, dtype, tuple(shape), data_start + offsets[0], data_start + offsets[1])

@@ -1,0 +1,321 @@
+"""What a checkpoint folder may contain, and how every value read from it is checked.
+
+A checkpoint is the regular files inside its folder. Every reader goes through
+:class:`CheckpointFolder` for the files it opens and through :func:`parse_json` /
+:class:`Fields` for the values it reads, so that a hostile download is refused with one
+:class:`~nvfp4_checkpoints.CheckpointError` naming the file, the key and the expected and
+found values, before anything is read outside the folder or anything large is built:
+
+* a member is named by a relative path without ``..``; a symlink, or a path that resolves
+  outside the folder, is refused (:meth:`CheckpointFolder.member`);
+* JSON is refused above :data:`MAX_JSON_BYTES` bytes or :data:`MAX_JSON_DEPTH` levels of
+  nesting (counted before parsing), with integers of more than :data:`MAX_INT_DIGITS`
+  digits or the non-standard constants ``NaN`` / ``Infinity``;
+* a value is checked for type and range where it is read (:class:`Fields`);
+* tensor shapes have rank at most :data:`MAX_RANK` and no dimension beyond the file's size
+  (:func:`check_shape`);
+* messages are cut to one line of at most :data:`MAX_MESSAGE` characters (:func:`one_line`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import stat
+from collections.abc import Iterator, Mapping
+from pathlib import Path, PurePosixPath
+from typing import Any, Final, NoReturn
+
+import numpy as np
+
+__all__ = [
+    "MAX_JSON_BYTES",
+    "MAX_JSON_DEPTH",
+    "MAX_MESSAGE",
+    "MAX_RANK",
+    "CheckpointError",
+    "CheckpointFolder",
+    "Fields",
+    "check_shape",
+    "one_line",
+    "parse_json",
+    "short",
+]
+
+#: The largest JSON document read (the safetensors library's header limit).
+MAX_JSON_BYTES: Final = 100_000_000
+#: The deepest nesting of JSON arrays and objects read.
+MAX_JSON_DEPTH: Final = 64
+#: The longest integer literal read from JSON.
+MAX_INT_DIGITS: Final = 40
+#: The highest tensor rank read.
+MAX_RANK: Final = 8
+#: The longest error message printed.
+MAX_MESSAGE: Final = 300
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read or written as asked (missing files, unknown
+    flavour, inconsistent config or tensors, an existing destination). The message is one
+    line naming the path or tensor concerned."""
+
+
+_STRING: Final = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+
+
+def short(value: object, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters (a hostile value may be huge)."""
+    if isinstance(value, (list, tuple, dict)) and len(value) > 64:
+        kind = type(value).__name__
+        return f"a {kind} of {len(value)} items"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line of at most :data:`MAX_MESSAGE` characters."""
+    flat = " ".join(text[: MAX_MESSAGE * 4].split())
+    return flat if len(flat) <= MAX_MESSAGE else flat[: MAX_MESSAGE - 3] + "..."
+
+
+def _fail(where: object, what: str) -> NoReturn:
+    raise CheckpointError(one_line(f"{where}: {what}"))
+
+
+# ============================================================================== JSON
+def _refuse_constant(name: str) -> NoReturn:
+    raise ValueError(f"the non-standard constant {name}")
+
+
+def _int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"an integer of {len(text)} digits (at most {MAX_INT_DIGITS})")
+    return int(text)
+
+
+def json_depth(raw: bytes) -> int:
+    """The deepest nesting of arrays and objects in ``raw``, brackets in strings aside."""
+    bare = np.frombuffer(_STRING.sub(b'""', raw), dtype=np.uint8)
+    if bare.size == 0:
+        return 0
+    step = np.zeros(bare.shape, dtype=np.int8)
+    step[(bare == ord("{")) | (bare == ord("["))] = 1
+    step[(bare == ord("}")) | (bare == ord("]"))] = -1
+    return int(np.cumsum(step, dtype=np.int64).max(initial=0))
+
+
+def parse_json(raw: bytes, where: object) -> Any:
+    """Parse ``raw`` (UTF-8 JSON) within the limits of the module docstring, or raise
+    :class:`CheckpointError` naming ``where``."""
+    if len(raw) > MAX_JSON_BYTES:
+        _fail(where, f"JSON of {len(raw)} bytes, more than the {MAX_JSON_BYTES} read")
+    depth = json_depth(raw)
+    if depth > MAX_JSON_DEPTH:
+        _fail(where, f"JSON nested {depth} levels deep, more than the {MAX_JSON_DEPTH} read")
+    try:
+        return json.loads(raw.decode("utf-8"), parse_int=_int, parse_constant=_refuse_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        _fail(where, f"not valid UTF-8 JSON ({e})")
+
+
+def read_json_file(path: Path) -> dict[str, Any]:
+    """A JSON object from the file ``path`` (size checked before reading)."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_JSON_BYTES:
+                _fail(path, f"JSON of {size} bytes, more than the {MAX_JSON_BYTES} read")
+            raw = f.read()
+    except FileNotFoundError:
+        _fail(path, "no such file")
+    except OSError as e:
+        _fail(path, f"cannot read ({e.strerror or e})")
+    data = parse_json(raw, path)
+    if not isinstance(data, dict):
+        _fail(path, f"expected a JSON object, found a {_kind(data)}")
+    return data
+
+
+def _kind(v: object) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean"}.get(
+        type(v), "null" if v is None else "number"
+    )
+
+
+class _Missing:
+    pass
+
+
+MISSING: Final = _Missing()
+
+
+class Fields:
+    """A JSON object read from ``where`` (a file), each value checked where it is read.
+
+    ``key`` is the dotted path of this object in the file (for messages)."""
+
+    def __init__(self, data: object, where: object, key: str = "") -> None:
+        if not isinstance(data, dict):
+            _fail(where, f"{key or 'the top level'}: expected a JSON object, found {short(data)}")
+        self.data: dict[str, Any] = data
+        self.where = where
+        self.key = key
+
+    def _name(self, key: str) -> str:
+        return f"{self.key}.{key}" if self.key else key
+
+    def fail(self, key: str, expected: str, found: object) -> NoReturn:
+        _fail(self.where, f"key {self._name(key)!r}: expected {expected}, found {short(found)}")
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.data
+
+    def raw(self, key: str, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+    def obj(self, key: str, *, required: bool = False) -> Fields | None:
+        """A nested object (``None`` when absent or null and not ``required``)."""
+        v = self.data.get(key)
+        if v is None and not required:
+            return None
+        if not isinstance(v, dict):
+            self.fail(key, "a JSON object", v)
+        return Fields(v, self.where, self._name(key))
+
+    def str(self, key: str, *, choices: frozenset[str] | None = None) -> str | None:
+        v = self.data.get(key)
+        if v is None:
+            return None
+        if not isinstance(v, str) or (choices is not None and v not in choices):
+            self.fail(key, "one of " + ", ".join(sorted(choices)) if choices else "a string", v)
+        return v
+
+    def int(self, key: str, lo: int = 0, hi: int = 2**31 - 1) -> int | None:
+        """An integer in ``[lo, hi]``, or ``None`` when absent or null."""
+        v = self.data.get(key)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            self.fail(key, f"an integer in [{lo}, {hi}]", v)
+        return v
+
+    def num(self, key: str, *, positive: bool = False) -> float | None:
+        """A finite number (``> 0`` when ``positive``), or ``None`` when absent or null."""
+        v = self.data.get(key)
+        if v is None:
+            return None
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        if not ok or (positive and v <= 0):
+            self.fail(key, "a finite positive number" if positive else "a finite number", v)
+        return float(v)
+
+    def str_list(self, key: str) -> list[str] | None:
+        v = self.data.get(key)
+        if v is None:
+            return None
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            self.fail(key, "a list of strings", v)
+        return v
+
+    def items(self) -> Iterator[tuple[str, Any]]:
+        return iter(self.data.items())
+
+
+def check_shape(shape: object, limit: int, where: object, what: str) -> tuple[int, ...]:
+    """A tensor shape: a list of at most :data:`MAX_RANK` integers in ``[0, limit]``
+    (``limit``: the file's size, which no dimension of a tensor it holds can exceed)."""
+    if (
+        not isinstance(shape, (list, tuple))
+        or len(shape) > MAX_RANK
+        or not all(
+            isinstance(d, (int, np.integer)) and not isinstance(d, bool) and 0 <= d <= limit
+            for d in shape
+        )
+    ):
+        _fail(
+            where,
+            f"{what}: shape {short(shape)} is not a list of at most {MAX_RANK} non-negative integers in "
+            f"[0, {limit}]",
+        )
+    return tuple(int(d) for d in shape)
+
+
+# ============================================================================ folder
+class CheckpointFolder:
+    """The regular files inside a checkpoint folder, and nothing else.
+
+    ``root`` is the folder the user named (itself trusted, symlink or not); what it
+    contains is not: :meth:`member` refuses names with ``..`` or absolute names, symlinks
+    and anything that is not a regular file, naming the entry.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.real = root.resolve()
+
+    def has(self, name: str) -> bool:
+        """Whether the folder has an entry ``name`` (of any kind, a symlink included)."""
+        return os.path.lexists(self.root / name)
+
+    def member(self, name: object, *, what: str = "entry") -> Path:
+        """The path of the regular file ``name`` inside the folder, or
+        :class:`CheckpointError` naming it."""
+        if not isinstance(name, str) or not name or "\x00" in name or "\\" in name:
+            _fail(self.root, f"{what} {short(name)}: not a file name inside the checkpoint")
+        parts = PurePosixPath(name).parts
+        if PurePosixPath(name).is_absolute() or any(p in ("..", ".") for p in parts):
+            _fail(
+                self.root,
+                f"{what} {short(name)}: points outside the checkpoint (a checkpoint is the "
+                "regular files inside its folder)",
+            )
+        path = self.root
+        for part in parts:
+            path = path / part
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                _fail(self.root, f"{what} {short(name)}: is missing (no such file)")
+            except OSError as e:
+                _fail(self.root, f"{what} {short(name)}: cannot read ({e.strerror or e})")
+            if stat.S_ISLNK(st.st_mode):
+                _fail(
+                    self.root,
+                    f"{what} {short(name)}: is a symlink (a checkpoint is the regular files "
+                    "inside its folder)",
+                )
+        if not stat.S_ISREG(st.st_mode):
+            _fail(self.root, f"{what} {short(name)}: not a regular file")
+        if not path.resolve().is_relative_to(self.real):  # pragma: no cover - belt and braces
+            _fail(self.root, f"{what} {short(name)}: resolves outside the checkpoint")
+        return path
+
+    def json(self, name: str) -> dict[str, Any]:
+        """The JSON object in member ``name``."""
+        return read_json_file(self.member(name, what="file"))
+
+    def fields(self, name: str) -> Fields | None:
+        """The JSON object in member ``name`` as :class:`Fields`, ``None`` when absent."""
+        if not self.has(name):
+            return None
+        return Fields(self.json(name), self.root / name)
+
+    def listing(self) -> list[str]:
+        """The names of the folder's visible (not dot) entries that are files or symlinks,
+        sorted: what a reader may glob or a writer copy (each then goes through
+        :meth:`member`)."""
+        out = []
+        with os.scandir(self.root) as it:
+            for entry in it:
+                if entry.name.startswith("."):
+                    continue
+                if entry.is_symlink() or entry.is_file(follow_symlinks=False):
+                    out.append(entry.name)
+        return sorted(out)
+
+
+def config_fields(config: Mapping[str, Any], where: object) -> Fields:
+    """A model config (``config.json``, or the copy a GGUF records) as :class:`Fields`."""
+    return Fields(dict(config), where)
