@@ -10,6 +10,8 @@ import pytest
 from nvfp4 import NVFP4Planes, PlaneError, dequantize
 from nvfp4.layouts import MLXPlanes, from_mlx, mlx_global_scale_arg, to_mlx
 from nvfp4.reference import pack_codes, qmm
+from nvfp4.spec import GLOBAL_AMAX_DIVISOR
+from nvfp4.testing import relative_error
 
 
 def random_planes(
@@ -107,9 +109,12 @@ def test_refusals() -> None:
 def test_mlx_global_scale_arg_is_the_amax() -> None:
     # the anchors' worked example: amax 12 -> decode 12/2688 -> MLX global_scale 12 (1 ulp:
     # 12/2688 is not a float32)
-    assert ulp_distance(mlx_global_scale_arg(np.float32(12.0 / 2688.0)), np.float32(12)) <= 1
+    assert (
+        ulp_distance(mlx_global_scale_arg(np.float32(12.0 / GLOBAL_AMAX_DIVISOR)), np.float32(12))
+        <= 1
+    )
     g = np.float32(0.001)
-    assert mlx_global_scale_arg(g) == np.float32(g * np.float32(2688.0))
+    assert mlx_global_scale_arg(g) == np.float32(g * np.float32(GLOBAL_AMAX_DIVISOR))
     assert mlx_global_scale_arg(g).dtype == np.float32
 
 
@@ -204,4 +209,4 @@ def test_mlx_quantized_matmul_with_sidecar_global_matches_reference() -> None:
     )
     ours = np.array(y) * m.global_scale  # the sidecar global, applied after the matmul
     ref = qmm(x, p, out_dtype=None)
-    assert np.max(np.abs(ours - ref)) / np.max(np.abs(ref)) < 1e-5
+    assert relative_error(ours, ref) < 1e-5

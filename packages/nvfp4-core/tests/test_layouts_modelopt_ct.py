@@ -24,6 +24,7 @@ from nvfp4.layouts import (
     to_modelopt,
 )
 from nvfp4.layouts import compressed_tensors as ct
+from nvfp4.spec import GLOBAL_AMAX_DIVISOR
 
 
 def random_planes(
@@ -197,7 +198,7 @@ def test_reciprocal_refusals() -> None:
 
 
 def test_input_scale_helpers() -> None:
-    x = np.float32(12.0 / 2688.0)
+    x = np.float32(12.0 / GLOBAL_AMAX_DIVISOR)
     ig = input_global_scale_from_input_scale(x)
     assert ig.shape == (1,)
     assert ig.dtype == np.float32

@@ -24,6 +24,7 @@ from nvfp4.reference import (
     quantize_activations,
     unpack_codes,
 )
+from nvfp4.spec import GLOBAL_AMAX_DIVISOR
 
 F4 = ml_dtypes.float4_e2m1fn
 F8 = ml_dtypes.float8_e4m3fn
@@ -298,7 +299,7 @@ def test_gather_qmm_scalar_and_expert_partition_globals(global_scale: Any, parti
 # ----------------------------------------------------------------------- activations
 def dynamic_global(x: F32) -> np.float32:
     finite = x[np.isfinite(x)]
-    return np.float32(np.float32(np.abs(finite).max()) / np.float32(2688.0))
+    return np.float32(np.float32(np.abs(finite).max()) / np.float32(GLOBAL_AMAX_DIVISOR))
 
 
 def test_quantize_activations_dynamic_and_static() -> None:

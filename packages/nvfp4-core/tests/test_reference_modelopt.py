@@ -18,7 +18,7 @@ import numpy.typing as npt
 import pytest
 from nvfp4 import NVFP4Planes, dequantize, quantize
 from nvfp4.reference import unpack_codes
-from nvfp4.spec import BLOCK_SIZE
+from nvfp4.spec import BLOCK_SIZE, GLOBAL_AMAX_DIVISOR
 
 U8 = npt.NDArray[np.uint8]
 F32 = npt.NDArray[np.float32]
@@ -281,7 +281,7 @@ def maximal_block_scales(mo: Any, tally: Tally) -> None:
     w = rng.standard_normal((32, 128)).astype(np.float32)
     amax = float(np.abs(w).max())
     for factor in (1.0 / 10.0, 1.0 / 1000.0, 1.0 / 3.0e6):
-        p = _same(mo, w, tally, g=amax / 2688.0 * factor)
+        p = _same(mo, w, tally, g=amax / GLOBAL_AMAX_DIVISOR * factor)
         assert (p.scales == 0x7E).any()
 
 
@@ -321,7 +321,7 @@ def fused_qkv_shared_global(mo: Any, tally: Tally) -> None:
     k = (rng.standard_normal((32, 128)) * 2.0).astype(np.float32)
     v = (rng.standard_normal((32, 128)) * 0.05).astype(np.float32)
     amax = max(float(np.abs(t).max()) for t in (q, k, v))
-    shared = np.float32(np.float32(amax) / np.float32(2688.0))
+    shared = np.float32(np.float32(amax) / np.float32(GLOBAL_AMAX_DIVISOR))
     for t in (q, k, v):
         _same(mo, t, tally, g=float(shared))
     # One fused tensor with a global per partition = each part quantized on its own.

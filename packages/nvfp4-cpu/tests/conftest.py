@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from cpu_helpers import MEASURED, tol
+from cpu_helpers import MEASURED
 from nvfp4.testing import pytest_configure, pytest_sessionfinish  # noqa: F401 - the oracle rule
+from nvfp4.tolerances import tolerance
 from nvfp4_cpu._native import load
 
 
@@ -36,5 +37,5 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         v = MEASURED[key]
         terminalreporter.write_line(
             f"{key:<22} n={len(v):<4} max={max(v):.3e} median={float(np.median(v)):.3e} "
-            f"(tolerance {tol(*key.split('/')):.1e})"
+            f"(tolerance {tolerance(*key.split('/')):.1e})"
         )
