@@ -42,6 +42,7 @@ from . import (
     write_checkpoint,
 )
 from .destination import interrupt_on_signals
+from .folder import one_line
 from .safetensors_io import SafetensorsError
 
 __all__ = ["main"]
@@ -51,10 +52,8 @@ BAD_INPUT = (CheckpointError, SafetensorsError, PlaneError, OSError)
 
 
 def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split())
-    if isinstance(e, OSError) and not text:
-        text = type(e).__name__
-    return text
+    """The error on one line of at most :data:`~.folder.MAX_MESSAGE` characters."""
+    return one_line(str(e)) or type(e).__name__
 
 
 def _human(n: float) -> str:
@@ -101,7 +100,7 @@ def _report(ck: Checkpoint) -> tuple[dict[str, Any], list[str]]:
     fused = []
     for key, members in ck.fused_groups().items():
         gs = [globals_by_name[m] for m in members if m in globals_by_name]
-        ratio = max(gs) / min(gs) if gs and min(gs) > 0 else float("nan")
+        ratio = max(gs) / min(gs) if len(gs) == len(members) and min(gs) > 0 else None
         fused.append({"name": key, "members": members, "globals": gs, "max_ratio": ratio})
     experts = {k: len(v) for k, v in ck.expert_groups().items()}
     plain_bytes = 0
@@ -157,13 +156,18 @@ def _print_report(r: dict[str, Any], out: TextIO) -> None:
         )
     fused = r["fused_groups"]
     differ = [f for f in fused if f["max_ratio"] != 1.0]
-    worst = max((f["max_ratio"] for f in fused), default=1.0)
+    worst = max((f["max_ratio"] for f in fused if f["max_ratio"] is not None), default=1.0)
     print(
         f"fused groups: {len(fused)}; globals differ in {len(differ)} (largest ratio {worst:.6g})",
         file=out,
     )
     for f in differ[:10]:
-        print(f"  {f['name']}: ratio {f['max_ratio']:.6g}", file=out)
+        ratio = (
+            "unknown (a member failed validation)"
+            if f["max_ratio"] is None
+            else f"{f['max_ratio']:.6g}"
+        )
+        print(f"  {f['name']}: ratio {ratio}", file=out)
     v = r["validation"]
     print(f"validation: {v['valid']}/{v['checked']} NVFP4 tensors valid", file=out)
     for e in v["errors"][:10]:
@@ -174,7 +178,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     with open_checkpoint(args.path) as ck:
         report, errors = _report(ck)
     if args.json:
-        json.dump(report, sys.stdout, indent=2)
+        json.dump(report, sys.stdout, indent=2, allow_nan=False)
         sys.stdout.write("\n")
     else:
         _print_report(report, sys.stdout)

@@ -37,6 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..flavours import CheckpointError, import_gguf
+from ..folder import one_line, short
 
 __all__ = [
     "GGML_BF16",
@@ -205,7 +206,7 @@ class GGUFFile:
     # ----------------------------------------------------------------- parsing
     def _error(self, expected: str, found: str) -> CheckpointError:
         return CheckpointError(
-            f"{self.path}: not a readable GGUF file: expected {expected}, found {found}"
+            one_line(f"{self.path}: not a readable GGUF file: expected {expected}, found {found}")
         )
 
     def _unpack(self, fmt: str, pos: int, what: str) -> tuple[Any, int]:
@@ -305,6 +306,10 @@ class GGUFFile:
             ne = []
             for _ in range(n_dims):
                 d, pos = self._unpack("<Q", pos, f"the shape of {name!r}")
+                if d > self.size:
+                    raise self._error(
+                        f"dimensions of {short(name)} no larger than the file", str(d)
+                    )
                 ne.append(d)
             ggml_type, pos = self._unpack("<I", pos, f"the type of {name!r}")
             rel, pos = self._unpack("<Q", pos, f"the data offset of {name!r}")
@@ -316,12 +321,21 @@ class GGUFFile:
             offset = data_start + rel
             if offset + nbytes > self.size:
                 raise self._error(
-                    f"the {nbytes} bytes of {name!r} at byte {offset}",
+                    f"the {nbytes} bytes of {short(name)} at byte {offset}",
                     f"a file of {self.size} bytes (truncated?)",
                 )
             if name in self.tensors:
-                raise self._error(f"each tensor name once ({name!r})", "it twice")
+                raise self._error(f"each tensor name once ({short(name)})", "it twice")
             self.tensors[name] = GGUFTensorInfo(name, shape, ggml_type, offset, nbytes)
+        end, previous = data_start, ""
+        for t in sorted(self.tensors.values(), key=lambda t: (t.offset, t.nbytes)):
+            if t.nbytes and t.offset < end:
+                raise self._error(
+                    f"the data of {short(t.name)} after that of {short(previous)}",
+                    f"an overlap at byte {t.offset}",
+                )
+            if t.nbytes:
+                end, previous = t.offset + t.nbytes, t.name
 
     def _nbytes(self, name: str, shape: tuple[int, ...], ggml_type: int) -> int:
         elements = 1

@@ -11,6 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..flavours import CheckpointError, import_gguf
+from ..folder import Fields
 
 __all__ = [
     "KV_GGUF_NAMES",
@@ -56,37 +57,42 @@ def gguf_arch(config: Mapping[str, Any]) -> str:
     """gguf-py's architecture name for a Hugging Face ``config.model_type``
     (llama/mistral/mixtral -> ``llama``, qwen3_moe -> ``qwen3moe``...)."""
     gguf = import_gguf()
-    model_type = str(config.get("model_type") or "")
+    model_type = Fields(dict(config), "config.json").str("model_type") or ""
     arch = _ARCH_ALIASES.get(model_type, model_type.replace("_", ""))
     known = set(gguf.MODEL_ARCH_NAMES.values())
     return arch if arch in known else (arch or "unknown")
 
 
+_UINT32_MAX: Final = 2**32 - 1
+
+
 def permuted_heads(arch: str, config: Mapping[str, Any]) -> dict[str, int]:
     """GGUF leaf names whose rows the writer RoPE-permutes, with their head counts: q and k
     of the ``llama`` architecture (as llama.cpp's converter does), else none."""
-    if arch == "llama" and isinstance(config.get("num_attention_heads"), int):
-        n_head = int(config["num_attention_heads"])
-        return {"attn_q": n_head, "attn_k": int(config.get("num_key_value_heads") or n_head)}
+    f = Fields(dict(config), "config.json")
+    n_head = f.int("num_attention_heads", 1, _UINT32_MAX)
+    if arch == "llama" and n_head is not None:
+        return {"attn_q": n_head, "attn_k": f.int("num_key_value_heads", 1, n_head) or n_head}
     return {}
 
 
-def _rope_theta(config: Mapping[str, Any]) -> float | None:
-    if isinstance(config.get("rope_theta"), (int, float)):
-        return float(config["rope_theta"])
-    rp = config.get("rope_parameters")
-    if isinstance(rp, dict) and isinstance(rp.get("rope_theta"), (int, float)):
-        return float(rp["rope_theta"])
-    return None
+def _rope_theta(config: Fields) -> float | None:
+    theta = config.num("rope_theta", positive=True)
+    rp = config.obj("rope_parameters")
+    if theta is None and rp is not None:
+        theta = rp.num("rope_theta", positive=True)
+    return theta
 
 
 def add_hparams(w: Any, config: Mapping[str, Any]) -> None:
-    """Architecture hyper-parameters gguf-py / llama.cpp expect, where config.json has them."""
+    """Architecture hyper-parameters gguf-py / llama.cpp expect, where config.json has them
+    (each checked: an integer that fits GGUF's uint32, a finite number)."""
+    f = Fields(dict(config), "config.json")
 
     def num(*keys: str) -> Any:
         for k in keys:
-            v = config.get(k)
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
+            v = f.int(k, 0, _UINT32_MAX)
+            if v is not None:
                 return v
         return None
 
@@ -108,9 +114,9 @@ def add_hparams(w: Any, config: Mapping[str, Any]) -> None:
         v = num(*keys)
         if v is not None:
             add(int(v))
-    eps = num("rms_norm_eps")
+    eps = f.num("rms_norm_eps", positive=True)
     if eps is not None:
-        w.add_layer_norm_rms_eps(float(eps))
-    theta = _rope_theta(config)
+        w.add_layer_norm_rms_eps(eps)
+    theta = _rope_theta(f)
     if theta is not None:
         w.add_rope_freq_base(theta)

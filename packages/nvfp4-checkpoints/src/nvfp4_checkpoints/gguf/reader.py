@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import ml_dtypes
 import numpy as np
@@ -16,8 +15,9 @@ from nvfp4.spec import GGUF_TYPE_NVFP4
 
 from ..checkpoint import Checkpoint, PlaneShape, scalar
 from ..flavours import CheckpointError
+from ..folder import parse_json, short
 from ..safetensors_io import DTYPES
-from .file import GGML_BF16, PLAIN_TYPES, GGUFFile, ggml_type_name
+from .file import GGML_BF16, PLAIN_TYPES, GGUFFile, GGUFTensorInfo, ggml_type_name
 from .metadata import (
     KV_GGUF_NAMES,
     KV_HF_CONFIG,
@@ -56,22 +56,39 @@ class GGUFCheckpoint(Checkpoint):
         for key in (KV_SPEC, KV_HF_CONFIG, KV_GGUF_NAMES, KV_HF_NAMES, KV_HF_DTYPES):
             if key in fields:
                 kv[key] = fields[key].value()
-        self.arch = str(self.file.value("general.architecture", ""))
-        try:
-            self.config = json.loads(kv[KV_HF_CONFIG]) if KV_HF_CONFIG in kv else {}
-        except (json.JSONDecodeError, TypeError) as e:
-            raise CheckpointError(f"{path}: {KV_HF_CONFIG} is not a JSON object ({e})") from None
+        arch = self.file.value("general.architecture", "")
+        if not isinstance(arch, str):
+            self._bad("general.architecture", "a string", arch)
+        self.arch = arch
+        self.config = {}
+        if KV_HF_CONFIG in kv:
+            if not isinstance(kv[KV_HF_CONFIG], str):
+                self._bad(KV_HF_CONFIG, "a JSON string", kv[KV_HF_CONFIG])
+            config = parse_json(kv[KV_HF_CONFIG].encode("utf-8"), f"{path}: {KV_HF_CONFIG}")
+            if not isinstance(config, dict):
+                self._bad(KV_HF_CONFIG, "a JSON object", config)
+            self.config = config
         self.quant_config = {
             "nvfp4": {k.removeprefix("nvfp4."): v for k, v in kv.items() if k != KV_HF_CONFIG},
             "general.architecture": self.arch,
         }
         self.tensors = self.file.tensors
+        gguf_names = self._names(kv, KV_GGUF_NAMES)
+        hf_names = self._names(kv, KV_HF_NAMES)
+        hf_dtypes = self._names(kv, KV_HF_DTYPES, unique=False)
         names_map: dict[str, str] = {}
-        if KV_GGUF_NAMES in kv and KV_HF_NAMES in kv:
-            names_map = dict(zip(kv[KV_GGUF_NAMES], kv[KV_HF_NAMES], strict=False))
         self._hf_dtypes: dict[str, str] = {}
-        if KV_HF_DTYPES in kv and KV_HF_NAMES in kv:
-            self._hf_dtypes = dict(zip(kv[KV_HF_NAMES], kv[KV_HF_DTYPES], strict=False))
+        if gguf_names is not None and hf_names is not None:
+            if len(gguf_names) != len(hf_names):
+                self._bad(KV_HF_NAMES, f"{len(gguf_names)} names (as {KV_GGUF_NAMES})", hf_names)
+            names_map = dict(zip(gguf_names, hf_names, strict=True))
+            if hf_dtypes is not None:
+                if len(hf_dtypes) != len(hf_names):
+                    self._bad(KV_HF_DTYPES, f"{len(hf_names)} dtypes", hf_dtypes)
+                for name, dt in zip(hf_names, hf_dtypes, strict=True):
+                    if dt and dt not in DTYPES:
+                        self._bad(KV_HF_DTYPES, "safetensors dtype names", dt)
+                    self._hf_dtypes[name] = dt
         heads = self._heads()
         self._q: dict[str, _GGUFEntry] = {}
         owned: set[str] = set()
@@ -81,16 +98,23 @@ class GGUFCheckpoint(Checkpoint):
             if not t.name.endswith(".weight"):
                 raise CheckpointError(f"{path}: NVFP4 tensor {t.name!r} is not named <x>.weight")
             base = t.name[: -len(".weight")]
+            if len(t.shape) not in (2, 3) or 0 in t.shape:
+                raise CheckpointError(
+                    f"{path}: NVFP4 tensor {short(t.name)}: expected rank 2 or 3 with no empty "
+                    f"axis, found shape {list(t.shape)}"
+                )
             owned.update({t.name, f"{base}.scale", f"{base}.input_scale"})
             hf = names_map.get(base, base)
             perm = heads.get(base.rpartition(".")[2]) if self.arch == "llama" else None
             if len(t.shape) == 3:
-                experts = t.shape[0]
                 fmt = hf if "{}" in hf else f"{hf}.{{}}"
-                for i in range(experts):
-                    self._q[fmt.format(i)] = _GGUFEntry(base, hf, i, perm)
+                if fmt.count("{}") != 1 or fmt.replace("{}", "").count("{") + fmt.count("}") > 1:
+                    self._bad(KV_HF_NAMES, "one '{}' in a merged-expert name", hf)
+                members = [fmt.replace("{}", str(i)) for i in range(t.shape[0])]
+                for i, member in enumerate(members):
+                    self._add_q(member, _GGUFEntry(base, hf, i, perm))
             else:
-                self._q[hf] = _GGUFEntry(base, hf, None, perm)
+                self._add_q(hf, _GGUFEntry(base, hf, None, perm))
         self._plain: dict[str, tuple[str, int | None]] = {}
         for t in self.tensors.values():
             if t.name in owned:
@@ -102,7 +126,41 @@ class GGUFCheckpoint(Checkpoint):
                 if (stem and self.arch == "llama" and len(t.shape) == 2)
                 else None
             )
+            if hf_name in self._plain or hf_name in self._q:
+                self._bad(KV_HF_NAMES, "unique names", hf_name)
             self._plain[hf_name] = (t.name, perm)
+            want = self._hf_dtypes.get(hf_name)
+            if want:
+                self._check_dtype(hf_name, t, want)
+
+    def _bad(self, key: str, expected: str, found: object) -> NoReturn:
+        raise CheckpointError(
+            f"{self.path}: metadata {key}: expected {expected}, found {short(found)}"
+        )
+
+    def _names(self, kv: dict[str, Any], key: str, *, unique: bool = True) -> list[str] | None:
+        v = kv.get(key)
+        if v is None:
+            return None
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            self._bad(key, "an array of strings", v)
+        if unique and len(set(v)) != len(v):
+            dup = next(x for x in v if v.count(x) > 1) if len(v) < 4096 else "(a repeated name)"
+            self._bad(key, "unique names", dup)
+        return v
+
+    def _add_q(self, name: str, entry: _GGUFEntry) -> None:
+        if name in self._q:
+            self._bad(KV_HF_NAMES, "unique names", name)
+        self._q[name] = entry
+
+    def _check_dtype(self, name: str, t: GGUFTensorInfo, want: str) -> None:
+        """The converter never changes a tensor's dtype except where a layout says so: the
+        writer widens 1-D BF16 / F16 to F32, nothing else."""
+        stored = PLAIN_TYPES.get(t.ggml_type, (ggml_type_name(t.ggml_type), ""))[0]
+        if want == stored or (stored == "F32" and want in ("BF16", "F16") and len(t.shape) <= 1):
+            return
+        self._bad(KV_HF_DTYPES, f"{stored} for {short(name)} (stored as {stored})", want)
 
     def _heads(self) -> dict[str, int]:
         key_h, key_kv = f"{self.arch}.attention.head_count", f"{self.arch}.attention.head_count_kv"
@@ -129,10 +187,14 @@ class GGUFCheckpoint(Checkpoint):
         t = self.tensors.get(f"{base}.{suffix}")
         if t is None:
             return None
+        experts = self.tensors[f"{base}.weight"].shape[0] if index is not None else 1
+        if t.ggml_type != 0 or t.shape != (experts,):
+            raise CheckpointError(
+                f"{self.path}: tensor {short(t.name)}: expected F32 of shape [{experts}], "
+                f"found {ggml_type_name(t.ggml_type)} {list(t.shape)}"
+            )
         a = self.file.array(t)
-        if index is not None and a.size > 1:
-            return a.reshape(-1)[index : index + 1]
-        return a
+        return a[index : index + 1] if index is not None else a
 
     def plane_shape(self, prefix: str) -> PlaneShape:
         entry = self._entry(prefix)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from nvfp4.planes import PlaneError
 from nvfp4.spec import GGUF_BLOCK_BYTES, GGUF_SUPER_BLOCK, SPEC_VERSION
 
 from ..flavours import CheckpointError, import_gguf
+from ..folder import Fields
 from ..overlapped import OverlappedWriter
 from ..safetensors_io import DTYPES, dtype_name
 from ..source import Plan, PlaneItem, Progress, Source, TensorItem, fetch, plan, plane_items, slow
@@ -64,11 +66,13 @@ class _Job:
 class _Header:
     """The tensor infos declared so far, with the ``nvfp4.*`` name maps that go with them."""
 
-    def __init__(self, gguf: ModuleType, writer: Any, arch: str, config: dict[str, Any]) -> None:
+    def __init__(
+        self, gguf: ModuleType, writer: Any, arch: str, config: dict[str, Any], layout: Plan
+    ) -> None:
         self.gguf = gguf
         self.w = writer
         arch_enum = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}.get(arch)
-        n_layers = int(config.get("num_hidden_layers") or 0)
+        n_layers = _layers_present(layout)  # not the config's count: layers must exist
         self.tmap = gguf.get_tensor_name_map(arch_enum, n_layers) if arch_enum is not None else None
         self.heads = permuted_heads(arch, config)
         self.gguf_names: list[str] = []
@@ -155,6 +159,19 @@ class _Header:
         self.w.add_bool(KV_ROPE_PERMUTED, bool(self.heads))
 
 
+_LAYER_RE: Final = re.compile(r"(?:^|\.)(?:layers|h|blocks|blk)\.(\d{1,9})\.")
+
+
+def _layers_present(layout: Plan) -> int:
+    """One more than the highest layer index among the tensors' names (the name map of
+    gguf-py is built for these layers only, whatever ``num_hidden_layers`` says)."""
+    top = -1
+    for it in layout.items:
+        for m in _LAYER_RE.finditer(it.key if isinstance(it, PlaneItem) else it.name):
+            top = max(top, int(m.group(1)))
+    return min(top + 1, len(layout.items))
+
+
 def _refuse_k(layout: Plan) -> None:
     for it in plane_items(layout):
         if it.shape.k % GGUF_SUPER_BLOCK:
@@ -167,7 +184,8 @@ def _refuse_k(layout: Plan) -> None:
 
 
 def _add_metadata(gguf: ModuleType, w: Any, config: dict[str, Any]) -> None:
-    w.add_name(str(config.get("_name_or_path") or config.get("model_type") or "nvfp4 model"))
+    f = Fields(config, "config.json")
+    w.add_name(f.str("_name_or_path") or f.str("model_type") or "nvfp4 model")
     add_hparams(w, config)
     w.add_file_type(int(gguf.LlamaFileType.MOSTLY_NVFP4))
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -243,7 +261,7 @@ def write_gguf_file(
     layout = plan(src, stack=True)
     _refuse_k(layout)
     w = gguf.GGUFWriter(None, arch)
-    header = _Header(gguf, w, arch, config)
+    header = _Header(gguf, w, arch, config, layout)
     _add_metadata(gguf, w, config)
     tokenizer_written = tokenizer(w) if tokenizer is not None else False
     for item in layout.items:
