@@ -31,6 +31,7 @@ from .frontend import (
 )
 from .planes import (
     NVFP4Planes,
+    PlaneError,
     check_global_shape,
     check_partitions,
     expand_row_global,
@@ -221,9 +222,17 @@ def quantize(
 def dequantize_unscaled(planes: NVFP4Planes) -> npt.NDArray[np.float32]:
     """``e2m1(code) * e4m3(scale)`` for every element, without the global: exact in float32
     (an E2M1 value times an E4M3 value has at most 6 significant bits)."""
-    codes = unpack_codes(planes.codes)
-    values = E2M1_VALUES[codes].reshape(*planes.scales.shape, BLOCK_SIZE)
-    values *= E4M3_VALUES[planes.scales][..., None]
+    try:
+        codes = unpack_codes(planes.codes)
+        values = E2M1_VALUES[codes].reshape(*planes.scales.shape, BLOCK_SIZE)
+        values *= E4M3_VALUES[planes.scales][..., None]
+    except MemoryError:
+        raise PlaneError(
+            planes.name,
+            "decoded size",
+            "a weight whose float32 decode fits in memory",
+            planes.shape,
+        ) from None
     return values.reshape(planes.shape)
 
 
@@ -234,7 +243,7 @@ def dequantize(planes: NVFP4Planes, dtype: Any = np.float32) -> npt.NDArray[Any]
     by the (per-row) global rounds once in float32, and float16 / bfloat16 outputs are
     that float32 result cast with round-to-nearest-even.
     """
-    validate(planes)
+    validate(planes, content=True)
     out_dtype = resolve_dtype(dtype)
     v = dequantize_unscaled(planes)
     v *= planes.row_global()[..., None]
@@ -262,7 +271,7 @@ def qmm(x: Any, w: NVFP4Planes, *, out_dtype: Any = np.float32) -> npt.NDArray[A
     float64 result the tolerances are measured against; otherwise it is rounded to float32
     and then to ``out_dtype``.
     """
-    validate(w)
+    validate(w, content=True)
     check_weight_kind("qmm", w.name, w.shape, experts=False)
     xin = matmul_input(x, w.k, f"qmm({w.name!r})")
     y = qmm_2d(xin.x, decoded_operand(w))
@@ -303,7 +312,7 @@ def gather_qmm(
     parity (the reference result does not depend on it; a sorted hint that is false is
     refused so backends that trust it are tested against honest callers).
     """
-    validate(w)
+    validate(w, content=True)
     what = f"gather_qmm({w.name!r})"
     check_weight_kind("gather_qmm", w.name, w.shape, experts=True)
     xin = matmul_input(x, w.k, what, rows=True)
@@ -373,7 +382,7 @@ def qmm_w4a4(
 ) -> npt.NDArray[Any]:
     """W4A4 reference: activations quantized by :func:`quantize_activations`, then
     ``(sum_k xq*wq) * global_x * global_w[n]`` accumulated in float64."""
-    validate(w)
+    validate(w, content=True)
     what = f"qmm_w4a4({w.name!r})"
     check_weight_kind("qmm_w4a4", w.name, w.shape, experts=False)
     xin = matmul_input(x, w.k, what)
