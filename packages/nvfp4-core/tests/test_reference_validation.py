@@ -18,7 +18,9 @@ def _planes(experts: bool = False) -> NVFP4Planes:
     rng = np.random.default_rng(0)
     w = rng.standard_normal((2, 32, 64) if experts else (32, 64)).astype(np.float32)
     if experts:
-        return nvfp4.fusion.stack_experts([nvfp4.quantize(w[0]), nvfp4.quantize(w[1])])
+        return nvfp4.fusion.stack_experts(
+            [nvfp4.quantize(w[0]), nvfp4.quantize(w[1])], name="experts"
+        )
     return nvfp4.quantize(w)
 
 
