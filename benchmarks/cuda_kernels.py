@@ -107,6 +107,7 @@ def _copy_bandwidth(torch: Any) -> float:
 def _self_check(b: Any, torch: Any) -> list[str]:
     """Every path against the float64 reference on a small shape; returns the failures."""
     from nvfp4 import reference
+    from nvfp4.testing import relative_error
     from nvfp4.tolerances import tolerance
     from nvfp4_triton import ops
 
@@ -122,7 +123,7 @@ def _self_check(b: Any, torch: Any) -> list[str]:
         ref = reference.qmm(xt.float().cpu().numpy(), planes, out_dtype=None)
         for path in ops.QMM_PATHS:
             y = ops.qmm(xt, w.payload, torch.bfloat16, p.config, path).float().cpu().numpy()
-            err = float(np.abs(y - ref).max() / np.abs(ref).max())
+            err = relative_error(y, ref)
             if not err <= tolerance("qmm", "bfloat16"):
                 bad.append(f"qmm {path} M={m}: error {err:.3g}")
     return bad

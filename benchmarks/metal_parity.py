@@ -69,6 +69,7 @@ def weight_changes(path: Path) -> dict[str, Any]:
     value: re-encoding a decoded -0.0 gives +0)."""
     from nvfp4 import reference
     from nvfp4.spec import E2M1_VALUES
+    from nvfp4.testing import relative_error
     from nvfp4_checkpoints import open_checkpoint
     from nvfp4_metal.transcode import requantize_dense, to_planes
 
@@ -104,7 +105,7 @@ def weight_changes(path: Path) -> dict[str, Any]:
             g1 = float(np.asarray(dq.global_scale, np.float32).reshape(-1)[0])
             global_log2.append(float(np.log2(g1 / g0)))
             wd = reference.dequantize(dq)
-            rel_w_err.append(float(np.abs(wd - exact).max() / np.abs(exact).max()))
+            rel_w_err.append(relative_error(wd, exact))
             tot["elements"] += exact.size
             tot["blocks"] += p.scales.size
             tot["tensors"] += 1

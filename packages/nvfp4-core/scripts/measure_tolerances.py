@@ -48,7 +48,6 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -71,6 +70,7 @@ from nvfp4.spec import (
     block_scale_unrounded,
     e4m3_encode,
 )
+from nvfp4.testing import relative_error
 
 F32 = npt.NDArray[np.float32]
 F64 = npt.NDArray[np.float64]
@@ -197,15 +197,6 @@ VARIANTS: dict[str, Accumulate] = {
 
 #: Suffix of the path under which the informational "x rounded inside" figures are kept.
 INFORMATIONAL = " (informational: x float32, rounded to the output dtype inside)"
-
-
-def relative_error(y: npt.NDArray[Any], reference: F64) -> float:
-    """The spec metric ``max|y - ref| / max|ref|`` (0 when both are all zero)."""
-    denom = float(np.max(np.abs(reference))) if reference.size else 0.0
-    diff = float(np.max(np.abs(y.astype(np.float64) - reference))) if reference.size else 0.0
-    if denom == 0.0:
-        return 0.0 if diff == 0.0 else float("inf")
-    return diff / denom
 
 
 # ------------------------------------------------------------------------ bookkeeping

@@ -7,21 +7,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from layout_planes import random_planes
 from nvfp4 import NVFP4Planes, PlaneError, dequantize
 from nvfp4.layouts import MLXPlanes, from_mlx, mlx_global_scale_arg, to_mlx
 from nvfp4.reference import pack_codes, qmm
 from nvfp4.spec import GLOBAL_AMAX_DIVISOR
 from nvfp4.testing import relative_error
-
-
-def random_planes(
-    rng: np.random.Generator, shape: tuple[int, ...], *, name: str = "w"
-) -> NVFP4Planes:
-    *lead, n, k = shape
-    codes = rng.integers(0, 256, size=(*lead, n, k // 2), dtype=np.uint8)
-    scales = rng.integers(0, 0x7F, size=(*lead, n, k // 16), dtype=np.uint8)
-    g = np.exp2(rng.uniform(-12, 2, size=tuple(lead))).astype(np.float32)
-    return NVFP4Planes(codes, scales, g, name=name)
 
 
 def every_code_every_scale() -> NVFP4Planes:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import layout_planes
 import ml_dtypes
 import numpy as np
 import pytest
@@ -30,12 +31,8 @@ from nvfp4.spec import GLOBAL_AMAX_DIVISOR
 def random_planes(
     rng: np.random.Generator, shape: tuple[int, ...], *, name: str = "w"
 ) -> NVFP4Planes:
-    """Planes with every code byte and every valid scale byte possible (no quantizer)."""
-    *lead, n, k = shape
-    codes = rng.integers(0, 256, size=(*lead, n, k // 2), dtype=np.uint8)
-    scales = rng.integers(0, 0x7F, size=(*lead, n, k // 16), dtype=np.uint8)
-    g = np.exp2(rng.uniform(-20, 5, size=tuple(lead))).astype(np.float32)
-    return NVFP4Planes(codes, scales, g, name=name)
+    """Layout planes with globals from 2^-20 to 2^5."""
+    return layout_planes.random_planes(rng, shape, name=name, log2_globals=(-20, 5))
 
 
 def same_bytes(a: NVFP4Planes, b: NVFP4Planes) -> bool:

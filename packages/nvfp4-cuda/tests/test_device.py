@@ -3,9 +3,6 @@ GPUs, and what a Hopper or Blackwell GPU would get (device queries monkeypatched
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from importlib.metadata import entry_points
 from typing import Any
 
 import numpy as np
@@ -14,23 +11,15 @@ import torch
 from nvfp4 import reference
 from nvfp4_cuda import backend, configs, device
 from nvfp4_triton import INTERPRETER_DEVICE
+from nvfp4_triton.testing import assert_import_is_light, fake_gpu, registered_entry_point
 
 
 def test_import_needs_neither_torch_nor_triton() -> None:
-    code = "import sys, nvfp4_cuda; nvfp4_cuda.backend(); print('torch' in sys.modules, 'triton' in sys.modules)"
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={"PATH": "/usr/bin:/bin"},
-    )
-    assert out.stdout.split() == ["False", "False"], out.stdout + out.stderr
+    assert_import_is_light("nvfp4_cuda")
 
 
 def test_entry_point_is_registered() -> None:
-    eps = {ep.name: ep.value for ep in entry_points(group="nvfp4.backends")}
-    assert eps.get("cuda") == "nvfp4_cuda:backend"
+    assert registered_entry_point("cuda") == "nvfp4_cuda:backend"
 
 
 def test_interpreter_mode_is_available_and_says_so() -> None:
@@ -81,16 +70,9 @@ def test_rocm_build_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _fake_gpu(monkeypatch: pytest.MonkeyPatch, cap: tuple[int, int], name: str, sms: int) -> None:
-    class Props:
-        multi_processor_count = sms
-
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
-    monkeypatch.setattr(torch.version, "hip", None, raising=False)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    fake_gpu(monkeypatch, hip=None, multi_processor_count=sms)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: cap)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: name)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i=0: Props())
 
 
 @pytest.mark.parametrize(

@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import nvfp4_metal
 import pytest
-from metal_helpers import random_planes
 from nvfp4.planes import PlaneError
 from nvfp4.registry import discover
+from nvfp4.testing import random_planes
 from nvfp4_metal.backend import NATIVE_CAPABILITIES, PRIORITY_APPLE, PRIORITY_OTHER, MetalBackend
 
 

@@ -8,10 +8,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from metal_helpers import NP_DTYPES, random_planes, to_np
+from metal_helpers import NP_DTYPES, to_np
 from nvfp4 import reference
 from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import E2M1_VALUES, E4M3_VALUES
+from nvfp4.testing import random_planes
 from nvfp4_metal import ops
 from nvfp4_metal.transcode import transcode
 

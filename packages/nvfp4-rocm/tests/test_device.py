@@ -4,9 +4,6 @@ CUDA builds of torch, a ROCm build without a GPU, and what each AMD architecture
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from importlib.metadata import entry_points
 from typing import Any
 
 import numpy as np
@@ -16,28 +13,17 @@ from nvfp4 import get_backend, reference
 from nvfp4_rocm import backend, device
 from nvfp4_rocm.device import ARCH_ENV, DEFAULT_INTERPRETER_ARCH
 from nvfp4_triton import INTERPRETER_DEVICE
+from nvfp4_triton.testing import assert_import_is_light, fake_gpu, registered_entry_point
 
 BASE_CAPS = {"qmm", "gather_qmm", "dequantize", "quantize_activations", "fused_partitions"}
 
 
 def test_import_needs_neither_torch_nor_triton() -> None:
-    code = (
-        "import sys, nvfp4_rocm; nvfp4_rocm.backend(); "
-        "print('torch' in sys.modules, 'triton' in sys.modules)"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={"PATH": "/usr/bin:/bin"},
-    )
-    assert out.stdout.split() == ["False", "False"], out.stdout + out.stderr
+    assert_import_is_light("nvfp4_rocm")
 
 
 def test_entry_point_is_registered() -> None:
-    eps = {ep.name: ep.value for ep in entry_points(group="nvfp4.backends")}
-    assert eps.get("rocm") == "nvfp4_rocm:backend"
+    assert registered_entry_point("rocm") == "nvfp4_rocm:backend"
 
 
 def test_interpreter_mode_on_this_machine(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -123,16 +109,7 @@ def test_rocm_build_without_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _fake_gpu(monkeypatch: pytest.MonkeyPatch, gcn: str, name: str, cus: int) -> None:
-    class Props:
-        gcnArchName = gcn
-        multi_processor_count = cus
-
-    Props.name = name  # type: ignore[attr-defined]
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
-    monkeypatch.setattr(torch.version, "hip", "6.4.1", raising=False)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i=0: Props())
+    fake_gpu(monkeypatch, hip="6.4.1", gcnArchName=gcn, multi_processor_count=cus, name=name)
 
 
 @pytest.mark.parametrize(

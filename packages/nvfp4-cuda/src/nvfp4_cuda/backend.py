@@ -21,17 +21,12 @@ from nvfp4_triton.backend import Platform, TritonKernels
 from nvfp4_triton.weights import DeviceWeight
 
 from . import device, dispatch, w4a4
+from ._version import __version__
 
 __all__ = ["PRIORITY", "CUDABackend", "CUDAKernels", "backend"]
 
 #: Above ``cpu`` (50) and ``reference`` (0): chosen automatically where a GPU is usable.
 PRIORITY = 100
-
-
-def _version() -> str:
-    from ._version import __version__
-
-    return __version__
 
 
 class CUDAKernels(TritonKernels):
@@ -40,16 +35,13 @@ class CUDAKernels(TritonKernels):
     NAME = "cuda"
     PRIORITY = PRIORITY
     PACKAGE = "nvfp4-cuda"
+    VERSION = __version__
     NOTES = (
         "Triton kernels shared with nvfp4-rocm (package nvfp4-triton)",
         "W4A16: E2M1/E4M3 decoded in registers, float32 accumulation, global applied after "
         "accumulation; decode GEMV with deterministic split-K",
         "dispatch crossovers and GPU tiles are provisional: not yet measured on a GPU",
     )
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.VERSION = _version()
 
     def detect(self) -> Platform:
         return device.detect()

@@ -25,17 +25,12 @@ from nvfp4_triton.backend import Platform, TritonKernels
 from nvfp4_triton.weights import DeviceWeight
 
 from . import configs, device, dispatch, w4a4
+from ._version import __version__
 
 __all__ = ["PRIORITY", "ROCmBackend", "ROCmKernels", "backend"]
 
 #: Above ``cpu`` (50) and ``reference`` (0): chosen automatically where an AMD GPU is usable.
 PRIORITY = 100
-
-
-def _version() -> str:
-    from ._version import __version__
-
-    return __version__
 
 
 class ROCmKernels(TritonKernels):
@@ -44,6 +39,7 @@ class ROCmKernels(TritonKernels):
     NAME = "rocm"
     PRIORITY = PRIORITY
     PACKAGE = "nvfp4-rocm"
+    VERSION = __version__
     NOTES = (
         "Triton kernels shared with nvfp4-cuda (package nvfp4-triton); AMD tiles per "
         "architecture family, 64-lane wavefronts on CDNA, 32-lane on RDNA",
@@ -53,10 +49,6 @@ class ROCmKernels(TritonKernels):
         "AMD tiles and dispatch crossovers are provisional: nothing measured on AMD hardware",
         w4a4.NOTE,
     )
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.VERSION = _version()
 
     def detect(self) -> Platform:
         return device.detect()
