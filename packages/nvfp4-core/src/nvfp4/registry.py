@@ -57,7 +57,11 @@ class BackendUnavailable(RuntimeError):
         self.installed = installed
         hint = ""
         if name in KNOWN_PACKAGES and name not in installed:
-            hint = f" (it comes with `pip install {KNOWN_PACKAGES[name]}`)"
+            package = KNOWN_PACKAGES[name]
+            hint = (
+                f" (it comes with `pip install {package}`; from a clone of the repository: "
+                f"`nox -s build`, then `pip install --find-links dist {package}`)"
+            )
         super().__init__(
             f"NVFP4 backend {name!r} is unavailable: {reason}{hint}. "
             f"Installed backends: {', '.join(installed) or 'none'}."
