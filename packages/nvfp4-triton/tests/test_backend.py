@@ -11,8 +11,9 @@ from nvfp4 import reference
 from nvfp4.backend import Backend
 from nvfp4.planes import NVFP4Planes, PlaneError
 from nvfp4_triton.backend import Platform, TritonKernels, torch_dtype
+from nvfp4_triton.testing import check_close
 from nvfp4_triton.weights import DeviceWeight, upload
-from triton_helpers import AMD_LIKE, check_close
+from triton_helpers import AMD_LIKE
 
 
 class InterpreterKernels(TritonKernels):

@@ -10,8 +10,9 @@ from nvfp4 import reference
 from nvfp4.planes import NVFP4Planes
 from nvfp4_triton import ops
 from nvfp4_triton.config import KernelConfig
+from nvfp4_triton.testing import DTYPES, NUMPY, TORCH, to_numpy
 from nvfp4_triton.weights import upload
-from triton_helpers import DTYPES, NUMPY, TORCH, bits, to_numpy
+from triton_helpers import bits
 
 
 def _random_planes(

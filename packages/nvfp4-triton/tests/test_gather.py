@@ -9,8 +9,8 @@ import torch
 from nvfp4 import reference
 from nvfp4_triton import ops
 from nvfp4_triton.config import KernelConfig
+from nvfp4_triton.testing import DTYPES, TORCH, check_close, to_numpy, torch_activations
 from nvfp4_triton.weights import upload
-from triton_helpers import DTYPES, TORCH, check_close, to_numpy, x_of
 
 E = 4
 
@@ -35,7 +35,7 @@ def _ids(rng: np.random.Generator, m: int) -> np.ndarray:
 def test_gather(cfg: KernelConfig, path: str, sort: bool, dtype: str, m: int) -> None:
     rng = np.random.default_rng(m * 7 + len(path) + sort)
     planes = _experts(rng, 21, 80)
-    x, x32 = x_of(rng, m, 80, dtype)
+    x, x32 = torch_activations(rng, m, 80, dtype)
     ids = _ids(rng, m)
     if sort:
         ids = np.sort(ids)
@@ -61,7 +61,7 @@ def test_expert_and_partition_globals(any_cfg: KernelConfig, path: str) -> None:
     rng = np.random.default_rng(3)
     planes = _experts(rng, 24, 64, parts=(0, 10, 24))
     assert planes.global_scale.shape == (E, 2)
-    x, x32 = x_of(rng, 20, 64, "float32")
+    x, x32 = torch_activations(rng, 20, 64, "float32")
     ids = _ids(rng, 20)
     y = ops.gather(
         x, upload(planes, "cpu"), torch.from_numpy(ids), torch.float32, any_cfg, path=path

@@ -11,8 +11,8 @@ import torch
 from nvfp4 import reference
 from nvfp4_triton import ops
 from nvfp4_triton.config import KernelConfig
+from nvfp4_triton.testing import DTYPES, TORCH, check_close, to_numpy, torch_activations
 from nvfp4_triton.weights import upload
-from triton_helpers import DTYPES, TORCH, check_close, to_numpy, x_of
 
 # (M, N, K): M = 1, 3, 33 (and 16 / 17 around the GEMV's row limit), N not a multiple of
 # any tile, K not a multiple of BLOCK_K.
@@ -35,7 +35,7 @@ def _weight(rng: np.random.Generator, n: int, k: int, parts=None):
 def test_qmm_paths(cfg: KernelConfig, path: str, dtype: str, m: int, n: int, k: int) -> None:
     rng = np.random.default_rng(m * 1000 + n + k)
     planes = _weight(rng, n, k)
-    x, x32 = x_of(rng, m, k, dtype)
+    x, x32 = torch_activations(rng, m, k, dtype)
     y = ops.qmm(x, upload(planes, "cpu"), TORCH[dtype], cfg, path)
     assert y.dtype == TORCH[dtype]
     check_close(y, reference.qmm(x32, planes, out_dtype=None), "qmm", dtype, f"{path} {dtype}")
@@ -48,7 +48,7 @@ def test_fused_partitions_keep_their_globals(any_cfg: KernelConfig, path: str) -
     parts = (0, 5, 21, 24)
     planes = _weight(rng, 24, 96, parts)
     assert len(set(planes.global_scale.tolist())) == 3
-    x, x32 = x_of(rng, 3, 96, "float32")
+    x, x32 = torch_activations(rng, 3, 96, "float32")
     y = ops.qmm(x, upload(planes, "cpu"), torch.float32, any_cfg, path)
     check_close(y, reference.qmm(x32, planes, out_dtype=None), "qmm", "float32", path)
 
@@ -59,7 +59,7 @@ def test_split_k_is_used_and_deterministic(cfg: KernelConfig) -> None:
     rng = np.random.default_rng(5)
     planes = _weight(rng, 16, 512)
     w = upload(planes, "cpu")
-    x, x32 = x_of(rng, 2, 512, "float32")
+    x, x32 = torch_activations(rng, 2, 512, "float32")
     y1, y2 = ops.gemv(x, w, torch.float32, cfg), ops.gemv(x, w, torch.float32, cfg)
     assert torch.equal(y1, y2)
     check_close(y1, reference.qmm(x32, planes, out_dtype=None), "qmm", "float32", "split-K")
