@@ -111,6 +111,21 @@ def _plan(session: nox.Session, hw: str = "cpu", *, interpret: bool = True) -> t
     return chosen
 
 
+#: Set to 1 to keep each session's environment after it passed (for ``nox -r`` re-runs).
+KEEP_VENVS = "NVFP4_KEEP_VENVS"
+
+
+def _discard_venv(session: nox.Session) -> None:
+    """Remove this session's environment once it passed, unless NVFP4_KEEP_VENVS=1: most
+    sessions install torch and the oracles (1.5-2 GB each), and removing each one as soon as
+    it is done keeps ``.nox/`` under a few GB for the README's commands."""
+    if os.environ.get(KEEP_VENVS) == "1":
+        return
+    location = Path(str(getattr(session.virtualenv, "location", "") or ""))
+    if location.is_dir() and (ROOT / ".nox") in location.parents:
+        shutil.rmtree(location)
+
+
 def _install(session: nox.Session, chosen: targets.Plan, *args: str) -> None:
     """pip install ``args`` under ``chosen``'s constraints and torch index."""
     path = Path(session.create_tmp()) / "constraints.txt"
@@ -159,6 +174,7 @@ def tests(session: nox.Session, package: str) -> None:
     if path == ROOT:
         _install(session, chosen, *REPOSITORY_TEST_DEPS, str(CORE))
         session.run("pytest", "-q", "-ra", str(ROOT / "tests"), *session.posargs)
+        _discard_venv(session)
         return
     for dep in _local_deps(path):
         _install(session, chosen, str(dep))
@@ -174,6 +190,7 @@ def tests(session: nox.Session, package: str) -> None:
         *session.posargs,
         env={"NVFP4_REQUIRE_ORACLES": "1"},
     )
+    _discard_venv(session)
 
 
 @nox.session
@@ -182,6 +199,7 @@ def lint(session: nox.Session) -> None:
     _install(session, _plan(session), "ruff==0.17.6")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    _discard_venv(session)
 
 
 @nox.session
@@ -194,6 +212,7 @@ def typecheck(session: nox.Session) -> None:
         str(CORE / "src" / "nvfp4"),
         str(CHECKPOINTS / "src" / "nvfp4_checkpoints"),
     )
+    _discard_venv(session)
 
 
 @nox.session
@@ -213,6 +232,7 @@ def fixtures(session: nox.Session) -> None:
         "sys.exit(f'fixtures differ: {bad + err}' if bad or err else 0)",
         tmp,
     )
+    _discard_venv(session)
 
 
 #: What each distribution's import check imports (the top-level module of each package).
@@ -283,6 +303,7 @@ def build(session: nox.Session) -> None:
             py, "-c", f"import {module}; print({module!r}, {module}.__version__)", external=True
         )
         shutil.rmtree(venv)  # ours, in the session's temporary folder: keeps .nox/ small
+    _discard_venv(session)
 
 
 @nox.session(name="bench-cpu")
@@ -382,6 +403,7 @@ def _make_conformance(hw: str) -> None:
         except the Triton backends with TRITON_INTERPRET=1, which the certificate states)."""
         interpret = hw in ("cuda", "rocm") and os.environ.get("TRITON_INTERPRET") == "1"
         _run_conformance(session, hw, interpret=interpret)
+        _discard_venv(session)
 
 
 for _hw in HARDWARE:
