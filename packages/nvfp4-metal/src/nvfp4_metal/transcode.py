@@ -35,6 +35,7 @@ import numpy.typing as npt
 from nvfp4.fusion import partition_globals
 from nvfp4.layouts import MLXPlanes, from_mlx, mlx_global_scale_arg, to_mlx
 from nvfp4.planes import NVFP4Planes, PlaneError, expand_row_global, validate
+from nvfp4.shapes import WeightShape
 from nvfp4.spec import BLOCK_SIZE, GLOBAL_AMAX_DIVISOR
 
 from .settings import Impl, resolve_impl
@@ -59,7 +60,7 @@ AFFINE_GROUPS = (64, 32)
 
 
 @dataclass(frozen=True, eq=False)
-class MetalWeight:
+class MetalWeight(WeightShape):
     """One NVFP4 weight as MLX arrays (a backend handle; the modules hold the same arrays).
 
     Attributes:
@@ -91,18 +92,6 @@ class MetalWeight:
     group_size: int
     global_scale: npt.NDArray[np.float32]
     partitions: tuple[int, ...] | None = None
-
-    @property
-    def num_experts(self) -> int | None:
-        return self.shape[0] if len(self.shape) == 3 else None
-
-    @property
-    def n(self) -> int:
-        return self.shape[-2]
-
-    @property
-    def k(self) -> int:
-        return self.shape[-1]
 
     @property
     def nbytes(self) -> int:
