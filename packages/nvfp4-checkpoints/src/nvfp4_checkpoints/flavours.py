@@ -73,7 +73,7 @@ def _is_gguf(path: Path) -> bool:
 
 def _modelopt_algo(hf_quant: Fields | None) -> str | None:
     q = hf_quant.obj("quantization") if hf_quant is not None else None
-    return q.str("quant_algo") if q is not None else None
+    return q.text("quant_algo") if q is not None else None
 
 
 def detect_flavour(path: str | os.PathLike[str]) -> Flavour:

@@ -184,7 +184,7 @@ class Fields:
             self.fail(key, "a JSON object", v)
         return Fields(v, self.where, self._name(key))
 
-    def str(self, key: str, *, choices: frozenset[str] | None = None) -> str | None:
+    def text(self, key: str, *, choices: frozenset[str] | None = None) -> str | None:
         v = self.data.get(key)
         if v is None:
             return None
@@ -192,7 +192,7 @@ class Fields:
             self.fail(key, "one of " + ", ".join(sorted(choices)) if choices else "a string", v)
         return v
 
-    def int(self, key: str, lo: int = 0, hi: int = 2**31 - 1) -> int | None:
+    def integer(self, key: str, lo: int = 0, hi: int = 2**31 - 1) -> int | None:
         """An integer in ``[lo, hi]``, or ``None`` when absent or null."""
         v = self.data.get(key)
         if v is None:

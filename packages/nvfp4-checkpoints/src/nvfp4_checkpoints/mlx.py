@@ -61,7 +61,7 @@ class MLXCheckpoint(HFCheckpoint):
     def _read_quant_config(self, config: Fields) -> None:
         q = config.obj("quantization", required=True)
         assert q is not None
-        q.str("mode", choices=frozenset({"nvfp4"}))
+        q.text("mode", choices=frozenset({"nvfp4"}))
         for key, want in (("group_size", BLOCK_SIZE), ("bits", 4)):
             if q.raw(key, want) != want or isinstance(q.raw(key), bool):
                 q.fail(key, f"{want} (NVFP4)", q.raw(key))

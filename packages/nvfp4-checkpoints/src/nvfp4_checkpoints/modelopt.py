@@ -65,13 +65,13 @@ class ModelOptCheckpoint(HFCheckpoint):
         else:
             q = config.obj("quantization_config")
             self.quant_config = {"quantization": q.data} if q is not None else {}
-        self.quant_algo = (q.str("quant_algo") if q is not None else None) or ""
+        self.quant_algo = (q.text("quant_algo") if q is not None else None) or ""
         layers = q.obj("quantized_layers") if q is not None else None
         self.layer_algos: dict[str, str] = {}
         for layer, _ in layers.items() if layers is not None else ():
             entry = layers.obj(layer, required=True)  # type: ignore[union-attr]
             assert entry is not None
-            self.layer_algos[layer] = entry.str("quant_algo") or ""
+            self.layer_algos[layer] = entry.text("quant_algo") or ""
 
     def _claimed(self) -> list[str]:
         claimed = super()._claimed()

@@ -57,7 +57,7 @@ def gguf_arch(config: Mapping[str, Any]) -> str:
     """gguf-py's architecture name for a Hugging Face ``config.model_type``
     (llama/mistral/mixtral -> ``llama``, qwen3_moe -> ``qwen3moe``...)."""
     gguf = import_gguf()
-    model_type = Fields(dict(config), "config.json").str("model_type") or ""
+    model_type = Fields(dict(config), "config.json").text("model_type") or ""
     arch = _ARCH_ALIASES.get(model_type, model_type.replace("_", ""))
     known = set(gguf.MODEL_ARCH_NAMES.values())
     return arch if arch in known else (arch or "unknown")
@@ -70,9 +70,9 @@ def permuted_heads(arch: str, config: Mapping[str, Any]) -> dict[str, int]:
     """GGUF leaf names whose rows the writer RoPE-permutes, with their head counts: q and k
     of the ``llama`` architecture (as llama.cpp's converter does), else none."""
     f = Fields(dict(config), "config.json")
-    n_head = f.int("num_attention_heads", 1, _UINT32_MAX)
+    n_head = f.integer("num_attention_heads", 1, _UINT32_MAX)
     if arch == "llama" and n_head is not None:
-        return {"attn_q": n_head, "attn_k": f.int("num_key_value_heads", 1, n_head) or n_head}
+        return {"attn_q": n_head, "attn_k": f.integer("num_key_value_heads", 1, n_head) or n_head}
     return {}
 
 
@@ -91,7 +91,7 @@ def add_hparams(w: Any, config: Mapping[str, Any]) -> None:
 
     def num(*keys: str) -> Any:
         for k in keys:
-            v = f.int(k, 0, _UINT32_MAX)
+            v = f.integer(k, 0, _UINT32_MAX)
             if v is not None:
                 return v
         return None

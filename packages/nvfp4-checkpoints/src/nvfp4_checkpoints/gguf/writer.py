@@ -185,7 +185,7 @@ def _refuse_k(layout: Plan) -> None:
 
 def _add_metadata(gguf: ModuleType, w: Any, config: dict[str, Any]) -> None:
     f = Fields(config, "config.json")
-    w.add_name(f.str("_name_or_path") or f.str("model_type") or "nvfp4 model")
+    w.add_name(f.text("_name_or_path") or f.text("model_type") or "nvfp4 model")
     add_hparams(w, config)
     w.add_file_type(int(gguf.LlamaFileType.MOSTLY_NVFP4))
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)

@@ -1,0 +1,732 @@
+"""The CLI on untrusted downloads: a table of hand-made hostile checkpoints (every class of
+the README's "Safety" section) and a Hypothesis fuzz over headers and configs, each run
+in-process under an audit hook (see :mod:`hostile`): exit 2, one line, no traceback, the
+source untouched, nothing left next to the destination, nothing read outside, bounded time
+and memory."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hostile import assert_clean_refusal, run_guarded, tree_hash
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from nvfp4 import quantize
+from nvfp4.fusion import stack_experts
+from nvfp4.layouts import to_gguf
+from nvfp4_checkpoints import write_checkpoint
+from nvfp4_checkpoints.safetensors_io import SafetensorsFile, save_file
+
+CONFIG = {"model_type": "llama", "num_hidden_layers": 1, "hidden_size": 64}
+ST = "model.safetensors"
+Q = "model.layers.0.self_attn.q_proj"
+K = "model.layers.0.self_attn.k_proj"
+V = "model.layers.0.self_attn.v_proj"
+
+
+def _planes() -> dict[str, Any]:
+    rng = np.random.default_rng(0)
+    out: dict[str, Any] = {
+        p: quantize(rng.standard_normal((64, 64)).astype(np.float32), name=p) for p in (Q, K, V)
+    }
+    e = "model.layers.0.mlp.experts.{}.up_proj"
+    experts = [quantize(rng.standard_normal((64, 64)).astype(np.float32)) for _ in range(2)]
+    out[e] = stack_experts(experts, name=e)
+    return out
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One good checkpoint of each flavour."""
+    base = tmp_path_factory.mktemp("good")
+    planes = _planes()
+    tensors = {"model.norm.weight": np.ones(64, np.float32)}
+    scales = {Q: 0.5, K: 0.25, V: 0.125}
+    out = {}
+    for flavour in ("modelopt", "compressed-tensors", "mlx"):
+        out[flavour] = write_checkpoint(
+            base / flavour,
+            planes,
+            flavour=flavour,
+            tensors=tensors,
+            config=CONFIG,
+            input_scales=scales,
+        )
+        (out[flavour] / "notes.txt").write_text("notes\n")
+    return out
+
+
+# ====================================================================== mutations
+def _json(path: Path, edit: Callable[[dict[str, Any]], Any]) -> None:
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+
+
+def _raw_json(path: Path, text: str) -> None:
+    path.write_text(text)
+
+
+def _tensors(ck: Path, edit: Callable[[dict[str, np.ndarray]], Any]) -> None:
+    with SafetensorsFile(ck / ST) as f:
+        arrays = {n: np.array(f.get(n)) for n in f.names()}
+    edit(arrays)
+    save_file(ck / ST, arrays)
+
+
+def _header(
+    ck: Path, edit: Callable[[dict[str, Any]], Any] | None = None, raw: bytes = b""
+) -> None:
+    blob = (ck / ST).read_bytes()
+    (n,) = struct.unpack("<Q", blob[:8])
+    if edit is not None:
+        header = json.loads(blob[8 : 8 + n])
+        edit(header)
+        raw = json.dumps(header).encode()
+    (ck / ST).write_bytes(struct.pack("<Q", len(raw)) + raw + blob[8 + n :])
+
+
+DEEP = "[" * 1000 + "]" * 1000
+
+
+def _gguf(path: Path, *, kv: dict[str, tuple[str, Any]], tensors: list[tuple[Any, ...]]) -> None:
+    gguf = pytest.importorskip("gguf")
+    w = gguf.GGUFWriter(str(path), "llama")
+    for key, (kind, value) in kv.items():
+        getattr(w, f"add_{kind}")(key, value)
+    for name, arr, *raw in tensors:
+        w.add_tensor(name, arr, raw_dtype=raw[0] if raw else None)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def _gguf_case(kv: dict[str, tuple[str, Any]], experts: int = 2, scale_n: int | None = None):
+    def build(work: Path) -> Path:
+        gguf = pytest.importorskip("gguf")
+        rng = np.random.default_rng(1)
+        planes = stack_experts(
+            [quantize(rng.standard_normal((64, 64)).astype(np.float32)) for _ in range(experts)],
+            name="e",
+        )
+        data, scale = to_gguf(planes)
+        n = scale_n if scale_n is not None else experts
+        path = work / "m.gguf"
+        _gguf(
+            path,
+            kv=kv,
+            tensors=[
+                ("blk.0.ffn_up_exps.weight", data, gguf.GGMLQuantizationType.NVFP4),
+                ("blk.0.ffn_up_exps.scale", np.resize(scale, n).astype(np.float32)),
+                ("output_norm.weight", np.ones(64, np.float32)),
+            ],
+        )
+        return path
+
+    return build
+
+
+NAMES = ("blk.0.ffn_up_exps", "output_norm.weight")
+
+
+def _names(hf: list[Any], dtypes: list[str] | None = None) -> dict[str, tuple[str, Any]]:
+    kv: dict[str, tuple[str, Any]] = {
+        "nvfp4.gguf_names": ("array", list(NAMES)),
+        "nvfp4.hf_names": ("array", hf),
+    }
+    if dtypes is not None:
+        kv["nvfp4.hf_dtypes"] = ("array", dtypes)
+    return kv
+
+
+def _hf(flavour: str, mutate: Callable[[Path], Any]) -> Callable[[Path, dict[str, Path]], Path]:
+    def build(work: Path, good: dict[str, Path]) -> Path:
+        ck = work / "ckpt"
+        shutil.copytree(good[flavour], ck)
+        mutate(ck)
+        return ck
+
+    return build
+
+
+def _outside_index(ck: Path, target: str) -> None:
+    outside = ck.parent.parent / "outside"
+    shutil.copy(ck / ST, outside / "stolen.safetensors")
+    with SafetensorsFile(ck / ST) as f:
+        names = f.names()
+    wm = {n: ST for n in names}
+    wm[f"{Q}.weight"] = target.format(outside=outside)
+    (ck / "model.safetensors.index.json").write_text(json.dumps({"weight_map": wm}))
+
+
+def _symlink(name: str, target: str) -> Callable[[Path], None]:
+    def mutate(ck: Path) -> None:
+        path = ck / name
+        if path.exists():
+            path.unlink()
+        path.symlink_to(target.format(outside=ck.parent.parent / "outside"))
+
+    return mutate
+
+
+def _scale(value: Any, dtype: Any = np.float32) -> Callable[[Path], None]:
+    def mutate(ck: Path) -> None:
+        _tensors(ck, lambda t: t.__setitem__(f"{Q}.input_scale", np.asarray(value, dtype=dtype)))
+
+    return mutate
+
+
+TO = ["--to", "mlx"]
+# (case, defect class, builder, command: "inspect" or convert arguments)
+CASES: list[tuple[str, str, Any, list[str] | str]] = [
+    # 1. reads outside the checkpoint
+    (
+        "extra file symlink out",
+        "1",
+        _hf("modelopt", _symlink("notes.txt", "{outside}/secret.txt")),
+        TO,
+    ),
+    (
+        "extra file -> /proc/self/environ",
+        "1",
+        _hf("modelopt", _symlink("notes.txt", "/proc/self/environ")),
+        TO,
+    ),
+    (
+        "shard symlink out",
+        "1",
+        _hf("modelopt", _symlink(ST, "{outside}/stolen.safetensors")),
+        "inspect",
+    ),
+    (
+        "config symlink",
+        "1",
+        _hf("modelopt", _symlink("config.json", "{outside}/secret.txt")),
+        "inspect",
+    ),
+    (
+        "index absolute path",
+        "1",
+        _hf("modelopt", lambda ck: _outside_index(ck, "{outside}/stolen.safetensors")),
+        "inspect",
+    ),
+    (
+        "index ../",
+        "1",
+        _hf("modelopt", lambda ck: _outside_index(ck, "../../outside/stolen.safetensors")),
+        TO,
+    ),
+    # 3. tracebacks
+    (
+        "config.json nested 1000",
+        "3",
+        _hf("modelopt", lambda ck: _raw_json(ck / "config.json", DEEP)),
+        "inspect",
+    ),
+    (
+        "hf_quant nested 1000",
+        "3",
+        _hf("modelopt", lambda ck: _raw_json(ck / "hf_quant_config.json", '{"a":' + DEEP + "}")),
+        "inspect",
+    ),
+    (
+        "index nested 1000",
+        "3",
+        _hf("modelopt", lambda ck: _raw_json(ck / "model.safetensors.index.json", DEEP)),
+        "inspect",
+    ),
+    (
+        "header nested 1000",
+        "3",
+        _hf("modelopt", lambda ck: _header(ck, raw=DEEP.encode())),
+        "inspect",
+    ),
+    (
+        "5000-digit integer",
+        "3",
+        _hf(
+            "modelopt",
+            lambda ck: _raw_json(ck / "config.json", '{"hidden_size": ' + "9" * 5000 + "}"),
+        ),
+        "inspect",
+    ),
+    (
+        "quantization a string",
+        "3",
+        _hf(
+            "modelopt",
+            lambda ck: _json(
+                ck / "hf_quant_config.json", lambda d: d.__setitem__("quantization", "NVFP4")
+            ),
+        ),
+        "inspect",
+    ),
+    (
+        "quantized_layers a list",
+        "3",
+        _hf(
+            "modelopt",
+            lambda ck: _json(
+                ck / "hf_quant_config.json",
+                lambda d: d["quantization"].update(
+                    quant_algo="MIXED_PRECISION", quantized_layers=[1]
+                ),
+            ),
+        ),
+        "inspect",
+    ),
+    (
+        "config_groups a list",
+        "3",
+        _hf(
+            "compressed-tensors",
+            lambda ck: _json(
+                ck / "config.json",
+                lambda d: d["quantization_config"].__setitem__("config_groups", [1]),
+            ),
+        ),
+        "inspect",
+    ),
+    (
+        "shape [0, 2**63+5]",
+        "3",
+        _hf(
+            "modelopt",
+            lambda ck: _header(
+                ck,
+                lambda h: h.__setitem__(
+                    "z", {"dtype": "F32", "shape": [0, 2**63 + 5], "data_offsets": [0, 0]}
+                ),
+            ),
+        ),
+        "inspect",
+    ),
+    *[
+        (
+            f"gguf {key} {value!r}",
+            "3",
+            _hf(
+                "modelopt",
+                lambda ck, k=key, v=value: _json(ck / "config.json", lambda d: d.__setitem__(k, v)),
+            ),
+            ["--to", "gguf"],
+        )
+        for key, value in (
+            ("hidden_size", -1),
+            ("hidden_size", 2**40),
+            ("hidden_size", 1.5),
+            ("num_hidden_layers", "abc"),
+            ("num_hidden_layers", [2]),
+            ("rms_norm_eps", -1),
+        )
+    ],
+    (
+        "gguf hidden_size NaN",
+        "3",
+        _hf(
+            "modelopt",
+            lambda ck: _raw_json(ck / "config.json", '{"model_type": "llama", "hidden_size": NaN}'),
+        ),
+        ["--to", "gguf"],
+    ),
+    (
+        "mlx partitions of shape ()",
+        "3",
+        _hf(
+            "mlx",
+            lambda ck: _tensors(
+                ck, lambda t: t.__setitem__(f"{Q}.partitions", np.asarray(0, np.int64))
+            ),
+        ),
+        "inspect",
+    ),
+    (
+        "gguf hf_names of ints",
+        "3",
+        _gguf_case(
+            {"nvfp4.gguf_names": ("array", list(NAMES)), "nvfp4.hf_names": ("array", [1, 2])}
+        ),
+        "inspect",
+    ),
+    (
+        "gguf merged name with braces",
+        "3",
+        _gguf_case(_names(["x.{}.{0}", "model.norm.weight"])),
+        "inspect",
+    ),
+    (
+        "gguf hf_config a list",
+        "3",
+        _gguf_case({"nvfp4.hf_config": ("string", "[1, 2]")}),
+        "inspect",
+    ),
+    # 4. time and memory
+    (
+        "shape [1] * 3e6",
+        "4",
+        _hf(
+            "modelopt",
+            lambda ck: _header(
+                ck,
+                lambda h: h.__setitem__(
+                    "z", {"dtype": "F32", "shape": [1] * 3_000_000, "data_offsets": [0, 4]}
+                ),
+            ),
+        ),
+        "inspect",
+    ),
+    # 5. silently accepted lies
+    (
+        "missing weight_scale",
+        "5",
+        _hf("modelopt", lambda ck: _tensors(ck, lambda t: t.pop(f"{Q}.weight_scale"))),
+        TO,
+    ),
+    (
+        "I8 codes",
+        "5",
+        _hf(
+            "modelopt",
+            lambda ck: _tensors(
+                ck, lambda t: t.__setitem__(f"{Q}.weight", t[f"{Q}.weight"].view(np.int8))
+            ),
+        ),
+        TO,
+    ),
+    (
+        "1-D codes",
+        "5",
+        _hf(
+            "modelopt",
+            lambda ck: _tensors(
+                ck, lambda t: t.__setitem__(f"{Q}.weight", t[f"{Q}.weight"].reshape(-1))
+            ),
+        ),
+        TO,
+    ),
+    (
+        "4-D codes",
+        "5",
+        _hf(
+            "modelopt",
+            lambda ck: _tensors(
+                ck, lambda t: t.__setitem__(f"{Q}.weight", t[f"{Q}.weight"].reshape(1, 1, 64, 32))
+            ),
+        ),
+        TO,
+    ),
+    *[
+        (f"input_scale {v}", "5", _hf("modelopt", _scale(v)), TO)
+        for v in (np.nan, -3.0, 0.0, np.inf)
+    ],
+    ("input_scale I32", "5", _hf("modelopt", _scale(1, np.int32)), TO),
+    (
+        "ct input_global_scale NaN",
+        "5",
+        _hf(
+            "compressed-tensors",
+            lambda ck: _tensors(
+                ck,
+                lambda t: t.__setitem__(
+                    f"{Q}.input_global_scale", np.asarray([np.nan], np.float32)
+                ),
+            ),
+        ),
+        TO,
+    ),
+    (
+        "empty weight_map",
+        "5",
+        _hf(
+            "modelopt",
+            lambda ck: (ck / "model.safetensors.index.json").write_text('{"weight_map": {}}'),
+        ),
+        TO,
+    ),
+    (
+        "mlx group_size 32",
+        "5",
+        _hf(
+            "mlx",
+            lambda ck: _json(
+                ck / "config.json", lambda d: d["quantization"].__setitem__("group_size", 32)
+            ),
+        ),
+        "inspect",
+    ),
+    (
+        "mlx bits 8",
+        "5",
+        _hf(
+            "mlx",
+            lambda ck: _json(
+                ck / "config.json", lambda d: d["quantization"].__setitem__("bits", 8)
+            ),
+        ),
+        "inspect",
+    ),
+    ("gguf duplicated hf_names", "5", _gguf_case(_names(["x.{}.y", "x.{}.y"])), "inspect"),
+    ("gguf scale [1] for 2 experts", "5", _gguf_case({}, scale_n=1), "inspect"),
+    (
+        "gguf hf_dtypes I8 on F32",
+        "5",
+        _gguf_case(_names(["x.{}.y", "model.norm.weight"], ["", "I8"])),
+        "inspect",
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "defect", "build", "command"), CASES, ids=[c[0] for c in CASES])
+def test_hostile_checkpoint_is_a_clean_refusal(
+    tmp_path: Path, good: dict[str, Path], case: str, defect: str, build: Any, command: Any
+) -> None:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret.txt").write_text("secret\n")
+    (tmp_path / "dst").mkdir()
+    src = (
+        build(tmp_path / "src", good)
+        if build.__code__.co_argcount == 2
+        else build(tmp_path / "src")
+    )
+    dst = tmp_path / "dst" / "out"
+    argv = (
+        ["inspect", str(src)] if command == "inspect" else ["convert", str(src), str(dst), *command]
+    )
+    before = tree_hash(src)
+    outcome = run_guarded(argv)
+    assert_clean_refusal(
+        outcome,
+        source=src,
+        source_hash=before,
+        dst_parent=tmp_path / "dst",
+        dst_listing=[],
+        watched=[tmp_path],
+        what=f"{case} (class {defect})",
+    )
+
+
+# ================================================================== data loss (class 2)
+@pytest.mark.parametrize("where", ["same", "inside", "parent", "grandparent"])
+def test_destination_overlapping_the_source_is_refused(
+    tmp_path: Path, good: dict[str, Path], where: str
+) -> None:
+    src = tmp_path / "p" / "m" / "src"
+    shutil.copytree(good["modelopt"], src)
+    (tmp_path / "p" / "sibling.txt").write_text("mine\n")
+    dst = {
+        "same": src,
+        "inside": src / ST,
+        "parent": src.parent,
+        "grandparent": tmp_path / "p",
+    }[where]
+    before = tree_hash(tmp_path / "p")
+    to = "gguf" if where == "inside" else "mlx"
+    outcome = run_guarded(["convert", str(src), str(dst), "--to", to, "--force"])
+    assert outcome.status == 2, outcome.stderr
+    assert "destination" in outcome.stderr
+    assert tree_hash(tmp_path / "p") == before
+
+
+def test_force_replaces_only_a_checkpoint(tmp_path: Path, good: dict[str, Path]) -> None:
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    (photos / "a.jpg").write_bytes(b"\xff\xd8")
+    before = tree_hash(photos)
+    outcome = run_guarded(["convert", str(good["modelopt"]), str(photos), "--to", "mlx", "--force"])
+    assert outcome.status == 2, outcome.stderr
+    assert "not a checkpoint" in outcome.stderr
+    assert tree_hash(photos) == before
+    (tmp_path / "empty").mkdir()
+    assert (
+        run_guarded(
+            ["convert", str(good["modelopt"]), str(tmp_path / "empty"), "--to", "mlx", "--force"]
+        ).status
+        == 0
+    )
+    old = tmp_path / "old"
+    shutil.copytree(good["compressed-tensors"], old)
+    assert (
+        run_guarded(["convert", str(good["modelopt"]), str(old), "--to", "mlx", "--force"]).status
+        == 0
+    )
+    assert json.loads((old / "config.json").read_text())["quantization"]["mode"] == "nvfp4"
+
+
+def test_destination_appearing_during_the_run_is_not_replaced(
+    tmp_path: Path, good: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nvfp4_checkpoints import hf
+
+    dst = tmp_path / "out"
+    real = hf._write_hf
+
+    def racing(*args: Any, **kwargs: Any) -> None:
+        real(*args, **kwargs)
+        dst.mkdir()
+        (dst / "theirs.txt").write_text("someone else's\n")
+
+    monkeypatch.setattr(hf, "_write_hf", racing)
+    outcome = run_guarded(["convert", str(good["modelopt"]), str(dst), "--to", "mlx"])
+    assert outcome.status == 2, outcome.stderr
+    assert "appeared" in outcome.stderr
+    assert sorted(os.listdir(dst)) == ["theirs.txt"]
+    assert sorted(os.listdir(tmp_path)) == ["out"]
+
+
+def test_a_killed_replace_is_restored_never_deleted(
+    tmp_path: Path, good: dict[str, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    from nvfp4_checkpoints.destination import OLD_MARK, RUN_MARK
+
+    dst = tmp_path / "out"
+    shutil.copytree(good["mlx"], dst)
+    before = tree_hash(dst)
+    old = tmp_path / f".out{OLD_MARK}999999.abcd"
+    dst.rename(old)  # what a kill between the two renames leaves
+    marker = tmp_path / f".out{RUN_MARK}999999.abcd"
+    marker.write_text(
+        json.dumps(
+            {"pid": 2**22 + 7, "start": "1", "tmp": ".out.nvfp4-tmp.999999.abcd", "old": old.name}
+        )
+    )
+    stranger = tmp_path / ".out.nvfp4-tmp.1.ffff"  # no marker: not ours
+    stranger.mkdir()
+    outcome = run_guarded(["convert", str(good["modelopt"]), str(dst), "--to", "mlx"])
+    assert outcome.status == 2  # restored, so it exists
+    assert "already exists" in outcome.stderr
+    assert tree_hash(dst) == before
+    assert "restored" in caplog.text
+    assert "no marker" in caplog.text
+    assert sorted(os.listdir(tmp_path)) == sorted(["out", stranger.name])
+
+
+def test_inspect_json_is_valid_json_when_a_fused_member_fails(
+    tmp_path: Path, good: dict[str, Path]
+) -> None:
+    ck = tmp_path / "ck"
+    shutil.copytree(good["modelopt"], ck)
+
+    def poison(t: dict[str, np.ndarray]) -> None:
+        t[f"{K}.weight_scale_2"] = np.asarray(np.nan, np.float32)
+
+    _tensors(ck, poison)
+    outcome = run_guarded(["inspect", str(ck), "--json"])
+    assert outcome.status == 2
+    report = json.loads(outcome.stdout, parse_constant=lambda c: pytest.fail(f"bare {c}"))
+    assert report["fused_groups"][0]["max_ratio"] is None
+
+
+def test_many_layers_in_config_cost_nothing(tmp_path: Path, good: dict[str, Path]) -> None:
+    pytest.importorskip("gguf")
+    ck = tmp_path / "ck"
+    shutil.copytree(good["modelopt"], ck)
+    _json(ck / "config.json", lambda d: d.__setitem__("num_hidden_layers", 100_000))
+    outcome = run_guarded(["convert", str(ck), str(tmp_path / "o.gguf"), "--to", "gguf"])
+    assert outcome.status == 0, outcome.stderr
+    assert outcome.seconds < 20
+    assert outcome.peak < 256 * 2**20
+
+
+def test_many_zero_byte_tensors_inspect_in_linear_time(
+    tmp_path: Path, good: dict[str, Path]
+) -> None:
+    ck = tmp_path / "ck"
+    shutil.copytree(good["modelopt"], ck)
+    entries = {
+        f"z.{i}": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]} for i in range(100_000)
+    }
+    _header(ck, lambda h: h.update(entries))
+    outcome = run_guarded(["inspect", str(ck)])
+    assert outcome.status == 0, outcome.stderr
+    assert outcome.seconds < 30, outcome.seconds
+
+
+# ====================================================================== Hypothesis fuzz
+_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=False),
+    st.text(max_size=8),
+    st.lists(st.integers(min_value=-3, max_value=2**64), max_size=4),
+    st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+)
+_HEADER_KEYS = st.sampled_from(["dtype", "shape", "data_offsets"])
+_CONFIG_KEYS = st.sampled_from(
+    [
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "rms_norm_eps",
+        "rope_theta",
+        "model_type",
+        "quantization_config",
+        "vocab_size",
+    ]
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    target=st.sampled_from(["header", "config", "hf_quant"]),
+    tensor=st.sampled_from(
+        [f"{Q}.weight", f"{Q}.weight_scale", f"{Q}.weight_scale_2", f"{Q}.input_scale"]
+    ),
+    header_key=_HEADER_KEYS,
+    config_key=_CONFIG_KEYS,
+    value=_VALUES,
+    to=st.sampled_from(["mlx", "gguf", "compressed-tensors"]),
+)
+def test_fuzzed_checkpoint_is_converted_or_cleanly_refused(
+    tmp_path_factory: pytest.TempPathFactory,
+    good: dict[str, Path],
+    target: str,
+    tensor: str,
+    header_key: str,
+    config_key: str,
+    value: Any,
+    to: str,
+) -> None:
+    work = tmp_path_factory.mktemp("fuzz")
+    ck = work / "src" / "ck"
+    shutil.copytree(good["modelopt"], ck)
+    (work / "dst").mkdir()
+    if target == "header":
+        _header(ck, lambda h: h[tensor].__setitem__(header_key, value))
+    elif target == "config":
+        _json(ck / "config.json", lambda d: d.__setitem__(config_key, value))
+    else:
+        _json(
+            ck / "hf_quant_config.json",
+            lambda d: d["quantization"].__setitem__("quant_algo", value),
+        )
+    before = tree_hash(ck)
+    dst = work / "dst" / ("out.gguf" if to == "gguf" else "out")
+    outcome = run_guarded(["convert", str(ck), str(dst), "--to", to])
+    FUZZ_FIGURES.append((outcome.status, outcome.error is not None, outcome.seconds, outcome.peak))
+    if outcome.status == 0 and outcome.error is None:
+        assert tree_hash(ck) == before
+        return
+    assert_clean_refusal(
+        outcome,
+        source=ck,
+        source_hash=before,
+        dst_parent=work / "dst",
+        dst_listing=[],
+        watched=[work],
+        what=f"{target} {tensor} {header_key} {config_key} = {value!r}",
+    )
+
+
+FUZZ_FIGURES: list[tuple[int | None, bool, float, int]] = []
