@@ -442,6 +442,11 @@ def conformance_all(session: nox.Session) -> None:
                 len(cert.get("capabilities_not_certified", [])),
             )
         )
-    session.log("backend     result  certified  not-certified  device")
-    for hw, result, device, ok, missing in rows:
-        session.log(f"{hw:<11} {result:<7} {ok:>9}  {missing:>13}  {device}")
+    table = [("backend", "result", "certified", "not-certified", "device")]
+    table += [(hw, result, ok, missing, device) for hw, result, device, ok, missing in rows]
+    widths = [max(len(str(row[i])) for row in table) for i in range(4)]
+    for row in table:  # text left-aligned, counts right-aligned, device last (free width)
+        cells = [
+            f"{row[i]!s:>{w}}" if i in (2, 3) else f"{row[i]!s:<{w}}" for i, w in enumerate(widths)
+        ]
+        session.log("  ".join([*cells, str(row[4])]))

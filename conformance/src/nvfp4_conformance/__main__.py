@@ -1,6 +1,6 @@
 """Command line: ``python -m nvfp4_conformance run | generate``.
 
-``run --backend NAME [--certificate PATH] [--spec VERSION] [-- PYTEST ARGS]``
+``run [--backend NAME] [--certificate PATH] [--spec VERSION] [-- PYTEST ARGS]``
     Certify a backend: runs the shipped tiers (``pytest --pyargs nvfp4_conformance.tiers``)
     with the package's own pytest configuration, so the caller's ``pytest.ini`` or
     ``pyproject.toml`` cannot change the suite. Exit status is pytest's (0 = certified).
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -23,17 +24,19 @@ __all__ = ["main"]
 
 
 def _run(args: argparse.Namespace, extra: list[str]) -> int:
-    import pytest
-
-    from .plugin import TIERS_DIR
-
+    # pytest runs in a fresh interpreter: this one has imported nvfp4_conformance already
+    # (``python -m`` imports the package before __main__), and a module imported before
+    # pytest registers its assertion rewriting cannot be rewritten - pytest would warn
+    # ("Module already imported so cannot be rewritten") and the plugin's and tiers'
+    # asserts would lose their explanations. There, the plugin is imported by pytest.
+    tiers_dir = Path(__file__).resolve().parent / "tiers"
     pytest_args = [
         "--pyargs",
         "nvfp4_conformance.tiers",
         "-c",
-        str(TIERS_DIR / "pytest.ini"),
+        str(tiers_dir / "pytest.ini"),
         "--rootdir",
-        str(TIERS_DIR),
+        str(tiers_dir),
         f"--nvfp4-backend={args.backend}",
     ]
     if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
@@ -42,7 +45,8 @@ def _run(args: argparse.Namespace, extra: list[str]) -> int:
         pytest_args.append(f"--nvfp4-certificate={Path(args.certificate).resolve()}")
     if args.spec:
         pytest_args.append(f"--nvfp4-spec={args.spec}")
-    return int(pytest.main(pytest_args + extra))
+    cmd = [sys.executable, "-m", "pytest", *pytest_args, *extra]
+    return subprocess.run(cmd, check=False).returncode
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -93,7 +97,10 @@ def main(argv: list[str] | None = None) -> int:
 
     run = sub.add_parser("run", help="certify a backend (runs tiers T0-T6)")
     run.add_argument(
-        "--backend", required=True, help="backend entry-point name (reference, cuda, ...)"
+        "--backend",
+        default=os.environ.get("NVFP4_BACKEND") or None,
+        help="backend entry-point name (reference, cpu, metal, cuda, rocm, or a third "
+        "party's); default: $NVFP4_BACKEND",
     )
     run.add_argument("--certificate", help="write the certificate JSON here (and a .md twin)")
     run.add_argument("--spec", help="spec version to certify (default: newest in common)")
@@ -108,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args, extra = parser.parse_known_args(argv)
     if args.command == "run":
+        if not args.backend:
+            parser.error("run: --backend NAME is required (or set NVFP4_BACKEND)")
         if extra and extra[0] == "--":
             extra = extra[1:]
         return _run(args, extra)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import math
 import platform
 import sys
 import time
@@ -21,9 +22,32 @@ from typing import Any
 from ._version import __version__
 from .recording import ConformanceRun, TestOutcome, jsonable
 
-__all__ = ["build_certificate", "capability_status", "render_markdown", "write_certificate"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "build_certificate",
+    "capability_status",
+    "render_markdown",
+    "tier_summary",
+    "write_certificate",
+]
 
-CERTIFICATE_FORMAT = 1
+#: The form of the certificate JSON. 2 added ``tiers`` (the per-tier summary), ``left_out``
+#: (what a partial run did not run, and why) and each test's ``hypothesis`` flag; version 1
+#: carried ``"certificate_format": 1`` in its place.
+SCHEMA_VERSION = 2
+
+#: What each tier certifies, in a word.
+TIER_NAMES = {
+    "T0": "codec",
+    "T1": "planes",
+    "T2": "quantize",
+    "T3": "dequantize",
+    "T4": "matmul",
+    "T5": "golden",
+    "T6": "parity",
+}
+#: Figures a test measures against the ``tolerance`` it records, most telling first.
+_MEASURED = ("max_rel_err", "disagreement_fraction")
 
 
 def capability_status(run: ConformanceRun) -> dict[str, tuple[str, str]]:
@@ -102,6 +126,117 @@ def _t6_summary(run: ConformanceRun) -> dict[str, Any]:
     return out
 
 
+def _left_out(run: ConformanceRun) -> list[dict[str, Any]]:
+    """What did not run, per tier and reason: deselected tests, and tests that never ran."""
+    out = [
+        {"tier": tier, "tests": n, "reason": reason}
+        for (tier, reason), n in sorted(run.left_out.items())
+    ]
+    not_run: dict[str, int] = {}
+    for o in run.outcomes.values():
+        if o.outcome == "not run":
+            not_run[o.tier] = not_run.get(o.tier, 0) + 1
+    out += [
+        {
+            "tier": tier,
+            "tests": n,
+            "reason": "collected but never ran (the session stopped early: -x, --maxfail or "
+            "an interrupt)",
+        }
+        for tier, n in sorted(not_run.items())
+    ]
+    return out
+
+
+def _number(v: Any) -> float | None:
+    """A recorded figure as a float (``"nan"`` / ``"inf"`` are how the JSON spells them)."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, (int, float)):
+        return float(v)
+    if v in ("nan", "inf", "-inf"):
+        return float(v)
+    return None
+
+
+def _worst(tests: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The case whose measured error is the largest fraction of its tolerance."""
+    worst: dict[str, Any] | None = None
+    for t in tests:
+        for case in t["cases"]:
+            tol = _number(case.get("tolerance"))
+            key = next((k for k in _MEASURED if k in case), None)
+            if tol is None or tol < 0 or key is None:
+                continue
+            value = _number(case[key])
+            if value is None or not math.isfinite(value):
+                fraction = math.inf
+            elif tol == 0:  # an exact rule (the reference's 0 disagreements)
+                fraction = 0.0 if value == 0 else math.inf
+            else:
+                fraction = value / tol
+            if worst is None or fraction > worst["fraction_of_tolerance"]:
+                worst = {
+                    "figure": key,
+                    "value": case[key],
+                    "tolerance": case["tolerance"],
+                    "fraction_of_tolerance": fraction,
+                    "test": t["nodeid"],
+                    "case": case.get("case"),
+                }
+    if worst is not None and not math.isfinite(worst["fraction_of_tolerance"]):
+        worst["fraction_of_tolerance"] = "inf"
+    return worst
+
+
+def tier_summary(
+    tests: list[dict[str, Any]], left_out: list[dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """Per tier: how many tests ran and how they ended, the worst measured error against its
+    tolerance (tiers that measure errors), the exact tiers' mismatch count, T6's tokens, and
+    the verdict (``passed``, ``failed``, ``partial``, ``not run``)."""
+    tiers = sorted({t["tier"] for t in tests} | {e["tier"] for e in left_out})
+    out: dict[str, dict[str, Any]] = {}
+    for tier in tiers:
+        ts = [t for t in tests if t["tier"] == tier]
+        failed = sum(1 for t in ts if t["outcome"] in ("failed", "error"))
+        illegal = sum(1 for t in ts if t["skip_kind"] == "illegal")
+        skipped = sum(1 for t in ts if t["outcome"] == "skipped")
+        not_run = sum(1 for t in ts if t["outcome"] == "not run")
+        left = sum(e["tests"] for e in left_out if e["tier"] == tier)
+        entry: dict[str, Any] = {
+            "name": TIER_NAMES.get(tier, ""),
+            "tests": len(ts),
+            "passed": sum(1 for t in ts if t["outcome"] == "passed"),
+            "failed": failed,
+            "skipped": skipped,
+            "left_out": left,
+            "worst": _worst(ts),
+        }
+        mismatches = [
+            c["mismatches"]
+            for t in ts
+            for c in t["cases"]
+            if isinstance(c.get("mismatches"), int) and not isinstance(c["mismatches"], bool)
+        ]
+        if mismatches:
+            entry["mismatches"] = sum(mismatches)
+        parity = [c for t in ts for c in t["cases"] if c.get("kind") == "parity"]
+        if parity:
+            entry["tokens_reproduced"] = sum(int(c.get("tokens_matched") or 0) for c in parity)
+            entry["tokens_expected"] = sum(int(c.get("tokens_expected") or 0) for c in parity)
+        if failed or illegal:
+            entry["verdict"] = "failed"
+        elif not ts or len(ts) == not_run:
+            entry["verdict"] = "not run"
+        elif left or not_run:
+            entry["verdict"] = "partial"
+        else:
+            entry["verdict"] = "passed"
+        out[tier] = entry
+    return out
+
+
 def build_certificate(run: ConformanceRun) -> dict[str, Any]:
     """The certificate of a finished run, as a JSON-able dict."""
     import nvfp4
@@ -120,9 +255,25 @@ def build_certificate(run: ConformanceRun) -> dict[str, Any]:
         result = "partial"
     else:
         result = "certified"
-    backend_module = type(run.backend).__module__
+    # the kernels object core's nvfp4.Backend wraps is where the backend's code lives
+    backend_module = type(getattr(run.backend, "kernels", run.backend)).__module__
+    left_out = _left_out(run)
+    tests = [
+        {
+            "nodeid": o.nodeid,
+            "tier": o.tier,
+            "outcome": o.outcome,
+            "skip_kind": o.skip_kind or None,
+            "hypothesis": o.hypothesis,
+            "capabilities": o.capabilities,
+            "duration_s": round(o.duration_s, 4),
+            "message": o.message,
+            "cases": [{"case": c.case, **c.figures} for c in o.cases],
+        }
+        for o in outcomes
+    ]
     return {
-        "certificate_format": CERTIFICATE_FORMAT,
+        "schema_version": SCHEMA_VERSION,
         "result": result,
         "exit_status": run.exit_status,
         "suite": {"name": "nvfp4-conformance", "version": __version__},
@@ -154,25 +305,15 @@ def build_certificate(run: ConformanceRun) -> dict[str, Any]:
         "started_unix": run.started,
         "duration_s": round(finished - run.started, 3),
         "summary": counts,
+        "tiers": tier_summary(tests, left_out),
         "deselected": run.deselected,
+        "left_out": left_out,
         "capabilities": {cap: {"state": state, "why": why} for cap, (state, why) in status.items()},
         "capabilities_certified": sorted(c for c, (s, _) in status.items() if s == "certified"),
         "capabilities_not_certified": sorted(c for c, (s, _) in status.items() if s != "certified"),
         "illegal_skips": [o.nodeid for o in run.illegal_skips()],
         "t6": _t6_summary(run),
-        "tests": [
-            {
-                "nodeid": o.nodeid,
-                "tier": o.tier,
-                "outcome": o.outcome,
-                "skip_kind": o.skip_kind or None,
-                "capabilities": o.capabilities,
-                "duration_s": round(o.duration_s, 4),
-                "message": o.message,
-                "cases": [{"case": c.case, **c.figures} for c in o.cases],
-            }
-            for o in outcomes
-        ],
+        "tests": tests,
     }
 
 
@@ -191,24 +332,141 @@ _COLUMNS = (
 
 
 def _fmt(v: Any) -> str:
+    """A recorded value as people read it: tuples as ``(0, 16, 24, 32)``, lists of names
+    comma-separated, nothing (``None``, ``""``, ``[]``) as ``-``."""
+    if v is None or v == "" or v == [] or v == {}:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
     if isinstance(v, float):
         return f"{v:.3g}"
-    if isinstance(v, list):
-        return "x".join(str(x) for x in v) if all(isinstance(x, int) for x in v) else str(v)
+    if isinstance(v, (list, tuple)):
+        if all(isinstance(x, str) for x in v):
+            return ", ".join(_fmt(x) for x in v)
+        return "(" + ", ".join(_fmt(x) for x in v) + ")"
+    if isinstance(v, dict):
+        return ", ".join(f"{k}={_fmt(x)}" for k, x in v.items())
     return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def _fmt_shape(v: Any) -> str:
+    """A shape as ``16x4096``."""
+    if isinstance(v, list) and v and all(isinstance(x, int) for x in v):
+        return "x".join(str(x) for x in v)
+    return _fmt(v)
 
 
 def _short(nodeid: str) -> str:
     return nodeid.split("::", 1)[-1]
 
 
-def render_markdown(cert: dict[str, Any]) -> str:
-    """The Markdown twin of a certificate."""
+def _tier_title(tier: str) -> str:
+    name = TIER_NAMES.get(tier, "")
+    return f"{tier} {name}" if name else tier
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _worst_text(entry: dict[str, Any]) -> str:
+    """The summary's "worst error / tolerance" cell of one tier."""
+    w = entry.get("worst")
+    parts = []
+    if w:
+        frac = _number(w["fraction_of_tolerance"])
+        if _number(w["tolerance"]) == 0:
+            share = "an exact rule"
+        elif frac is None or not math.isfinite(frac):
+            share = "not finite"
+        elif frac < 10:
+            share = f"{frac:.0%} of it"
+        else:
+            share = f"{frac:.3g} times it"
+        parts.append(
+            f"{w['figure']} {_fmt(w['value'])} / {_fmt(w['tolerance'])} ({share}), "
+            f"`{_short(w['test'])}`"
+        )
+    elif "mismatches" in entry:
+        parts.append(f"exact: {_plural(entry['mismatches'], 'mismatched element')}")
+    if "tokens_expected" in entry:
+        parts.append(f"{entry['tokens_reproduced']}/{entry['tokens_expected']} tokens reproduced")
+    return "; ".join(parts) or "-"
+
+
+def _result_line(cert: dict[str, Any]) -> str:
+    summary = cert.get("summary", {})
+    ran = sum(v for k, v in summary.items() if k != "not run")
+    bad = summary.get("failed", 0) + summary.get("error", 0)
+    illegal = len(cert.get("illegal_skips") or [])
+    left = sum(e["tests"] for e in cert.get("left_out") or [])
+    result = cert["result"]
+    if result == "certified":
+        why = f"all {ran} conformance tests ran and passed"
+    elif result == "partial":
+        why = f"the {ran} tests that ran passed; {_plural(left, 'test')} did not run (below)"
+    else:
+        reasons = []
+        if bad:
+            reasons.append(f"{bad} of {ran} tests failed")
+        if illegal:
+            reasons.append(f"{_plural(illegal, 'test')} skipped without a declared reason")
+        if not reasons:
+            reasons.append(f"pytest exit status {cert['exit_status']}")
+        why = "; ".join(reasons)
+    return f"**Result: {result.upper()}** - {why}."
+
+
+def _summary(cert: dict[str, Any]) -> list[str]:
+    """The one-screen summary at the top of the Markdown."""
     b = cert["backend"]
+    tiers = cert.get("tiers") or tier_summary(cert["tests"], cert.get("left_out") or [])
     lines = [
-        f"# NVFP4 conformance certificate: `{b['name']}`",
+        _result_line(cert),
         "",
-        f"**Result: {cert['result'].upper()}** (exit status {cert['exit_status']})",
+        f"Backend `{b['name']}` {b['version'] or '(no version)'} "
+        f"({b['package'] or 'no package'}), spec {cert['spec_version']}, device: "
+        f"{_fmt(cert['device'])}; {cert['duration_s']:.1f} s.",
+        "",
+        "| tier | tests | passed | failed | skipped | worst error / tolerance | verdict |",
+        "|---|--:|--:|--:|--:|---|---|",
+    ]
+    for tier, e in tiers.items():
+        lines.append(
+            f"| {_tier_title(tier)} | {e['tests']} | {e['passed']} | {e['failed']} "
+            f"| {e['skipped']} | {_worst_text(e)} | {e['verdict']} |"
+        )
+    left_out = cert.get("left_out") or []
+    if left_out:
+        lines += ["", "Left out (not run, so not certified):", ""]
+        lines += [
+            f"- {_tier_title(e['tier'])}: {_plural(e['tests'], 'test')}, {e['reason']}"
+            for e in left_out
+        ]
+    if cert.get("illegal_skips"):
+        lines += ["", "Skips that fail the run:", ""]
+        lines += [f"- `{n}`" for n in cert["illegal_skips"]]
+    notes = b.get("notes") or []
+    lines += ["", "Backend notes:", ""]
+    lines += [f"- {_fmt(n)}" for n in notes] if notes else ["- (the backend gives none)"]
+    certified = cert.get("capabilities_certified") or []
+    lines += [
+        "",
+        f"Capabilities certified: {', '.join(certified) if certified else 'none'}.",
+        "",
+        "| capability | state | why |",
+        "|---|---|---|",
+    ]
+    for cap, st in cert["capabilities"].items():
+        lines.append(f"| {cap} | {st['state']} | {_fmt(st['why'])} |")
+    return lines
+
+
+def _details(cert: dict[str, Any]) -> list[str]:
+    b = cert["backend"]
+    versions = cert["platform"]["versions"]
+    return [
+        "## The run",
         "",
         "| | |",
         "|---|---|",
@@ -216,75 +474,150 @@ def render_markdown(cert: dict[str, Any]) -> str:
         f"| suite | nvfp4-conformance {cert['suite']['version']} |",
         f"| nvfp4-core | {cert['core']['version']} |",
         f"| backend | {b['name']} {b['version']} ({b['package'] or 'no package'}) |",
-        f"| device | {cert['device']} |",
+        f"| capabilities declared | {_fmt(b['capabilities_declared'])} |",
+        f"| device | {_fmt(cert['device'])} |",
         f"| platform | {cert['platform']['system']} {cert['platform']['machine']}, "
-        + ", ".join(f"{k} {v}" for k, v in cert["platform"]["versions"].items())
+        + ", ".join(f"{k} {v}" for k, v in versions.items())
         + " |",
-        f"| run time | {cert['duration_s']:.1f} s |",
+        f"| run time | {cert['duration_s']:.1f} s (exit status {cert['exit_status']}) |",
         "| tests | " + ", ".join(f"{v} {k}" for k, v in sorted(cert["summary"].items())) + " |",
-        "",
-        "## Capabilities",
-        "",
-        "| capability | state | why |",
-        "|---|---|---|",
+        *(
+            f"| {name} imported from | {_fmt(path)} |"
+            for name, path in (cert.get("imported_from") or {}).items()
+        ),
     ]
-    for cap, st in cert["capabilities"].items():
-        lines.append(f"| {cap} | {st['state']} | {st['why']} |")
-    if cert["illegal_skips"]:
-        lines += ["", "## Skips that fail the run", ""]
-        lines += [f"- `{n}`" for n in cert["illegal_skips"]]
 
+
+def _t6(cert: dict[str, Any]) -> list[str]:
     t6 = cert.get("t6") or {}
-    if t6.get("prompts"):
-        lines += [
-            "",
-            "## T6 greedy parity",
-            "",
-            f"Tokens reproduced: {t6.get('tokens_reproduced')} of {t6.get('tokens_expected')}. "
-            f"Quality of the NVFP4 model against the unquantized float32 model (teacher-forced "
-            f"on the NVFP4 tokens): top-1 agreement {_fmt(t6.get('top1_agreement_vs_float32'))}, "
-            f"mean KL(float32 || NVFP4) {_fmt(t6.get('mean_kl_float32_to_nvfp4'))} nats.",
-            "",
-            "| prompt | tokens matched | first mismatch | min reference margin | near-tie threshold "
-            "| top-1 agreement vs f32 | mean KL vs f32 | max \\|top-1 logit - golden\\| |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for p in t6["prompts"]:
-            lines.append(
-                f"| {p['case']} | {p.get('tokens_matched')}/{p.get('tokens_expected')} "
-                f"| {_fmt(p.get('first_mismatch'))} | {_fmt(p.get('min_reference_margin'))} "
-                f"| {_fmt(p.get('near_tie_threshold'))} "
-                f"| {_fmt(p.get('top1_agreement_vs_float32'))} "
-                f"| {_fmt(p.get('mean_kl_float32_to_nvfp4'))} "
-                f"| {_fmt(p.get('max_abs_top1_logit_diff_vs_golden'))} |"
-            )
+    if not t6.get("prompts"):
+        return []
+    lines = [
+        "",
+        "## T6 greedy parity",
+        "",
+        f"Tokens reproduced: {t6.get('tokens_reproduced')} of {t6.get('tokens_expected')}. "
+        f"Quality of the NVFP4 model against the unquantized float32 model (teacher-forced "
+        f"on the NVFP4 tokens): top-1 agreement {_fmt(t6.get('top1_agreement_vs_float32'))}, "
+        f"mean KL(float32 || NVFP4) {_fmt(t6.get('mean_kl_float32_to_nvfp4'))} nats.",
+        "",
+        "| prompt | tokens matched | first mismatch | min reference margin | near-tie threshold "
+        "| top-1 agreement vs f32 | mean KL vs f32 | max \\|top-1 logit - golden\\| |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for p in t6["prompts"]:
+        lines.append(
+            f"| {_fmt(p['case'])} | {p.get('tokens_matched')}/{p.get('tokens_expected')} "
+            f"| {_fmt(p.get('first_mismatch'))} | {_fmt(p.get('min_reference_margin'))} "
+            f"| {_fmt(p.get('near_tie_threshold'))} "
+            f"| {_fmt(p.get('top1_agreement_vs_float32'))} "
+            f"| {_fmt(p.get('mean_kl_float32_to_nvfp4'))} "
+            f"| {_fmt(p.get('max_abs_top1_logit_diff_vs_golden'))} |"
+        )
+    return lines
 
-    lines += ["", "## Tests", ""]
+
+def _skip_reason(t: dict[str, Any]) -> str:
+    """Why a test was skipped; never empty."""
+    if t["message"].strip():
+        return _fmt(t["message"])
+    if t["skip_kind"] == "capability":
+        missing = ", ".join(t["capabilities"]) or "a capability"
+        return f"needs {missing}, which the backend does not declare: not certified"
+    if t["skip_kind"] == "spec":
+        return "applies from a later spec version than the one certified"
+    return "skipped without a reason: a skip the backend did not declare fails the run"
+
+
+def _folded(t: dict[str, Any], present: list[str]) -> list[tuple[list[str], int]]:
+    """The test's case rows, identical ones (repeated Hypothesis examples) folded into one
+    row with a count, in the order they first appear."""
+    rows: dict[tuple[str, ...], int] = {}
+    for case in t["cases"] or [{}]:
+        other = ", ".join(
+            f"{k}={_fmt(v)}"
+            for k, v in case.items()
+            if k not in present and k not in ("case", "kind")
+        )
+        cells = (
+            _fmt(case.get("case")),
+            *[_fmt_shape(case.get(c)) if c == "shape" else _fmt(case.get(c)) for c in present],
+            other or "-",
+        )
+        rows[cells] = rows.get(cells, 0) + 1
+    return [(list(cells), n) for cells, n in rows.items()]
+
+
+#: Figures a Hypothesis row gives as their largest value over the examples.
+_LARGEST = ("max_abs_err", "max_ref", "max_rel_err", "disagreement_fraction")
+
+
+def _over_examples(key: str, values: list[Any]) -> str:
+    """One figure over all of a Hypothesis test's examples: shapes as a range, errors as the
+    largest, counts summed, anything else as its distinct values."""
+    given = [v for v in values if v not in (None, "", [])]
+    if not given:
+        return "-"
+    if key == "shape" and all(isinstance(v, list) for v in given):
+        shapes = sorted({tuple(v) for v in given}, key=lambda sh: (math.prod(sh), sh))
+        ends = [_fmt_shape(list(shapes[0])), _fmt_shape(list(shapes[-1]))]
+        return ends[0] if len(shapes) == 1 else f"{ends[0]} to {ends[1]}"
+    numbers = [_number(v) for v in given]
+    if key in _LARGEST and all(n is not None for n in numbers):
+        return "max " + _fmt(max(numbers, key=lambda n: math.inf if math.isnan(n) else n))
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in given):
+        return _fmt(sum(given))
+    distinct = list(dict.fromkeys(_fmt(v) for v in values))
+    return ", ".join(distinct) if len(distinct) <= 3 else f"{len(distinct)} distinct values"
+
+
+def _hypothesis_row(t: dict[str, Any], present: list[str]) -> list[str]:
+    """All of a Hypothesis test's examples as one row."""
+    cases = t["cases"]
+    keys = [k for k in dict.fromkeys(k for c in cases for k in c) if k not in ("case", "kind")]
+    other = ", ".join(
+        f"{k}={_over_examples(k, [c.get(k) for c in cases])}" for k in keys if k not in present
+    )
+    return [
+        f"{len(cases)} Hypothesis examples",
+        *[_over_examples(c, [case.get(c) for case in cases]) for c in present],
+        other or "-",
+    ]
+
+
+def _tests(cert: dict[str, Any]) -> list[str]:
+    lines = ["", "## Tests", ""]
     by_tier: dict[str, list[dict[str, Any]]] = {}
     for t in cert["tests"]:
         by_tier.setdefault(t["tier"], []).append(t)
     for tier, tests in sorted(by_tier.items()):
-        lines += [f"### {tier}", ""]
+        lines += [f"### {_tier_title(tier)}", ""]
         present = [c for c in _COLUMNS if any(c in case for t in tests for case in t["cases"])]
         header = ["test", "outcome", "case", *present, "other figures"]
         lines.append("| " + " | ".join(h.replace("|", "\\|") for h in header) + " |")
         lines.append("|" + "---|" * len(header))
         for t in tests:
-            cases = t["cases"] or [{"case": ""}]
-            for i, case in enumerate(cases):
-                other = ", ".join(
-                    f"{k}={_fmt(v)}"
-                    for k, v in case.items()
-                    if k not in present and k not in ("case", "kind")
+            if t.get("hypothesis") and len(t["cases"]) > 1:
+                cells = _hypothesis_row(t, present)
+                lines.append(
+                    f"| `{_short(t['nodeid'])}` | {t['outcome']} | " + " | ".join(cells) + " |"
                 )
-                row = [
-                    f"`{_short(t['nodeid'])}`" if i == 0 else "",
-                    t["outcome"] if i == 0 else "",
-                    _fmt(case.get("case", "")),
-                    *[_fmt(case.get(c, "")) for c in present],
-                    other,
-                ]
-                lines.append("| " + " | ".join(row) + " |")
+                continue
+            for i, (cells, n) in enumerate(_folded(t, present)):
+                if n > 1:
+                    cells[0] += f" ({n} times)"
+                first = [f"`{_short(t['nodeid'])}`", t["outcome"]] if i == 0 else ["", ""]
+                lines.append("| " + " | ".join(first + cells) + " |")
+        if any(t.get("hypothesis") and len(t["cases"]) > 1 for t in tests):
+            lines += [
+                "",
+                "A Hypothesis test is one row for all its examples: counts summed, errors the "
+                "largest (max), shapes as a range; each example is in the JSON.",
+            ]
+        skipped = [t for t in tests if t["outcome"] == "skipped"]
+        if skipped:
+            lines += ["", "| skipped test | reason |", "|---|---|"]
+            lines += [f"| `{_short(t['nodeid'])}` | {_skip_reason(t)} |" for t in skipped]
         failures = [
             t for t in tests if t["outcome"] in ("failed", "error") or t["skip_kind"] == "illegal"
         ]
@@ -294,11 +627,26 @@ def render_markdown(cert: dict[str, Any]) -> str:
                 f"**{t['outcome']}**: `{_short(t['nodeid'])}`",
                 "",
                 "```",
-                t["message"],
+                t["message"] or _skip_reason(t),
                 "```",
             ]
         lines.append("")
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def render_markdown(cert: dict[str, Any]) -> str:
+    """The Markdown twin of a certificate: a one-screen summary (result, per tier, what a
+    partial run left out, the backend's notes, capabilities), then the details."""
+    lines = [
+        f"# NVFP4 conformance certificate: `{cert['backend']['name']}`",
+        "",
+        *_summary(cert),
+        "",
+        *_details(cert),
+        *_t6(cert),
+        *_tests(cert),
+    ]
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def write_certificate(run: ConformanceRun, path: str | Path) -> tuple[Path, Path]:

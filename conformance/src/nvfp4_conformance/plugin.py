@@ -201,6 +201,7 @@ def pytest_collection_modifyitems(
         unknown = wanted - {f"T{i}" for i in range(7)}
         if unknown:
             raise pytest.UsageError(f"--nvfp4-tiers: unknown tiers {sorted(unknown)} (T0..T6)")
+        run.tiers_selected = frozenset(wanted)
         dropped = [i for i in conformance if tier_of(stable_test_id(i)) not in wanted]
         if dropped:
             keep = set(map(id, dropped))
@@ -250,8 +251,26 @@ def pytest_deselected(items: list[pytest.Item]) -> None:
         return
     for item in items:
         if is_conformance_item(item):
+            key = stable_test_id(item)
             run.deselected += 1
-            run.outcomes.pop(stable_test_id(item), None)
+            run.outcomes.pop(key, None)
+            tier = tier_of(key)
+            reason = _left_out_reason(run, tier, item.config)
+            run.left_out[(tier, reason)] = run.left_out.get((tier, reason), 0) + 1
+
+
+def _left_out_reason(run: ConformanceRun, tier: str, config: pytest.Config) -> str:
+    """Why a deselected conformance test of ``tier`` did not run, in the certificate's words."""
+    if run.tiers_selected is None or tier in run.tiers_selected:
+        return "deselected by pytest options (-k, -m or --deselect)"
+    reason = f"not selected: --nvfp4-tiers {config.getoption('nvfp4_tiers')}"
+    if tier == "T6" and os.environ.get("TRITON_INTERPRET") == "1":
+        # the nox sessions leave T6 out under the interpreter; the certificate says why
+        reason += (
+            " (Triton interpreter on CPU: T6's 160 greedy decode steps of a 135M-parameter"
+            " model would take hours; T6 needs the GPU)"
+        )
+    return reason
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -295,6 +314,7 @@ def pytest_runtest_makereport(
     key = stable_test_id(item)
     o: TestOutcome = run.outcome(key)
     o.duration_s += float(report.duration)
+    o.hypothesis = bool(getattr(getattr(item, "obj", None), "is_hypothesis_test", False))
     if hasattr(report, "wasxfail"):
         o.outcome = "skipped"
         o.skip_kind = "illegal"
@@ -384,6 +404,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         tr.write_line(
             f"  {run.deselected} conformance tests deselected: the certificate is partial"
         )
+        for (tier, reason), n in sorted(run.left_out.items()):
+            tr.write_line(f"    {tier}: {n} tests left out: {reason}")
     for path in run.extra.get("written", []):
         tr.write_line(f"certificate written: {path}")
 

@@ -64,6 +64,7 @@ class TestOutcome:
     capabilities: list[str] = field(default_factory=list)
     message: str = ""
     skip_kind: str = ""  # capability | spec | illegal
+    hypothesis: bool = False  # a Hypothesis test: one case recorded per example
     cases: list[CaseRecord] = field(default_factory=list)
 
 
@@ -81,6 +82,10 @@ class ConformanceRun:
     capability_skips: dict[str, str] = field(default_factory=dict)
     spec_skips: dict[str, str] = field(default_factory=dict)
     deselected: int = 0
+    #: ``{(tier, reason): number of tests}``: the conformance tests deselected, and why
+    left_out: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: the tiers ``--nvfp4-tiers`` selected (``None``: every tier)
+    tiers_selected: frozenset[str] | None = None
     exit_status: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
