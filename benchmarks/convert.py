@@ -80,6 +80,7 @@ from nvfp4.planes import NVFP4Planes  # noqa: E402
 from nvfp4.spec import BLOCK_SIZE  # noqa: E402
 from nvfp4_checkpoints import write_checkpoint  # noqa: E402
 from nvfp4_checkpoints.safetensors_io import read_header  # noqa: E402
+from plotting import pyplot  # noqa: E402
 
 TARGETS = ("mlx", "gguf", "modelopt", "compressed-tensors")
 ARMS = ("copy", *TARGETS)
@@ -533,41 +534,36 @@ def judge(arms: dict[str, Any], largest: int) -> dict[str, Any]:
 
 
 # ============================================================================ outputs
-def plot(result: dict[str, Any], path: Path) -> bool:
-    try:
-        import matplotlib
+def _labelled_bars(ax: Any, names: list[str], values: list[float], targets: dict[str, Any]) -> None:
+    """One bar per arm, each labelled with its value: the plain copy grey, each target green
+    where it met the bar, red where it did not."""
+    colors = ["0.55"] + ["tab:green" if targets[t]["pass"] else "tab:red" for t in TARGETS]
+    ax.bar(names, values, color=colors)
+    for i, v in enumerate(values):
+        ax.text(i, v, f"{v:.0f}", ha="center", va="bottom", fontsize=8)
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+
+def plot(result: dict[str, Any], path: Path) -> bool:
+    plt = pyplot()
+    if plt is None:
         return False
     arms = result["arms"]
     bars = result["bars"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     names = list(ARMS)
     tps = [arms[a]["throughput_MBps"] for a in names]
-    colors = ["0.55"] + [
-        "tab:green" if bars["throughput"]["targets"][t]["pass"] else "tab:red" for t in TARGETS
-    ]
-    ax1.bar(names, tps, color=colors)
+    _labelled_bars(ax1, names, tps, bars["throughput"]["targets"])
     thr = bars["throughput"]["threshold_MBps"]
     ax1.axhline(thr, color="k", ls="--", lw=1, label=f"bar: copy / 3 = {thr:.0f} MB/s")
-    for i, v in enumerate(tps):
-        ax1.text(i, v, f"{v:.0f}", ha="center", va="bottom", fontsize=8)
     ax1.set_ylabel("MB/s (source bytes / child wall time, median)")
     ax1.set_title("convert throughput vs plain copy")
     ax1.legend(fontsize=8, loc="lower right")
     rss = [arms[a]["max_peak_rss_MB"] for a in names]
-    colors = ["0.55"] + [
-        "tab:green" if bars["memory"]["targets"][t]["pass"] else "tab:red" for t in TARGETS
-    ]
-    ax2.bar(names, rss, color=colors)
+    _labelled_bars(ax2, names, rss, bars["memory"]["targets"])
     lim = bars["memory"]["limit_MB"]
     largest = bars["memory"]["largest_tensor_bytes"] / MB
     ax2.axhline(lim, color="k", ls="--", lw=1, label=f"bar: 2 x largest + 300 = {lim:.0f} MB")
     ax2.axhline(largest, color="tab:blue", ls=":", lw=1, label=f"largest tensor {largest:.0f} MB")
-    for i, v in enumerate(rss):
-        ax2.text(i, v, f"{v:.0f}", ha="center", va="bottom", fontsize=8)
     ax2.set_ylabel("MB (child ru_maxrss, worst run)")
     ax2.set_title("peak resident memory")
     ax2.legend(fontsize=8, loc="upper left")

@@ -78,6 +78,7 @@ from nvfp4.tolerances import tolerance  # noqa: E402
 from nvfp4_cpu import ops  # noqa: E402
 from nvfp4_cpu._native import load  # noqa: E402
 from nvfp4_cpu.layout import PreparedWeight  # noqa: E402
+from plotting import pyplot  # noqa: E402
 from read_probe import read_probe  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -767,74 +768,36 @@ def goals(results: list[dict[str, Any]], probe: dict[str, Any]) -> list[dict[str
     ) -> float | None:
         return None if num is None or den is None else num[key] / den[key]
 
+    def goal(gid: str, text: str, r: float | None, target: str) -> None:
+        """One row; ``target`` is ``">= bound"`` or ``"<= bound"``, ``met`` None without r."""
+        op, bound = target.split()
+        met = None if r is None else (r >= float(bound) if op == ">=" else r <= float(bound))
+        out.append({"id": gid, "goal": text, "value": r, "target": target, "met": met})
+
     for shape in ("S", "L"):
         r = ratio(_get(results, "numpy", shape, 1), _get(results, "ours", shape, 1))
-        out.append(
-            {
-                "id": f"C1-{shape}",
-                "goal": f"numpy dequant+matmul time / ours, M=1, {shape}",
-                "value": r,
-                "target": ">= 20",
-                "met": None if r is None else r >= 20,
-            }
-        )
+        goal(f"C1-{shape}", f"numpy dequant+matmul time / ours, M=1, {shape}", r, ">= 20")
     for shape in ("S", "L"):
         r = ratio(_get(results, "ours", shape, 1), _get(results, "ggml", shape, 1))
-        out.append(
-            {
-                "id": f"C2-{shape}",
-                "goal": f"ours time / ggml time, M=1, {shape}",
-                "value": r,
-                "target": "<= 1.0",
-                "met": None if r is None else r <= 1.0,
-            }
-        )
+        goal(f"C2-{shape}", f"ours time / ggml time, M=1, {shape}", r, "<= 1.0")
         for m in (8, 32):
             r = ratio(_get(results, "ours", shape, m), _get(results, "ggml", shape, m), "gflops")
-            out.append(
-                {
-                    "id": f"C3-{shape}-M{m}",
-                    "goal": f"ours GF/s / ggml GF/s, M={m}, {shape}",
-                    "value": r,
-                    "target": ">= 2.5",
-                    "met": None if r is None else r >= 2.5,
-                }
-            )
+            goal(f"C3-{shape}-M{m}", f"ours GF/s / ggml GF/s, M={m}, {shape}", r, ">= 2.5")
     for variant in ("hot", "cold"):
         r = ratio(
             _get(results, "torch_bf16", "L", 1, variant), _get(results, "ours", "L", 1, variant)
         )
-        out.append(
-            {
-                "id": f"C4-{variant}",
-                "goal": f"torch bf16 dense time / ours, M=1, L {variant}",
-                "value": r,
-                "target": ">= 3.0",
-                "met": None if r is None else r >= 3.0,
-            }
-        )
+        goal(f"C4-{variant}", f"torch bf16 dense time / ours, M=1, L {variant}", r, ">= 3.0")
     paired = probe.get("paired")
     r = None if paired is None else paired["ours_median_gbps"] / paired["probe_median_gbps"]
-    out.append(
-        {
-            "id": "C5",
-            "goal": "ours packed GB/s / read-probe GB/s, M=1, L cold (alternated)",
-            "value": r,
-            "target": ">= 0.60",
-            "met": None if r is None else r >= 0.6,
-        }
-    )
+    goal("C5", "ours packed GB/s / read-probe GB/s, M=1, L cold (alternated)", r, ">= 0.60")
     return out
 
 
 # ---------------------------------------------------------------------------- report
 def plot(data: dict[str, Any], path: Path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     res = data["results"]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))

@@ -178,6 +178,22 @@ def write_doc(name: str, text: str) -> Path:
     return path
 
 
+def publish(
+    data: dict[str, Any],
+    report: Callable[[dict[str, Any]], str],
+    t0: float,
+    plot: Callable[[dict[str, Any]], None] | None = None,
+) -> None:
+    """Record the run time since ``t0`` (``data["run_s"]``, the last key), then write
+    ``data`` as ``results/<name>.json`` and ``report(data)`` as ``<name>.md``, printing both
+    paths (``name`` is ``data["name"]``), and last draw ``plot(data)`` where given."""
+    data["run_s"] = time.perf_counter() - t0
+    print(write_json(data["name"], data))
+    print(write_doc(data["name"], report(data)))
+    if plot is not None:
+        plot(data)
+
+
 def machine_lines(m: dict[str, Any]) -> list[str]:
     v = m["versions"]
     return [

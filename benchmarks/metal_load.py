@@ -43,6 +43,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import metal_common as mc
+from plotting import pyplot
 
 N, K = 14336, 4096
 PREFIX = "model.layers.0.mlp.gate_proj"
@@ -240,12 +241,7 @@ def report(data: dict[str, Any]) -> str:
 
 
 def plot(data: dict[str, Any]) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    if (plt := pyplot()) is None:
         print("matplotlib not installed: no plot")
         return
     sources = list(data["sources"].values())
@@ -323,10 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         "whole_load": whole,
         "all_bars_met": all(all(r["bars"].values()) for r in sources.values()),
     }
-    data["run_s"] = time.perf_counter() - t0
-    print(mc.write_json(name, data))
-    print(mc.write_doc(name, report(data)))
-    plot(data)
+    mc.publish(data, report, t0, plot)
     return 0
 
 

@@ -279,10 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         "prompts": prompts,
         "weights": weights,
         "verdict": verdict,
-        "run_s": time.perf_counter() - t0,
     }
-    print(mc.write_json("metal_parity", data))
-    print(mc.write_doc("metal_parity", report(data)))
+    mc.publish(data, report, t0)
     print(verdict)
     return 0
 

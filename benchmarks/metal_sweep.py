@@ -35,6 +35,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import metal_common as mc
+from plotting import pyplot
 
 GPU_LENGTHS = (512, 1024, 2048, 4096, 8192, 16384)
 CPU_LENGTHS = (64, 128, 256, 512)
@@ -153,12 +154,7 @@ def report(data: dict[str, Any]) -> str:
 
 
 def plot(data: dict[str, Any]) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    if (plt := pyplot()) is None:
         print("matplotlib not installed: no plot")
         return
     fig, axes = plt.subplots(1, 3, figsize=(13, 4))
@@ -215,11 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         "decode_tokens": args.decode_tokens,
         "embedding_bytes": int(config["vocab_size"]) * int(config["hidden_size"]) * 4,
         "results": results,
-        "run_s": time.perf_counter() - t0,
     }
-    print(mc.write_json("metal_sweep", data))
-    print(mc.write_doc("metal_sweep", report(data)))
-    plot(data)
+    mc.publish(data, report, t0, plot)
     return 0
 
 
