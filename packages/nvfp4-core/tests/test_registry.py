@@ -222,6 +222,15 @@ def test_a_available_plugin_with_higher_priority_is_chosen(
     assert get_backend(FAKE).info.name == FAKE
 
 
+def refusal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **plugin: Any) -> BackendUnavailable:
+    """Install the fake plugin with ``plugin``'s overrides (:func:`install_plugin`);
+    ``get_backend`` must refuse it: the error it raised."""
+    install_plugin(tmp_path, monkeypatch, **plugin)
+    with pytest.raises(BackendUnavailable) as err:
+        get_backend(FAKE)
+    return err.value
+
+
 def test_a_available_plugin_with_lower_priority_is_not_chosen(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -232,24 +241,19 @@ def test_a_available_plugin_with_lower_priority_is_not_chosen(
 
 
 def test_b_unavailable_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    install_plugin(
+    err = refusal(
         tmp_path,
         monkeypatch,
         availability="return Availability(False, 'no fake accelerator here; set FAKE_DEV=1')",
     )
-    with pytest.raises(BackendUnavailable) as err:
-        get_backend(FAKE)
-    assert "no fake accelerator here; set FAKE_DEV=1" in str(err.value)
-    assert err.value.reason == "no fake accelerator here; set FAKE_DEV=1"
+    assert "no fake accelerator here; set FAKE_DEV=1" in str(err)
+    assert err.reason == "no fake accelerator here; set FAKE_DEV=1"
     b, _ = auto()
     assert_fell_back(b)
 
 
 def test_c_factory_raising(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    install_plugin(tmp_path, monkeypatch, factory="raise RuntimeError('fake driver exploded')")
-    with pytest.raises(BackendUnavailable) as err:
-        get_backend(FAKE)
-    msg = str(err.value)
+    msg = str(refusal(tmp_path, monkeypatch, factory="raise RuntimeError('fake driver exploded')"))
     assert "fake driver exploded" in msg
     assert "RuntimeError" in msg
     b, caught = auto()
@@ -260,25 +264,20 @@ def test_c_factory_raising(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_c_import_error_in_plugin_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    install_plugin(
-        tmp_path,
-        monkeypatch,
-        module_prelude="import nvfp4_no_such_dependency_xyz  # noqa\n",
+    msg = str(
+        refusal(
+            tmp_path, monkeypatch, module_prelude="import nvfp4_no_such_dependency_xyz  # noqa\n"
+        )
     )
-    with pytest.raises(BackendUnavailable) as err:
-        get_backend(FAKE)
-    assert "nvfp4_no_such_dependency_xyz" in str(err.value)
-    assert "ModuleNotFoundError" in str(err.value)
+    assert "nvfp4_no_such_dependency_xyz" in msg
+    assert "ModuleNotFoundError" in msg
     b, caught = auto()
     assert_fell_back(b)
     assert any(FAKE in m and "nvfp4_no_such_dependency_xyz" in m for m in caught)
 
 
 def test_d_spec_version_mismatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    install_plugin(tmp_path, monkeypatch, spec_versions=("9.9",))
-    with pytest.raises(BackendUnavailable) as err:
-        get_backend(FAKE)
-    msg = str(err.value)
+    msg = str(refusal(tmp_path, monkeypatch, spec_versions=("9.9",)))
     assert "9.9" in msg
     assert nvfp4.SPEC_VERSION in msg
     assert "NVFP4_SKIP_VERSION_CHECK" in msg

@@ -92,6 +92,20 @@ def _check_parts(parts: Sequence[NVFP4Planes], name: str, op: str) -> None:
         validate(p)
 
 
+#: How a message names each field parts must agree on.
+_FIELD_LABELS = {"k": "K", "num_experts": "experts", "shape": "shape", "partitions": "partitions"}
+
+
+def _check_as_part_0(name: str, where: str, p: NVFP4Planes, first: NVFP4Planes, field: str) -> None:
+    """Raise :class:`~nvfp4.PlaneError` unless part ``p`` (at ``where``) has part 0's
+    ``field``."""
+    got, want = getattr(p, field), getattr(first, field)
+    if got != want:
+        raise PlaneError(
+            name, f"{where} ({p.name!r}) {_FIELD_LABELS[field]}", f"{want} (as part 0)", got
+        )
+
+
 # ------------------------------------------------------------------------ fuse/unfuse
 def fuse(parts: Sequence[NVFP4Planes], name: str) -> NVFP4Planes:
     """Concatenate projections along N into one fused tensor.
@@ -105,15 +119,8 @@ def fuse(parts: Sequence[NVFP4Planes], name: str) -> NVFP4Planes:
     _check_parts(parts, name, "fuse")
     first = parts[0]
     for i, p in enumerate(parts):
-        if p.k != first.k:
-            raise PlaneError(name, f"fuse part {i} ({p.name!r}) K", f"{first.k} (as part 0)", p.k)
-        if p.num_experts != first.num_experts:
-            raise PlaneError(
-                name,
-                f"fuse part {i} ({p.name!r}) experts",
-                f"{first.num_experts} (as part 0)",
-                p.num_experts,
-            )
+        for field in ("k", "num_experts"):
+            _check_as_part_0(name, f"fuse part {i}", p, first, field)
     bounds = [0]
     for p in parts:
         offset = bounds[-1]
@@ -161,20 +168,8 @@ def stack_experts(parts: Sequence[NVFP4Planes], name: str) -> NVFP4Planes:
             raise PlaneError(
                 name, f"stack_experts part {i} ({p.name!r})", "a 2-D [N, K] tensor", p.shape
             )
-        if (p.n, p.k) != (first.n, first.k):
-            raise PlaneError(
-                name,
-                f"stack_experts part {i} ({p.name!r}) shape",
-                f"{first.shape} (as part 0)",
-                p.shape,
-            )
-        if p.partitions != first.partitions:
-            raise PlaneError(
-                name,
-                f"stack_experts part {i} ({p.name!r}) partitions",
-                f"{first.partitions} (as part 0)",
-                p.partitions,
-            )
+        for field in ("shape", "partitions"):  # both 2-D here: shape is (N, K)
+            _check_as_part_0(name, f"stack_experts part {i}", p, first, field)
     codes = np.stack([p.codes for p in parts])
     scales = np.stack([p.scales for p in parts])
     g = np.stack([partition_globals(p) for p in parts])  # (E, P)

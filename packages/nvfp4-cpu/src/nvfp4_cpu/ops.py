@@ -47,6 +47,18 @@ def cast_output(y: npt.NDArray[np.float32], out_dtype: str) -> npt.NDArray[Any]:
     return y if out_dtype == "float32" else y.astype(OUTPUT_DTYPES[out_dtype])
 
 
+def _weight_args(isa: str, threads: int, w: PreparedWeight) -> tuple[Any, ...]:
+    """The arguments every weight kernel starts with: the instruction-set level, the thread
+    count, then the weight's codes, scale bytes and per-row globals."""
+    return (
+        ISA_LEVELS.index(isa),
+        threads,
+        ptr(w.codes),
+        ptr(w.scales),
+        ptr(w.row_global, ctypes.c_float),
+    )
+
+
 def _qmm_f32(
     native: Native,
     isa: str,
@@ -68,11 +80,7 @@ def _qmm_f32(
         )
     if m:
         rc = native.lib.nvfp4cpu_qmm(
-            ISA_LEVELS.index(isa),
-            threads,
-            ptr(w.codes),
-            ptr(w.scales),
-            ptr(w.row_global, ctypes.c_float),
+            *_weight_args(isa, threads, w),
             w.n,
             w.k,
             ptr(a, ctypes.c_float),
@@ -125,11 +133,7 @@ def gather_qmm(
     m = a.shape[0]
     out = np.empty((m, w.n), dtype=np.float32)
     rc = native.lib.nvfp4cpu_gather_qmm(
-        ISA_LEVELS.index(isa),
-        threads,
-        ptr(w.codes),
-        ptr(w.scales),
-        ptr(w.row_global, ctypes.c_float),
+        *_weight_args(isa, threads, w),
         w.num_experts,
         w.n,
         w.k,
@@ -150,11 +154,7 @@ def dequantize(
     storage = np.float32 if kind == 0 else np.uint16
     out = np.empty((w.experts, w.n, w.k), dtype=storage)
     rc = native.lib.nvfp4cpu_dequantize(
-        ISA_LEVELS.index(isa),
-        threads,
-        ptr(w.codes),
-        ptr(w.scales),
-        ptr(w.row_global, ctypes.c_float),
+        *_weight_args(isa, threads, w),
         w.experts,
         w.n,
         w.k,

@@ -25,6 +25,7 @@ outputs come back in x's dtype.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 import mlx.core as mx
 from mlx.nn.layers.base import Module
@@ -57,6 +58,9 @@ def _weight_from(planes: NVFP4Planes, impl: Impl | str | None, transcode: str) -
     raise ValueError(f"transcode: expected 'direct' or 'dense', found {transcode!r}")
 
 
+_Layer = TypeVar("_Layer", bound="_NVFP4Base")
+
+
 class _NVFP4Base(Module):
     """Shared storage: the arrays as parameters, the facts in :attr:`info`."""
 
@@ -74,6 +78,21 @@ class _NVFP4Base(Module):
         if bias is not None:
             self.bias = bias
         self.freeze()
+
+    @classmethod
+    def from_planes(
+        cls: type[_Layer],
+        planes: NVFP4Planes,
+        bias: mx.array | None = None,
+        *,
+        impl: Impl | str | None = None,
+        transcode: str = "direct",
+    ) -> _Layer:
+        """Build from canonical planes (expert-stacked for :class:`NVFP4SwitchLinear`):
+        ``transcode="direct"`` (default) reinterprets the bytes; ``"dense"`` re-quantizes
+        through float16 (the comparison path); ``impl`` (default ``$NVFP4_METAL_IMPL``)
+        selects the affine rollback."""
+        return cls(_weight_from(planes, impl, transcode), bias)
 
     def _extra(self) -> mx.array:
         extra: mx.array = self["global_scale"] if self.info.impl == "native" else self["biases"]
@@ -112,20 +131,6 @@ class NVFP4Linear(_NVFP4Base):
             )
         super().__init__(weight, bias)
 
-    @classmethod
-    def from_planes(
-        cls,
-        planes: NVFP4Planes,
-        bias: mx.array | None = None,
-        *,
-        impl: Impl | str | None = None,
-        transcode: str = "direct",
-    ) -> NVFP4Linear:
-        """Build from canonical planes: ``transcode="direct"`` (default) reinterprets the
-        bytes; ``"dense"`` re-quantizes through float16 (the comparison path); ``impl``
-        (default ``$NVFP4_METAL_IMPL``) selects the affine rollback."""
-        return cls(_weight_from(planes, impl, transcode), bias)
-
     def __call__(self, x: mx.array) -> mx.array:
         y = ops.linear_arrays(
             x,
@@ -161,18 +166,6 @@ class NVFP4SwitchLinear(_NVFP4Base):
                 f"{weight.shape} (use NVFP4Linear)"
             )
         super().__init__(weight, bias)
-
-    @classmethod
-    def from_planes(
-        cls,
-        planes: NVFP4Planes,
-        bias: mx.array | None = None,
-        *,
-        impl: Impl | str | None = None,
-        transcode: str = "direct",
-    ) -> NVFP4SwitchLinear:
-        """Build from expert-stacked canonical planes (see :meth:`NVFP4Linear.from_planes`)."""
-        return cls(_weight_from(planes, impl, transcode), bias)
 
     @property
     def num_experts(self) -> int:

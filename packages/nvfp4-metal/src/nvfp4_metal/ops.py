@@ -135,32 +135,21 @@ def _gather_graph(impl: str, group_size: int, out: mx.Dtype, sort: bool) -> Call
         e = w.shape[0]
         valid = (ids >= 0) & (ids < e)
         idc = mx.clip(ids, 0, e - 1).astype(mx.uint32)
-        if impl == "native":
-            y = mx.gather_qmm(
-                x.astype(_F32),
-                w,
-                s,
-                rhs_indices=idc,
-                transpose=True,
-                group_size=BLOCK_SIZE,
-                bits=4,
-                mode="nvfp4",
-                sorted_indices=sort,
-            )
+        native = impl == "native"  # extra: the row-global sidecar, else the affine biases
+        y = mx.gather_qmm(
+            x.astype(_F32),
+            w,
+            s,
+            None if native else extra,
+            rhs_indices=idc,
+            transpose=True,
+            group_size=BLOCK_SIZE if native else group_size,
+            bits=4,
+            mode="nvfp4" if native else "affine",
+            sorted_indices=sort,
+        )
+        if native:
             y = y * mx.expand_dims(extra[idc], -2)
-        else:
-            y = mx.gather_qmm(
-                x.astype(_F32),
-                w,
-                s,
-                extra,
-                rhs_indices=idc,
-                transpose=True,
-                group_size=group_size,
-                bits=4,
-                mode="affine",
-                sorted_indices=sort,
-            )
         y = mx.where(mx.expand_dims(valid, (-1, -2)), y, mx.array(0.0, dtype=_F32))
         return y.astype(out)
 

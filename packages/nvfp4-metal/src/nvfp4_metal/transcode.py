@@ -127,19 +127,32 @@ def transcode(planes: NVFP4Planes) -> MetalWeight:
     code bytes as uint32 words, copy codes and scales once into MLX, keep the global as a
     sidecar. No dense matrix, no arithmetic on the bytes."""
     mp = to_mlx(planes)  # validates content; a view when the codes are contiguous
-    sidecar = row_global_sidecar(mp.global_scale, mp.partitions, planes.num_experts, planes.n)
+    g = np.array(mp.global_scale, dtype=np.float32)
+    return _native_weight(planes, "direct", mx.array(mp.weight), mx.array(mp.scales), g)
+
+
+def _native_weight(
+    planes: NVFP4Planes,
+    source: Source,
+    weight: mx.array,
+    scales: mx.array,
+    global_scale: npt.NDArray[np.float32],
+) -> MetalWeight:
+    """A native weight of ``planes``' name, shape and partitions, its row-global sidecar
+    made from ``global_scale``."""
+    sidecar = row_global_sidecar(global_scale, planes.partitions, planes.num_experts, planes.n)
     return MetalWeight(
         name=planes.name,
         shape=planes.shape,
         impl="native",
-        source="direct",
-        weight=mx.array(mp.weight),
-        scales=mx.array(mp.scales),
+        source=source,
+        weight=weight,
+        scales=scales,
         row_global=mx.array(sidecar),
         biases=None,
         group_size=BLOCK_SIZE,
-        global_scale=np.array(mp.global_scale, dtype=np.float32),
-        partitions=mp.partitions,
+        global_scale=global_scale,
+        partitions=planes.partitions,
     )
 
 
@@ -245,20 +258,7 @@ def requantize_dense(planes: NVFP4Planes) -> MetalWeight:
         garr = garr.reshape(planes.num_experts, parts_n)
     if planes.partitions is None:
         garr = garr.reshape(-1) if planes.num_experts is not None else garr.reshape(())
-    sidecar = row_global_sidecar(garr, planes.partitions, planes.num_experts, planes.n)
-    return MetalWeight(
-        name=planes.name,
-        shape=planes.shape,
-        impl="native",
-        source="dense",
-        weight=weight,
-        scales=scales,
-        row_global=mx.array(sidecar),
-        biases=None,
-        group_size=BLOCK_SIZE,
-        global_scale=garr,
-        partitions=planes.partitions,
-    )
+    return _native_weight(planes, "dense", weight, scales, garr)
 
 
 def _reassemble(pieces: list[tuple[int | None, mx.array]], experts: int | None) -> mx.array:

@@ -44,6 +44,7 @@ from ._common import (
     refuse_partitions,
     squeeze_global,
 )
+from .modelopt import WEIGHT_SCALE
 
 __all__ = [
     "INPUT_GLOBAL_SCALE",
@@ -58,10 +59,9 @@ __all__ = [
     "to_compressed_tensors",
 ]
 
-#: Suffix of the packed codes, U8 ``[N, K/2]``.
+#: Suffix of the packed codes, U8 ``[N, K/2]``. The block scales are ModelOpt's
+#: :data:`~nvfp4.layouts.modelopt.WEIGHT_SCALE`, F8_E4M3 ``[N, K/16]``.
 WEIGHT_PACKED: Final = "weight_packed"
-#: Suffix of the block scales, F8_E4M3 ``[N, K/16]``.
-WEIGHT_SCALE: Final = "weight_scale"
 #: Suffix of the ENCODE global (1 / decode), F32 ``[1]``.
 WEIGHT_GLOBAL_SCALE: Final = "weight_global_scale"
 #: Suffix of the activations' ENCODE global (1 / ModelOpt ``input_scale``), F32 ``[1]``.
