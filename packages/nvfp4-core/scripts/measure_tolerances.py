@@ -1,6 +1,7 @@
-"""Measure the matmul errors of plausible conforming implementations (spec 1.0 tolerances).
+"""Measure the matmul errors of plausible conforming implementations (spec tolerances).
 
-``spec/1.0/tolerances.toml`` is set from what this script prints. For every T4 shape it
+``spec/1.0/tolerances.toml`` and ``spec/1.1/tolerances.toml`` are set from what this script
+prints (1.1 adds ``[w4a8]``, ``[w4a8_fp8]`` and ``[quantize_q8]``, see the end of this text). For every T4 shape it
 quantizes weights with the reference encoder and compares several implementations that
 the spec allows against the float64 reference (``nvfp4.reference.qmm(..., out_dtype=None)``,
 ``gather_qmm`` and ``qmm_w4a4`` likewise), with the spec's metric
@@ -32,11 +33,21 @@ The script also measures encoders that differ from the reference only in arithme
 prints how many scale bytes and codes they change and how close to a rounding boundary
 each change lies (spec 1.0, "Conformance of other encoders").
 
+W4A8 (spec 1.1, "W4A8") is measured like W4A4: against ``qmm_w4a8`` / ``qmm_w4a8_fp8``
+on the same x (the activations quantized by the reference rule), the implementations
+differing only in accumulation order; for int8 ``blockscale16`` is ggml's
+``ggml_vec_dot_nvfp4_q8_0`` order (per 16-block integer sum, times ``d_x * e4m3 / 2`` in
+float32, blocks added one after the other in float32). For information only it also prints
+the quantization error of W4A8 against W4A16 (the float64 references of both), and the int8
+activation encoders that differ from the reference's (ggml's AVX and NEON order: round half
+to even, ``id = 127 / amax``) with the fraction of codes they change and how close to a
+rounding boundary each change lies.
+
 Run from ``packages/nvfp4-core``::
 
-    PYTHONPATH=src python scripts/measure_tolerances.py [--quick] [--json PATH]
+    PYTHONPATH=src python scripts/measure_tolerances.py [--quick] [--only w4a8] [--json PATH]
 
-It takes about a minute on two cores.
+It takes about two minutes on two cores.
 """
 
 from __future__ import annotations
@@ -59,6 +70,7 @@ except ImportError:  # run from a source checkout without PYTHONPATH
     import nvfp4
 
 from nvfp4 import reference as ref
+from nvfp4.activations import Q8Activations
 from nvfp4.dtypes import OUTPUT_DTYPES
 from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import (
@@ -67,6 +79,8 @@ from nvfp4.spec import (
     E2M1_MAX,
     E2M1_VALUES,
     E4M3_VALUES,
+    Q8_BLOCK_SIZE,
+    Q8_MAX,
     block_scale_unrounded,
     e4m3_encode,
 )
@@ -385,6 +399,155 @@ def measure_w4a4(worst: Worst, quick: bool) -> int:
     return count
 
 
+# ------------------------------------------------------------------------------ W4A8
+def w4a8_shapes(quick: bool) -> Iterator[tuple[int, int, int, int]]:
+    """The W4A4 grid without K = 16 (W4A8 int8 needs K % 32 == 0)."""
+    for m, k, n, seed in seeded_shapes(quick):
+        if k % Q8_BLOCK_SIZE or seed >= W4A4_TINY_OUTPUT_SEEDS:
+            continue
+        if m * k * n > MAX_WORK // 4 and (m, k, n) != (300, 4096, 256):
+            continue
+        yield m, k, n, seed
+
+
+def ggml_order(xq: Q8Activations, w: NVFP4Planes) -> F32:
+    """``ggml_vec_dot_nvfp4_q8_0``: per 16-block ``isum = sum(code * 2 e2m1)`` (exact),
+    ``term = (d_x * e4m3 / 2) * isum`` in float32, blocks added one after the other."""
+    m, k = xq.shape
+    nb = k // BLOCK_SIZE
+    qx = xq.codes.astype(np.float32).reshape(m, nb, BLOCK_SIZE).transpose(1, 0, 2)
+    w2 = (2 * E2M1_VALUES[ref.unpack_codes(w.codes)]).reshape(w.n, nb, BLOCK_SIZE)
+    isum = np.matmul(qx, w2.transpose(1, 2, 0))  # [nb, M, N], exact integers
+    dx = np.repeat(xq.d.astype(np.float32), 2, axis=1).T  # [nb, M]
+    half = (E4M3_VALUES[w.scales] / np.float32(2.0)).T  # [nb, N]
+    coef = (dx[:, :, None] * half[:, None, :]).astype(np.float32)
+    return np.asarray(np.cumsum(coef * isum, axis=0, dtype=np.float32)[-1], dtype=np.float32)
+
+
+def measure_w4a8(worst: Worst, quick: bool, info: dict[str, list[float]]) -> int:
+    """W4A8 int8 against ``qmm_w4a8`` on the same x; the W4A16 gap kept as information."""
+    count = 0
+    for m, k, n, seed in w4a8_shapes(quick):
+        rng = np.random.default_rng([m, k, n, seed, 48])
+        w = ref.quantize(rng.standard_normal((n, k)).astype(np.float32))
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        wv = ref.dequantize_unscaled(w)
+        g = w.row_global()
+
+        def reference(xin: F32, w: NVFP4Planes = w) -> F64:
+            return ref.qmm_w4a8(xin, w, out_dtype=None)
+
+        def compute(xin: F32, acc: Accumulate, w: NVFP4Planes = w, wv: F32 = wv, g: F32 = g) -> F32:
+            xq = ref.quantize_activations_q8(xin)
+            if acc is _blockscale16:
+                y = ggml_order(xq, w)
+            else:
+                y = acc(xq.decoded().astype(np.float32), w, wv)
+            return np.asarray(y * g, dtype=np.float32)
+
+        label = f"M={m} K={k} N={n} seed={seed}"
+        run_variants(worst, "w4a8", label, x, reference, compute, informational=False)
+        info["w4a8"].append(relative_error(reference(x), ref.qmm(x, w, out_dtype=None)))
+        count += 1
+    return count
+
+
+def measure_w4a8_fp8(worst: Worst, quick: bool, info: dict[str, list[float]]) -> int:
+    """W4A8 FP8 against ``qmm_w4a8_fp8`` on the same x (dynamic input scale, and a static
+    one 1.5x above it); the W4A16 gap kept as information."""
+    count = 0
+    for m, k, n, seed in w4a8_shapes(quick):
+        rng = np.random.default_rng([m, k, n, seed, 88])
+        w = ref.quantize(rng.standard_normal((n, k)).astype(np.float32))
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        wv = ref.dequantize_unscaled(w)
+        g = w.row_global()
+        for scale in (None, float(np.abs(x).max() / np.float32(448.0) * np.float32(1.5))):
+
+            def reference(xin: F32, w: NVFP4Planes = w, scale: float | None = scale) -> F64:
+                return ref.qmm_w4a8_fp8(xin, w, input_scale=scale, out_dtype=None)
+
+            def compute(
+                xin: F32,
+                acc: Accumulate,
+                w: NVFP4Planes = w,
+                wv: F32 = wv,
+                g: F32 = g,
+                scale: float | None = scale,
+            ) -> F32:
+                xq = ref.quantize_activations_fp8(xin, scale)
+                xv = E4M3_VALUES[xq.codes]
+                gx = (g * np.float32(xq.input_scale)).astype(np.float32)
+                return np.asarray(acc(xv, w, wv) * gx, dtype=np.float32)
+
+            kind = "dynamic" if scale is None else "static"
+            label = f"M={m} K={k} N={n} seed={seed} {kind}"
+            run_variants(worst, "w4a8_fp8", label, x, reference, compute, informational=False)
+            info["w4a8_fp8"].append(relative_error(reference(x), ref.qmm(x, w, out_dtype=None)))
+            count += 1
+    return count
+
+
+def q8_other(x: F32, rule: str) -> npt.NDArray[np.int8]:
+    """int8 codes of another Q8_0 encoder: ``rne`` (half to even, ``id = 1 / d``),
+    ``avx`` (half to even, ``id = 127 / amax``: ggml's AVX / NEON paths), ``away_avx``
+    (half away from zero, ``id = 127 / amax``)."""
+    m, k = x.shape
+    blocks = x.reshape(m, k // Q8_BLOCK_SIZE, Q8_BLOCK_SIZE)
+    amax = np.abs(blocks).max(axis=-1)
+    with np.errstate(divide="ignore"):
+        if rule == "rne":
+            d = (amax / np.float32(Q8_MAX)).astype(np.float32)
+            inv = np.where(d == 0, np.float32(0.0), np.float32(1.0) / d)
+        else:
+            inv = np.where(amax == 0, np.float32(0.0), np.float32(Q8_MAX) / amax)
+    v = (blocks * inv.astype(np.float32)[..., None]).astype(np.float32)
+    q = np.rint(v) if rule in ("rne", "avx") else ref.round_half_away(v)
+    return np.asarray(q, dtype=np.int8).reshape(m, k)
+
+
+def measure_q8_encoders(quick: bool) -> dict[str, dict[str, float]]:
+    """Fraction of int8 codes other encoders change against the reference, per input
+    dtype, and the largest relative distance of the reference's ``x * id`` from the
+    midpoint of the two codes among the changes."""
+    results: dict[str, dict[str, float]] = {}
+    corpus: list[F32] = []
+    for m, k, n in shapes(True):
+        if k % Q8_BLOCK_SIZE == 0:
+            rng = np.random.default_rng([m, k, n, 8])
+            corpus.append(rng.standard_normal((max(n, m), k)).astype(np.float32))
+    corpus.append(heavy_x(np.random.default_rng(12), 256, 4096))
+    for dname in OUTPUT_DTYPES:
+        xs = [c.astype(OUTPUT_DTYPES[dname]).astype(np.float32) for c in corpus]
+        for rule in ("rne", "avx", "away_avx"):
+            elements = changed = 0
+            worst_dist = 0.0
+            for x in xs:
+                xq = ref.quantize_activations_q8(x)
+                other = q8_other(x, rule)
+                diff = other != xq.codes
+                elements += x.size
+                changed += int(np.count_nonzero(diff))
+                if diff.any():
+                    m, k = x.shape
+                    d = np.abs(x.reshape(m, -1, Q8_BLOCK_SIZE)).max(-1) / np.float32(Q8_MAX)
+                    d = d.astype(np.float32)
+                    inv = np.where(d == 0, np.float32(0.0), np.float32(1.0) / d)
+                    v = (x.reshape(m, -1, Q8_BLOCK_SIZE) * inv[..., None]).reshape(m, k)
+                    a = xq.codes[diff].astype(np.float64)
+                    b = other[diff].astype(np.float64)
+                    mid = np.abs((a + b) / 2)
+                    dist = np.abs(np.abs(v[diff].astype(np.float64)) - mid) / mid
+                    worst_dist = max(worst_dist, float(dist.max()))
+            results[f"{rule}, x {dname}"] = {
+                "elements": float(elements),
+                "elements_changed": float(changed),
+                "fraction_changed": changed / elements,
+                "max_boundary_distance": worst_dist,
+            }
+    return results
+
+
 # ------------------------------------------------------------- other encoders (T2)
 def _e4m3_bytes(s: F32) -> tuple[npt.NDArray[np.uint8], F32]:
     return e4m3_encode(np.where(s == 0, np.float32(1.0), s))
@@ -499,16 +662,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer, smaller shapes")
     parser.add_argument("--json", type=Path, help="also write every figure to this file")
+    parser.add_argument(
+        "--only", choices=("w4a8",), help="measure only spec 1.1's W4A8 paths and encoders"
+    )
     args = parser.parse_args(argv)
 
     t0 = time.perf_counter()
     worst = Worst()
-    counts = {
-        "qmm": measure_qmm(worst, args.quick),
-        "gather_qmm": measure_gather_qmm(worst, args.quick),
-        "w4a4": measure_w4a4(worst, args.quick),
-    }
-    encoders = measure_encoders(args.quick)
+    info: dict[str, list[float]] = {"w4a8": [], "w4a8_fp8": []}
+    counts: dict[str, int] = {}
+    encoders: dict[str, dict[str, float]] = {}
+    if args.only is None:
+        counts["qmm"] = measure_qmm(worst, args.quick)
+        counts["gather_qmm"] = measure_gather_qmm(worst, args.quick)
+        counts["w4a4"] = measure_w4a4(worst, args.quick)
+        encoders = measure_encoders(args.quick)
+    counts["w4a8"] = measure_w4a8(worst, args.quick, info)
+    counts["w4a8_fp8"] = measure_w4a8_fp8(worst, args.quick, info)
+    q8_encoders = measure_q8_encoders(args.quick)
     elapsed = time.perf_counter() - t0
 
     print(f"# nvfp4 {nvfp4.__version__}, spec {nvfp4.SPEC_VERSION}, numpy {np.__version__}")
@@ -529,6 +700,22 @@ def main(argv: list[str] | None = None) -> int:
             f"bytes; max relative distance from a boundary: codes "
             f"{r['max_boundary_distance']:.2e}, scale bytes {r['max_scale_boundary_distance']:.2e}"
         )
+    print("\n[quantize_q8] other int8 activation encoders vs the reference")
+    for rule, r in q8_encoders.items():
+        print(
+            f"  {rule:22s} changed {int(r['elements_changed'])}/{int(r['elements'])} codes "
+            f"(fraction {r['fraction_changed']:.2e}); max relative distance from a boundary "
+            f"{r['max_boundary_distance']:.2e}"
+        )
+    print(
+        "\n(informational) W4A8 quantization error vs W4A16, max|ref_w4a8 - ref_w4a16| / max|ref|"
+    )
+    for path, errs in info.items():
+        if errs:
+            print(
+                f"  {path:9s} median {float(np.median(errs)):.3e}  max {max(errs):.3e}"
+                f"  over {len(errs)} cases"
+            )
     if args.json:
         payload = {
             "elapsed_s": elapsed,
@@ -538,6 +725,8 @@ def main(argv: list[str] | None = None) -> int:
                 for (p, d, v), (e, label) in sorted(worst.table.items())
             ],
             "encoders": encoders,
+            "q8_encoders": q8_encoders,
+            "w4a8_vs_w4a16": {p: sorted(e) for p, e in info.items()},
         }
         args.json.write_text(json.dumps(payload, indent=2))
     return 0

@@ -81,7 +81,10 @@ SWIZZLE_FORMULA = "((n//128)*ceil(kb/4) + k//4)*512 + (n%32)*16 + ((n%128)//32)*
 
 def constants(t: SpecTables) -> dict[str, float]:
     """Row name of the prose's constants table -> the value in the version's table."""
-    return {
+    w4a8 = {}
+    if t.q8_block_size is not None and t.q8_max is not None:  # from spec 1.1
+        w4a8 = {"Q8 block size": t.q8_block_size, "Q8 max": t.q8_max}
+    return w4a8 | {
         "block size": t.block_size,
         "E2M1 max": t.e2m1_max,
         "E4M3 max": t.e4m3_max,
@@ -122,6 +125,19 @@ PHRASES = (
     ("Activations", "`amax / 448`"),
     ("Tolerances", "`max|y - ref| / max|ref|`"),
 )
+
+#: Phrases a version states from that version on (W4A8, spec 1.1).
+PHRASES_FROM = {
+    "1.1": (
+        ("W4A8", "`d = amax / 127`"),
+        ("W4A8", "K MUST be a multiple of 32"),
+        ("W4A8", "halfway cases **away from zero**"),
+        ("W4A8", "`d` = NaN"),
+        ("W4A8", "`xcode = e4m3(x / input_scale)`"),
+        ("W4A8", "`amax / 448`"),
+        ("Conformance of other encoders", "`[quantize_q8]`"),
+    ),
+}
 
 
 # ------------------------------------------------------------------------- locating
@@ -338,6 +354,13 @@ def test_toml_tables_cover_every_output_dtype(
     dtypes = set(OUTPUT_DTYPES)
     for path in ("dequantize", "qmm", "gather_qmm", "w4a4"):
         assert set(toml_data[path]) == dtypes, f"[{path}] keys {sorted(toml_data[path])}"
+    if spec_tables.q8_block_size is not None:  # spec 1.1 on: W4A8 has numbers
+        for path in ("w4a8", "w4a8_fp8"):
+            assert set(toml_data[path]) == dtypes, f"[{path}] keys {sorted(toml_data[path])}"
+        q8 = toml_data["quantize_q8"]
+        assert q8["reference"] == 0.0, "the reference int8 activation encoder is bit-exact"
+        assert 0.0 < q8["others"] <= 1e-4
+        assert q8["boundary_window"] == 2.0**-20
     assert all(v == 0.0 for v in toml_data["dequantize"].values()), "decoding is exact"
     assert toml_data["quantize"]["reference"] == 0.0, "the reference encoder is bit-exact"
     assert toml_data["quantize"]["boundary_window"] == 2.0**-20
@@ -360,7 +383,7 @@ def test_tolerance_lookup_and_errors() -> None:
     with pytest.raises(KeyError, match="no entry"):
         tolerances.tolerance("qmm", np.dtype(np.int8))
     with pytest.raises(KeyError, match="'w4a8' is reserved"):
-        tolerances.tolerance("w4a8", "float32")
+        tolerances.tolerance("w4a8", "float32", spec="1.0")
     with pytest.raises(TypeError):
         tolerances.TOLERANCES["qmm"]["float32"] = 1.0  # type: ignore[index]
 
@@ -494,6 +517,20 @@ def test_phrases(prose: str) -> None:
 
     missing = [(s, p) for s, p in PHRASES if words(p) not in words(section(prose, s))]
     assert not missing, f"nvfp4.md no longer states: {missing}"
+
+
+def test_phrases_from_version(version: str, prose: str) -> None:
+    def words(text: str) -> str:
+        return " ".join(text.split())
+
+    wanted = [
+        (s, p)
+        for since, phrases in PHRASES_FROM.items()
+        if spec.version_key(version) >= spec.version_key(since)
+        for s, p in phrases
+    ]
+    missing = [(s, p) for s, p in wanted if words(p) not in words(section(prose, s))]
+    assert not missing, f"spec/{version}/nvfp4.md does not state: {missing}"
 
 
 def _example_input(prose: str) -> tuple[npt.NDArray[np.float32], list[list[str]]]:

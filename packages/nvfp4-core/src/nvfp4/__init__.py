@@ -8,7 +8,8 @@
 * :mod:`nvfp4.fixtures` - the golden fixtures (checkpoint reading and writing, and the
   ``nvfp4`` CLI, are the separate package nvfp4-checkpoints: ``import nvfp4_checkpoints``);
 * the verbs (:func:`prepare`, :func:`qmm`, :func:`gather_qmm`, :func:`dequantize`,
-  :func:`quantize_activations`, :func:`qmm_w4a4`) and :class:`Backend`, which checks every
+  :func:`quantize_activations`, :func:`qmm_w4a4`, and spec 1.1's W4A8 verbs
+  :func:`qmm_w4a8`, :func:`gather_qmm_w4a8`, :func:`qmm_w4a8_fp8`) and :class:`Backend`, which checks every
   argument once and calls a backend's kernels (:mod:`nvfp4.contract`, the narrow contract a
   backend implements); :func:`get_backend` and :mod:`nvfp4.registry` find the backends.
 """
@@ -16,6 +17,7 @@
 from __future__ import annotations
 
 from ._version import __version__
+from .activations import FP8Activations, Q8Activations
 from .backend import Backend, Prepared
 from .contract import Availability, BackendInfo, Kernels
 from .planes import NVFP4Planes, PlaneError, validate
@@ -25,9 +27,12 @@ from .spec import SPEC_VERSION, SUPPORTED_SPEC_VERSIONS, SpecVersionError, requi
 from .verbs import (
     dequantize,
     gather_qmm,
+    gather_qmm_w4a8,
     prepare,
     qmm,
     qmm_w4a4,
+    qmm_w4a8,
+    qmm_w4a8_fp8,
     quantize_activations,
     to_planes,
 )
@@ -39,18 +44,23 @@ __all__ = [
     "Backend",
     "BackendInfo",
     "BackendUnavailable",
+    "FP8Activations",
     "Kernels",
     "NVFP4Planes",
     "PlaneError",
     "Prepared",
+    "Q8Activations",
     "SpecVersionError",
     "__version__",
     "dequantize",
     "gather_qmm",
+    "gather_qmm_w4a8",
     "get_backend",
     "prepare",
     "qmm",
     "qmm_w4a4",
+    "qmm_w4a8",
+    "qmm_w4a8_fp8",
     "quantize",
     "quantize_activations",
     "require_spec",

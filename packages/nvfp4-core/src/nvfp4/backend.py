@@ -20,7 +20,15 @@ import numpy as np
 import numpy.typing as npt
 
 from . import frontend
-from .contract import CAPABILITIES, KERNELS, Availability, BackendInfo, Kernels
+from .activations import FP8Activations, Q8Activations
+from .contract import (
+    CAPABILITIES,
+    KERNELS,
+    OPTIONAL_CAPABILITIES,
+    Availability,
+    BackendInfo,
+    Kernels,
+)
 from .dtypes import resolve_dtype
 from .planes import NVFP4Planes, validate
 from .shapes import WeightShape
@@ -98,6 +106,11 @@ class Prepared(WeightShape):
         return f"Prepared({self.name!r}, shape={self.shape}, backend={self._backend.info.name!r})"
 
 
+def _gated(verb: str) -> bool:
+    """Whether ``verb`` is the kernel of an optional capability (run only where declared)."""
+    return KERNELS.get(verb) in OPTIONAL_CAPABILITIES
+
+
 #: The members every kernels object has (the kernels themselves are optional).
 _REQUIRED = ("info", "availability", "prepare", "from_numpy", "to_numpy")
 
@@ -158,10 +171,10 @@ class Backend:
 
     def has(self, verb: str) -> bool:
         """Whether ``verb`` runs here: the kernel exists and, for an optional capability of
-        the spec (``qmm_w4a4``), it is declared."""
+        the spec (``qmm_w4a4``, the W4A8 kernels), it is declared."""
         if getattr(self.kernels, verb, None) is None:
             return False
-        return verb != "qmm_w4a4" or KERNELS[verb] in self.info.capabilities
+        return not _gated(verb) or KERNELS[verb] in self.info.capabilities
 
     def _kernel(self, verb: str, name: str) -> Any:
         fn = getattr(self.kernels, verb, None)
@@ -169,11 +182,13 @@ class Backend:
             raise NotImplementedError(
                 f"{verb}({name!r}): NVFP4 backend {self.name!r} has no {verb} kernel"
             )
-        if verb == "qmm_w4a4" and KERNELS[verb] not in self.info.capabilities:
-            notes = "; ".join(n for n in self.info.notes if "W4A4" in n or "w4a4" in n)
+        if _gated(verb) and KERNELS[verb] not in self.info.capabilities:
+            cap = KERNELS[verb]
+            tag = cap.split("_")[0]
+            notes = "; ".join(n for n in self.info.notes if tag in n.lower())
             raise NotImplementedError(
                 f"{verb}({name!r}): NVFP4 backend {self.name!r} does not declare the "
-                f"'w4a4' capability here" + (f" ({notes})" if notes else "")
+                f"{cap!r} capability here" + (f" ({notes})" if notes else "")
             )
         return fn
 
@@ -297,6 +312,90 @@ class Backend:
         what = f"qmm_w4a4({pw.name!r})"
         kernel = self._kernel("qmm_w4a4", pw.name)
         frontend.check_weight_kind("qmm_w4a4", pw.name, pw.shape, experts=False)
+        xin = frontend.matmul_input(x, pw.k, what, self.kernels.from_numpy)
+        g = frontend.input_scale_value(input_scale, what)
+        dtype, widen = frontend.output_dtype(xin.dtype, out_dtype)
+        if xin.rows == 0:
+            return self._empty(xin.lead, pw.n, dtype, widen)
+        y = kernel(xin.x, pw.payload, input_scale=g, out_dtype=dtype)
+        return self._finish(y, xin.lead, pw.n, widen)
+
+    def quantize_activations_q8(self, x: Any) -> Q8Activations:
+        """int8 W4A8 activations of ``[M, K]`` (K a multiple of 32), ggml's Q8_0 rule
+        (where ``w4a8`` is declared)."""
+        what = "quantize_activations_q8('activation')"
+        kernel = self._kernel("quantize_activations_q8", "activation")
+        a = frontend.activation_input(x, what, self.kernels.from_numpy)
+        frontend.check_q8_k(int(a.shape[1]), what)
+        self._ready()
+        q: Q8Activations = kernel(a)
+        return q
+
+    def qmm_w4a8(self, x: Any, w: Any, *, out_dtype: Any = None) -> Any:
+        """W4A8 int8: activations quantized per block of 32 (ggml Q8_0), then the product
+        with the weight's global applied after accumulation (where ``w4a8`` is declared)."""
+        pw = self._weight(w, "qmm_w4a8")
+        what = f"qmm_w4a8({pw.name!r})"
+        kernel = self._kernel("qmm_w4a8", pw.name)
+        frontend.check_weight_kind("qmm_w4a8", pw.name, pw.shape, experts=False)
+        frontend.check_q8_k(pw.k, what)
+        xin = frontend.matmul_input(x, pw.k, what, self.kernels.from_numpy)
+        dtype, widen = frontend.output_dtype(xin.dtype, out_dtype)
+        if xin.rows == 0:
+            return self._empty(xin.lead, pw.n, dtype, widen)
+        y = kernel(xin.x, pw.payload, out_dtype=dtype)
+        return self._finish(y, xin.lead, pw.n, widen)
+
+    def gather_qmm_w4a8(
+        self,
+        x: Any,
+        w: Any,
+        expert_ids: Any,
+        *,
+        sorted_indices: bool = False,
+        out_dtype: Any = None,
+    ) -> Any:
+        """MoE W4A8 int8: row ``m`` times expert ``expert_ids[m]``; ids outside ``[0, E)``
+        give exactly zero rows (where ``w4a8`` is declared)."""
+        pw = self._weight(w, "gather_qmm_w4a8")
+        what = f"gather_qmm_w4a8({pw.name!r})"
+        kernel = self._kernel("gather_qmm_w4a8", pw.name)
+        frontend.check_weight_kind("gather_qmm_w4a8", pw.name, pw.shape, experts=True)
+        frontend.check_q8_k(pw.k, what)
+        xin = frontend.matmul_input(x, pw.k, what, self.kernels.from_numpy, rows=True)
+        ids = frontend.expert_ids_input(
+            expert_ids,
+            xin.rows,
+            what,
+            sorted_indices=sorted_indices,
+            convert=self.kernels.from_numpy,
+        )
+        dtype, widen = frontend.output_dtype(xin.dtype, out_dtype)
+        if xin.rows == 0:
+            return self._empty(xin.lead, pw.n, dtype, widen)
+        y = kernel(xin.x, pw.payload, ids, sorted_indices=bool(sorted_indices), out_dtype=dtype)
+        return self._finish(y, xin.lead, pw.n, widen)
+
+    def quantize_activations_fp8(self, x: Any, input_scale: Any = None) -> FP8Activations:
+        """FP8 E4M3 W4A8 activations of ``[M, K]`` with a static or dynamic per-tensor
+        input scale (where ``w4a8_fp8`` is declared)."""
+        what = "quantize_activations_fp8('activation')"
+        kernel = self._kernel("quantize_activations_fp8", "activation")
+        a = frontend.activation_input(x, what, self.kernels.from_numpy)
+        g = frontend.input_scale_value(input_scale, what)
+        self._ready()
+        q: FP8Activations = kernel(a, input_scale=g)
+        return q
+
+    def qmm_w4a8_fp8(
+        self, x: Any, w: Any, *, input_scale: Any = None, out_dtype: Any = None
+    ) -> Any:
+        """W4A8 FP8: ``e4m3(x / input_scale)`` times the weight, ``input_scale`` and the
+        weight's global applied after accumulation (where ``w4a8_fp8`` is declared)."""
+        pw = self._weight(w, "qmm_w4a8_fp8")
+        what = f"qmm_w4a8_fp8({pw.name!r})"
+        kernel = self._kernel("qmm_w4a8_fp8", pw.name)
+        frontend.check_weight_kind("qmm_w4a8_fp8", pw.name, pw.shape, experts=False)
         xin = frontend.matmul_input(x, pw.k, what, self.kernels.from_numpy)
         g = frontend.input_scale_value(input_scale, what)
         dtype, widen = frontend.output_dtype(xin.dtype, out_dtype)

@@ -15,12 +15,16 @@ message, once. A backend implements only kernels, on operands core has already c
 * ``expert_ids`` is a native integer array ``[M]``; an id outside ``[0, E)`` must give an
   exactly zero row and read nothing; ``sorted_indices`` is a hint the result must not depend
   on (core refuses a false hint it can see, on host ids);
-* ``input_scale`` is ``None`` (dynamic) or a finite positive Python float.
+* ``input_scale`` is ``None`` (dynamic) or a finite positive Python float;
+* for the W4A8 int8 kernels (``qmm_w4a8``, ``gather_qmm_w4a8``, ``quantize_activations_q8``)
+  K is a multiple of 32.
 
 A kernel the backend does not have is simply not defined (core then raises
 ``NotImplementedError`` naming the backend and the verb). What a backend claims is
 :attr:`BackendInfo.capabilities`; the conformance suite certifies exactly those, and core
-runs ``qmm_w4a4`` only where ``w4a4`` is declared (the optional capability of spec 1.0).
+runs the kernels of an optional capability (``qmm_w4a4``: ``w4a4``, spec 1.0; the W4A8
+kernels: ``w4a8`` and ``w4a8_fp8``, spec 1.1) only where it is declared
+(:data:`OPTIONAL_CAPABILITIES`).
 
 A backend is published under the entry-point group ``nvfp4.backends`` as a zero-argument
 factory returning its kernels object::
@@ -45,6 +49,7 @@ from .planes import NVFP4Planes
 __all__ = [
     "CAPABILITIES",
     "KERNELS",
+    "OPTIONAL_CAPABILITIES",
     "Availability",
     "BackendInfo",
     "Kernels",
@@ -58,8 +63,12 @@ CAPABILITIES: dict[str, str] = {
     "fused_partitions": "per-partition globals applied per output row",
     "quantize_activations": "activation encoder (W4A4 input side)",
     "w4a4": "qmm with NVFP4-quantized activations (native or declared emulated)",
-    "w4a8": "qmm with 8-bit activations (its own tolerance)",
+    "w4a8": "W4A8 with int8 activations in blocks of 32 (ggml Q8_0), spec 1.1",
+    "w4a8_fp8": "W4A8 with FP8 E4M3 activations and a per-tensor input scale, spec 1.1",
 }
+
+#: Capabilities the spec makes optional: core runs their kernels only where declared.
+OPTIONAL_CAPABILITIES: frozenset[str] = frozenset({"w4a4", "w4a8", "w4a8_fp8"})
 
 #: The kernels a backend may implement, each with the capability that certifies it.
 KERNELS: dict[str, str] = {
@@ -68,6 +77,11 @@ KERNELS: dict[str, str] = {
     "dequantize": "dequantize",
     "quantize_activations": "quantize_activations",
     "qmm_w4a4": "w4a4",
+    "quantize_activations_q8": "w4a8",
+    "qmm_w4a8": "w4a8",
+    "gather_qmm_w4a8": "w4a8",
+    "quantize_activations_fp8": "w4a8_fp8",
+    "qmm_w4a8_fp8": "w4a8_fp8",
 }
 
 
@@ -112,13 +126,18 @@ class BackendInfo:
 class Kernels(Protocol):
     """The narrow contract. Only the members below are required; the kernels named in
     :data:`KERNELS` (``qmm``, ``gather_qmm``, ``dequantize``, ``quantize_activations``,
-    ``qmm_w4a4``) and ``to_planes`` are each optional, with these signatures::
+    ``qmm_w4a4`` and the W4A8 kernels) and ``to_planes`` are each optional, with these signatures::
 
         qmm(x, w, *, out_dtype: str) -> native [M, N]
         gather_qmm(x, w, expert_ids, *, sorted_indices: bool, out_dtype: str) -> [M, N]
         dequantize(w, *, dtype: str) -> native [E?, N, K]
         quantize_activations(x, *, input_scale: float | None) -> NVFP4Planes
         qmm_w4a4(x, w, *, input_scale: float | None, out_dtype: str) -> [M, N]
+        quantize_activations_q8(x) -> nvfp4.activations.Q8Activations
+        qmm_w4a8(x, w, *, out_dtype: str) -> [M, N]
+        gather_qmm_w4a8(x, w, expert_ids, *, sorted_indices: bool, out_dtype: str) -> [M, N]
+        quantize_activations_fp8(x, *, input_scale: float | None) -> FP8Activations
+        qmm_w4a8_fp8(x, w, *, input_scale: float | None, out_dtype: str) -> [M, N]
         to_planes(w) -> NVFP4Planes          # the canonical planes back, byte for byte
     """
 

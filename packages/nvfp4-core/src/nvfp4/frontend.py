@@ -22,13 +22,14 @@ import numpy as np
 import numpy.typing as npt
 
 from .dtypes import OUTPUT_DTYPES
-from .spec import BLOCK_SIZE
+from .spec import BLOCK_SIZE, Q8_BLOCK_SIZE
 
 __all__ = [
     "INPUT_DTYPES",
     "MatmulInput",
     "activation_input",
     "array_dtype_name",
+    "check_q8_k",
     "check_weight_kind",
     "decode_dtype",
     "dtype_name",
@@ -162,6 +163,15 @@ def check_weight_kind(op: str, name: str, shape: tuple[int, ...], *, experts: bo
         if op == "qmm":
             raise ValueError(f"qmm({name!r}): expert-stacked weights go through gather_qmm")
         raise ValueError(f"{op}({name!r}): expert-stacked weights are not supported here")
+
+
+def check_q8_k(k: int, what: str) -> None:
+    """W4A8 int8 activations come in blocks of 32 along K: K must be a multiple of 32."""
+    if k % Q8_BLOCK_SIZE:
+        raise ValueError(
+            f"{what}: K must be a multiple of {Q8_BLOCK_SIZE} for W4A8 (int8 activation "
+            f"blocks of {Q8_BLOCK_SIZE}), found {k}"
+        )
 
 
 def expert_ids_input(

@@ -9,7 +9,10 @@ against:
 * :func:`dequantize` - exact decoding to float32 / float16 / bfloat16;
 * :func:`qmm`, :func:`gather_qmm` - W4A16 matmuls accumulated in float64 on the exactly
   decoded weights, the global applied once after accumulation;
-* :func:`quantize_activations`, :func:`qmm_w4a4` - W4A4 emulation.
+* :func:`quantize_activations`, :func:`qmm_w4a4` - W4A4 emulation;
+* :func:`quantize_activations_q8`, :func:`qmm_w4a8`, :func:`gather_qmm_w4a8` - W4A8 with
+  int8 activations (spec 1.1, "W4A8");
+* :func:`quantize_activations_fp8`, :func:`qmm_w4a8_fp8` - W4A8 with FP8 E4M3 activations.
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from .activations import FP8Activations, Q8Activations
 from .dtypes import as_float32_input, resolve_dtype
 from .frontend import (
     activation_input,
+    check_q8_k,
     check_weight_kind,
     dtype_name,
     expert_ids_input,
@@ -42,10 +47,15 @@ from .spec import (
     E2M1_BOUNDS,
     E2M1_ODD_BOUNDS,
     E2M1_VALUES,
+    E4M3_MAX,
     E4M3_NAN_BYTE,
     E4M3_VALUES,
     GLOBAL_AMAX_DIVISOR,
+    Q8_BLOCK_SIZE,
+    Q8_MAX,
     block_scale_encode,
+    e4m3_encode_exact,
+    e4m3_round,
 )
 
 __all__ = [
@@ -56,6 +66,8 @@ __all__ = [
     "e2m1_encode",
     "gather_qmm",
     "gather_qmm_2d",
+    "gather_qmm_w4a8",
+    "gather_qmm_w4a8_2d",
     "global_from_amax",
     "output",
     "pack_codes",
@@ -63,10 +75,21 @@ __all__ = [
     "qmm_2d",
     "qmm_w4a4",
     "qmm_w4a4_2d",
+    "qmm_w4a8",
+    "qmm_w4a8_2d",
+    "qmm_w4a8_fp8",
+    "qmm_w4a8_fp8_2d",
     "quantize",
     "quantize_activations",
     "quantize_activations_2d",
+    "quantize_activations_fp8",
+    "quantize_activations_fp8_2d",
+    "quantize_activations_q8",
+    "quantize_activations_q8_2d",
+    "round_half_away",
     "unpack_codes",
+    "w4a8_fp8_from_activations",
+    "w4a8_from_activations",
 ]
 
 #: Scale byte written for an activation block holding NaN or Inf: 0x7F decodes to NaN,
@@ -404,3 +427,187 @@ def qmm_w4a4_2d(
         w.row_global().astype(np.float64) * np.float64(xp.global_scale)
     )
     return y
+
+
+# ------------------------------------------------------------------------------ W4A8
+def round_half_away(v: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
+    """C's ``roundf``: nearest integer, halfway cases away from zero. Computed in float64,
+    where ``|v| + 0.5`` is exact for every float32 ``|v| < 2^23``."""
+    a = np.abs(v.astype(np.float64))
+    return np.copysign(np.floor(a + 0.5), v.astype(np.float64))
+
+
+def quantize_activations_q8(x: Any, *, name: str = "activation") -> Q8Activations:
+    """int8 W4A8 activations of ``x [M, K]`` (K a multiple of 32), as ggml's
+    ``quantize_row_q8_0_ref`` computes them (spec 1.1, "W4A8").
+
+    Per block of 32 along K, in float32: ``amax`` the largest ``|x|``; ``d = amax / 127``;
+    ``id = 1 / d`` (0 where ``d == 0``); ``code = roundf(x * id)`` (half away from zero);
+    ``d`` stored as float16 (RNE). A block holding NaN or Inf gets zero codes and ``d``
+    NaN, so the outputs of its row are NaN; nothing raises.
+    """
+    what = f"quantize_activations_q8({name!r})"
+    a = activation_input(x, what)
+    check_q8_k(int(a.shape[1]), what)
+    return quantize_activations_q8_2d(a, name=name)
+
+
+def quantize_activations_q8_2d(x: npt.NDArray[Any], *, name: str = "activation") -> Q8Activations:
+    """The arithmetic of :func:`quantize_activations_q8` on a checked ``x [M, K]``."""
+    a = np.asarray(x, dtype=np.float32)
+    m, k = a.shape
+    blocks = a.reshape(m, k // Q8_BLOCK_SIZE, Q8_BLOCK_SIZE)
+    finite = np.isfinite(blocks)
+    bad_block = ~finite.all(axis=-1)
+    clean = np.where(finite, blocks, np.float32(0.0))
+    amax = np.abs(clean).max(axis=-1)  # float32 [M, K/32]
+    d = (amax / np.float32(Q8_MAX)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d == 0, np.float32(0.0), np.float32(1.0) / d).astype(np.float32)
+    v = (clean * inv[..., None]).astype(np.float32)
+    q = np.clip(round_half_away(v), -Q8_MAX, Q8_MAX).astype(np.int8)
+    with np.errstate(over="ignore"):  # amax above 127 * 65504 gives d = inf, as in ggml
+        d16 = d.astype(np.float16)
+    q[bad_block] = 0
+    d16[bad_block] = np.float16(np.nan)
+    return Q8Activations(codes=q.reshape(m, k), d=d16, name=name)
+
+
+def w4a8_from_activations(xq: Q8Activations, w: NVFP4Planes) -> npt.NDArray[np.float64]:
+    """W4A8 int8 product of given activation planes and a 2-D weight, in float64:
+    ``(sum_k code * d * e2m1 * e4m3) * global`` (every product exact; spec 1.1, "W4A8")."""
+    xd = xq.decoded()
+    wd = dequantize_unscaled(w).astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        y: npt.NDArray[np.float64] = (xd @ wd.T) * w.row_global().astype(np.float64)
+    return y
+
+
+def qmm_w4a8(x: Any, w: NVFP4Planes, *, out_dtype: Any = np.float32) -> npt.NDArray[Any]:
+    """W4A8 int8 reference: activations quantized by :func:`quantize_activations_q8`, then
+    ``sum over 16-blocks of (int sum of 2*e2m1 x code) * e4m3 / 2 * d``, accumulated in
+    float64, times the global of the row after accumulation."""
+    validate(w, content=True)
+    what = f"qmm_w4a8({w.name!r})"
+    check_weight_kind("qmm_w4a8", w.name, w.shape, experts=False)
+    check_q8_k(w.k, what)
+    xin = matmul_input(x, w.k, what)
+    y = qmm_w4a8_2d(xin.x, w)
+    return output(y.reshape(*xin.lead, w.n), out_dtype)
+
+
+def qmm_w4a8_2d(a: npt.NDArray[Any], w: NVFP4Planes) -> npt.NDArray[np.float64]:
+    """The arithmetic of :func:`qmm_w4a8` on checked operands."""
+    if a.shape[0] == 0:
+        return np.zeros((0, w.n), dtype=np.float64)
+    return w4a8_from_activations(quantize_activations_q8_2d(a, name=f"{w.name}.input"), w)
+
+
+def gather_qmm_w4a8(
+    x: Any,
+    w: NVFP4Planes,
+    expert_ids: Any,
+    *,
+    sorted_indices: bool = False,
+    out_dtype: Any = np.float32,
+) -> npt.NDArray[Any]:
+    """MoE W4A8 int8 reference: row ``m`` of ``x`` times expert ``expert_ids[m]``; ids
+    outside ``[0, E)`` give exactly zero rows (their x is never read)."""
+    validate(w, content=True)
+    what = f"gather_qmm_w4a8({w.name!r})"
+    check_weight_kind("gather_qmm_w4a8", w.name, w.shape, experts=True)
+    check_q8_k(w.k, what)
+    xin = matmul_input(x, w.k, what, rows=True)
+    ids = expert_ids_input(expert_ids, xin.rows, what, sorted_indices=sorted_indices)
+    return output(gather_qmm_w4a8_2d(xin.x, w, ids), out_dtype)
+
+
+def gather_qmm_w4a8_2d(
+    a: npt.NDArray[Any], w: NVFP4Planes, ids: npt.NDArray[np.int64]
+) -> npt.NDArray[np.float64]:
+    """The arithmetic of :func:`gather_qmm_w4a8` on checked operands."""
+    y = np.zeros((a.shape[0], w.n), dtype=np.float64)
+    e = w.shape[0]
+    row_g = w.row_global().astype(np.float64)
+    one = np.ones((), np.float32)
+    for expert in np.unique(ids[(ids >= 0) & (ids < e)]):
+        rows = ids == expert
+        we = NVFP4Planes(w.codes[expert], w.scales[expert], one, name=w.name)
+        y[rows] = qmm_w4a8_2d(a[rows], we) * row_g[expert]
+    return y
+
+
+def quantize_activations_fp8(
+    x: Any, input_scale: Any = None, *, name: str = "activation"
+) -> FP8Activations:
+    """FP8 E4M3 W4A8 activations (ModelOpt's ``W4A8_NVFP4_FP8``; spec 1.1, "W4A8").
+
+    ``code = e4m3(x / input_scale)``: one float32 division, the magnitude clamped to 448,
+    rounded to E4M3 nearest-even (subnormals included, step 2^-9), the sign bit that of the
+    quotient. ``input_scale`` is the checkpoint's static decode scale, else dynamic:
+    ``amax / 448`` over the finite values (1.0 where that quotient is 0). A NaN or Inf
+    element gets the NaN byte 0x7F, so its row's outputs are NaN; nothing raises.
+    """
+    what = f"quantize_activations_fp8({name!r})"
+    a = activation_input(x, what)
+    return quantize_activations_fp8_2d(a, input_scale_value(input_scale, what), name=name)
+
+
+def fp8_input_scale(a: npt.NDArray[np.float32]) -> np.float32:
+    """The dynamic FP8 input scale: ``amax / 448`` over the finite values of ``a``, in
+    float32; 1.0 where that quotient is 0."""
+    clean = np.where(np.isfinite(a), a, np.float32(0.0))
+    amax = np.abs(clean).max() if clean.size else np.float32(0.0)
+    s = np.float32(np.float32(amax) / np.float32(E4M3_MAX))
+    return np.float32(1.0) if s == 0 else s
+
+
+def quantize_activations_fp8_2d(
+    x: npt.NDArray[Any], input_scale: float | None, *, name: str = "activation"
+) -> FP8Activations:
+    """The arithmetic of :func:`quantize_activations_fp8` on a checked ``x [M, K]`` and a
+    checked static scale (``None``: dynamic)."""
+    a = np.asarray(x, dtype=np.float32)
+    s = fp8_input_scale(a) if input_scale is None else np.float32(input_scale)
+    finite = np.isfinite(a)
+    with np.errstate(over="ignore", invalid="ignore"):
+        v = (np.where(finite, a, np.float32(0.0)) / s).astype(np.float32)
+    mag = np.minimum(np.abs(v), np.float32(E4M3_MAX)).astype(np.float32)
+    codes = e4m3_encode_exact(e4m3_round(mag)) | (np.signbit(v).astype(np.uint8) << np.uint8(7))
+    codes = np.where(finite, codes, np.uint8(E4M3_NAN_BYTE)).astype(np.uint8)
+    return FP8Activations(codes=codes, input_scale=np.asarray(s, dtype=np.float32), name=name)
+
+
+def w4a8_fp8_from_activations(xq: FP8Activations, w: NVFP4Planes) -> npt.NDArray[np.float64]:
+    """FP8 W4A8 product of given activation planes and a 2-D weight, in float64:
+    ``(sum_k e4m3(code) * e2m1 * e4m3) * input_scale * global`` (spec 1.1, "W4A8")."""
+    xd = E4M3_VALUES[xq.codes].astype(np.float64)
+    wd = dequantize_unscaled(w).astype(np.float64)
+    g = w.row_global().astype(np.float64) * np.float64(xq.input_scale)
+    with np.errstate(invalid="ignore"):
+        y: npt.NDArray[np.float64] = (xd @ wd.T) * g
+    return y
+
+
+def qmm_w4a8_fp8(
+    x: Any, w: NVFP4Planes, *, input_scale: Any = None, out_dtype: Any = np.float32
+) -> npt.NDArray[Any]:
+    """W4A8 FP8 reference: activations quantized by :func:`quantize_activations_fp8`, then
+    the float64 product, ``input_scale`` and the row's global applied after accumulation."""
+    validate(w, content=True)
+    what = f"qmm_w4a8_fp8({w.name!r})"
+    check_weight_kind("qmm_w4a8_fp8", w.name, w.shape, experts=False)
+    xin = matmul_input(x, w.k, what)
+    g = input_scale_value(input_scale, what)
+    y = qmm_w4a8_fp8_2d(xin.x, w, g)
+    return output(y.reshape(*xin.lead, w.n), out_dtype)
+
+
+def qmm_w4a8_fp8_2d(
+    a: npt.NDArray[Any], w: NVFP4Planes, input_scale: float | None
+) -> npt.NDArray[np.float64]:
+    """The arithmetic of :func:`qmm_w4a8_fp8` on checked operands."""
+    if a.shape[0] == 0:
+        return np.zeros((0, w.n), dtype=np.float64)
+    xq = quantize_activations_fp8_2d(a, input_scale, name=f"{w.name}.input")
+    return w4a8_fp8_from_activations(xq, w)

@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import reference
+from .activations import FP8Activations, Q8Activations
 from .contract import Availability, BackendInfo
 from .planes import NVFP4Planes
 from .spec import SUPPORTED_SPEC_VERSIONS
@@ -55,11 +56,16 @@ class ReferenceKernels:
                     "fused_partitions",
                     "quantize_activations",
                     "w4a4",
+                    "w4a8",
+                    "w4a8_fp8",
                 }
             ),
             version=__version__,
             package="nvfp4-core",
-            notes=("numpy on the CPU; float64 accumulation; W4A4 emulated exactly",),
+            notes=(
+                "numpy on the CPU; float64 accumulation; W4A4 emulated exactly",
+                "W4A8 (int8 and FP8 activations) emulated exactly: float64 accumulation",
+            ),
         )
 
     def availability(self) -> Availability:
@@ -94,6 +100,34 @@ class ReferenceKernels:
         self, x: npt.NDArray[Any], w: _Weight, *, input_scale: float | None, out_dtype: str
     ) -> npt.NDArray[Any]:
         return reference.output(reference.qmm_w4a4_2d(x, w.planes, input_scale), out_dtype)
+
+    def quantize_activations_q8(self, x: npt.NDArray[Any]) -> Q8Activations:
+        return reference.quantize_activations_q8_2d(x)
+
+    def qmm_w4a8(self, x: npt.NDArray[Any], w: _Weight, *, out_dtype: str) -> npt.NDArray[Any]:
+        return reference.output(reference.qmm_w4a8_2d(x, w.planes), out_dtype)
+
+    def gather_qmm_w4a8(
+        self,
+        x: npt.NDArray[Any],
+        w: _Weight,
+        expert_ids: npt.NDArray[np.int64],
+        *,
+        sorted_indices: bool,
+        out_dtype: str,
+    ) -> npt.NDArray[Any]:
+        return reference.output(reference.gather_qmm_w4a8_2d(x, w.planes, expert_ids), out_dtype)
+
+    def quantize_activations_fp8(
+        self, x: npt.NDArray[Any], *, input_scale: float | None
+    ) -> FP8Activations:
+        return reference.quantize_activations_fp8_2d(x, input_scale)
+
+    def qmm_w4a8_fp8(
+        self, x: npt.NDArray[Any], w: _Weight, *, input_scale: float | None, out_dtype: str
+    ) -> npt.NDArray[Any]:
+        y = reference.qmm_w4a8_fp8_2d(x, w.planes, input_scale)
+        return reference.output(y, out_dtype)
 
     def to_planes(self, w: _Weight) -> NVFP4Planes:
         return w.planes

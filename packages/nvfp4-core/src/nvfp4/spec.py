@@ -24,7 +24,7 @@ Contents:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 import numpy as np
@@ -47,6 +47,8 @@ __all__ = [
     "GGUF_SUPER_BLOCK",
     "GGUF_TYPE_NVFP4",
     "GLOBAL_AMAX_DIVISOR",
+    "Q8_BLOCK_SIZE",
+    "Q8_MAX",
     "RESERVED_PATHS",
     "SPEC_VERSION",
     "SUPPORTED_SPEC_VERSIONS",
@@ -124,6 +126,11 @@ class SpecTables:
     #: Tolerance paths the version names but defines no number for (a backend cannot be
     #: certified for them).
     reserved_paths: frozenset[str]
+    #: W4A8 int8 activations (from 1.1): elements per activation block along K (ggml's
+    #: ``QK8_0``); ``None`` where the version defines no W4A8.
+    q8_block_size: int | None = None
+    #: W4A8 int8 activations (from 1.1): the largest code magnitude, ``d = amax / q8_max``.
+    q8_max: int | None = None
 
     @property
     def e2m1_max(self) -> float:
@@ -203,9 +210,16 @@ def _spec_1_0() -> SpecTables:
     )
 
 
+def _spec_1_1() -> SpecTables:
+    """Spec 1.1 (``spec/1.1/nvfp4.md``): 1.0's tables, and W4A8 (int8 activations in blocks
+    of 32 along K, ``d = amax / 127``; FP8 E4M3 activations), with its numbers."""
+    v10 = _spec_1_0()
+    return replace(v10, version="1.1", reserved_paths=frozenset(), q8_block_size=32, q8_max=127)
+
+
 #: Every released version's table, by version. A release adds one; none is ever removed or
 #: edited (a released folder under ``spec/`` is immutable, and so is its table).
-_RELEASED: dict[str, SpecTables] = {"1.0": _spec_1_0()}
+_RELEASED: dict[str, SpecTables] = {"1.0": _spec_1_0(), "1.1": _spec_1_1()}
 
 
 def version_key(version: str) -> tuple[int, ...]:
@@ -313,8 +327,12 @@ SWIZZLE_COL_TILE: Final = _NEWEST.swizzle_col_tile
 #: Rows of one group inside a swizzle tile (32) and bytes of one tile (512).
 SWIZZLE_ROW_GROUP: Final = _NEWEST.swizzle_row_group
 SWIZZLE_TILE_BYTES: Final = _NEWEST.swizzle_tile_bytes
-#: Tolerance paths the newest version reserves (no numbers: ``w4a8``).
+#: Tolerance paths the newest version reserves (none since 1.1; 1.0 reserved ``w4a8``).
 RESERVED_PATHS: Final = _NEWEST.reserved_paths
+#: W4A8 int8 activations: elements per activation block along K (32; K must be a multiple).
+Q8_BLOCK_SIZE: Final[int] = _NEWEST.q8_block_size or 32
+#: W4A8 int8 activations: the largest code magnitude (127), ``d = amax / Q8_MAX``.
+Q8_MAX: Final[int] = _NEWEST.q8_max or 127
 #: The encoder's constants by name, as the compiled kernels receive them at init (nvfp4-cpu's
 #: ``nvfp4cpu_init``): E2M1 max (6), E4M3 max (448), E4M3 min subnormal (2^-9), E4M3 bias (7)
 #: and the NaN byte (0x7F).

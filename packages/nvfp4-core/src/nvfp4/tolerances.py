@@ -10,7 +10,9 @@ allowed ``max|y - ref| / max|ref|`` against the float64 reference computed from 
 (:mod:`nvfp4.reference`). ``dequantize`` is exact (0). ``quantize`` holds ``reference``
 (0 disagreements), ``others`` (the largest fraction of elements another encoder may change,
 each at a rounding boundary) and ``boundary_window`` (how close to a boundary, relative).
-``w4a8`` is reserved in spec 1.0: it has no number.
+``w4a8`` is reserved in spec 1.0: it has no number. Spec 1.1 gives ``w4a8`` (int8
+activations) and ``w4a8_fp8`` numbers per output dtype, and ``quantize_q8`` (``reference``,
+``others``, ``boundary_window``) for int8 activation encoders.
 
 A lookup names the version it certifies (``tolerance("qmm", "float16", spec="1.0")``): a
 1.0 certificate made after 1.1 ships must use 1.0's numbers. Without ``spec`` it gets the
@@ -49,6 +51,18 @@ _BY_VERSION: dict[str, Table] = {
             "gather_qmm": {"float32": 1e-4, "float16": 1e-3, "bfloat16": 1e-2},
             "w4a4": {"float32": 3e-7, "float16": 1e-3, "bfloat16": 1e-2},
             "w4a8": {},
+        }
+    ),
+    "1.1": _freeze(
+        {
+            "dequantize": {"float32": 0.0, "float16": 0.0, "bfloat16": 0.0},
+            "quantize": {"reference": 0.0, "others": 1e-5, "boundary_window": 2.0**-20},
+            "qmm": {"float32": 1e-4, "float16": 1e-3, "bfloat16": 1e-2},
+            "gather_qmm": {"float32": 1e-4, "float16": 1e-3, "bfloat16": 1e-2},
+            "w4a4": {"float32": 3e-7, "float16": 1e-3, "bfloat16": 1e-2},
+            "quantize_q8": {"reference": 0.0, "others": 1e-5, "boundary_window": 2.0**-20},
+            "w4a8": {"float32": 1e-5, "float16": 1e-3, "bfloat16": 1e-2},
+            "w4a8_fp8": {"float32": 1e-6, "float16": 1e-3, "bfloat16": 1e-2},
         }
     ),
 }

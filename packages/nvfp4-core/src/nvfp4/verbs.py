@@ -1,5 +1,6 @@
 """The verbs as functions: :func:`prepare` on a backend (by name, or the best available),
-then :func:`qmm`, :func:`gather_qmm`, :func:`dequantize`, :func:`qmm_w4a4` and
+then :func:`qmm`, :func:`gather_qmm`, :func:`dequantize`, :func:`qmm_w4a4`, the W4A8
+verbs (:func:`qmm_w4a8`, :func:`gather_qmm_w4a8`, :func:`qmm_w4a8_fp8`) and
 :func:`to_planes` through the backend a :class:`~nvfp4.backend.Prepared` handle came from;
 raw planes go to the numpy reference. :func:`quantize_activations` takes a backend too
 (default: the reference)."""
@@ -20,9 +21,12 @@ from .registry import get_backend
 __all__ = [
     "dequantize",
     "gather_qmm",
+    "gather_qmm_w4a8",
     "prepare",
     "qmm",
     "qmm_w4a4",
+    "qmm_w4a8",
+    "qmm_w4a8_fp8",
     "quantize_activations",
     "to_planes",
 ]
@@ -77,6 +81,33 @@ def qmm_w4a4(
 ) -> Any:
     """:meth:`Backend.qmm_w4a4` on the weight's backend (the reference for raw planes)."""
     return _backend_of(w).qmm_w4a4(x, w, input_scale=input_scale, out_dtype=out_dtype)
+
+
+def qmm_w4a8(x: Any, w: Prepared | NVFP4Planes, *, out_dtype: Any = None) -> Any:
+    """:meth:`Backend.qmm_w4a8` on the weight's backend (the reference for raw planes)."""
+    return _backend_of(w).qmm_w4a8(x, w, out_dtype=out_dtype)
+
+
+def gather_qmm_w4a8(
+    x: Any,
+    w: Prepared | NVFP4Planes,
+    expert_ids: Any,
+    *,
+    sorted_indices: bool = False,
+    out_dtype: Any = None,
+) -> Any:
+    """:meth:`Backend.gather_qmm_w4a8` on the weight's backend (the reference for raw
+    planes)."""
+    return _backend_of(w).gather_qmm_w4a8(
+        x, w, expert_ids, sorted_indices=sorted_indices, out_dtype=out_dtype
+    )
+
+
+def qmm_w4a8_fp8(
+    x: Any, w: Prepared | NVFP4Planes, *, input_scale: Any = None, out_dtype: Any = None
+) -> Any:
+    """:meth:`Backend.qmm_w4a8_fp8` on the weight's backend (the reference for raw planes)."""
+    return _backend_of(w).qmm_w4a8_fp8(x, w, input_scale=input_scale, out_dtype=out_dtype)
 
 
 def quantize_activations(
