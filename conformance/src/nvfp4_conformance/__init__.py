@@ -26,6 +26,6 @@ from ._version import __version__
 
 #: Spec versions this suite has tests for (the run uses the newest one that the suite,
 #: nvfp4-core and the backend under test all implement, unless --nvfp4-spec says otherwise).
-SUITE_SPEC_VERSIONS: tuple[str, ...] = ("1.0",)
+SUITE_SPEC_VERSIONS: tuple[str, ...] = ("1.0", "1.1")
 
 __all__ = ["SUITE_SPEC_VERSIONS", "__version__"]

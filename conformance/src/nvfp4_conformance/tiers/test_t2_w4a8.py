@@ -1,0 +1,230 @@
+"""T2 quantize, W4A8 (spec 1.1): the backend's activation encoders against the reference's.
+
+* int8 (``quantize_activations_q8``, capability ``w4a8``): ``d`` (float16, NaN for a block
+  holding NaN or Inf) bit-identical; codes equal except boundary disagreements (a code one
+  away where the reference's ``|x * id|`` lies within ``boundary_window`` of the midpoint of
+  the two codes, exact midpoints included: ggml's half-to-even SIMD paths conform), whose
+  fraction over the random float32 corpus (2^20 elements and more) is within
+  ``[quantize_q8] others`` (``reference`` = 0 for the reference backend); a non-finite block
+  has zero codes.
+* FP8 (``quantize_activations_fp8``, capability ``w4a8_fp8``): codes and the dynamic input
+  scale bit-identical.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import numpy.typing as npt
+import pytest
+from nvfp4 import reference
+from nvfp4.activations import FP8Activations, Q8Activations
+from nvfp4.spec import Q8_BLOCK_SIZE, Q8_MAX
+
+pytestmark = pytest.mark.min_spec("1.1")
+
+
+def _rng(name: str) -> np.random.Generator:
+    return np.random.default_rng(zlib.crc32(name.encode()))
+
+
+def compare_q8(
+    x: npt.NDArray[Any], got: Q8Activations, ref: Q8Activations, *, window: float
+) -> dict[str, int]:
+    """Judge int8 activation planes against the reference's (spec 1.1, "Conformance of other
+    encoders"); returns the counts, raises ``AssertionError`` on an illegal difference."""
+    assert isinstance(got, Q8Activations), f"expected Q8Activations, found {type(got).__name__}"
+    assert got.shape == ref.shape, f"codes shape {got.shape}, expected {ref.shape}"
+    gd = np.asarray(got.d, dtype=np.float16)
+    same_d = (gd.view(np.uint16) == ref.d.view(np.uint16)) | (np.isnan(gd) & np.isnan(ref.d))
+    if not same_d.all():
+        m, b = (int(i) for i in np.argwhere(~same_d)[0])
+        raise AssertionError(
+            f"d of row {m}, block {b} (elements {32 * b}..{32 * b + 31}): {gd[m, b]!r}, "
+            f"expected {ref.d[m, b]!r} (float16 of amax / 127, bit-identical)"
+        )
+    m, k = ref.shape
+    gc = np.asarray(got.codes).astype(np.int64)
+    rc = ref.codes.astype(np.int64)
+    diff = gc != rc
+    a = np.asarray(x, dtype=np.float32)
+    blocks = a.reshape(m, k // Q8_BLOCK_SIZE, Q8_BLOCK_SIZE)
+    finite_block = np.repeat(np.isfinite(blocks).all(axis=-1), Q8_BLOCK_SIZE, axis=-1)
+    if (diff & ~finite_block).any():
+        i, j = (int(v) for v in np.argwhere(diff & ~finite_block)[0])
+        raise AssertionError(
+            f"code at ({i}, {j}) of a block holding NaN/Inf: {gc[i, j]}, expected 0"
+        )
+    if diff.any():
+        amax = np.abs(np.where(np.isfinite(blocks), blocks, 0)).max(axis=-1)
+        d = (amax / np.float32(Q8_MAX)).astype(np.float32)
+        with np.errstate(divide="ignore"):
+            inv = np.where(d == 0, np.float32(0.0), np.float32(1.0) / d).astype(np.float32)
+        v = (blocks * inv[..., None]).astype(np.float32).reshape(m, k).astype(np.float64)
+        mid = np.abs(gc + rc) / 2.0
+        one_apart = np.abs(gc - rc) == 1
+        near = np.abs(np.abs(v) - mid) <= window * mid
+        legal = one_apart & near & (np.sign(gc) * np.sign(rc) >= 0)
+        bad = diff & ~legal
+        if bad.any():
+            i, j = (int(t) for t in np.argwhere(bad)[0])
+            raise AssertionError(
+                f"code at ({i}, {j}): {gc[i, j]}, expected {rc[i, j]}; x = {a[i, j]!r}, "
+                f"x * id = {v[i, j]!r} is not within {window:g} (relative) of the midpoint "
+                f"of the two codes: not a boundary disagreement"
+            )
+    return {
+        "elements": int(x.size),
+        "disagreements": int(np.count_nonzero(diff)),
+        "nonfinite_blocks": int(np.count_nonzero(np.isnan(ref.d))),
+    }
+
+
+def _q8(backend: Any, x: npt.NDArray[Any]) -> tuple[Q8Activations, Q8Activations]:
+    return backend.quantize_activations_q8(
+        backend.from_numpy(x)
+    ), reference.quantize_activations_q8(x)
+
+
+def _ties(rng: np.random.Generator, m: int, k: int) -> npt.NDArray[np.float32]:
+    """Blocks with amax 127 (d = 1, id = 1) whose other elements are exact halves k + 0.5."""
+    x = (rng.integers(-126, 126, size=(m, k)) + 0.5).astype(np.float32)
+    x[:, ::Q8_BLOCK_SIZE] = np.float32(127.0)
+    return x
+
+
+Builder = Callable[[np.random.Generator], npt.NDArray[Any]]
+Q8_CASES: dict[str, Builder] = {
+    "exact_halves": lambda r: _ties(r, 8, 256),
+    "normal_m1_k4096": lambda r: r.standard_normal((1, 4096)).astype(np.float32),
+    "normal_m33_k288": lambda r: r.standard_normal((33, 288)).astype(np.float32),
+    "rows_1e-30_to_1e30": lambda r: (
+        r.standard_normal((7, 128)) * np.logspace(-30, 30, 7)[:, None]
+    ).astype(np.float32),
+    "d_overflows_float16": lambda r: (r.standard_normal((2, 64)) * 1e8).astype(np.float32),
+    "d_underflows_float16": lambda r: (r.standard_normal((2, 64)) * 1e-9).astype(np.float32),
+    "zeros": lambda r: np.zeros((3, 64), np.float32),
+    "zero_blocks": lambda r: np.where(np.arange(128) < 64, 0.0, r.standard_normal((5, 128))).astype(
+        np.float32
+    ),
+    "nonfinite_blocks": lambda r: np.where(
+        r.random((6, 128)) < 0.02,
+        np.float32(np.nan),
+        np.where(r.random((6, 128)) < 0.02, np.float32(-np.inf), r.standard_normal((6, 128))),
+    ).astype(np.float32),
+    "float16_input": lambda r: r.standard_normal((16, 1024)).astype(np.float16),
+    "bfloat16_input": lambda r: r.standard_normal((16, 1024)).astype(ml_dtypes.bfloat16),
+}
+
+
+@pytest.mark.requires_capability("w4a8")
+@pytest.mark.parametrize("case", list(Q8_CASES))
+def test_quantize_activations_q8(
+    nvfp4_backend: Any, nvfp4_record: Any, nvfp4_tolerance: Any, case: str
+) -> None:
+    """Crafted cases: exact halves, rows from 1e-30 to 1e30, d beyond float16 (infinite) and
+    below it (zero or subnormal), zeros, zero blocks, NaN/Inf blocks, float16 / bfloat16."""
+    x = Q8_CASES[case](_rng(case))
+    got, ref = _q8(nvfp4_backend, x)
+    exact = nvfp4_backend.info.name == "reference"
+    figures = compare_q8(x, got, ref, window=nvfp4_tolerance("quantize_q8", "boundary_window"))
+    nvfp4_record(case, shape=list(x.shape), **figures)
+    if exact:
+        assert figures["disagreements"] == 0, "the reference backend must agree everywhere"
+
+
+@pytest.mark.requires_capability("w4a8")
+def test_quantize_activations_q8_random_corpus(
+    nvfp4_backend: Any, nvfp4_record: Any, nvfp4_tolerance: Any
+) -> None:
+    """2^20 and more random float32 activations: boundary disagreements only, their fraction
+    within ``[quantize_q8] others`` (``reference``, 0, for the reference backend)."""
+    exact = nvfp4_backend.info.name == "reference"
+    window = nvfp4_tolerance("quantize_q8", "boundary_window")
+    total = disagreements = 0
+    for name, shape in (("normal_256x4096", (256, 4096)), ("heavy_64x1024", (64, 1024))):
+        rng = _rng(name)
+        if name.startswith("heavy"):
+            x = rng.standard_t(3, size=shape).astype(np.float32)
+        else:
+            x = rng.standard_normal(shape) * np.exp(rng.normal(0.0, 1.0, size=(shape[0], 1)))
+            x = x.astype(np.float32)
+        got, ref = _q8(nvfp4_backend, x)
+        figures = compare_q8(x, got, ref, window=window)
+        total += figures["elements"]
+        disagreements += figures["disagreements"]
+        nvfp4_record(name, shape=list(shape), **figures)
+    limit = nvfp4_tolerance("quantize_q8", "reference" if exact else "others")
+    fraction = disagreements / total
+    nvfp4_record(
+        "random corpus",
+        elements=total,
+        disagreements=disagreements,
+        disagreement_fraction=fraction,
+        tolerance=limit,
+    )
+    assert total >= 2**20
+    assert fraction <= limit, (
+        f"{disagreements} boundary disagreements in {total} random int8 codes: fraction "
+        f"{fraction:.3g} > {limit:g} ([quantize_q8] {'reference' if exact else 'others'})"
+    )
+
+
+@pytest.mark.requires_capability("w4a8")
+def test_quantize_activations_q8_refuses_k_not_multiple_of_32(nvfp4_backend: Any) -> None:
+    x = np.ones((2, 48), np.float32)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        nvfp4_backend.quantize_activations_q8(nvfp4_backend.from_numpy(x))
+
+
+FP8_CASES: dict[str, tuple[Builder, float | None]] = {
+    "normal_dynamic": (lambda r: r.standard_normal((33, 512)).astype(np.float32), None),
+    "normal_static": (lambda r: r.standard_normal((8, 256)).astype(np.float32), 0.01),
+    "saturating_static": (lambda r: (r.standard_normal((4, 128)) * 100).astype(np.float32), 0.05),
+    "subnormal_codes": (lambda r: (r.standard_normal((4, 128)) * 1e-3).astype(np.float32), 1.0),
+    "e4m3_ties": (
+        lambda r: (r.integers(8, 64, size=(4, 128)) * 2.0 + 1.0).astype(np.float32) / 16,
+        1.0,
+    ),
+    "zeros": (lambda r: np.zeros((3, 64), np.float32), None),
+    "nonfinite": (
+        lambda r: np.where(
+            r.random((5, 96)) < 0.02, np.float32(np.inf), r.standard_normal((5, 96))
+        ).astype(np.float32),
+        None,
+    ),
+    "bfloat16_input": (lambda r: r.standard_normal((16, 512)).astype(ml_dtypes.bfloat16), None),
+}
+
+
+@pytest.mark.requires_capability("w4a8_fp8")
+@pytest.mark.parametrize("case", list(FP8_CASES))
+def test_quantize_activations_fp8(nvfp4_backend: Any, nvfp4_record: Any, case: str) -> None:
+    """FP8 E4M3 codes and the dynamic input scale equal the reference's, bit for bit:
+    saturation at 448, subnormal codes, E4M3 ties, zeros, NaN/Inf, bfloat16 input."""
+    build, input_scale = FP8_CASES[case]
+    x = build(_rng(case))
+    got = nvfp4_backend.quantize_activations_fp8(nvfp4_backend.from_numpy(x), input_scale)
+    ref = reference.quantize_activations_fp8(x, input_scale)
+    assert isinstance(got, FP8Activations), type(got).__name__
+    gs, rs = np.float32(got.input_scale), np.float32(ref.input_scale)
+    assert gs.view(np.uint32) == rs.view(np.uint32), f"input_scale {gs!r}, expected {rs!r}"
+    codes = np.asarray(got.codes)
+    bad = codes != ref.codes
+    nvfp4_record(
+        case,
+        shape=list(x.shape),
+        input_scale=float(rs),
+        dynamic=input_scale is None,
+        disagreements=int(np.count_nonzero(bad)),
+    )
+    if bad.any():
+        i, j = (int(v) for v in np.argwhere(bad)[0])
+        raise AssertionError(
+            f"FP8 code at ({i}, {j}): {int(codes[i, j]):#04x}, expected {int(ref.codes[i, j]):#04x} "
+            f"for x = {np.float32(x[i, j])!r} / input_scale {rs!r} (e4m3, RNE, saturating at 448)"
+        )

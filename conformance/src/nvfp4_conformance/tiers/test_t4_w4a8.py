@@ -1,0 +1,312 @@
+"""T4 matmul, W4A8 (spec 1.1, "W4A8"): ``qmm_w4a8``, ``gather_qmm_w4a8`` (int8 activations,
+capability ``w4a8``) and ``qmm_w4a8_fp8`` (FP8 activations, capability ``w4a8_fp8``) against
+the float64 reference computed on the same activation codes: the backend's own when it has
+the encoder (judged in T2), else the reference's. ``max|y - ref| / max|ref|`` within
+``[w4a8]`` / ``[w4a8_fp8]`` per output dtype; NaN/Inf rows non-finite and the other rows
+unaffected; zero rows exactly zero; out-of-range expert ids exactly zero rows, never read.
+Each case also records, for information, W4A8's quantization error against W4A16.
+"""
+
+from __future__ import annotations
+
+import itertools
+import zlib
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from nvfp4 import reference
+from nvfp4.dtypes import OUTPUT_DTYPES
+from nvfp4.planes import NVFP4Planes
+from nvfp4.testing import activations, relative_error
+
+from nvfp4_conformance.cases import realistic_weight
+from nvfp4_conformance.checks import as_float64, assert_within, error_figures
+
+pytestmark = pytest.mark.min_spec("1.1")
+
+DTYPES = list(OUTPUT_DTYPES)
+
+#: (M, K, N), K a multiple of 32; N of 1, 7, 13, 129 (not multiples of 8 or 16) included.
+SHAPES = [
+    (1, 32, 1),
+    (1, 4096, 256),
+    (2, 64, 7),
+    (3, 4096, 24),
+    (8, 288, 40),
+    (16, 1024, 129),
+    (33, 512, 13),
+    (64, 2048, 24),
+    (300, 4096, 56),
+]
+
+
+def _rng(*key: Any) -> np.random.Generator:
+    return np.random.default_rng(zlib.crc32(repr(key).encode()))
+
+
+def _call(backend: Any, verb: str, x: npt.NDArray[Any], w: Any, *a: Any, **kw: Any) -> Any:
+    return np.asarray(backend.to_numpy(getattr(backend, verb)(backend.from_numpy(x), w, *a, **kw)))
+
+
+def q8_reference(backend: Any, x: npt.NDArray[Any], w: NVFP4Planes) -> npt.NDArray[np.float64]:
+    """W4A8 int8 in float64 on the backend's own int8 activations (or the reference's)."""
+    if backend.has("quantize_activations_q8"):
+        xq = backend.quantize_activations_q8(backend.from_numpy(x))
+    else:
+        xq = reference.quantize_activations_q8(x)
+    return reference.w4a8_from_activations(xq, w)
+
+
+def fp8_reference(
+    backend: Any, x: npt.NDArray[Any], w: NVFP4Planes, scale: float | None
+) -> npt.NDArray[np.float64]:
+    """W4A8 FP8 in float64 on the backend's own FP8 activations (or the reference's)."""
+    if backend.has("quantize_activations_fp8"):
+        xq = backend.quantize_activations_fp8(backend.from_numpy(x), scale)
+    else:
+        xq = reference.quantize_activations_fp8(x, scale)
+    return reference.w4a8_fp8_from_activations(xq, w)
+
+
+def _check(y: npt.NDArray[Any], shape: tuple[int, ...], dtype: str, what: str) -> None:
+    assert y.shape == shape, f"{what}: output shape {y.shape}, expected {shape}"
+    assert y.dtype == OUTPUT_DTYPES[dtype], f"{what}: output dtype {y.dtype}, expected {dtype}"
+
+
+def _vs_w4a16(ref: npt.NDArray[np.float64], x: npt.NDArray[Any], w: NVFP4Planes) -> float:
+    return float(relative_error(ref, reference.qmm(x, w, out_dtype=None)))
+
+
+# ------------------------------------------------------------------------------ int8
+@pytest.mark.requires_capability("w4a8")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("m", "k", "n"), SHAPES, ids=[f"M{m}_K{k}_N{n}" for m, k, n in SHAPES])
+def test_qmm_w4a8(
+    nvfp4_backend: Any, nvfp4_record: Any, nvfp4_tolerance: Any, m: int, k: int, n: int, dtype: str
+) -> None:
+    rng = _rng("w4a8", m, k, n)
+    planes = realistic_weight(rng, n, k, name=f"t4.w4a8_{n}x{k}")
+    x = activations(rng, m, k, dtype)
+    ref = q8_reference(nvfp4_backend, x, planes)
+    y = _call(nvfp4_backend, "qmm_w4a8", x, nvfp4_backend.prepare(planes))
+    _check(y, (m, n), dtype, "qmm_w4a8")
+    tol = float(nvfp4_tolerance("w4a8", dtype))
+    figs = error_figures(y, ref)
+    nvfp4_record(
+        f"M{m}_K{k}_N{n}",
+        dtype=dtype,
+        shape=[m, k, n],
+        tolerance=tol,
+        w4a8_vs_w4a16=_vs_w4a16(ref, x, planes),
+        **figs,
+    )
+    assert_within(y, ref, tol, f"qmm_w4a8 M={m} K={k} N={n} {dtype}")
+
+
+@pytest.mark.requires_capability("w4a8")
+@pytest.mark.requires_capability("fused_partitions")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_qmm_w4a8_fused_partitions(
+    nvfp4_backend: Any, nvfp4_record: Any, nvfp4_tolerance: Any, dtype: str
+) -> None:
+    """q/k/v partitions with globals 100x apart: each applied to its own rows."""
+    rng = _rng("w4a8_fused")
+    parts = (0, 64, 80, 96)
+    w = rng.standard_normal((96, 256)).astype(np.float32)
+    w[64:80] *= 100.0
+    planes = reference.quantize(w, partitions=parts, name="t4.w4a8_qkv")
+    x = activations(rng, 5, 256, dtype)
+    ref = q8_reference(nvfp4_backend, x, planes)
+    y = _call(nvfp4_backend, "qmm_w4a8", x, nvfp4_backend.prepare(planes))
+    _check(y, (5, 96), dtype, "qmm_w4a8")
+    tol = float(nvfp4_tolerance("w4a8", dtype))
+    for a, b in itertools.pairwise(parts):
+        figs = error_figures(y[:, a:b], ref[:, a:b])
+        nvfp4_record(f"partition rows {a}..{b - 1}", dtype=dtype, tolerance=tol, **figs)
+        assert_within(y[:, a:b], ref[:, a:b], tol, f"qmm_w4a8 partition rows {a}..{b - 1}")
+
+
+GATHER = [("e4_m33_k256_n40", 4, 33, 256, 40), ("e3_m1_k1024_n7", 3, 1, 1024, 7)]
+
+
+@pytest.mark.requires_capability("w4a8")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("sort", [False, True], ids=["unsorted", "sorted"])
+@pytest.mark.parametrize(("label", "e", "m", "k", "n"), GATHER, ids=[g[0] for g in GATHER])
+def test_gather_qmm_w4a8(
+    nvfp4_backend: Any,
+    nvfp4_record: Any,
+    nvfp4_tolerance: Any,
+    label: str,
+    e: int,
+    m: int,
+    k: int,
+    n: int,
+    sort: bool,
+    dtype: str,
+) -> None:
+    """Per-expert globals 1000x apart, ids out of range on both sides (exactly zero rows)."""
+    rng = _rng("gather_w4a8", label)
+    wf = rng.standard_normal((e, n, k)).astype(np.float32)
+    wf *= np.logspace(-1.5, 1.5, e, dtype=np.float32)[:, None, None]
+    planes = reference.quantize(wf, name=f"t4.gather_w4a8_{label}")
+    x = activations(rng, m, k, dtype)
+    ids = rng.integers(-1, e + 1, size=m).astype(np.int64)
+    ids[0] = e - 1
+    if sort:
+        ids = np.sort(ids)
+    y = _call(
+        nvfp4_backend,
+        "gather_qmm_w4a8",
+        x,
+        nvfp4_backend.prepare(planes),
+        nvfp4_backend.from_numpy(ids),
+        sorted_indices=sort,
+    )
+    _check(y, (m, n), dtype, "gather_qmm_w4a8")
+    ref = np.zeros((m, n), dtype=np.float64)
+    valid = (ids >= 0) & (ids < e)
+    for expert in np.unique(ids[valid]):
+        rows = ids == expert
+        we = NVFP4Planes(
+            planes.codes[expert], planes.scales[expert], planes.global_scale[expert], name="e"
+        )
+        ref[rows] = q8_reference(nvfp4_backend, x[rows], we)
+    outside = as_float64(y)[~valid]
+    assert (outside == 0).all(), "rows with an out-of-range expert id must be exactly zero"
+    tol = float(nvfp4_tolerance("w4a8", dtype))
+    figs = error_figures(y, ref)
+    nvfp4_record(label, dtype=dtype, sorted=sort, tolerance=tol, **figs)
+    assert_within(y, ref, tol, f"gather_qmm_w4a8 {label} {dtype}")
+
+
+@pytest.mark.requires_capability("w4a8")
+def test_gather_qmm_w4a8_out_of_range_rows_not_read(nvfp4_backend: Any) -> None:
+    """A NaN/Inf row whose id is out of range still gives exactly zero."""
+    rng = _rng("gather_w4a8_nan")
+    planes = reference.quantize(rng.standard_normal((2, 8, 64)).astype(np.float32))
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    x[1] = np.nan
+    x[3] = np.inf
+    ids = np.array([0, -1, 1, 2], dtype=np.int64)
+    y = _call(
+        nvfp4_backend,
+        "gather_qmm_w4a8",
+        x,
+        nvfp4_backend.prepare(planes),
+        nvfp4_backend.from_numpy(ids),
+    )
+    assert (as_float64(y)[[1, 3]] == 0).all(), "out-of-range rows must be exactly zero"
+    assert np.isfinite(as_float64(y)[[0, 2]]).all()
+
+
+@pytest.mark.requires_capability("w4a8")
+def test_qmm_w4a8_nonfinite_and_zero_rows(
+    nvfp4_backend: Any, nvfp4_record: Any, nvfp4_tolerance: Any
+) -> None:
+    """NaN / Inf in a row: that row's outputs are NaN, the others unaffected; a zero row
+    gives exactly zero."""
+    rng = _rng("w4a8_nan")
+    planes = realistic_weight(rng, 16, 128, name="t4.w4a8_nan")
+    x = activations(rng, 6, 128, "float32")
+    x[1, 3] = np.nan
+    x[4, 100] = np.inf
+    x[5] = 0.0
+    y = _call(nvfp4_backend, "qmm_w4a8", x, nvfp4_backend.prepare(planes))
+    _check(y, (6, 16), "float32", "qmm_w4a8")
+    assert np.isnan(y[[1, 4]]).all(), "rows holding NaN/Inf in x must give NaN outputs"
+    assert (y[5] == 0).all(), "a zero row of x must give an exactly zero output row"
+    good = np.array([0, 2, 3])
+    ref = q8_reference(nvfp4_backend, x, planes)
+    tol = float(nvfp4_tolerance("w4a8", "float32"))
+    figs = error_figures(y[good], ref[good])
+    nvfp4_record("nonfinite_rows", dtype="float32", tolerance=tol, **figs)
+    assert_within(y[good], ref[good], tol, "qmm_w4a8 finite rows next to non-finite ones")
+
+
+@pytest.mark.requires_capability("w4a8")
+def test_qmm_w4a8_refuses_k_not_multiple_of_32(nvfp4_backend: Any) -> None:
+    planes = reference.quantize(np.ones((4, 48), np.float32), name="t4.w4a8_k48")
+    with pytest.raises(ValueError, match="multiple of 32"):
+        nvfp4_backend.qmm_w4a8(
+            nvfp4_backend.from_numpy(np.ones((2, 48), np.float32)), nvfp4_backend.prepare(planes)
+        )
+
+
+# ------------------------------------------------------------------------------- FP8
+FP8 = [
+    ("M1_K4096_N24_dynamic", 1, 4096, 24, None),
+    ("M33_K512_N7_dynamic", 33, 512, 7, None),
+    ("M300_K1024_N56_dynamic", 300, 1024, 56, None),
+    ("M16_K272_N40_static", 16, 272, 40, "static"),
+    ("M8_K256_N13_static_saturating", 8, 256, 13, "saturating"),
+]
+
+
+@pytest.mark.requires_capability("w4a8_fp8")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("label", "m", "k", "n", "scale"), FP8, ids=[f[0] for f in FP8])
+def test_qmm_w4a8_fp8(
+    nvfp4_backend: Any,
+    nvfp4_record: Any,
+    nvfp4_tolerance: Any,
+    label: str,
+    m: int,
+    k: int,
+    n: int,
+    scale: str | None,
+    dtype: str,
+) -> None:
+    """Dynamic input scale (amax / 448), a static one above it, and a static one that
+    saturates the largest activations at 448."""
+    rng = _rng("w4a8_fp8", label)
+    planes = realistic_weight(rng, n, k, name=f"t4.w4a8_fp8_{label}")
+    x = activations(rng, m, k, dtype)
+    amax = float(np.abs(as_float64(x)).max())
+    input_scale = None
+    if scale == "static":
+        input_scale = amax / 448 * 1.5
+    elif scale == "saturating":
+        input_scale = amax / 448 / 4
+    ref = fp8_reference(nvfp4_backend, x, planes, input_scale)
+    y = _call(
+        nvfp4_backend, "qmm_w4a8_fp8", x, nvfp4_backend.prepare(planes), input_scale=input_scale
+    )
+    _check(y, (m, n), dtype, "qmm_w4a8_fp8")
+    tol = float(nvfp4_tolerance("w4a8_fp8", dtype))
+    figs = error_figures(y, ref)
+    nvfp4_record(
+        label,
+        dtype=dtype,
+        shape=[m, k, n],
+        input_scale=input_scale,
+        input_scale_policy="dynamic" if input_scale is None else "static",
+        tolerance=tol,
+        w4a8_vs_w4a16=_vs_w4a16(ref, x, planes),
+        **figs,
+    )
+    assert_within(y, ref, tol, f"qmm_w4a8_fp8 {label} {dtype}")
+
+
+@pytest.mark.requires_capability("w4a8_fp8")
+def test_qmm_w4a8_fp8_nonfinite_and_zero_rows(
+    nvfp4_backend: Any, nvfp4_record: Any, nvfp4_tolerance: Any
+) -> None:
+    rng = _rng("w4a8_fp8_nan")
+    planes = realistic_weight(rng, 16, 128, name="t4.w4a8_fp8_nan")
+    x = activations(rng, 6, 128, "float32")
+    x[1, 3] = np.nan
+    x[4, 100] = -np.inf
+    x[5] = 0.0
+    y = _call(nvfp4_backend, "qmm_w4a8_fp8", x, nvfp4_backend.prepare(planes))
+    _check(y, (6, 16), "float32", "qmm_w4a8_fp8")
+    assert np.isnan(y[[1, 4]]).all(), "rows holding NaN/Inf in x must give NaN outputs"
+    assert (y[5] == 0).all(), "a zero row of x must give an exactly zero output row"
+    good = np.array([0, 2, 3])
+    ref = fp8_reference(nvfp4_backend, x, planes, None)
+    tol = float(nvfp4_tolerance("w4a8_fp8", "float32"))
+    figs = error_figures(y[good], ref[good])
+    nvfp4_record("nonfinite_rows", dtype="float32", tolerance=tol, **figs)
+    assert_within(y[good], ref[good], tol, "qmm_w4a8_fp8 finite rows next to non-finite ones")
