@@ -120,7 +120,7 @@ def test_streaming_writer_checks_order_dtype_shape_and_completion(tmp_path: Path
         w = SafetensorsWriter(tmp_path / f"{i}.safetensors", entries)
         with pytest.raises(SafetensorsError, match=message):
             w.write(name, array)
-        w._abort()
+        w.abort()
     w = SafetensorsWriter(tmp_path / "short.safetensors", entries)
     w.write("a", np.zeros(2, np.float32))
     with pytest.raises(SafetensorsError, match="before tensor 'b'"):

@@ -29,15 +29,16 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Final
 
 import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 from nvfp4.planes import NVFP4Planes, PlaneError
+from nvfp4.shapes import WeightShape
 from nvfp4.spec import BLOCK_SIZE
 
+from .closing import Closing
 from .flavours import Flavour
 
 __all__ = ["FUSED_PATTERNS", "Checkpoint", "PlaneShape", "group_experts", "scalar"]
@@ -52,7 +53,7 @@ FUSED_PATTERNS: Final = (
 
 
 @dataclass(frozen=True)
-class PlaneShape:
+class PlaneShape(WeightShape):
     """Shape facts of a quantized tensor, read from headers only.
 
     ``shape`` is the logical ``(E?, N, K)``; ``partitions`` the number of fused partitions
@@ -60,18 +61,6 @@ class PlaneShape:
 
     shape: tuple[int, ...]
     partitions: int | None = None
-
-    @property
-    def num_experts(self) -> int | None:
-        return self.shape[0] if len(self.shape) == 3 else None
-
-    @property
-    def n(self) -> int:
-        return self.shape[-2]
-
-    @property
-    def k(self) -> int:
-        return self.shape[-1]
 
     @property
     def nbytes(self) -> int:
@@ -102,7 +91,7 @@ def group_experts(
     return groups
 
 
-class Checkpoint(ABC):
+class Checkpoint(Closing, ABC):
     """An opened NVFP4 checkpoint (see the module docstring). Use :func:`open_checkpoint`;
     close it (or use it as a context manager) when done."""
 
@@ -110,20 +99,6 @@ class Checkpoint(ABC):
     path: Path
     config: dict[str, Any]
     quant_config: dict[str, Any]
-
-    def __enter__(self) -> Checkpoint:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def close(self) -> None:  # noqa: B027 - optional hook, most readers hold nothing
-        """Release the reader (arrays already handed out stay valid)."""
 
     # --------------------------------------------------------------- quantized tensors
     @abstractmethod

@@ -16,18 +16,19 @@ from __future__ import annotations
 
 import queue
 import threading
-from types import TracebackType
 from typing import IO, Any, Final
 
 import numpy as np
 import numpy.typing as npt
+
+from .closing import Closing
 
 __all__ = ["OverlappedWriter"]
 
 _STOP: Final = object()  # the queue's end marker
 
 
-class OverlappedWriter:
+class OverlappedWriter(Closing):
     """Appends byte pieces to ``f`` from a background thread, in the order given.
 
     Args:
@@ -112,20 +113,6 @@ class OverlappedWriter:
                 break
         self._queue.put(_STOP)
         self._thread.join()
-
-    def __enter__(self) -> OverlappedWriter:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
 
     # ------------------------------------------------------------------ internals
     def _put(self, item: Any) -> None:

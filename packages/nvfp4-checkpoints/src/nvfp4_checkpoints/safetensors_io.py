@@ -29,13 +29,13 @@ import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Any, Final
 
 import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
+from .closing import Closing
 from .folder import MAX_JSON_BYTES, CheckpointError, check_shape, one_line, parse_json, short
 
 __all__ = [
@@ -208,7 +208,7 @@ def _parse_entry(p: Path, name: str, entry: Any, data_start: int, size: int) -> 
     return TensorInfo(name, dtype, tuple(shape), data_start + offsets[0], data_start + offsets[1])
 
 
-class SafetensorsFile:
+class SafetensorsFile(Closing):
     """A safetensors file opened lazily: the header is parsed (and validated) on open,
     tensors are memory-mapped one at a time by :meth:`get`.
 
@@ -219,20 +219,6 @@ class SafetensorsFile:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self._tensors, self.metadata = read_header(self.path)
-
-    def __enter__(self) -> SafetensorsFile:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Nothing to release (maps belong to their arrays); kept for symmetry."""
 
     def names(self) -> list[str]:
         """Tensor names in file order."""
@@ -294,7 +280,7 @@ def _header_bytes(
     return struct.pack("<Q", len(raw)) + raw, sizes
 
 
-class SafetensorsWriter:
+class SafetensorsWriter(Closing):
     """Write a safetensors file as a stream.
 
     ``entries`` fixes the names, dtypes (safetensors strings) and shapes up front; the
@@ -327,20 +313,6 @@ class SafetensorsWriter:
     def nbytes(self) -> int:
         """Total data bytes of the file."""
         return sum(self._sizes)
-
-    def __enter__(self) -> SafetensorsWriter:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self._abort()
 
     def write(self, name: str, array: npt.ArrayLike) -> int:
         """Write the next entry's data; returns its byte count."""
@@ -377,7 +349,7 @@ class SafetensorsWriter:
             return
         if self._next != len(self._entries):
             missing = self._entries[self._next][0]
-            self._abort()
+            self.abort()
             raise SafetensorsError(f"{self.path}: closed before tensor {missing!r} was written")
         self._f.flush()
         if self._fsync:
@@ -385,7 +357,7 @@ class SafetensorsWriter:
         self._f.close()
         self._f = None
 
-    def _abort(self) -> None:
+    def abort(self) -> None:
         if self._f is not None:
             self._f.close()
             self._f = None
