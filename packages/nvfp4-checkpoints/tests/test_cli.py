@@ -18,8 +18,8 @@ import pytest
 from make_modelopt_exports import session_exports
 from nvfp4 import quantize
 from nvfp4_checkpoints import open_checkpoint, write_checkpoint
-from nvfp4_checkpoints.destination import TMP_MARK
 from nvfp4_checkpoints.cli import main
+from nvfp4_checkpoints.destination import TMP_MARK
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
