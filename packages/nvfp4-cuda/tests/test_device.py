@@ -11,7 +11,12 @@ import torch
 from nvfp4 import reference
 from nvfp4_cuda import backend, configs, device
 from nvfp4_triton import INTERPRETER_DEVICE
-from nvfp4_triton.testing import assert_import_is_light, fake_gpu, registered_entry_point
+from nvfp4_triton.testing import (
+    assert_import_is_light,
+    driver_without_gpu_torch_reason,
+    fake_gpu,
+    registered_entry_point,
+)
 
 
 def test_import_needs_neither_torch_nor_triton() -> None:
@@ -133,13 +138,6 @@ def test_configs_cover_the_generations() -> None:
 def test_driver_with_cpu_only_torch_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     """An NVIDIA driver but a CPU build of torch: one line naming both and the two ways out,
     never a silent fall-back to the interpreter."""
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
-    monkeypatch.setattr(device, "driver_evidence", lambda vendor: "/dev/nvidiactl")
-    monkeypatch.setattr(torch.version, "hip", None, raising=False)
-    monkeypatch.setattr(torch.version, "cuda", None, raising=False)
-    a = backend().availability()
-    assert not a.ok
-    assert "\n" not in a.reason
-    assert "an NVIDIA driver is loaded (/dev/nvidiactl)" in a.reason
-    assert f"torch {torch.__version__} is a CPU-only build" in a.reason
-    assert "TRITON_INTERPRET=1" in a.reason
+    reason = driver_without_gpu_torch_reason(monkeypatch, device, backend, "/dev/nvidiactl")
+    assert "an NVIDIA driver is loaded (/dev/nvidiactl)" in reason
+    assert f"torch {torch.__version__} is a CPU-only build" in reason

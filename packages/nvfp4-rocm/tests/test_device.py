@@ -13,7 +13,12 @@ from nvfp4 import get_backend, reference
 from nvfp4_rocm import backend, device
 from nvfp4_rocm.device import ARCH_ENV, DEFAULT_INTERPRETER_ARCH
 from nvfp4_triton import INTERPRETER_DEVICE
-from nvfp4_triton.testing import assert_import_is_light, fake_gpu, registered_entry_point
+from nvfp4_triton.testing import (
+    assert_import_is_light,
+    driver_without_gpu_torch_reason,
+    fake_gpu,
+    registered_entry_point,
+)
 
 BASE_CAPS = {"qmm", "gather_qmm", "dequantize", "quantize_activations", "fused_partitions"}
 
@@ -179,13 +184,6 @@ def test_detection_errors_never_raise(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_driver_with_cpu_only_torch_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     """An AMD driver (/dev/kfd) but a torch without ROCm: one line naming both and the two
     ways out, never a silent fall-back to the interpreter."""
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
-    monkeypatch.setattr(device, "driver_evidence", lambda vendor: "/dev/kfd")
-    monkeypatch.setattr(torch.version, "hip", None, raising=False)
-    monkeypatch.setattr(torch.version, "cuda", None, raising=False)
-    a = backend().availability()
-    assert not a.ok
-    assert "\n" not in a.reason
-    assert "an AMD GPU driver is loaded (/dev/kfd)" in a.reason
-    assert f"torch {torch.__version__} is not a ROCm build" in a.reason
-    assert "TRITON_INTERPRET=1" in a.reason
+    reason = driver_without_gpu_torch_reason(monkeypatch, device, backend, "/dev/kfd")
+    assert "an AMD GPU driver is loaded (/dev/kfd)" in reason
+    assert f"torch {torch.__version__} is not a ROCm build" in reason

@@ -127,15 +127,22 @@ def _scale_candidates() -> np.ndarray:
     return np.concatenate(parts).astype(np.float32)
 
 
-def test_e4m3_rne_matches_spec_at_every_boundary() -> None:
-    s = _pad_pow2(_scale_candidates(), 1.0)
-    n = len(s)
+def _run_encode(v: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``_encode`` on ``v`` (a power-of-two length): the E4M3 byte and value of each
+    element taken as a scale, and its E2M1 index taken as a scaled value."""
+    n = len(v)
     byte, value, idx = (
         torch.empty(n, dtype=torch.int32),
         torch.empty(n),
         torch.empty(n, dtype=torch.int32),
     )
-    _encode[(1,)](torch.from_numpy(s), byte, value, idx, n)
+    _encode[(1,)](torch.from_numpy(v), byte, value, idx, n)
+    return byte, value, idx
+
+
+def test_e4m3_rne_matches_spec_at_every_boundary() -> None:
+    s = _pad_pow2(_scale_candidates(), 1.0)
+    byte, value, _ = _run_encode(s)
     clamped = np.clip(s, np.float32(spec.E4M3_MIN_SUBNORMAL), np.float32(spec.E4M3_MAX))
     want_v = spec.e4m3_round(clamped)
     want_b = spec.e4m3_encode_exact(want_v).astype(np.int32)
@@ -159,14 +166,8 @@ def test_e2m1_rne_index_matches_reference() -> None:
         ]
     ).astype(np.float32)
     q = _pad_pow2(q, 0.0)
-    n = len(q)
-    byte, value, idx = (
-        torch.empty(n, dtype=torch.int32),
-        torch.empty(n),
-        torch.empty(n, dtype=torch.int32),
-    )
-    _encode[(1,)](torch.from_numpy(q), byte, value, idx, n)
-    want = reference.e2m1_encode(np.abs(q), np.zeros(n, bool)).astype(np.int32)
+    _, _, idx = _run_encode(q)
+    want = reference.e2m1_encode(np.abs(q), np.zeros(len(q), bool)).astype(np.int32)
     np.testing.assert_array_equal(idx.numpy(), want)
 
 

@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nvfp4.backend import Backend
-from nvfp4_triton.backend import Platform, TritonKernels
+from nvfp4_triton.backend import Platform, TritonBackend, TritonKernels
 from nvfp4_triton.weights import DeviceWeight
 
 from . import device, dispatch, w4a4
@@ -86,14 +85,11 @@ class CUDAKernels(TritonKernels):
         return tuple(notes)
 
 
-class CUDABackend(Backend):
-    """Core's verbs (:class:`nvfp4.Backend`) over :class:`CUDAKernels`; ``platform()`` and the
-    other facts of the kernels read through."""
+class CUDABackend(TritonBackend):
+    """The ``cuda`` verbs: :class:`~nvfp4_triton.backend.TritonBackend` over :class:`CUDAKernels`."""
 
-    def __init__(self) -> None:
-        super().__init__(CUDAKernels())
+    KERNELS = CUDAKernels
 
 
-def backend() -> CUDABackend:
-    """Entry-point factory (``cuda = "nvfp4_cuda:backend"``): cheap, never raises."""
-    return CUDABackend()
+#: Entry-point factory (``cuda = "nvfp4_cuda:backend"``): cheap, never raises.
+backend = CUDABackend

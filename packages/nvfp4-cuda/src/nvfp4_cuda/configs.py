@@ -21,14 +21,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from nvfp4_triton.config import (
-    DequantTiles,
-    GatherTiles,
-    GemmTiles,
-    GemvTiles,
-    KernelConfig,
-    QuantTiles,
-)
+from nvfp4_triton import DequantTiles, GatherTiles, GemmTiles, GemvTiles, KernelConfig, QuantTiles
 
 __all__ = ["CONFIGS", "INTERPRETER", "config_for"]
 

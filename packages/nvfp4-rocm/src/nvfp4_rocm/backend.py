@@ -20,8 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nvfp4.backend import Backend
-from nvfp4_triton.backend import Platform, TritonKernels
+from nvfp4_triton.backend import Platform, TritonBackend, TritonKernels
 from nvfp4_triton.weights import DeviceWeight
 
 from . import configs, device, dispatch, w4a4
@@ -86,14 +85,11 @@ class ROCmKernels(TritonKernels):
         return tuple(notes)
 
 
-class ROCmBackend(Backend):
-    """Core's verbs (:class:`nvfp4.Backend`) over :class:`ROCmKernels`; ``platform()`` and the
-    other facts of the kernels read through."""
+class ROCmBackend(TritonBackend):
+    """The ``rocm`` verbs: :class:`~nvfp4_triton.backend.TritonBackend` over :class:`ROCmKernels`."""
 
-    def __init__(self) -> None:
-        super().__init__(ROCmKernels())
+    KERNELS = ROCmKernels
 
 
-def backend() -> ROCmBackend:
-    """Entry-point factory (``rocm = "nvfp4_rocm:backend"``): cheap, never raises."""
-    return ROCmBackend()
+#: Entry-point factory (``rocm = "nvfp4_rocm:backend"``): cheap, never raises.
+backend = ROCmBackend

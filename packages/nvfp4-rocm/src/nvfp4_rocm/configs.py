@@ -48,14 +48,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from nvfp4_triton.config import (
-    DequantTiles,
-    GatherTiles,
-    GemmTiles,
-    GemvTiles,
-    KernelConfig,
-    QuantTiles,
-)
+from nvfp4_triton import DequantTiles, GatherTiles, GemmTiles, GemvTiles, KernelConfig, QuantTiles
 
 __all__ = [
     "CDNA3",

@@ -23,18 +23,9 @@ submodules that hold kernels import triton when they are first imported. Set
 
 from __future__ import annotations
 
+from . import config
 from ._version import __version__
-from .config import DequantTiles, GatherTiles, GemmTiles, GemvTiles, KernelConfig, QuantTiles
+from .config import *  # noqa: F403 (the tiles, re-exported under config.__all__)
 from .interpret import INTERPRETER_DEVICE, interpreter_mode
 
-__all__ = [
-    "INTERPRETER_DEVICE",
-    "DequantTiles",
-    "GatherTiles",
-    "GemmTiles",
-    "GemvTiles",
-    "KernelConfig",
-    "QuantTiles",
-    "__version__",
-    "interpreter_mode",
-]
+__all__ = [*config.__all__, "INTERPRETER_DEVICE", "__version__", "interpreter_mode"]

@@ -13,6 +13,9 @@ differs between vendors:
   GEMM where the hardware has one (the ``w4a4`` capability is declared only then);
 * the class attributes ``NAME``, ``PRIORITY``, ``PACKAGE`` and ``NOTES``.
 
+:class:`TritonBackend` is core's :class:`nvfp4.Backend` over a subclass's kernels, so a
+vendor backend names only its ``KERNELS`` class.
+
 Native arrays are torch tensors on the platform's device (CPU tensors under the
 interpreter); a tensor on another device is moved there.
 """
@@ -20,10 +23,11 @@ interpreter); a tensor on another device is moved there.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
+from nvfp4.backend import Backend
 from nvfp4.contract import Availability, BackendInfo
 from nvfp4.frontend import decode_dtype
 from nvfp4.planes import NVFP4Planes
@@ -33,7 +37,7 @@ from . import ops
 from .config import KernelConfig
 from .weights import DeviceWeight, upload
 
-__all__ = ["BASE_CAPABILITIES", "Platform", "TritonKernels", "torch_dtype"]
+__all__ = ["BASE_CAPABILITIES", "Platform", "TritonBackend", "TritonKernels", "torch_dtype"]
 
 #: Capabilities every Triton backend has (``w4a4`` is added where it is native).
 BASE_CAPABILITIES = frozenset(
@@ -264,3 +268,13 @@ class TritonKernels:
     def to_planes(self, w: DeviceWeight) -> NVFP4Planes:
         """The canonical planes of a prepared weight, byte for byte."""
         return w.to_planes()
+
+
+class TritonBackend(Backend):
+    """Core's verbs (:class:`nvfp4.Backend`) over a vendor's :class:`TritonKernels`
+    subclass, ``KERNELS``; ``platform()`` and the other facts of the kernels read through."""
+
+    KERNELS: ClassVar[type[TritonKernels]]
+
+    def __init__(self) -> None:
+        super().__init__(self.KERNELS())

@@ -272,6 +272,13 @@ def _grouped_tiles(
     return perm, owner.contiguous(), tile_start.contiguous(), tile_end.contiguous(), total
 
 
+def _expert_operands(x: Any, w: DeviceWeight, out: Any) -> tuple[Any, ...]:
+    """What both gather kernels take after their row operands: the expert stack's codes,
+    scales and row globals, the output, ``N``, ``K``, ``E`` and the row strides of x and
+    the output."""
+    return (w.codes, w.scales, w.row_g, out, w.n, w.k, w.num_experts, x.stride(0), out.stride(0))
+
+
 def gather(
     x: Any,
     w: DeviceWeight,
@@ -292,7 +299,7 @@ def gather(
     _check_x(x, w)
     e = w.num_experts
     assert e is not None, "gather needs an expert stack [E, N, K]"
-    m, n, k = x.shape[0], w.n, w.k
+    m, n = x.shape[0], w.n
     assert tuple(ids.shape) == (m,), (tuple(ids.shape), m)
     if ids.dtype not in (torch.int32, torch.int64):
         ids = ids.to(torch.int64)
@@ -309,15 +316,7 @@ def gather(
         gather_rows_kernel[(m, _cdiv(n, t.rows_block_n))](
             x,
             ids,
-            w.codes,
-            w.scales,
-            w.row_g,
-            out,
-            n,
-            k,
-            e,
-            x.stride(0),
-            out.stride(0),
+            *_expert_operands(x, w, out),
             BLOCK_N=t.rows_block_n,
             BLOCK_K=t.rows_block_k,
             num_warps=t.num_warps,
@@ -336,15 +335,7 @@ def gather(
         tile_expert,
         tile_start,
         tile_end,
-        w.codes,
-        w.scales,
-        w.row_g,
-        out,
-        n,
-        k,
-        e,
-        x.stride(0),
-        out.stride(0),
+        *_expert_operands(x, w, out),
         BLOCK_M=t.block_m,
         BLOCK_N=t.block_n,
         BLOCK_K=t.block_k,

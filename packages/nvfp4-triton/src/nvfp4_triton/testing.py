@@ -132,3 +132,20 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch, *, hip: str | None, **properties: 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i=0: props)
+
+
+def driver_without_gpu_torch_reason(
+    monkeypatch: pytest.MonkeyPatch, device: Any, backend: Any, evidence: str
+) -> str:
+    """The unavailability reason of ``backend()`` when ``device`` finds a vendor driver at
+    ``evidence`` but torch is a CPU-only build, with the interpreter off; checked to be one
+    line that names the interpreter as a way out (the caller checks the vendor's words)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(device, "driver_evidence", lambda vendor: evidence)
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
+    monkeypatch.setattr(torch.version, "cuda", None, raising=False)
+    a = backend().availability()
+    assert not a.ok
+    assert "\n" not in a.reason
+    assert "TRITON_INTERPRET=1" in a.reason
+    return str(a.reason)
