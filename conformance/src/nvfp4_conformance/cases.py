@@ -8,13 +8,12 @@ backend, sees the same bytes and the certificate's figures are comparable.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 from nvfp4 import reference
 from nvfp4.planes import NVFP4Planes
-from nvfp4.testing import globals_for, random_planes, realistic_weight
+from nvfp4.testing import globals_for, random_planes, raw_planes, realistic_weight
 
 __all__ = [
     "MalformedCase",
@@ -62,27 +61,6 @@ def scales_probe(name: str = "scales_probe") -> tuple[NVFP4Planes, npt.NDArray[n
 
 
 # ------------------------------------------------------------------------- malformed
-def raw_planes(
-    codes: Any,
-    scales: Any,
-    global_scale: Any,
-    partitions: Any = None,
-    name: str = "bad",
-) -> NVFP4Planes:
-    """An :class:`NVFP4Planes` made WITHOUT its structural checks (as a buggy loader or a
-    hand-built object could produce): the suite checks that every entry point refuses it."""
-    p = object.__new__(NVFP4Planes)
-    for field, value in (
-        ("codes", codes),
-        ("scales", scales),
-        ("global_scale", global_scale),
-        ("partitions", partitions),
-        ("name", name),
-    ):
-        object.__setattr__(p, field, value)
-    return p
-
-
 @dataclass(frozen=True)
 class MalformedCase:
     """A malformed plane: ``experts`` says whether it is expert-stacked (``gather_qmm``

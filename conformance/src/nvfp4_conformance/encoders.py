@@ -68,6 +68,23 @@ def _unrounded_scale(blocks: npt.NDArray[np.float32], g: np.float32) -> npt.NDAr
     return block_scale_unrounded(np.abs(blocks).max(axis=-1), g)
 
 
+#: How a disagreement that only the reference backend's bit-exact rule forbids ends its message.
+_MUST_MATCH = " (the reference backend must match exactly)"
+
+
+def _failure(
+    exact: bool, illegal: npt.NDArray[np.bool_], diff: npt.NDArray[np.bool_]
+) -> tuple[tuple[int, ...], bool] | None:
+    """Where the comparison fails, and whether only ``exact`` (the reference backend) made it
+    fail: the first ``illegal`` disagreement, else with ``exact`` the first of ``diff``;
+    ``None`` where it passes."""
+    if illegal.any():
+        return tuple(int(v) for v in np.argwhere(illegal)[0]), False
+    if exact:
+        return tuple(int(v) for v in np.argwhere(diff)[0]), True
+    return None
+
+
 def compare_encoding(
     x: Any, got: Any, ref: NVFP4Planes, *, window: float, exact: bool, what: str = "encoder"
 ) -> EncodingComparison:
@@ -119,17 +136,13 @@ def compare_encoding(
         ) / 2
         near = np.abs(s.astype(np.float64) - mid) <= window * mid
         illegal = sdiff & ~(step_ok & near)
-        if exact or illegal.any():
-            at = tuple(int(v) for v in np.argwhere(illegal if illegal.any() else sdiff)[0])
+        failure = _failure(exact, illegal, sdiff)
+        if failure is not None:
+            at, exact_only = failure
             raise AssertionError(
                 f"{what}: block {at} has scale byte 0x{int(got.scales[at]):02X}, the reference's is "
                 f"0x{int(ref.scales[at]):02X}; the unrounded scale {float(s[at])!r} is not within "
-                f"the boundary window of their midpoint"
-                + (
-                    " (the reference backend must match exactly)"
-                    if exact and not illegal.any()
-                    else ""
-                )
+                f"the boundary window of their midpoint" + (_MUST_MATCH if exact_only else "")
             )
 
     # codes, against the reference's rounding of q computed with the encoder's scale byte
@@ -152,17 +165,14 @@ def compare_encoding(
         mid = mids[np.clip(lo, 0, 6)]
         near = np.abs(mag_q - mid) <= window * mid
         illegal = cdiff & ~(zero_swap | (neighbours & near))
-        if exact or illegal.any():
-            at = tuple(int(v) for v in np.argwhere(illegal if illegal.any() else cdiff)[0])
+        failure = _failure(exact, illegal, cdiff)
+        if failure is not None:
+            at, exact_only = failure
             raise AssertionError(
                 f"{what}: element (row {at[0]}, col {at[1] * BLOCK_SIZE + at[2]}) x = {float(clean[at])!r}, "
                 f"scaled value {float(q[at])!r}: code {int(c_got[at])}, the reference gives "
                 f"{int(expect[at])}"
-                + (
-                    " (the reference backend must match exactly)"
-                    if exact and not illegal.any()
-                    else "; not a boundary disagreement"
-                )
+                + (_MUST_MATCH if exact_only else "; not a boundary disagreement")
             )
     elem_scale = np.broadcast_to(sdiff[..., None], blocks.shape)
     differs = elem_scale | (c_got != c_ref)

@@ -4,17 +4,15 @@ arrays and the spec's error measure against its tolerance (random planes and act
 
 from __future__ import annotations
 
-import itertools
+import functools
 from typing import Any
 
 import ml_dtypes
 import mlx.core as mx
 import numpy as np
 import numpy.typing as npt
-from nvfp4 import reference
 from nvfp4.dtypes import OUTPUT_DTYPES
-from nvfp4.planes import NVFP4Planes
-from nvfp4.testing import assert_within
+from nvfp4.testing import assert_within, realistic_weight
 from nvfp4.tolerances import tolerance
 
 NP_DTYPES = OUTPUT_DTYPES
@@ -34,23 +32,8 @@ def check_close(found: Any, ref: npt.NDArray[Any], path: str, dtype: str, what: 
     return float(figs["max_rel_err"])
 
 
-def realistic_planes(
-    rng: np.random.Generator,
-    n: int,
-    k: int,
-    *,
-    experts: int | None = None,
-    partitions: tuple[int, ...] | None = None,
-    name: str = "w",
-) -> NVFP4Planes:
-    """Gaussian weights quantized by the reference encoder (own global per expert/partition;
-    no outliers, unlike :func:`nvfp4.testing.realistic_weight`)."""
-    lead = (experts, n) if experts else (n,)
-    w = rng.standard_normal((*lead, k)).astype(np.float32)
-    w *= np.exp(rng.normal(0.0, 0.7, size=(*lead, 1))).astype(np.float32)
-    if partitions is not None:
-        for i, (a, b) in enumerate(itertools.pairwise(partitions)):
-            w[..., a:b, :] *= np.float32(3.0**i)
-    if experts:
-        w *= (2.0 ** np.arange(experts, dtype=np.float32))[:, None, None]
-    return reference.quantize(w, partitions=partitions, name=name)
+#: This suite's weights: :func:`nvfp4.testing.realistic_weight` without outliers, partition
+#: ``i`` scaled by ``3 ** i`` and expert ``e`` by ``2 ** e``.
+realistic_planes = functools.partial(
+    realistic_weight, outliers=False, partition_step=3.0, expert_base=1.0
+)

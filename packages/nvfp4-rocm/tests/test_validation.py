@@ -14,26 +14,13 @@ import pytest
 import torch
 from nvfp4 import reference
 from nvfp4.planes import NVFP4Planes, PlaneError
+from nvfp4.testing import raw_planes
 from nvfp4_rocm import ROCmBackend
 from nvfp4_triton import backend as triton_backend
 from nvfp4_triton import ops
 from nvfp4_triton.weights import DeviceWeight
 
 LAUNCHES = ("qmm", "gemv", "gemm", "dequant_matmul", "gather", "dequantize", "quantize_activations")
-
-
-def raw_planes(codes: Any, scales: Any, g: Any, name: str) -> NVFP4Planes:
-    """Planes that skipped NVFP4Planes' own checks (as a buggy loader could hand over)."""
-    p = object.__new__(NVFP4Planes)
-    for field, value in (
-        ("codes", codes),
-        ("scales", scales),
-        ("global_scale", g),
-        ("partitions", None),
-        ("name", name),
-    ):
-        object.__setattr__(p, field, value)
-    return p
 
 
 def _spy(monkeypatch: pytest.MonkeyPatch, *, upload: bool) -> list[str]:
@@ -73,22 +60,22 @@ def _bad_scales(experts: bool) -> list[tuple[str, NVFP4Planes, str]]:
     return [
         (
             "one scale column short",
-            raw_planes(codes, np.full((*lead, 8, 3), 0x38, np.uint8), g, f"{tag}.short"),
+            raw_planes(codes, np.full((*lead, 8, 3), 0x38, np.uint8), g, name=f"{tag}.short"),
             "scales.shape[-1]",
         ),
         (
             "one scale column too many",
-            raw_planes(codes, np.full((*lead, 8, 5), 0x38, np.uint8), g, f"{tag}.long"),
+            raw_planes(codes, np.full((*lead, 8, 5), 0x38, np.uint8), g, name=f"{tag}.long"),
             "scales.shape[-1]",
         ),
         (
             "one scale row short",
-            raw_planes(codes, np.full((*lead, 7, 4), 0x38, np.uint8), g, f"{tag}.rows"),
+            raw_planes(codes, np.full((*lead, 7, 4), 0x38, np.uint8), g, name=f"{tag}.rows"),
             "scales leading shape",
         ),
         (
             "flat scales",
-            raw_planes(codes, np.full(8 * 4 * (2 if experts else 1), 0x38, np.uint8), g, tag),
+            raw_planes(codes, np.full(8 * 4 * (2 if experts else 1), 0x38, np.uint8), g, name=tag),
             "scales rank",
         ),
     ]

@@ -4,7 +4,7 @@ share. Installed code imports it, so nothing here imports pytest at module level
 * :mod:`nvfp4.testing.errors` - the spec's matmul error measure ``max|y - ref| / max|ref|``
   (:func:`relative_error`, :func:`error_figures`, :func:`assert_within`);
 * :mod:`nvfp4.testing.data` - seeded test weights and activations (:func:`random_planes`,
-  :func:`realistic_weight`, :func:`activations`);
+  :func:`realistic_weight`, :func:`activations`) and :func:`raw_planes` (unchecked);
 * :mod:`nvfp4.testing.oracles` - the pytest hooks of the oracle rule; a suite's
   ``conftest.py`` takes them with::
 
@@ -13,7 +13,7 @@ share. Installed code imports it, so nothing here imports pytest at module level
 
 from __future__ import annotations
 
-from .data import activations, globals_for, random_planes, realistic_weight
+from .data import activations, globals_for, random_planes, raw_planes, realistic_weight
 from .errors import as_float64, assert_within, error_figures, relative_error
 from .oracles import OPTIONAL_ORACLE, REQUIRE_ORACLES_ENV, pytest_configure, pytest_sessionfinish
 
@@ -28,6 +28,7 @@ __all__ = [
     "pytest_configure",
     "pytest_sessionfinish",
     "random_planes",
+    "raw_planes",
     "realistic_weight",
     "relative_error",
 ]

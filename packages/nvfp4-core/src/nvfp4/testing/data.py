@@ -1,4 +1,5 @@
-"""Seeded test data: weights as planes and activations.
+"""Seeded test data: weights as planes and activations (and :func:`raw_planes`, planes
+that skipped their own checks, for the tests that every entry point refuses them).
 
 Every builder draws from the ``numpy.random.Generator`` it is given, so a seeded generator
 gives the same bytes on every run and every backend (the conformance suite's certificates
@@ -18,7 +19,7 @@ from ..dtypes import OUTPUT_DTYPES
 from ..planes import NVFP4Planes
 from ..spec import BLOCK_SIZE, GLOBAL_AMAX_DIVISOR
 
-__all__ = ["activations", "globals_for", "random_planes", "realistic_weight"]
+__all__ = ["activations", "globals_for", "random_planes", "raw_planes", "realistic_weight"]
 
 
 def globals_for(
@@ -60,22 +61,27 @@ def realistic_weight(
     experts: int | None = None,
     partitions: tuple[int, ...] | None = None,
     name: str = "w",
+    outliers: bool = True,
+    partition_step: float = 2.0,
+    expert_base: float = 0.25,
 ) -> NVFP4Planes:
-    """A weight as a checkpoint holds it: Gaussian rows with log-normal magnitudes (and an
-    occasional outlier), quantized by the reference encoder, each expert and partition
-    with its own ``amax / 2688`` global."""
+    """A weight as a checkpoint holds it: Gaussian rows with log-normal magnitudes (and,
+    with ``outliers``, an occasional outlier), quantized by the reference encoder, each
+    expert and partition with its own ``amax / 2688`` global. Partition ``i`` is scaled by
+    ``partition_step ** i`` and expert ``e`` by ``expert_base * 2 ** e``, so their globals
+    differ."""
     lead = (experts, n) if experts else (n,)
     w = rng.standard_normal((*lead, k)).astype(np.float32)
     w *= np.exp(rng.normal(0.0, 0.7, size=(*lead, 1))).astype(np.float32)
-    flat = w.reshape(-1)
-    outliers = rng.integers(0, flat.size, size=max(1, flat.size // 4096))
-    flat[outliers] *= np.float32(8.0)
+    if outliers:
+        flat = w.reshape(-1)
+        picked = rng.integers(0, flat.size, size=max(1, flat.size // 4096))
+        flat[picked] *= np.float32(8.0)
     if partitions is not None:
-        # different magnitudes per partition so their globals differ
         for i, (a, b) in enumerate(itertools.pairwise(partitions)):
-            w[..., a:b, :] *= np.float32(2.0**i)
+            w[..., a:b, :] *= np.float32(partition_step**i)
     if experts:
-        w *= (2.0 ** np.arange(experts, dtype=np.float32) / 4.0)[:, None, None]
+        w *= (expert_base * 2.0 ** np.arange(experts, dtype=np.float32))[:, None, None]
     return reference.quantize(w, partitions=partitions, name=name)
 
 
@@ -84,3 +90,24 @@ def activations(rng: np.random.Generator, m: int, k: int, dtype: str) -> npt.NDA
     log-normal factors), rounded to float32 and then to the output dtype named ``dtype``."""
     x = rng.standard_normal((m, k)) * np.exp(rng.normal(0.0, 1.0, size=(m, 1)))
     return x.astype(np.float32).astype(OUTPUT_DTYPES[dtype])
+
+
+def raw_planes(
+    codes: Any,
+    scales: Any,
+    global_scale: Any,
+    partitions: Any = None,
+    name: str = "bad",
+) -> NVFP4Planes:
+    """An :class:`NVFP4Planes` made WITHOUT its structural checks (as a buggy loader or a
+    hand-built object could produce), for the tests that every entry point refuses it."""
+    p = object.__new__(NVFP4Planes)
+    for field, value in (
+        ("codes", codes),
+        ("scales", scales),
+        ("global_scale", global_scale),
+        ("partitions", partitions),
+        ("name", name),
+    ):
+        object.__setattr__(p, field, value)
+    return p
