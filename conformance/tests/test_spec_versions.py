@@ -1,10 +1,10 @@
 """A certificate names one spec version and measures against that version's numbers only.
 
-A hypothetical later version ("1.1", whose ``qmm`` numbers differ) is registered in
-``nvfp4.tolerances`` for the duration of a test: the default lookup then returns 1.1's
+A hypothetical later version ("1.2", whose ``qmm`` numbers differ) is registered in
+``nvfp4.tolerances`` for the duration of a test: the default lookup then returns 1.2's
 numbers, while every lookup for 1.0 - :func:`nvfp4.tolerances.tolerance` with ``spec="1.0"``,
 the suite's :func:`nvfp4_conformance.numbers.tolerance_lookup` and a whole T4 run with
-``--nvfp4-spec 1.0`` - still returns 1.0's: a 1.0 certificate made after 1.1 exists is the
+``--nvfp4-spec 1.0`` - still returns 1.0's: a 1.0 certificate made after 1.2 exists is the
 one made today.
 """
 
@@ -18,13 +18,13 @@ import pytest
 from nvfp4 import tolerances
 from nvfp4_conformance.numbers import tolerance_lookup
 
-#: 1.1's qmm numbers: every dtype's 1.0 number halved (a minor version may tighten one).
-LATER = "1.1"
+#: 1.2's qmm numbers: every dtype's 1.0 number halved (a minor version may tighten one).
+LATER = "1.2"
 
 
 @pytest.fixture
 def later_version(monkeypatch: pytest.MonkeyPatch) -> dict[str, float]:
-    """Register spec "1.1" in nvfp4.tolerances (undone after the test); its qmm table."""
+    """Register spec "1.2" in nvfp4.tolerances (undone after the test); its qmm table."""
     v10 = tolerances.tolerances_for("1.0")
     qmm = {dtype: number / 2 for dtype, number in v10["qmm"].items()}
     tables = {path: MappingProxyType(dict(t)) for path, t in v10.items()}

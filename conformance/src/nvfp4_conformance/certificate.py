@@ -64,9 +64,15 @@ def capability_status(run: ConformanceRun) -> dict[str, tuple[str, str]]:
     for cap in sorted(set(CAPABILITIES) | set(by_cap)):
         # a test that also needs an undeclared capability was skipped for that one: it
         # neither certifies nor fails this capability
-        tests = [o for o in by_cap.get(cap, []) if o.skip_kind != "capability"]
+        tests = [o for o in by_cap.get(cap, []) if o.skip_kind not in ("capability", "spec")]
+        later = [o for o in by_cap.get(cap, []) if o.skip_kind == "spec"]
         if cap not in declared:
             status[cap] = ("not certified", "not declared by the backend")
+        elif not tests and later:
+            status[cap] = (
+                "not certified",
+                f"its tests apply from a later spec version; certifying {run.spec_version}",
+            )
         elif not tests and by_cap.get(cap):
             status[cap] = ("not certified", "its tests also need a capability not declared")
         elif not tests and run.deselected:
