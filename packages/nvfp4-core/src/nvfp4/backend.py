@@ -246,19 +246,65 @@ class Backend:
         return y
 
     # ---------------------------------------------------------------- verbs
-    def qmm(self, x: Any, w: Any, *, out_dtype: Any = None) -> Any:
-        """W4A16 ``y = x @ decode(w).T`` with the global applied after accumulation; ``x`` is
-        ``[..., K]``; ``out_dtype`` defaults to x's dtype."""
-        pw = self._weight(w, "qmm")
-        what = f"qmm({pw.name!r})"
-        kernel = self._kernel("qmm", pw.name)
-        frontend.check_weight_kind("qmm", pw.name, pw.shape, experts=False)
-        xin = frontend.matmul_input(x, pw.k, what, self.kernels.from_numpy)
+    def _matmul(
+        self,
+        verb: str,
+        x: Any,
+        w: Any,
+        out_dtype: Any,
+        *,
+        expert_ids: Any = frontend.ABSENT,
+        sorted_indices: bool = False,
+        input_scale: Any = frontend.ABSENT,
+        q8: bool = False,
+    ) -> Any:
+        """Every matmul verb: the weight and its kernel, the operands checked by
+        :func:`nvfp4.frontend.matmul_operands`, the output dtype; then the kernel, unless
+        M = 0."""
+        pw = self._weight(w, verb)
+        kernel = self._kernel(verb, pw.name)
+        ops = frontend.matmul_operands(
+            verb,
+            pw.name,
+            pw.shape,
+            x,
+            expert_ids=expert_ids,
+            sorted_indices=sorted_indices,
+            input_scale=input_scale,
+            q8=q8,
+            convert=self.kernels.from_numpy,
+        )
+        xin = ops.x
+        args: list[Any] = [xin.x, pw.payload]
+        options: dict[str, Any] = {}
+        if ops.expert_ids is not frontend.ABSENT:
+            args.append(ops.expert_ids)
+            options["sorted_indices"] = bool(sorted_indices)
+        if ops.input_scale is not frontend.ABSENT:
+            options["input_scale"] = ops.input_scale
         dtype, widen = frontend.output_dtype(xin.dtype, out_dtype)
         if xin.rows == 0:
             return self._empty(xin.lead, pw.n, dtype, widen)
-        y = kernel(xin.x, pw.payload, out_dtype=dtype)
+        y = kernel(*args, out_dtype=dtype, **options)
         return self._finish(y, xin.lead, pw.n, widen)
+
+    def _activations(self, verb: str, x: Any, *, q8: bool = False, **scale: Any) -> Any:
+        """Every activation encoder: x as ``[M, K]`` (K % 32 for int8), the static input
+        scale where the verb takes one, then the kernel."""
+        what = f"{verb}('activation')"
+        kernel = self._kernel(verb, "activation")
+        a = frontend.activation_input(x, what, self.kernels.from_numpy)
+        if q8:
+            frontend.check_q8_k(int(a.shape[1]), what)
+        if scale:
+            scale["input_scale"] = frontend.input_scale_value(scale["input_scale"], what)
+        self._ready()
+        return kernel(a, **scale)
+
+    def qmm(self, x: Any, w: Any, *, out_dtype: Any = None) -> Any:
+        """W4A16 ``y = x @ decode(w).T`` with the global applied after accumulation; ``x`` is
+        ``[..., K]``; ``out_dtype`` defaults to x's dtype."""
+        return self._matmul("qmm", x, w, out_dtype)
 
     def gather_qmm(
         self,
@@ -271,23 +317,9 @@ class Backend:
     ) -> Any:
         """MoE: row ``m`` of ``x [M, K]`` times expert ``expert_ids[m]``; ids outside
         ``[0, E)`` give exactly zero rows."""
-        pw = self._weight(w, "gather_qmm")
-        what = f"gather_qmm({pw.name!r})"
-        kernel = self._kernel("gather_qmm", pw.name)
-        frontend.check_weight_kind("gather_qmm", pw.name, pw.shape, experts=True)
-        xin = frontend.matmul_input(x, pw.k, what, self.kernels.from_numpy, rows=True)
-        ids = frontend.expert_ids_input(
-            expert_ids,
-            xin.rows,
-            what,
-            sorted_indices=sorted_indices,
-            convert=self.kernels.from_numpy,
+        return self._matmul(
+            "gather_qmm", x, w, out_dtype, expert_ids=expert_ids, sorted_indices=sorted_indices
         )
-        dtype, widen = frontend.output_dtype(xin.dtype, out_dtype)
-        if xin.rows == 0:
-            return self._empty(xin.lead, pw.n, dtype, widen)
-        y = kernel(xin.x, pw.payload, ids, sorted_indices=bool(sorted_indices), out_dtype=dtype)
-        return self._finish(y, xin.lead, pw.n, widen)
 
     def dequantize(self, w: Any, dtype: Any = "float32") -> Any:
         """Decode a prepared weight (or planes) to a dense native array, exactly."""
@@ -297,54 +329,24 @@ class Backend:
 
     def quantize_activations(self, x: Any, input_scale: Any = None) -> NVFP4Planes:
         """Quantize ``[M, K]`` activations with the spec's block rule (canonical planes)."""
-        what = "quantize_activations('activation')"
-        kernel = self._kernel("quantize_activations", "activation")
-        a = frontend.activation_input(x, what, self.kernels.from_numpy)
-        g = frontend.input_scale_value(input_scale, what)
-        self._ready()
-        planes: NVFP4Planes = kernel(a, input_scale=g)
+        planes: NVFP4Planes = self._activations("quantize_activations", x, input_scale=input_scale)
         return planes
 
     def qmm_w4a4(self, x: Any, w: Any, *, input_scale: Any = None, out_dtype: Any = None) -> Any:
         """W4A4: activations quantized with the spec's rule, then the matmul with both
         globals applied after accumulation (where ``w4a4`` is declared)."""
-        pw = self._weight(w, "qmm_w4a4")
-        what = f"qmm_w4a4({pw.name!r})"
-        kernel = self._kernel("qmm_w4a4", pw.name)
-        frontend.check_weight_kind("qmm_w4a4", pw.name, pw.shape, experts=False)
-        xin = frontend.matmul_input(x, pw.k, what, self.kernels.from_numpy)
-        g = frontend.input_scale_value(input_scale, what)
-        dtype, widen = frontend.output_dtype(xin.dtype, out_dtype)
-        if xin.rows == 0:
-            return self._empty(xin.lead, pw.n, dtype, widen)
-        y = kernel(xin.x, pw.payload, input_scale=g, out_dtype=dtype)
-        return self._finish(y, xin.lead, pw.n, widen)
+        return self._matmul("qmm_w4a4", x, w, out_dtype, input_scale=input_scale)
 
     def quantize_activations_q8(self, x: Any) -> Q8Activations:
         """int8 W4A8 activations of ``[M, K]`` (K a multiple of 32), ggml's Q8_0 rule
         (where ``w4a8`` is declared)."""
-        what = "quantize_activations_q8('activation')"
-        kernel = self._kernel("quantize_activations_q8", "activation")
-        a = frontend.activation_input(x, what, self.kernels.from_numpy)
-        frontend.check_q8_k(int(a.shape[1]), what)
-        self._ready()
-        q: Q8Activations = kernel(a)
+        q: Q8Activations = self._activations("quantize_activations_q8", x, q8=True)
         return q
 
     def qmm_w4a8(self, x: Any, w: Any, *, out_dtype: Any = None) -> Any:
         """W4A8 int8: activations quantized per block of 32 (ggml Q8_0), then the product
         with the weight's global applied after accumulation (where ``w4a8`` is declared)."""
-        pw = self._weight(w, "qmm_w4a8")
-        what = f"qmm_w4a8({pw.name!r})"
-        kernel = self._kernel("qmm_w4a8", pw.name)
-        frontend.check_weight_kind("qmm_w4a8", pw.name, pw.shape, experts=False)
-        frontend.check_q8_k(pw.k, what)
-        xin = frontend.matmul_input(x, pw.k, what, self.kernels.from_numpy)
-        dtype, widen = frontend.output_dtype(xin.dtype, out_dtype)
-        if xin.rows == 0:
-            return self._empty(xin.lead, pw.n, dtype, widen)
-        y = kernel(xin.x, pw.payload, out_dtype=dtype)
-        return self._finish(y, xin.lead, pw.n, widen)
+        return self._matmul("qmm_w4a8", x, w, out_dtype, q8=True)
 
     def gather_qmm_w4a8(
         self,
@@ -357,34 +359,22 @@ class Backend:
     ) -> Any:
         """MoE W4A8 int8: row ``m`` times expert ``expert_ids[m]``; ids outside ``[0, E)``
         give exactly zero rows (where ``w4a8`` is declared)."""
-        pw = self._weight(w, "gather_qmm_w4a8")
-        what = f"gather_qmm_w4a8({pw.name!r})"
-        kernel = self._kernel("gather_qmm_w4a8", pw.name)
-        frontend.check_weight_kind("gather_qmm_w4a8", pw.name, pw.shape, experts=True)
-        frontend.check_q8_k(pw.k, what)
-        xin = frontend.matmul_input(x, pw.k, what, self.kernels.from_numpy, rows=True)
-        ids = frontend.expert_ids_input(
-            expert_ids,
-            xin.rows,
-            what,
+        return self._matmul(
+            "gather_qmm_w4a8",
+            x,
+            w,
+            out_dtype,
+            expert_ids=expert_ids,
             sorted_indices=sorted_indices,
-            convert=self.kernels.from_numpy,
+            q8=True,
         )
-        dtype, widen = frontend.output_dtype(xin.dtype, out_dtype)
-        if xin.rows == 0:
-            return self._empty(xin.lead, pw.n, dtype, widen)
-        y = kernel(xin.x, pw.payload, ids, sorted_indices=bool(sorted_indices), out_dtype=dtype)
-        return self._finish(y, xin.lead, pw.n, widen)
 
     def quantize_activations_fp8(self, x: Any, input_scale: Any = None) -> FP8Activations:
         """FP8 E4M3 W4A8 activations of ``[M, K]`` with a static or dynamic per-tensor
         input scale (where ``w4a8_fp8`` is declared)."""
-        what = "quantize_activations_fp8('activation')"
-        kernel = self._kernel("quantize_activations_fp8", "activation")
-        a = frontend.activation_input(x, what, self.kernels.from_numpy)
-        g = frontend.input_scale_value(input_scale, what)
-        self._ready()
-        q: FP8Activations = kernel(a, input_scale=g)
+        q: FP8Activations = self._activations(
+            "quantize_activations_fp8", x, input_scale=input_scale
+        )
         return q
 
     def qmm_w4a8_fp8(
@@ -392,17 +382,7 @@ class Backend:
     ) -> Any:
         """W4A8 FP8: ``e4m3(x / input_scale)`` times the weight, ``input_scale`` and the
         weight's global applied after accumulation (where ``w4a8_fp8`` is declared)."""
-        pw = self._weight(w, "qmm_w4a8_fp8")
-        what = f"qmm_w4a8_fp8({pw.name!r})"
-        kernel = self._kernel("qmm_w4a8_fp8", pw.name)
-        frontend.check_weight_kind("qmm_w4a8_fp8", pw.name, pw.shape, experts=False)
-        xin = frontend.matmul_input(x, pw.k, what, self.kernels.from_numpy)
-        g = frontend.input_scale_value(input_scale, what)
-        dtype, widen = frontend.output_dtype(xin.dtype, out_dtype)
-        if xin.rows == 0:
-            return self._empty(xin.lead, pw.n, dtype, widen)
-        y = kernel(xin.x, pw.payload, input_scale=g, out_dtype=dtype)
-        return self._finish(y, xin.lead, pw.n, widen)
+        return self._matmul("qmm_w4a8_fp8", x, w, out_dtype, input_scale=input_scale)
 
     # -------------------------------------------------------------- arrays
     def from_numpy(self, a: npt.NDArray[Any]) -> Any:

@@ -25,8 +25,10 @@ from .dtypes import OUTPUT_DTYPES
 from .spec import BLOCK_SIZE, Q8_BLOCK_SIZE
 
 __all__ = [
+    "ABSENT",
     "INPUT_DTYPES",
     "MatmulInput",
+    "MatmulOperands",
     "activation_input",
     "array_dtype_name",
     "check_q8_k",
@@ -36,6 +38,7 @@ __all__ = [
     "expert_ids_input",
     "input_scale_value",
     "matmul_input",
+    "matmul_operands",
     "output_dtype",
 ]
 
@@ -231,3 +234,48 @@ def input_scale_value(input_scale: Any, what: str) -> float | None:
     if g.size != 1 or not (np.isfinite(g.reshape(())) and g.reshape(()) > 0):
         raise ValueError(f"{what}: input_scale must be finite and > 0, found {g!r}")
     return float(g.reshape(()))
+
+
+#: Marks an argument a verb does not take (``None`` is a value: a dynamic input scale).
+ABSENT: Any = object()
+
+
+@dataclass(frozen=True)
+class MatmulOperands:
+    """A matmul verb's checked operands: ``x`` (see :class:`MatmulInput`), the expert ids
+    (``ABSENT`` where the verb takes none) and the static input scale (``ABSENT`` where the
+    verb takes none; ``None`` for a dynamic one)."""
+
+    x: MatmulInput
+    expert_ids: Any
+    input_scale: Any
+
+
+def matmul_operands(
+    verb: str,
+    name: str,
+    shape: tuple[int, ...],
+    x: Any,
+    *,
+    expert_ids: Any = ABSENT,
+    sorted_indices: bool = False,
+    input_scale: Any = ABSENT,
+    q8: bool = False,
+    convert: Convert | None = None,
+) -> MatmulOperands:
+    """Every check of a matmul verb, in order: the weight's kind (an expert stack when the
+    verb takes ``expert_ids``), K % 32 for the int8 W4A8 verbs, x as ``[M, K]``, the ids, the
+    static input scale. Shared by core's verbs and the reference's public functions."""
+    what = f"{verb}({name!r})"
+    experts = expert_ids is not ABSENT
+    check_weight_kind(verb, name, shape, experts=experts)
+    if q8:
+        check_q8_k(shape[-1], what)
+    xin = matmul_input(x, shape[-1], what, convert, rows=experts)
+    ids = (
+        expert_ids_input(expert_ids, xin.rows, what, sorted_indices=sorted_indices, convert=convert)
+        if experts
+        else ABSENT
+    )
+    scale = input_scale if input_scale is ABSENT else input_scale_value(input_scale, what)
+    return MatmulOperands(xin, ids, scale)

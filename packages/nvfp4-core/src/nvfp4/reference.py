@@ -26,13 +26,12 @@ import numpy.typing as npt
 from .activations import FP8Activations, Q8Activations
 from .dtypes import as_float32_input, resolve_dtype
 from .frontend import (
+    MatmulOperands,
     activation_input,
     check_q8_k,
-    check_weight_kind,
     dtype_name,
-    expert_ids_input,
     input_scale_value,
-    matmul_input,
+    matmul_operands,
 )
 from .planes import (
     NVFP4Planes,
@@ -286,6 +285,20 @@ def output(y: npt.NDArray[np.float64], out_dtype: Any) -> npt.NDArray[Any]:
         return y.astype(np.float32).astype(resolve_dtype(out_dtype))
 
 
+def _operands(verb: str, x: Any, w: NVFP4Planes, **options: Any) -> MatmulOperands:
+    """The planes validated (content too, as the spec's Validation section asks of every
+    entry point), then the verb's operands checked as core's verbs check them."""
+    validate(w, content=True)
+    return matmul_operands(verb, w.name, w.shape, x, **options)
+
+
+def _finish(
+    ops: MatmulOperands, w: NVFP4Planes, y: npt.NDArray[np.float64], out_dtype: Any
+) -> npt.NDArray[Any]:
+    """The float64 ``[M, N]`` result back to x's leading axes, as ``out_dtype``."""
+    return output(y.reshape(*ops.x.lead, w.n), out_dtype)
+
+
 def qmm(x: Any, w: NVFP4Planes, *, out_dtype: Any = np.float32) -> npt.NDArray[Any]:
     """W4A16 reference: ``y[..., n] = (sum_k x[..., k] * e2m1*e4m3[n, k]) * global[n]``.
 
@@ -294,11 +307,8 @@ def qmm(x: Any, w: NVFP4Planes, *, out_dtype: Any = np.float32) -> npt.NDArray[A
     float64 result the tolerances are measured against; otherwise it is rounded to float32
     and then to ``out_dtype``.
     """
-    validate(w, content=True)
-    check_weight_kind("qmm", w.name, w.shape, experts=False)
-    xin = matmul_input(x, w.k, f"qmm({w.name!r})")
-    y = qmm_2d(xin.x, decoded_operand(w))
-    return output(y.reshape(*xin.lead, w.n), out_dtype)
+    ops = _operands("qmm", x, w)
+    return _finish(ops, w, qmm_2d(ops.x.x, decoded_operand(w)), out_dtype)
 
 
 def decoded_operand(w: NVFP4Planes) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
@@ -335,12 +345,8 @@ def gather_qmm(
     parity (the reference result does not depend on it; a sorted hint that is false is
     refused so backends that trust it are tested against honest callers).
     """
-    validate(w, content=True)
-    what = f"gather_qmm({w.name!r})"
-    check_weight_kind("gather_qmm", w.name, w.shape, experts=True)
-    xin = matmul_input(x, w.k, what, rows=True)
-    ids = expert_ids_input(expert_ids, xin.rows, what, sorted_indices=sorted_indices)
-    return output(gather_qmm_2d(xin.x, w, ids), out_dtype)
+    ops = _operands("gather_qmm", x, w, expert_ids=expert_ids, sorted_indices=sorted_indices)
+    return _finish(ops, w, gather_qmm_2d(ops.x.x, w, ops.expert_ids), out_dtype)
 
 
 def gather_qmm_2d(
@@ -405,13 +411,8 @@ def qmm_w4a4(
 ) -> npt.NDArray[Any]:
     """W4A4 reference: activations quantized by :func:`quantize_activations`, then
     ``(sum_k xq*wq) * global_x * global_w[n]`` accumulated in float64."""
-    validate(w, content=True)
-    what = f"qmm_w4a4({w.name!r})"
-    check_weight_kind("qmm_w4a4", w.name, w.shape, experts=False)
-    xin = matmul_input(x, w.k, what)
-    g = input_scale_value(input_scale, what)
-    y = qmm_w4a4_2d(xin.x, w, g)
-    return output(y.reshape(*xin.lead, w.n), out_dtype)
+    ops = _operands("qmm_w4a4", x, w, input_scale=input_scale)
+    return _finish(ops, w, qmm_w4a4_2d(ops.x.x, w, ops.input_scale), out_dtype)
 
 
 def qmm_w4a4_2d(
@@ -487,13 +488,8 @@ def qmm_w4a8(x: Any, w: NVFP4Planes, *, out_dtype: Any = np.float32) -> npt.NDAr
     """W4A8 int8 reference: activations quantized by :func:`quantize_activations_q8`, then
     ``sum over 16-blocks of (int sum of 2*e2m1 x code) * e4m3 / 2 * d``, accumulated in
     float64, times the global of the row after accumulation."""
-    validate(w, content=True)
-    what = f"qmm_w4a8({w.name!r})"
-    check_weight_kind("qmm_w4a8", w.name, w.shape, experts=False)
-    check_q8_k(w.k, what)
-    xin = matmul_input(x, w.k, what)
-    y = qmm_w4a8_2d(xin.x, w)
-    return output(y.reshape(*xin.lead, w.n), out_dtype)
+    ops = _operands("qmm_w4a8", x, w, q8=True)
+    return _finish(ops, w, qmm_w4a8_2d(ops.x.x, w), out_dtype)
 
 
 def qmm_w4a8_2d(a: npt.NDArray[Any], w: NVFP4Planes) -> npt.NDArray[np.float64]:
@@ -513,13 +509,10 @@ def gather_qmm_w4a8(
 ) -> npt.NDArray[Any]:
     """MoE W4A8 int8 reference: row ``m`` of ``x`` times expert ``expert_ids[m]``; ids
     outside ``[0, E)`` give exactly zero rows (their x is never read)."""
-    validate(w, content=True)
-    what = f"gather_qmm_w4a8({w.name!r})"
-    check_weight_kind("gather_qmm_w4a8", w.name, w.shape, experts=True)
-    check_q8_k(w.k, what)
-    xin = matmul_input(x, w.k, what, rows=True)
-    ids = expert_ids_input(expert_ids, xin.rows, what, sorted_indices=sorted_indices)
-    return output(gather_qmm_w4a8_2d(xin.x, w, ids), out_dtype)
+    ops = _operands(
+        "gather_qmm_w4a8", x, w, expert_ids=expert_ids, sorted_indices=sorted_indices, q8=True
+    )
+    return _finish(ops, w, gather_qmm_w4a8_2d(ops.x.x, w, ops.expert_ids), out_dtype)
 
 
 def gather_qmm_w4a8_2d(
@@ -594,13 +587,8 @@ def qmm_w4a8_fp8(
 ) -> npt.NDArray[Any]:
     """W4A8 FP8 reference: activations quantized by :func:`quantize_activations_fp8`, then
     the float64 product, ``input_scale`` and the row's global applied after accumulation."""
-    validate(w, content=True)
-    what = f"qmm_w4a8_fp8({w.name!r})"
-    check_weight_kind("qmm_w4a8_fp8", w.name, w.shape, experts=False)
-    xin = matmul_input(x, w.k, what)
-    g = input_scale_value(input_scale, what)
-    y = qmm_w4a8_fp8_2d(xin.x, w, g)
-    return output(y.reshape(*xin.lead, w.n), out_dtype)
+    ops = _operands("qmm_w4a8_fp8", x, w, input_scale=input_scale)
+    return _finish(ops, w, qmm_w4a8_fp8_2d(ops.x.x, w, ops.input_scale), out_dtype)
 
 
 def qmm_w4a8_fp8_2d(
