@@ -24,8 +24,9 @@ Contents:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Final
+from typing import Final, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -65,6 +66,7 @@ __all__ = [
     "e4m3_encode_exact",
     "e4m3_round",
     "for_version",
+    "released",
     "require_spec",
     "swizzle_128x4_band",
     "swizzle_128x4_offset",
@@ -273,13 +275,22 @@ def for_version(version: str) -> SpecTables:
         SpecVersionError: for a version this nvfp4-core has no table for; the one-line
             message names the versions it has.
     """
-    table = _RELEASED.get(version) if isinstance(version, str) else None
-    if table is None:
-        have = ", ".join(sorted(_RELEASED, key=version_key))
+    return released(_RELEASED, version, "table")
+
+
+_V = TypeVar("_V")
+
+
+def released(by_version: Mapping[str, _V], version: object, what: str) -> _V:
+    """``by_version[version]``, or a one-line :class:`SpecVersionError` naming ``what`` is
+    missing for that version and the versions that have it."""
+    found = by_version.get(version) if isinstance(version, str) else None
+    if found is None:
+        have = ", ".join(sorted(by_version, key=version_key))
         raise SpecVersionError(
-            f"NVFP4 spec {version!r} has no table in this nvfp4-core; supported: {have}"
+            f"NVFP4 spec {version!r} has no {what} in this nvfp4-core; supported: {have}"
         )
-    return table
+    return found
 
 
 # --------------------------------------------------------------------------------------

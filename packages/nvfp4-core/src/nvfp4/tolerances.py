@@ -26,7 +26,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from .dtypes import dtype_name
-from .spec import SPEC_VERSION, SpecVersionError, version_key
+from .spec import SPEC_VERSION, released, version_key
 
 __all__ = ["METRIC", "TOLERANCES", "TOLERANCES_SPEC_VERSION", "tolerance", "tolerances_for"]
 
@@ -42,24 +42,20 @@ def _freeze(tables: dict[str, dict[str, float]]) -> Table:
 
 #: Every released version's numbers, by version. A release adds one; none is ever removed or
 #: edited (a number changes only in a new spec version).
+_V1_0: dict[str, dict[str, float]] = {
+    "dequantize": {"float32": 0.0, "float16": 0.0, "bfloat16": 0.0},
+    "quantize": {"reference": 0.0, "others": 1e-5, "boundary_window": 2.0**-20},
+    "qmm": {"float32": 1e-4, "float16": 1e-3, "bfloat16": 1e-2},
+    "gather_qmm": {"float32": 1e-4, "float16": 1e-3, "bfloat16": 1e-2},
+    "w4a4": {"float32": 3e-7, "float16": 1e-3, "bfloat16": 1e-2},
+    "w4a8": {},
+}
 _BY_VERSION: dict[str, Table] = {
-    "1.0": _freeze(
-        {
-            "dequantize": {"float32": 0.0, "float16": 0.0, "bfloat16": 0.0},
-            "quantize": {"reference": 0.0, "others": 1e-5, "boundary_window": 2.0**-20},
-            "qmm": {"float32": 1e-4, "float16": 1e-3, "bfloat16": 1e-2},
-            "gather_qmm": {"float32": 1e-4, "float16": 1e-3, "bfloat16": 1e-2},
-            "w4a4": {"float32": 3e-7, "float16": 1e-3, "bfloat16": 1e-2},
-            "w4a8": {},
-        }
-    ),
+    "1.0": _freeze(_V1_0),
+    # a minor version: 1.0's numbers as they are, and the optional W4A8 capabilities
     "1.1": _freeze(
         {
-            "dequantize": {"float32": 0.0, "float16": 0.0, "bfloat16": 0.0},
-            "quantize": {"reference": 0.0, "others": 1e-5, "boundary_window": 2.0**-20},
-            "qmm": {"float32": 1e-4, "float16": 1e-3, "bfloat16": 1e-2},
-            "gather_qmm": {"float32": 1e-4, "float16": 1e-3, "bfloat16": 1e-2},
-            "w4a4": {"float32": 3e-7, "float16": 1e-3, "bfloat16": 1e-2},
+            **_V1_0,
             "quantize_q8": {"reference": 0.0, "others": 1e-5, "boundary_window": 2.0**-20},
             "w4a8": {"float32": 1e-5, "float16": 1e-3, "bfloat16": 1e-2},
             "w4a8_fp8": {"float32": 1e-6, "float16": 1e-3, "bfloat16": 1e-2},
@@ -82,14 +78,7 @@ def tolerances_for(version: str | None = None) -> Table:
         SpecVersionError: for a version without numbers here; the one-line message names
             the versions that have them.
     """
-    v = _newest() if version is None else version
-    table = _BY_VERSION.get(v) if isinstance(v, str) else None
-    if table is None:
-        have = ", ".join(sorted(_BY_VERSION, key=version_key))
-        raise SpecVersionError(
-            f"NVFP4 spec {v!r} has no tolerances in this nvfp4-core; supported: {have}"
-        )
-    return table
+    return released(_BY_VERSION, _newest() if version is None else version, "tolerances")
 
 
 def tolerance(path: str, dtype: Any, spec: str | None = None) -> float:
