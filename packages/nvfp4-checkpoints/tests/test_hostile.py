@@ -327,6 +327,9 @@ CASES: list[tuple[str, str, Any, list[str] | str]] = [
             ("num_hidden_layers", "abc"),
             ("num_hidden_layers", [2]),
             ("rms_norm_eps", -1),
+            ("rms_norm_eps", 3.4028235677973366e38),  # above float32's largest: F32 in GGUF
+            ("rms_norm_eps", 1e-50),  # rounds to 0 in float32
+            ("rope_theta", 1e39),
         )
     ],
     (
@@ -677,7 +680,12 @@ _CONFIG_KEYS = st.sampled_from(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=int(os.environ.get("NVFP4_FUZZ_EXAMPLES", "60")),
+    derandomize=os.environ.get("NVFP4_FUZZ_EXAMPLES") is None,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+)
 @given(
     target=st.sampled_from(["header", "config", "hf_quant"]),
     tensor=st.sampled_from(

@@ -31,7 +31,7 @@ from typing import Any, TextIO
 import numpy as np
 import numpy.typing as npt
 from nvfp4.planes import NVFP4Planes, PlaneError
-from nvfp4.spec import SPEC_VERSION
+from nvfp4.spec import WEIGHT_FORMAT_VERSION
 
 from . import (
     DEFAULT_MAX_SHARD_BYTES,
@@ -69,7 +69,7 @@ def _spec_of(ck: Checkpoint) -> str:
     block = ck.quant_config.get("nvfp4")
     if isinstance(block, dict) and block.get("spec_version"):
         return str(block["spec_version"])
-    return f"{SPEC_VERSION} (read as; the file records none)"
+    return f"{WEIGHT_FORMAT_VERSION} (read as; the file records none)"
 
 
 def _report(ck: Checkpoint) -> tuple[dict[str, Any], list[str]]:

@@ -201,14 +201,22 @@ class Fields:
             self.fail(key, f"an integer in [{lo}, {hi}]", v)
         return v
 
-    def num(self, key: str, *, positive: bool = False) -> float | None:
-        """A finite number (``> 0`` when ``positive``), or ``None`` when absent or null."""
+    def num(self, key: str, *, positive: bool = False, float32: bool = False) -> float | None:
+        """A finite number (``> 0`` when ``positive``; finite, and non-zero when positive,
+        once rounded to float32 when ``float32``: a value a file stores as F32), or ``None``
+        when absent or null."""
         v = self.data.get(key)
         if v is None:
             return None
         ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        if ok and float32:
+            with np.errstate(over="ignore"):
+                v32 = float(np.float32(v))
+            ok = math.isfinite(v32) and (v32 > 0 or not positive)
         if not ok or (positive and v <= 0):
-            self.fail(key, "a finite positive number" if positive else "a finite number", v)
+            sign = "positive " if positive else ""
+            kind = "float32 number" if float32 else "number"
+            self.fail(key, f"a finite {sign}{kind}", v)
         return float(v)
 
     def str_list(self, key: str) -> list[str] | None:

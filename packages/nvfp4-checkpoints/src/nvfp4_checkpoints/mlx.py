@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 from nvfp4.layouts import MLXPlanes, from_mlx, to_mlx
 from nvfp4.planes import NVFP4Planes
-from nvfp4.spec import BLOCK_SIZE, SPEC_VERSION
+from nvfp4.spec import BLOCK_SIZE, WEIGHT_FORMAT_VERSION
 
 from .checkpoint import PlaneShape
 from .flavour_io import FlavourIO
@@ -142,7 +142,7 @@ class MLXFormat(HFFormat):
         config = base_config(src.config)
         config["quantization"] = {"group_size": BLOCK_SIZE, "bits": 4, "mode": "nvfp4"}
         config["nvfp4"] = {
-            "spec_version": SPEC_VERSION,
+            "spec_version": WEIGHT_FORMAT_VERSION,
             "format": "mlx-nvfp4",
             "global_scale": "global_scale",
             "input_scale": "input_scale",

@@ -57,6 +57,7 @@ __all__ = [
     "SWIZZLE_ROW_GROUP",
     "SWIZZLE_ROW_TILE",
     "SWIZZLE_TILE_BYTES",
+    "WEIGHT_FORMAT_VERSION",
     "SpecTables",
     "SpecVersionError",
     "block_scale_encode",
@@ -241,6 +242,10 @@ def version_key(version: str) -> tuple[int, ...]:
 SUPPORTED_SPEC_VERSIONS: Final = tuple(sorted(_RELEASED, key=version_key))
 #: The newest spec version this package implements.
 SPEC_VERSION: Final = SUPPORTED_SPEC_VERSIONS[-1]
+#: The spec version that defines the weight format a checkpoint holds (codes, scales,
+#: globals, layouts): unchanged since 1.0 (1.1 adds activation formats only). Checkpoint
+#: writers record it, so a reader pinned to 1.0 reads what any later tooling wrote.
+WEIGHT_FORMAT_VERSION: Final = "1.0"
 
 
 class SpecVersionError(RuntimeError):

@@ -77,10 +77,10 @@ def permuted_heads(arch: str, config: Mapping[str, Any]) -> dict[str, int]:
 
 
 def _rope_theta(config: Fields) -> float | None:
-    theta = config.num("rope_theta", positive=True)
+    theta = config.num("rope_theta", positive=True, float32=True)
     rp = config.obj("rope_parameters")
     if theta is None and rp is not None:
-        theta = rp.num("rope_theta", positive=True)
+        theta = rp.num("rope_theta", positive=True, float32=True)
     return theta
 
 
@@ -114,7 +114,7 @@ def add_hparams(w: Any, config: Mapping[str, Any]) -> None:
         v = num(*keys)
         if v is not None:
             add(int(v))
-    eps = f.num("rms_norm_eps", positive=True)
+    eps = f.num("rms_norm_eps", positive=True, float32=True)
     if eps is not None:
         w.add_layer_norm_rms_eps(eps)
     theta = _rope_theta(f)

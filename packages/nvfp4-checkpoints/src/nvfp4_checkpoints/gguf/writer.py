@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 from nvfp4.layouts.gguf import gguf_global, iter_gguf_data
 from nvfp4.planes import PlaneError
-from nvfp4.spec import GGUF_BLOCK_BYTES, GGUF_SUPER_BLOCK, SPEC_VERSION
+from nvfp4.spec import GGUF_BLOCK_BYTES, GGUF_SUPER_BLOCK, WEIGHT_FORMAT_VERSION
 
 from ..flavours import CheckpointError, import_gguf
 from ..folder import Fields
@@ -189,7 +189,7 @@ def _add_metadata(gguf: ModuleType, w: Any, config: dict[str, Any]) -> None:
     add_hparams(w, config)
     w.add_file_type(int(gguf.LlamaFileType.MOSTLY_NVFP4))
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    w.add_string(KV_SPEC, SPEC_VERSION)
+    w.add_string(KV_SPEC, WEIGHT_FORMAT_VERSION)
     w.add_string(KV_HF_CONFIG, json.dumps(config, sort_keys=True))
 
 
