@@ -294,3 +294,26 @@ def test_sigkill_leaves_no_dst_and_the_next_run_cleans_up(
     assert dst.is_dir()
     assert not stale[0].exists()  # ...until the next convert to DST
     assert _leftovers(tmp_path, "dst") == []
+
+
+def test_version_and_every_argument_is_described(capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    import nvfp4
+    import nvfp4_checkpoints
+    from nvfp4_checkpoints.cli import _parser
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert f"nvfp4-checkpoints) {nvfp4_checkpoints.__version__}" in out
+    assert f"nvfp4-core {nvfp4.__version__}" in out
+    parser = _parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(sub.choices) == {"inspect", "convert", "verify"}
+    for name, command in sub.choices.items():
+        for action in command._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            assert action.help, f"nvfp4 {name} {action.dest}: no help text"

@@ -30,8 +30,9 @@ from typing import Any, TextIO
 
 import numpy as np
 import numpy.typing as npt
+from nvfp4 import __version__ as core_version
 from nvfp4.planes import NVFP4Planes, PlaneError
-from nvfp4.spec import WEIGHT_FORMAT_VERSION
+from nvfp4.spec import SUPPORTED_SPEC_VERSIONS, WEIGHT_FORMAT_VERSION
 
 from . import (
     DEFAULT_MAX_SHARD_BYTES,
@@ -41,6 +42,7 @@ from . import (
     open_checkpoint,
     write_checkpoint,
 )
+from ._version import __version__
 from .destination import interrupt_on_signals
 from .folder import one_line
 from .safetensors_io import SafetensorsError
@@ -351,16 +353,31 @@ def _parser() -> argparse.ArgumentParser:
         "(ModelOpt, compressed-tensors, MLX, GGUF).",
         epilog="Exit status: 0 ok, 1 verify found a difference, 2 bad input, 130 interrupted.",
     )
+    p.add_argument(
+        "--version",
+        action="version",
+        version=f"nvfp4 (nvfp4-checkpoints) {__version__}, nvfp4-core {core_version}, "
+        f"NVFP4 spec {', '.join(SUPPORTED_SPEC_VERSIONS)}",
+    )
     sub = p.add_subparsers(dest="command", required=True)
     i = sub.add_parser("inspect", help="flavour, shapes, globals, fused groups, validation")
-    i.add_argument("path")
+    i.add_argument(
+        "path", help="a checkpoint folder (config.json and safetensors files) or a .gguf file"
+    )
     i.add_argument("--json", action="store_true", help="machine-readable report")
     i.set_defaults(func=_cmd_inspect)
     c = sub.add_parser("convert", help="transcode a checkpoint to another flavour (lossless)")
-    c.add_argument("src")
-    c.add_argument("dst")
-    c.add_argument("--to", required=True, choices=FLAVOURS)
-    c.add_argument("--force", action="store_true", help="replace an existing DST")
+    c.add_argument("src", help="the checkpoint to read (a folder or a .gguf file)")
+    c.add_argument(
+        "dst",
+        help="where to write it: a new folder (or .gguf file); never SRC, inside it or above it",
+    )
+    c.add_argument("--to", required=True, choices=FLAVOURS, help="the flavour to write")
+    c.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing DST, only if it is a checkpoint this tool reads (or empty)",
+    )
     c.add_argument(
         "--max-shard-bytes",
         type=int,
@@ -369,8 +386,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     c.set_defaults(func=_cmd_convert)
     v = sub.add_parser("verify", help="do two checkpoints hold the same NVFP4 weights?")
-    v.add_argument("a")
-    v.add_argument("b")
+    v.add_argument("a", help="one checkpoint (any flavour)")
+    v.add_argument("b", help="the other checkpoint (any flavour)")
     v.add_argument(
         "--global-ulps",
         type=int,
