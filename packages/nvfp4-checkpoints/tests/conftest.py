@@ -11,4 +11,14 @@ fatal.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+from make_modelopt_exports import session_exports
 from nvfp4.testing import pytest_configure, pytest_sessionfinish  # noqa: F401 - the oracle rule
+
+
+@pytest.fixture(scope="session")
+def modelopt_exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The real ModelOpt exports (``make_modelopt_exports.py``), built once a session."""
+    return session_exports(tmp_path_factory)

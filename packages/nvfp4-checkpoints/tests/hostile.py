@@ -117,15 +117,12 @@ def outside_reads(opened: list[str], allowed: list[Path], watched: list[Path]) -
 
 
 def assert_clean_refusal(
-    outcome: Outcome,
-    *,
-    source: Path,
-    source_hash: str,
-    dst_parent: Path,
-    dst_listing: list[str],
-    watched: list[Path],
-    what: str,
+    outcome: Outcome, *, source: Path, source_hash: str, work: Path, what: str
 ) -> None:
+    """The promises of a refusal for a case run in the folder ``work``: the destination's
+    folder ``work / "dst"`` left empty, no file under ``work`` opened but the source and that
+    folder."""
+    dst_parent = work / "dst"
     assert outcome.error is None, f"{what}: a traceback\n{outcome.error}"
     assert outcome.status == 2, f"{what}: exit {outcome.status}, stderr {outcome.stderr!r}"
     lines = [ln for ln in outcome.stderr.splitlines() if not ln.startswith("[")]
@@ -134,9 +131,9 @@ def assert_clean_refusal(
     assert len(lines[0]) <= 300 + len("nvfp4: error: "), f"{what}: {len(lines[0])} characters"
     assert "Traceback" not in outcome.stderr
     assert tree_hash(source) == source_hash, f"{what}: the source changed"
-    assert sorted(os.listdir(dst_parent)) == dst_listing, f"{what}: left something behind"
+    assert os.listdir(dst_parent) == [], f"{what}: left something behind"
     allowed = [source if source.is_dir() else source.parent, dst_parent]
-    bad = outside_reads(outcome.opened, allowed, watched)
+    bad = outside_reads(outcome.opened, allowed, [work])
     assert not bad, f"{what}: read outside the checkpoint: {bad}"
     assert outcome.seconds < MAX_SECONDS, f"{what}: {outcome.seconds:.1f} s"
     assert outcome.peak < MAX_PEAK_BYTES, f"{what}: peak {outcome.peak / 2**20:.0f} MiB"

@@ -36,6 +36,16 @@ from typing import Any
 NAMES = ("llama", "moe", "mixed")
 SEED = 1234
 _COMPLETE = ".complete"
+#: The dimensions both tiny models share (the Llama's whole config).
+_TINY_DECODER: dict[str, int] = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 128,
+}
 
 
 def _calibrate(model: Any, seed: int) -> None:
@@ -53,15 +63,7 @@ def _llama(dtype: Any) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(SEED)
-    cfg = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=256,
-        max_position_embeddings=128,
-    )
+    cfg = LlamaConfig(**_TINY_DECODER)
     model = LlamaForCausalLM(cfg).eval().to(dtype)
     model.config.architectures = ["LlamaForCausalLM"]
     return model
@@ -73,18 +75,12 @@ def _moe() -> Any:
 
     torch.manual_seed(SEED + 1)
     cfg = Qwen3MoeConfig(
-        hidden_size=64,
-        intermediate_size=128,
+        **_TINY_DECODER,
         moe_intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         head_dim=16,
-        vocab_size=256,
         num_experts=4,
         num_experts_per_tok=2,
         decoder_sparse_step=1,
-        max_position_embeddings=128,
     )
     model = Qwen3MoeForCausalLM(cfg).eval().to(torch.bfloat16)
     model.config.architectures = ["Qwen3MoeForCausalLM"]

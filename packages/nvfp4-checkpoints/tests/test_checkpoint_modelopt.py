@@ -15,7 +15,6 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
-from make_modelopt_exports import session_exports
 from nvfp4 import NVFP4Planes, dequantize, quantize
 from nvfp4.fusion import stack_experts
 from nvfp4_checkpoints import (
@@ -27,11 +26,6 @@ from nvfp4_checkpoints import (
 
 torch = pytest.importorskip("torch")
 st_torch = pytest.importorskip("safetensors.torch")
-
-
-@pytest.fixture(scope="session")
-def modelopt_exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return session_exports(tmp_path_factory)
 
 
 def _load(d: Path) -> dict[str, Any]:

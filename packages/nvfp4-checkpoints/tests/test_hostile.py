@@ -508,13 +508,7 @@ def test_hostile_checkpoint_is_a_clean_refusal(
     before = tree_hash(src)
     outcome = run_guarded(argv)
     assert_clean_refusal(
-        outcome,
-        source=src,
-        source_hash=before,
-        dst_parent=tmp_path / "dst",
-        dst_listing=[],
-        watched=[tmp_path],
-        what=f"{case} (class {defect})",
+        outcome, source=src, source_hash=before, work=tmp_path, what=f"{case} (class {defect})"
     )
 
 
@@ -730,9 +724,7 @@ def test_fuzzed_checkpoint_is_converted_or_cleanly_refused(
         outcome,
         source=ck,
         source_hash=before,
-        dst_parent=work / "dst",
-        dst_listing=[],
-        watched=[work],
+        work=work,
         what=f"{target} {tensor} {header_key} {config_key} = {value!r}",
     )
 

@@ -10,7 +10,6 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
-from make_modelopt_exports import session_exports
 from nvfp4_checkpoints.safetensors_io import (
     SafetensorsError,
     SafetensorsFile,
@@ -23,11 +22,6 @@ from nvfp4_checkpoints.safetensors_io import (
 torch = pytest.importorskip("torch")
 st_torch = pytest.importorskip("safetensors.torch")
 st_numpy = pytest.importorskip("safetensors.numpy")
-
-
-@pytest.fixture(scope="session")
-def modelopt_exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return session_exports(tmp_path_factory)
 
 
 def _arrays() -> dict[str, Any]:

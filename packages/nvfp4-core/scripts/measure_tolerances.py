@@ -424,15 +424,21 @@ def ggml_order(xq: Q8Activations, w: NVFP4Planes) -> F32:
     return np.asarray(np.cumsum(coef * isum, axis=0, dtype=np.float32)[-1], dtype=np.float32)
 
 
+def w4a8_case(m: int, k: int, n: int, seed: int, salt: int) -> tuple[NVFP4Planes, F32, F32, F32]:
+    """A random [N, K] weight quantized by the reference and a random [M, K] x (the generator
+    seeded with the shape, the seed and ``salt``), with the weight's unscaled values and row
+    globals."""
+    rng = np.random.default_rng([m, k, n, seed, salt])
+    w = ref.quantize(rng.standard_normal((n, k)).astype(np.float32))
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    return w, x, ref.dequantize_unscaled(w), w.row_global()
+
+
 def measure_w4a8(worst: Worst, quick: bool, info: dict[str, list[float]]) -> int:
     """W4A8 int8 against ``qmm_w4a8`` on the same x; the W4A16 gap kept as information."""
     count = 0
     for m, k, n, seed in w4a8_shapes(quick):
-        rng = np.random.default_rng([m, k, n, seed, 48])
-        w = ref.quantize(rng.standard_normal((n, k)).astype(np.float32))
-        x = rng.standard_normal((m, k)).astype(np.float32)
-        wv = ref.dequantize_unscaled(w)
-        g = w.row_global()
+        w, x, wv, g = w4a8_case(m, k, n, seed, 48)
 
         def reference(xin: F32, w: NVFP4Planes = w) -> F64:
             return ref.qmm_w4a8(xin, w, out_dtype=None)
@@ -457,11 +463,7 @@ def measure_w4a8_fp8(worst: Worst, quick: bool, info: dict[str, list[float]]) ->
     one 1.5x above it); the W4A16 gap kept as information."""
     count = 0
     for m, k, n, seed in w4a8_shapes(quick):
-        rng = np.random.default_rng([m, k, n, seed, 88])
-        w = ref.quantize(rng.standard_normal((n, k)).astype(np.float32))
-        x = rng.standard_normal((m, k)).astype(np.float32)
-        wv = ref.dequantize_unscaled(w)
-        g = w.row_global()
+        w, x, wv, g = w4a8_case(m, k, n, seed, 88)
         for scale in (None, float(np.abs(x).max() / np.float32(448.0) * np.float32(1.5))):
 
             def reference(xin: F32, w: NVFP4Planes = w, scale: float | None = scale) -> F64:

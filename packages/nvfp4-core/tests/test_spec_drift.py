@@ -28,7 +28,7 @@ import operator
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -197,20 +197,26 @@ def spec_dir(version: str) -> Path:
     return d
 
 
+_Table = TypeVar("_Table")
+
+
+def _released_table(version: str, lookup: Callable[[str], _Table], missing: str) -> _Table:
+    """``lookup(version)``, failing the test with ``missing`` when nvfp4-core lacks the table
+    of a released spec version."""
+    try:
+        return lookup(version)
+    except spec.SpecVersionError as exc:
+        pytest.fail(f"spec/{version}/ is released but {missing}: {exc}")
+
+
 @pytest.fixture(scope="module")
 def spec_tables(version: str) -> SpecTables:
-    try:
-        return spec.for_version(version)
-    except spec.SpecVersionError as exc:
-        pytest.fail(f"spec/{version}/ is released but nvfp4.spec has no table: {exc}")
+    return _released_table(version, spec.for_version, "nvfp4.spec has no table")
 
 
 @pytest.fixture(scope="module")
 def tolerance_table(version: str) -> Any:
-    try:
-        return tolerances.tolerances_for(version)
-    except spec.SpecVersionError as exc:
-        pytest.fail(f"spec/{version}/ is released but nvfp4.tolerances has no numbers: {exc}")
+    return _released_table(version, tolerances.tolerances_for, "nvfp4.tolerances has no numbers")
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,7 @@ from .hf import (
     base_config,
     exclude_modules,
     leading_dims,
-    refuse_partitions,
+    packed_plane_entries,
     write_hf,
 )
 from .source import Plan, PlaneItem, Source, natural, plane_items
@@ -91,13 +91,10 @@ class CompressedTensorsFormat(HFFormat):
     flavour = "compressed-tensors"
 
     def plane_entries(self, item: PlaneItem) -> list[Entry]:
-        refuse_partitions(item, "compressed-tensors")
-        lead, (n, k) = leading_dims(item), item.shape.shape[-2:]
-        out: list[Entry] = [
-            (f"{item.key}.weight_packed", "U8", (*lead, n, k // 2)),
-            (f"{item.key}.weight_scale", "F8_E4M3", (*lead, n, k // BLOCK_SIZE)),
-            (f"{item.key}.weight_global_scale", "F32", lead or (1,)),
-        ]
+        global_shape = leading_dims(item) or (1,)
+        out = packed_plane_entries(
+            item, "compressed-tensors", "weight_packed", "weight_global_scale", global_shape
+        )
         if item.input_scale is not None:
             shape = tuple(item.input_scale.shape) or (1,)
             out.append((f"{item.key}.input_global_scale", "F32", shape))

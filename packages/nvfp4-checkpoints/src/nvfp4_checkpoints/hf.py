@@ -56,6 +56,7 @@ __all__ = [
     "base_config",
     "exclude_modules",
     "leading_dims",
+    "packed_plane_entries",
     "refuse_partitions",
     "write_hf",
 ]
@@ -298,6 +299,21 @@ def refuse_partitions(item: PlaneItem, flavour: str) -> None:
             "an unfused tensor (one per projection); call nvfp4.fusion.unfuse first",
             f"{item.shape.partitions} partitions",
         )
+
+
+def packed_plane_entries(
+    item: PlaneItem, flavour: str, codes: str, global_scale: str, global_shape: tuple[int, ...]
+) -> list[Entry]:
+    """The plane entries of a flavour storing ModelOpt's planes (two codes a byte, E4M3 block
+    scale bytes in ``weight_scale``) under its own names for the codes and the float32 global;
+    refuses a fused tensor."""
+    refuse_partitions(item, flavour)
+    lead, (n, k) = leading_dims(item), item.shape.shape[-2:]
+    return [
+        (f"{item.key}.{codes}", "U8", (*lead, n, k // 2)),
+        (f"{item.key}.weight_scale", "F8_E4M3", (*lead, n, k // BLOCK_SIZE)),
+        (f"{item.key}.{global_scale}", "F32", global_shape),
+    ]
 
 
 def base_config(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from .hf import (
     base_config,
     exclude_modules,
     leading_dims,
-    refuse_partitions,
+    packed_plane_entries,
     write_hf,
 )
 from .source import Plan, PlaneItem, Source, plane_items
@@ -107,13 +107,7 @@ class ModelOptFormat(HFFormat):
     flavour = "modelopt"
 
     def plane_entries(self, item: PlaneItem) -> list[Entry]:
-        refuse_partitions(item, "ModelOpt")
-        lead, (n, k) = leading_dims(item), item.shape.shape[-2:]
-        out: list[Entry] = [
-            (f"{item.key}.weight", "U8", (*lead, n, k // 2)),
-            (f"{item.key}.weight_scale", "F8_E4M3", (*lead, n, k // BLOCK_SIZE)),
-            (f"{item.key}.weight_scale_2", "F32", lead),
-        ]
+        out = packed_plane_entries(item, "ModelOpt", "weight", "weight_scale_2", leading_dims(item))
         if item.input_scale is not None:
             out.append((f"{item.key}.input_scale", "F32", tuple(item.input_scale.shape)))
         return out
