@@ -19,6 +19,7 @@ other difference fails. The caller compares the count with the spec's ``referenc
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,17 +73,22 @@ def _unrounded_scale(blocks: npt.NDArray[np.float32], g: np.float32) -> npt.NDAr
 _MUST_MATCH = " (the reference backend must match exactly)"
 
 
-def _failure(
-    exact: bool, illegal: npt.NDArray[np.bool_], diff: npt.NDArray[np.bool_]
-) -> tuple[tuple[int, ...], bool] | None:
-    """Where the comparison fails, and whether only ``exact`` (the reference backend) made it
-    fail: the first ``illegal`` disagreement, else with ``exact`` the first of ``diff``;
-    ``None`` where it passes."""
+def _raise_first_illegal(
+    exact: bool,
+    illegal: npt.NDArray[np.bool_],
+    diff: npt.NDArray[np.bool_],
+    describe: Callable[[tuple[int, ...]], str],
+    not_boundary: str = "",
+) -> None:
+    """Raise ``AssertionError`` where the comparison fails: at the first ``illegal``
+    disagreement (``describe(at)`` ending with ``not_boundary``), else with ``exact`` (the
+    reference backend) at the first of ``diff`` (ending with :data:`_MUST_MATCH`)."""
     if illegal.any():
-        return tuple(int(v) for v in np.argwhere(illegal)[0]), False
+        at = tuple(int(v) for v in np.argwhere(illegal)[0])
+        raise AssertionError(describe(at) + not_boundary)
     if exact:
-        return tuple(int(v) for v in np.argwhere(diff)[0]), True
-    return None
+        at = tuple(int(v) for v in np.argwhere(diff)[0])
+        raise AssertionError(describe(at) + _MUST_MATCH)
 
 
 def compare_encoding(
@@ -136,14 +142,16 @@ def compare_encoding(
         ) / 2
         near = np.abs(s.astype(np.float64) - mid) <= window * mid
         illegal = sdiff & ~(step_ok & near)
-        failure = _failure(exact, illegal, sdiff)
-        if failure is not None:
-            at, exact_only = failure
-            raise AssertionError(
+        _raise_first_illegal(
+            exact,
+            illegal,
+            sdiff,
+            lambda at: (
                 f"{what}: block {at} has scale byte 0x{int(got.scales[at]):02X}, the reference's is "
                 f"0x{int(ref.scales[at]):02X}; the unrounded scale {float(s[at])!r} is not within "
-                f"the boundary window of their midpoint" + (_MUST_MATCH if exact_only else "")
-            )
+                f"the boundary window of their midpoint"
+            ),
+        )
 
     # codes, against the reference's rounding of q computed with the encoder's scale byte
     scale_used = np.where(finite_block, got.scales, ref.scales)
@@ -165,15 +173,17 @@ def compare_encoding(
         mid = mids[np.clip(lo, 0, 6)]
         near = np.abs(mag_q - mid) <= window * mid
         illegal = cdiff & ~(zero_swap | (neighbours & near))
-        failure = _failure(exact, illegal, cdiff)
-        if failure is not None:
-            at, exact_only = failure
-            raise AssertionError(
+        _raise_first_illegal(
+            exact,
+            illegal,
+            cdiff,
+            lambda at: (
                 f"{what}: element (row {at[0]}, col {at[1] * BLOCK_SIZE + at[2]}) x = {float(clean[at])!r}, "
                 f"scaled value {float(q[at])!r}: code {int(c_got[at])}, the reference gives "
                 f"{int(expect[at])}"
-                + (_MUST_MATCH if exact_only else "; not a boundary disagreement")
-            )
+            ),
+            "; not a boundary disagreement",
+        )
     elem_scale = np.broadcast_to(sdiff[..., None], blocks.shape)
     differs = elem_scale | (c_got != c_ref)
     return EncodingComparison(

@@ -28,6 +28,7 @@ from nvfp4 import reference
 from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import BLOCK_SIZE, E2M1_BOUNDS
 
+from nvfp4_conformance.corpus import CorpusTally
 from nvfp4_conformance.encoders import compare_encoding
 
 pytestmark = pytest.mark.requires_capability("quantize_activations")
@@ -146,7 +147,7 @@ def test_random_corpus_disagreement_fraction(
     disagreement and their fraction is within ``[quantize] others`` (``reference``, 0, for
     the reference)."""
     exact = nvfp4_backend.info.name == "reference"
-    total = disagreements = 0
+    tally = CorpusTally()
     for name, shape, _dtype, input_scale, scale in RANDOM_CORPUS:
         rng = np.random.default_rng(zlib.crc32(name.encode()))
         if scale == "t3":
@@ -156,23 +157,9 @@ def test_random_corpus_disagreement_fraction(
         x = x.astype(np.float32)
         got, ref = _run(nvfp4_backend, x, input_scale)
         figures = compare_encodings(x, got, ref, exact=exact, tolerance=nvfp4_tolerance)
-        total += figures["elements"]
-        disagreements += figures["disagreements"]
+        tally.add(figures)
         nvfp4_record(name, shape=list(shape), input_scale=input_scale, **figures)
-    fraction = disagreements / total
-    limit = nvfp4_tolerance("quantize", "reference" if exact else "others")
-    nvfp4_record(
-        "random corpus",
-        elements=total,
-        disagreements=disagreements,
-        disagreement_fraction=fraction,
-        tolerance=limit,
-    )
-    assert total >= 2**20, f"the random corpus has {total} elements, spec 1.0 asks for 2^20"
-    assert fraction <= limit, (
-        f"{disagreements} boundary disagreements in {total} random elements: fraction "
-        f"{fraction:.3g} > {limit:g} ([quantize] {'reference' if exact else 'others'})"
-    )
+    tally.judge(nvfp4_record, nvfp4_tolerance, table="quantize", exact=exact, unit="elements")
 
 
 _finite = st.floats(-3.0e4, 3.0e4, width=32, allow_nan=False, allow_infinity=False)

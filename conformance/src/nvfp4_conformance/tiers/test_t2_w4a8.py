@@ -25,6 +25,8 @@ from nvfp4 import reference
 from nvfp4.activations import FP8Activations, Q8Activations
 from nvfp4.spec import Q8_BLOCK_SIZE, Q8_MAX
 
+from nvfp4_conformance.corpus import CorpusTally
+
 pytestmark = pytest.mark.min_spec("1.1")
 
 
@@ -145,7 +147,7 @@ def test_quantize_activations_q8_random_corpus(
     within ``[quantize_q8] others`` (``reference``, 0, for the reference backend)."""
     exact = nvfp4_backend.info.name == "reference"
     window = nvfp4_tolerance("quantize_q8", "boundary_window")
-    total = disagreements = 0
+    tally = CorpusTally()
     for name, shape in (("normal_256x4096", (256, 4096)), ("heavy_64x1024", (64, 1024))):
         rng = _rng(name)
         if name.startswith("heavy"):
@@ -155,23 +157,9 @@ def test_quantize_activations_q8_random_corpus(
             x = x.astype(np.float32)
         got, ref = _q8(nvfp4_backend, x)
         figures = compare_q8(x, got, ref, window=window)
-        total += figures["elements"]
-        disagreements += figures["disagreements"]
+        tally.add(figures)
         nvfp4_record(name, shape=list(shape), **figures)
-    limit = nvfp4_tolerance("quantize_q8", "reference" if exact else "others")
-    fraction = disagreements / total
-    nvfp4_record(
-        "random corpus",
-        elements=total,
-        disagreements=disagreements,
-        disagreement_fraction=fraction,
-        tolerance=limit,
-    )
-    assert total >= 2**20
-    assert fraction <= limit, (
-        f"{disagreements} boundary disagreements in {total} random int8 codes: fraction "
-        f"{fraction:.3g} > {limit:g} ([quantize_q8] {'reference' if exact else 'others'})"
-    )
+    tally.judge(nvfp4_record, nvfp4_tolerance, table="quantize_q8", exact=exact, unit="int8 codes")
 
 
 @pytest.mark.requires_capability("w4a8")

@@ -70,6 +70,21 @@ def _call(
     return np.asarray(backend.to_numpy(y))
 
 
+def _gather_qmm(
+    backend: Any, x: npt.NDArray[Any], planes: NVFP4Planes, ids: npt.NDArray[Any], *, sort: bool
+) -> npt.NDArray[Any]:
+    """The backend's ``gather_qmm`` of ``x`` with ``planes`` prepared and the expert ``ids``
+    (``sorted_indices=sort``)."""
+    return _call(
+        backend,
+        "gather_qmm",
+        x,
+        backend.prepare(planes),
+        backend.from_numpy(ids),
+        sorted_indices=sort,
+    )
+
+
 def _check_out(y: npt.NDArray[Any], shape: tuple[int, ...], dtype: str, what: str) -> None:
     assert y.shape == shape, f"{what}: output shape {y.shape}, expected {shape}"
     assert y.dtype == OUTPUT_DTYPES[dtype], (
@@ -197,14 +212,7 @@ def _check_gather(
     e = planes.num_experts
     assert e is not None
     ref = reference.gather_qmm(x, planes, ids, out_dtype=None)
-    y = _call(
-        backend,
-        "gather_qmm",
-        x,
-        backend.prepare(planes),
-        backend.from_numpy(ids),
-        sorted_indices=sort,
-    )
+    y = _gather_qmm(backend, x, planes, ids, sort=sort)
     _check_out(y, (x.shape[0], planes.n), dtype, "gather_qmm")
     oob = (ids < 0) | (ids >= e)
     tol = float(tolerance("gather_qmm", dtype))
@@ -324,14 +332,7 @@ def test_gather_qmm_false_sorted_hint(
     x = activations(rng, 10, 64, "float32")
     ids = np.array([3, 0, 2, 1, 3, 0, 0, 2, 1, 3], dtype=np.int64)
     try:
-        y = _call(
-            nvfp4_backend,
-            "gather_qmm",
-            x,
-            nvfp4_backend.prepare(planes),
-            nvfp4_backend.from_numpy(ids),
-            sorted_indices=True,
-        )
+        y = _gather_qmm(nvfp4_backend, x, planes, ids, sort=True)
     except ValueError as exc:
         nvfp4_record("false sorted hint", behaviour="refused", message=str(exc)[:200])
         return

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -202,28 +203,44 @@ def test_gather_qmm_w4a8_out_of_range_rows_not_read(nvfp4_backend: Any) -> None:
     assert np.isfinite(as_float64(y)[[0, 2]]).all()
 
 
+def _check_nonfinite_rows(
+    backend: Any,
+    record: Any,
+    tolerance: Any,
+    tag: str,
+    inf: float,
+    reference_of: Callable[[Any, npt.NDArray[Any], NVFP4Planes], npt.NDArray[np.float64]],
+) -> None:
+    """``qmm_<tag>`` on x with NaN in row 1, ``inf`` in row 4 and a zero row 5: those rows
+    give NaN and exactly zero, rows 0, 2 and 3 stay within ``[<tag>] float32`` of
+    ``reference_of(backend, x, planes)``."""
+    rng = _rng(f"{tag}_nan")
+    planes = realistic_weight(rng, 16, 128, name=f"t4.{tag}_nan")
+    x = activations(rng, 6, 128, "float32")
+    x[1, 3] = np.nan
+    x[4, 100] = inf
+    x[5] = 0.0
+    y = _call(backend, f"qmm_{tag}", x, backend.prepare(planes))
+    _check(y, (6, 16), "float32", f"qmm_{tag}")
+    assert np.isnan(y[[1, 4]]).all(), "rows holding NaN/Inf in x must give NaN outputs"
+    assert (y[5] == 0).all(), "a zero row of x must give an exactly zero output row"
+    good = np.array([0, 2, 3])
+    ref = reference_of(backend, x, planes)
+    tol = float(tolerance(tag, "float32"))
+    figs = error_figures(y[good], ref[good])
+    record("nonfinite_rows", dtype="float32", tolerance=tol, **figs)
+    assert_within(y[good], ref[good], tol, f"qmm_{tag} finite rows next to non-finite ones")
+
+
 @pytest.mark.requires_capability("w4a8")
 def test_qmm_w4a8_nonfinite_and_zero_rows(
     nvfp4_backend: Any, nvfp4_record: Any, nvfp4_tolerance: Any
 ) -> None:
     """NaN / Inf in a row: that row's outputs are NaN, the others unaffected; a zero row
     gives exactly zero."""
-    rng = _rng("w4a8_nan")
-    planes = realistic_weight(rng, 16, 128, name="t4.w4a8_nan")
-    x = activations(rng, 6, 128, "float32")
-    x[1, 3] = np.nan
-    x[4, 100] = np.inf
-    x[5] = 0.0
-    y = _call(nvfp4_backend, "qmm_w4a8", x, nvfp4_backend.prepare(planes))
-    _check(y, (6, 16), "float32", "qmm_w4a8")
-    assert np.isnan(y[[1, 4]]).all(), "rows holding NaN/Inf in x must give NaN outputs"
-    assert (y[5] == 0).all(), "a zero row of x must give an exactly zero output row"
-    good = np.array([0, 2, 3])
-    ref = q8_reference(nvfp4_backend, x, planes)
-    tol = float(nvfp4_tolerance("w4a8", "float32"))
-    figs = error_figures(y[good], ref[good])
-    nvfp4_record("nonfinite_rows", dtype="float32", tolerance=tol, **figs)
-    assert_within(y[good], ref[good], tol, "qmm_w4a8 finite rows next to non-finite ones")
+    _check_nonfinite_rows(
+        nvfp4_backend, nvfp4_record, nvfp4_tolerance, "w4a8", np.inf, q8_reference
+    )
 
 
 @pytest.mark.requires_capability("w4a8")
@@ -294,19 +311,11 @@ def test_qmm_w4a8_fp8(
 def test_qmm_w4a8_fp8_nonfinite_and_zero_rows(
     nvfp4_backend: Any, nvfp4_record: Any, nvfp4_tolerance: Any
 ) -> None:
-    rng = _rng("w4a8_fp8_nan")
-    planes = realistic_weight(rng, 16, 128, name="t4.w4a8_fp8_nan")
-    x = activations(rng, 6, 128, "float32")
-    x[1, 3] = np.nan
-    x[4, 100] = -np.inf
-    x[5] = 0.0
-    y = _call(nvfp4_backend, "qmm_w4a8_fp8", x, nvfp4_backend.prepare(planes))
-    _check(y, (6, 16), "float32", "qmm_w4a8_fp8")
-    assert np.isnan(y[[1, 4]]).all(), "rows holding NaN/Inf in x must give NaN outputs"
-    assert (y[5] == 0).all(), "a zero row of x must give an exactly zero output row"
-    good = np.array([0, 2, 3])
-    ref = fp8_reference(nvfp4_backend, x, planes, None)
-    tol = float(nvfp4_tolerance("w4a8_fp8", "float32"))
-    figs = error_figures(y[good], ref[good])
-    nvfp4_record("nonfinite_rows", dtype="float32", tolerance=tol, **figs)
-    assert_within(y[good], ref[good], tol, "qmm_w4a8_fp8 finite rows next to non-finite ones")
+    _check_nonfinite_rows(
+        nvfp4_backend,
+        nvfp4_record,
+        nvfp4_tolerance,
+        "w4a8_fp8",
+        -np.inf,
+        lambda backend, x, planes: fp8_reference(backend, x, planes, None),
+    )
