@@ -54,9 +54,7 @@ def test_the_patterns_catch_what_they_should() -> None:
         "research notes; /work/devenv/bin/python; /root/.cache"
     )
     assert len(_findings(bad)) == 7
-    good = (
-        "each warp issues 16-byte loads; os.path; /tmp/x; /dev/nvidiactl; spec/1.0/nvfp4.md"
-    )
+    good = "each warp issues 16-byte loads; os.path; /tmp/x; /dev/nvidiactl; spec/1.0/nvfp4.md"
     assert _findings(good) == []
 
 
