@@ -407,8 +407,10 @@ def block_scale_unrounded(
     (the product first, then one division), ``s == 0`` becomes 1.0, clamped to ``[2^-9, 448]``. ``row_global``
     broadcasts against ``block_amax``."""
     amax = np.asarray(block_amax, dtype=np.float32)
-    denom = (np.float32(E2M1_MAX) * np.asarray(row_global, dtype=np.float32)).astype(np.float32)
+    # float32 throughout, as the spec's order says: a global near float32's largest makes
+    # the product +inf and s 0 (then 1.0), which is the defined result, not an error
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        denom = (np.float32(E2M1_MAX) * np.asarray(row_global, dtype=np.float32)).astype(np.float32)
         s = (amax / denom).astype(np.float32)
     s = np.where(s == 0, np.float32(1.0), s)
     return np.clip(s, np.float32(E4M3_MIN_SUBNORMAL), np.float32(E4M3_MAX)).astype(np.float32)
