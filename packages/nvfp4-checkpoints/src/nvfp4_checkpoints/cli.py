@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from collections.abc import Sequence
@@ -108,7 +109,7 @@ def _report(ck: Checkpoint) -> tuple[dict[str, Any], list[str]]:
     plain_bytes = 0
     for n in ck.tensor_names():
         dt, shp = ck.tensor_info(n)
-        plain_bytes += int(np.prod(shp)) * dt.itemsize
+        plain_bytes += math.prod(shp) * dt.itemsize
     report = {
         "path": str(ck.path),
         "flavour": ck.flavour,

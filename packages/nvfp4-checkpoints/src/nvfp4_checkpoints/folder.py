@@ -238,7 +238,8 @@ def check_shape(shape: object, limit: int, where: object, what: str) -> tuple[in
         not isinstance(shape, (list, tuple))
         or len(shape) > MAX_RANK
         or not all(
-            isinstance(d, (int, np.integer)) and not isinstance(d, bool) and 0 <= d <= limit
+            (type(d) is int or (isinstance(d, (int, np.integer)) and not isinstance(d, bool)))
+            and 0 <= d <= limit
             for d in shape
         )
     ):

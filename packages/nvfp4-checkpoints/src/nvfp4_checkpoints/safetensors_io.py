@@ -90,7 +90,7 @@ def dtype_name(dtype: npt.DTypeLike) -> str:
     raise SafetensorsError(f"dtype {dt} has no safetensors equivalent")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TensorInfo:
     """One header entry: ``start``/``end`` are absolute byte positions in the file."""
 
