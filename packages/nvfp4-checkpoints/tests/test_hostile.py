@@ -135,6 +135,29 @@ def _gguf_case(kv: dict[str, tuple[str, Any]], experts: int = 2, scale_n: int | 
     return build
 
 
+def _raw_gguf(tensors: list[tuple[str, list[int], int, int]], data: bytes) -> Any:
+    """A GGUF file written byte by byte (version 3, alignment 32), so that its tensor
+    infos can say what no writer would: ``(name, ne, ggml type, offset)`` each."""
+
+    def text(s: str) -> bytes:
+        b = s.encode()
+        return struct.pack("<Q", len(b)) + b
+
+    def build(work: Path) -> Path:
+        out = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), 1)
+        out += text("general.architecture") + struct.pack("<I", 8) + text("llama")
+        for name, ne, kind, offset in tensors:
+            out += text(name) + struct.pack(f"<I{len(ne)}QIQ", len(ne), *ne, kind, offset)
+        out += b"\0" * (-len(out) % 32) + data
+        path = work / "m.gguf"
+        path.write_bytes(out)
+        return path
+
+    return build
+
+
+F32, NVFP4_TYPE = 0, 40
+
 NAMES = ("blk.0.ffn_up_exps", "output_norm.weight")
 
 
@@ -480,6 +503,25 @@ CASES: list[tuple[str, str, Any, list[str] | str]] = [
     ("gguf duplicated hf_names", "5", _gguf_case(_names(["x.{}.y", "x.{}.y"])), "inspect"),
     ("gguf scale [1] for 2 experts", "5", _gguf_case({}, scale_n=1), "inspect"),
     (
+        "gguf overlapping tensor data",
+        "5",
+        _raw_gguf([("a.weight", [8], F32, 0), ("b.weight", [8], F32, 0)], bytes(64)),
+        "inspect",
+    ),
+    (
+        "gguf NVFP4 on a 1-D tensor",
+        "3",
+        _raw_gguf([("a.weight", [64], NVFP4_TYPE, 0)], bytes(64)),
+        "inspect",
+    ),
+    ("gguf ne [2^62, 0]", "3", _raw_gguf([("a.weight", [2**62, 0], F32, 0)], bytes(32)), "inspect"),
+    (
+        "gguf NVFP4 experts E = 0",
+        "5",
+        _raw_gguf([("blk.0.ffn_up_exps.weight", [64, 64, 0], NVFP4_TYPE, 0)], bytes(32)),
+        "inspect",
+    ),
+    (
         "gguf hf_dtypes I8 on F32",
         "5",
         _gguf_case(_names(["x.{}.y", "model.norm.weight"], ["", "I8"])),
@@ -623,15 +665,23 @@ def test_inspect_json_is_valid_json_when_a_fused_member_fails(
     assert report["fused_groups"][0]["max_ratio"] is None
 
 
-def test_many_layers_in_config_cost_nothing(tmp_path: Path, good: dict[str, Path]) -> None:
+def test_a_config_promising_layers_the_tensors_lack_is_refused_at_once(
+    tmp_path: Path, good: dict[str, Path]
+) -> None:
+    """Config values are bounded by what the tensors present can need: 100,000 layers in
+    config.json against one in the tensors is refused before any cost, in one line."""
     pytest.importorskip("gguf")
     ck = tmp_path / "ck"
     shutil.copytree(good["modelopt"], ck)
     _json(ck / "config.json", lambda d: d.__setitem__("num_hidden_layers", 100_000))
     outcome = run_guarded(["convert", str(ck), str(tmp_path / "o.gguf"), "--to", "gguf"])
-    assert outcome.status == 0, outcome.stderr
+    assert outcome.status == 2, outcome.stderr
+    assert "num_hidden_layers: expected 1 (the layers the tensors hold), found 100000" in (
+        outcome.stderr
+    )
     assert outcome.seconds < 20
     assert outcome.peak < 256 * 2**20
+    assert not (tmp_path / "o.gguf").exists()
 
 
 def test_many_zero_byte_tensors_inspect_in_linear_time(

@@ -73,6 +73,13 @@ class _Header:
         self.w = writer
         arch_enum = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}.get(arch)
         n_layers = _layers_present(layout)  # not the config's count: layers must exist
+        declared = config.get("num_hidden_layers")
+        if n_layers and type(declared) is int and declared != n_layers:
+            # GGUF's block_count would promise layers the file does not hold
+            raise CheckpointError(
+                f"config.json: num_hidden_layers: expected {n_layers} (the layers the "
+                f"tensors hold), found {declared}"
+            )
         self.tmap = gguf.get_tensor_name_map(arch_enum, n_layers) if arch_enum is not None else None
         self.heads = permuted_heads(arch, config)
         self.gguf_names: list[str] = []
