@@ -2,7 +2,11 @@
 
 Arms (all capped at the same thread count, outputs pre-allocated where the API allows):
 
-* ``ours``        - nvfp4-cpu W4A16 (the best ISA level here), hot and cold;
+* ``ours``        - nvfp4-cpu W4A16, hot and cold, once per ISA level (``--isa``; default
+                    every level this CPU runs, so AVX2 is measured on an AVX-512 machine too);
+* ``ours_w4a8``   - nvfp4-cpu W4A8 (spec 1.1 ``w4a8``: Q8_0 activations, quantized inside the
+                    timed call), per ISA level, where the backend declares the capability;
+                    checked against ``nvfp4.reference.qmm_w4a8`` before timing;
 * ``numpy``       - the numpy reference: ``nvfp4.reference.dequantize`` then a float32 matmul,
                     every call (what a backend without a fused kernel does);
 * ``torch_f32``   - torch dense float32 matmul on the decoded weights (hot and cold);
@@ -19,7 +23,9 @@ Arms (all capped at the same thread count, outputs pre-allocated where the API a
                     Optional: skipped, and said so, when llama-cpp-python is not installed.
 
 Shapes: S = 4096 x 4096 (LLC-resident), L = 14336 x 8192 (dense formats DRAM-sized), each at
-M = 1, 8, 32, plus a cold variant of L that rotates through more than 1 GB of weights. A
+M = 1, 8, 32, 128, 512 (``--ms``), plus a cold variant of L that rotates through more than 1 GB
+of weights. The context arms that cannot matter at prefill sizes (numpy, MLX's single-threaded
+CPU kernel, the portable C level, cold variants) stop at M = 32 (:data:`CONTEXT_MAX_M`). A
 read-bandwidth probe (nvfp4-cpu's STREAM-style read, widest loads, same thread cap) runs in
 the same process. The arms of one (shape, M) point run back to back, in ``--rounds`` rounds
 (default 3): in each round every arm gets an idle pause, a warm-up call and ``--reps`` timed
@@ -31,7 +37,8 @@ Writes ``benchmarks/results/cpu_kernels.json`` and ``docs/benchmark_results/cpu_
 (+ ``cpu_kernels.png`` when matplotlib is installed). ``--quick`` runs small shapes into
 ``*_quick`` files (a smoke test, not a measurement).
 
-    python benchmarks/cpu_kernels.py [--threads 2] [--reps 5] [--rounds 3] [--quick]
+    python benchmarks/cpu_kernels.py [--threads 2] [--reps 5] [--rounds 3] [--isa all]
+                                     [--ms 1,8,32,128,512] [--quick]
 """
 
 from __future__ import annotations
@@ -83,6 +90,9 @@ from read_probe import read_probe  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 COLD_BYTES = 1_100_000_000  # > 1 GB rotated in every cold variant (L3 here: 260-300 MiB)
+#: Largest M of the context arms (numpy, MLX, our portable C level, cold variants): at prefill
+#: sizes they only cost minutes (MLX's CPU kernel does ~4 GFLOP/s on one thread).
+CONTEXT_MAX_M = 32
 
 #: ggml figures measured here before (research/anchors-performance.md section 4, 2 threads):
 #: context only, from another run, never used for a goal verdict.
@@ -120,6 +130,7 @@ class Row:
     weight_bytes: int  # bytes of weights one call reads (the arm's own format)
     times: list[float]
     note: str = ""
+    isa: str = ""  # our ISA level, for the arms of ours
 
     @property
     def median(self) -> float:
@@ -141,6 +152,7 @@ class Row:
             "weight_bytes": self.weight_bytes,
             "weight_gbps": self.weight_bytes / t / 1e9,
             "note": self.note,
+            "isa": self.isa,
         }
 
 
@@ -356,8 +368,8 @@ def check_ggml(
     y = np.concatenate([mm.outs[m] for m in order]).astype(np.float64)
     x = np.concatenate([xs[m] for m in order])
     operand = reference.decoded_operand(planes)
-    ref = reference.qmm_decoded(x, operand, planes, out_dtype=None)
-    ref_q8 = reference.qmm_decoded(q8_0_roundtrip(x), operand, planes, out_dtype=None)
+    ref = reference.qmm_2d(x, operand)
+    ref_q8 = reference.qmm_2d(q8_0_roundtrip(x), operand)
     del operand
     out: dict[str, Any] = {
         "q8_tol": tolerance("qmm", "float32"),
@@ -391,6 +403,7 @@ class Case:
     calls: int
     note: str = ""
     sets: list[PreparedWeight] | None = None  # the rotated weights of a cold case of ours
+    isa: str = ""
 
 
 @dataclasses.dataclass
@@ -405,7 +418,11 @@ class ShapeCtx:
     threads: int
     reps: int
     quick: bool
-    ms: tuple[int, ...] = (1, 8, 32)
+    ms: tuple[int, ...] = (1, 8, 32, 128, 512)
+
+    @property
+    def context_ms(self) -> tuple[int, ...]:
+        return tuple(m for m in self.ms if m <= CONTEXT_MAX_M)
 
     @property
     def packed(self) -> int:
@@ -418,32 +435,63 @@ class ShapeCtx:
         return 3 if self.quick else max(2, -(-COLD_BYTES // bytes_per_set))
 
 
-def arm_ours(c: ShapeCtx, native: Any, isa: str) -> list[Case]:
-    """nvfp4-cpu, hot; and cold (rotating > 1 GB of weight copies) on the L shape."""
+def arm_ours(c: ShapeCtx, native: Any, isa: str, sets: list[PreparedWeight]) -> list[Case]:
+    """nvfp4-cpu W4A16 at one ISA level, hot; and cold (rotating ``sets``, > 1 GB of weight
+    copies, on the L shape) up to :data:`CONTEXT_MAX_M`. The portable level stops there too."""
     cases = []
-    sets = copies(c.pw, c.cold_count(c.pw.nbytes)) if c.shape == "L" else []
     note = f"{len(sets)} weight sets, {len(sets) * c.pw.nbytes / 1e9:.2f} GB rotated"
-    for m in c.ms:
+    for m in c.ms if isa != "portable" else c.context_ms:
         x, out = c.x(m), np.empty((m, c.n), np.float32)
 
         def hot(_: int, x: np.ndarray = x, o: np.ndarray = out) -> None:
             ops.qmm(native, isa, c.threads, x, c.pw, out=o)
 
-        cases.append(Case("ours", "hot", m, c.packed, hot, c.reps))
-        if sets:
+        cases.append(Case("ours", "hot", m, c.packed, hot, c.reps, isa=isa))
+        if sets and m <= CONTEXT_MAX_M:
 
             def cold(i: int, x: np.ndarray = x, o: np.ndarray = out) -> None:
                 ops.qmm(native, isa, c.threads, x, sets[i % len(sets)], out=o)
 
             calls = max(c.reps, 2 * len(sets))
-            cases.append(Case("ours", "cold", m, c.packed, cold, calls, note, sets))
+            cases.append(Case("ours", "cold", m, c.packed, cold, calls, note, sets, isa))
     return cases
+
+
+def arm_ours_w4a8(c: ShapeCtx, backend: Any, isa: str) -> tuple[list[Case], dict[str, Any]]:
+    """nvfp4-cpu W4A8 (``qmm_w4a8``: Q8_0 quantization of x inside every call) at one ISA
+    level, hot, checked first against ``nvfp4.reference.qmm_w4a8`` (float64 products on the
+    same Q8_0 codes) within spec 1.1's ``w4a8`` float32 tolerance."""
+    w = backend.prepare(c.planes)
+    ms = c.ms if isa != "portable" else c.context_ms
+    xs = {m: c.x(m) for m in ms}
+    check = check_w4a8(backend, w, c.planes, xs[min(ms, key=lambda m: abs(m - 8))])
+    cases = []
+    for m in ms:
+
+        def call(_: int, x: np.ndarray = xs[m]) -> None:
+            backend.qmm_w4a8(x, w)
+
+        note = "Q8_0 activation quantization inside the call; output allocated per call"
+        cases.append(Case("ours_w4a8", "hot", m, c.packed, call, c.reps, note, isa=isa))
+    return cases, check
+
+
+def check_w4a8(backend: Any, w: Any, planes: nvfp4.NVFP4Planes, x: np.ndarray) -> dict[str, Any]:
+    """``qmm_w4a8`` against the float64 reference, max|y - ref| / max|ref|, and its error
+    against the W4A16 reference on the same x (the activation quantization's own cost)."""
+    y = np.asarray(backend.qmm_w4a8(x, w), dtype=np.float64)
+    ref = np.asarray(reference.qmm_w4a8(x, planes, out_dtype=None), dtype=np.float64)
+    w4a16 = np.asarray(reference.qmm(x, planes, out_dtype=None), dtype=np.float64)
+    tol = tolerance("w4a8", "float32", "1.1")
+    err = float(np.abs(y - ref).max() / np.abs(ref).max())
+    vs16 = float(np.abs(y - w4a16).max() / np.abs(w4a16).max())
+    return {"m": int(x.shape[0]), "err": err, "tol": tol, "vs_w4a16": vs16, "ok": err <= tol}
 
 
 def arm_numpy(c: ShapeCtx) -> list[Case]:
     """The numpy reference: dequantize to float32, then matmul, on every call."""
     cases = []
-    for m in c.ms:
+    for m in c.context_ms:
         x, out = c.x(m), np.empty((m, c.n), np.float32)
 
         def call(_: int, x: np.ndarray = x, o: np.ndarray = out) -> None:
@@ -469,7 +517,7 @@ def arm_torch(c: ShapeCtx, torch: Any, dense32: np.ndarray) -> list[Case]:
                 torch.matmul(x, w.t(), out=o)
 
             cases.append(Case(arm, "hot", m, wbytes, hot, c.reps))
-            if wsets:
+            if wsets and m <= CONTEXT_MAX_M:
 
                 def cold(i: int, x: Any = x, o: Any = out, ws: list[Any] = wsets) -> None:
                     torch.matmul(x, ws[i % len(ws)].t(), out=o)
@@ -483,7 +531,7 @@ def arm_mlx(c: ShapeCtx, mx: Any, to_mlx: Any) -> list[Case]:
     mp = to_mlx(c.planes)
     wq, sc = mx.array(mp.weight), mx.array(mp.scales)
     cases = []
-    for m in c.ms:
+    for m in c.context_ms:
         x = mx.array(c.x(m))
 
         def call(_: int, x: Any = x) -> None:
@@ -614,12 +662,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     threads, reps = args.threads, args.reps
     native = load()
     isa = native.best_isa()
+    supported = native.supported_levels()
+    isas = tuple(reversed(supported)) if args.isa == "all" else tuple(args.isa.split(","))
+    for level in isas:
+        if level not in supported:
+            raise SystemExit(f"--isa {level}: not a level this build and CPU run ({supported})")
     backend = nvfp4_cpu.CPUBackend(isa=isa, threads=threads)
+    backends = {level: nvfp4_cpu.CPUBackend(isa=level, threads=threads) for level in isas}
+    w4a8 = {lv for lv, b in backends.items() if "w4a8" in b.info.capabilities}
     shapes = (
         {"S": (1024, 1024), "L": (2048, 2048)}
         if args.quick
         else {"S": (4096, 4096), "L": (14336, 8192)}
     )
+    ms = (1, 8, 32) if args.quick and args.ms is None else tuple(args.ms or ShapeCtx.ms)
     rows: list[Row] = []
     skipped: dict[str, str] = {}
     t_start = time.time()
@@ -666,13 +722,31 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         skipped["ggml"] = f"ggml arm skipped: {exc}"
         print(skipped["ggml"], flush=True)
     ggml_checks: dict[str, Any] = {}
+    w4a8_checks: dict[str, dict[str, Any]] = {}
+    if not w4a8:
+        skipped["ours_w4a8"] = "this nvfp4-cpu does not declare the w4a8 capability"
 
     for shape, (n, k) in shapes.items():
         planes = random_planes(n, k, seed=n + k)
         ctx = ShapeCtx(
-            shape, n, k, planes, backend.prepare(planes).payload, threads, reps, args.quick
+            shape, n, k, planes, backend.prepare(planes).payload, threads, reps, args.quick, ms
         )
-        cases = arm_ours(ctx, native, isa)
+        sets = copies(ctx.pw, ctx.cold_count(ctx.pw.nbytes)) if shape == "L" else []
+        cases = []
+        for level in isas:
+            cases += arm_ours(ctx, native, level, sets)
+            if level in w4a8:
+                more, check = arm_ours_w4a8(ctx, backends[level], level)
+                w4a8_checks.setdefault(level, {})[shape] = check
+                print(
+                    f"w4a8 check {shape} [{level}]: {check['err']:.2e} (tol {check['tol']:.0e});"
+                    f" vs W4A16 reference {check['vs_w4a16']:.2e}",
+                    flush=True,
+                )
+                if check["ok"]:
+                    cases += more
+                else:
+                    skipped[f"ours_w4a8[{level}]"] = f"dropped: failed its check ({check})"
         mm: GgmlMatmuls | None = None
         if ggml is not None:  # right after ours: C2 / C3 compare the two
             try:
@@ -700,29 +774,36 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for m in ctx.ms:  # one (shape, M) point at a time, its arms back to back
             point = [c for c in cases if c.m == m]
             times = run_point(point, args.rounds)
-            cold = next((c for c in point if (c.arm, c.variant) == ("ours", "cold")), None)
-            if cold is not None and m == 1:  # C5: probe and cold GEMV alternated, same pool
-                probe["paired"] = paired_probe(cold, native, isa, threads)
+            colds = [c for c in point if (c.arm, c.variant) == ("ours", "cold")]
+            for cold in colds if m == 1 else []:  # C5: probe and cold GEMV alternated
+                paired = paired_probe(cold, native, cold.isa, threads)
+                probe.setdefault("paired_by_isa", {})[cold.isa] = paired
+                if cold.isa == isa:
+                    probe["paired"] = paired
                 print(
-                    f"paired: probe {probe['paired']['probe_median_gbps']:.1f} GB/s, ours cold "
-                    f"{probe['paired']['ours_median_gbps']:.1f} GB/s",
+                    f"paired [{cold.isa}]: probe {paired['probe_median_gbps']:.1f} GB/s, ours "
+                    f"cold {paired['ours_median_gbps']:.1f} GB/s",
                     flush=True,
                 )
             for c in point:
-                r = Row(c.arm, shape, n, k, m, c.variant, c.weight_bytes, times[id(c)], c.note)
+                r = Row(
+                    c.arm, shape, n, k, m, c.variant, c.weight_bytes, times[id(c)], c.note, c.isa
+                )
                 rows.append(r)
                 d = r.as_dict()
+                arm = f"{c.arm}[{c.isa}]" if c.isa else c.arm
                 print(
-                    f"{shape} {n}x{k} M={m:<2} {c.arm:<11} {c.variant:<4} {d['median_s'] * 1e3:9.3f} ms "
+                    f"{shape} {n}x{k} M={m:<3} {arm:<20} {c.variant:<4} {d['median_s'] * 1e3:9.3f} ms "
                     f"{d['gflops']:7.1f} GF/s {d['weight_gbps']:6.2f} GB/s",
                     flush=True,
                 )
         if mm is not None:
             mm.free()
-        del cases, ctx
+        del cases, ctx, sets
 
     del probe_buf
     results = [r.as_dict() for r in rows]
+    isa_info = {level: native.describe(level) for level in isas}
     return {
         "benchmark": "cpu_kernels",
         "quick": bool(args.quick),
@@ -731,6 +812,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "rounds": args.rounds,
         "settle_s": SETTLE_S,
         "isa": isa,
+        "isas": isa_info,
+        "ms": list(ms),
         "availability": backend.availability().device,
         "machine": machine_info(),
         "niceness": os.nice(0),
@@ -746,22 +829,54 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if ggml is None
         else {"libraries": list(ggml.paths), "compiled_features": ggml.features},
         "ggml_check": ggml_checks,
-        "goals": goals(results, probe),
+        "w4a8_check": w4a8_checks,
+        "goals": goals(results, probe, isa, isas, native),
     }
 
 
 def _get(
-    results: list[dict[str, Any]], arm: str, shape: str, m: int, variant: str = "hot"
+    results: list[dict[str, Any]],
+    arm: str,
+    shape: str,
+    m: int,
+    variant: str = "hot",
+    isa: str | None = None,
 ) -> dict[str, Any] | None:
+    """The row of ``arm`` at (shape, M, variant); for our arms the one of ``isa`` (None: any,
+    which is unambiguous only for the other arms)."""
     for r in results:
         if (r["arm"], r["shape"], r["m"], r["variant"]) == (arm, shape, m, variant):
-            return r
+            if isa is None or r.get("isa", "") in (isa, ""):
+                return r
     return None
 
 
-def goals(results: list[dict[str, Any]], probe: dict[str, Any]) -> list[dict[str, Any]]:
-    """The issue's goals, each a ratio from this run (None where an arm did not run)."""
+#: W4A8 over our W4A16 throughput at M >= 32, per ISA kind (int8 dot products: VNNI's
+#: vpdpbusd, AVX2's vpmaddubsw / vpmaddwd); the portable level has no goal.
+W4A8_SPEEDUP_TARGET = {"vnni": 2.0, "avx2": 1.5}
+
+
+def _w4a8_kind(isa: str, has_vnni: bool) -> str | None:
+    if "vnni" in isa or (isa.startswith("avx512") and has_vnni):
+        return "vnni"
+    return "avx2" if isa.startswith("avx") else None
+
+
+def goals(
+    results: list[dict[str, Any]],
+    probe: dict[str, Any],
+    best: str,
+    isas: tuple[str, ...] | dict[str, str],
+    native: Any = None,
+) -> list[dict[str, Any]]:
+    """The issues' goals, each a ratio from this run (None where an arm did not run).
+
+    C1-C5 (decode and GEMV against ggml, torch and the memory) for every SIMD level measured,
+    ids suffixed with the level; P (W4A16 prefill against torch's float32 matmul) and A
+    (W4A8 against our W4A16 and against ggml, itself W4A8) likewise."""
     out: list[dict[str, Any]] = []
+    has_vnni = bool(native is not None and native.has("avx512vnni"))
+    ms = sorted({int(r["m"]) for r in results})
 
     def ratio(
         num: dict[str, Any] | None, den: dict[str, Any] | None, key: str = "median_s"
@@ -775,22 +890,63 @@ def goals(results: list[dict[str, Any]], probe: dict[str, Any]) -> list[dict[str
         out.append({"id": gid, "goal": text, "value": r, "target": target, "met": met})
 
     for shape in ("S", "L"):
-        r = ratio(_get(results, "numpy", shape, 1), _get(results, "ours", shape, 1))
+        r = ratio(_get(results, "numpy", shape, 1), _get(results, "ours", shape, 1, isa=best))
         goal(f"C1-{shape}", f"numpy dequant+matmul time / ours, M=1, {shape}", r, ">= 20")
-    for shape in ("S", "L"):
-        r = ratio(_get(results, "ours", shape, 1), _get(results, "ggml", shape, 1))
-        goal(f"C2-{shape}", f"ours time / ggml time, M=1, {shape}", r, "<= 1.0")
-        for m in (8, 32):
-            r = ratio(_get(results, "ours", shape, m), _get(results, "ggml", shape, m), "gflops")
-            goal(f"C3-{shape}-M{m}", f"ours GF/s / ggml GF/s, M={m}, {shape}", r, ">= 2.5")
-    for variant in ("hot", "cold"):
-        r = ratio(
-            _get(results, "torch_bf16", "L", 1, variant), _get(results, "ours", "L", 1, variant)
-        )
-        goal(f"C4-{variant}", f"torch bf16 dense time / ours, M=1, L {variant}", r, ">= 3.0")
-    paired = probe.get("paired")
-    r = None if paired is None else paired["ours_median_gbps"] / paired["probe_median_gbps"]
-    goal("C5", "ours packed GB/s / read-probe GB/s, M=1, L cold (alternated)", r, ">= 0.60")
+    for isa in (i for i in isas if i != "portable"):
+        tag = f" [{isa}]"
+
+        def ours(shape: str, m: int, variant: str = "hot", isa: str = isa) -> Any:
+            return _get(results, "ours", shape, m, variant, isa)
+
+        for shape in ("S", "L"):
+            r = ratio(ours(shape, 1), _get(results, "ggml", shape, 1))
+            goal(f"C2-{shape}{tag}", f"ours time / ggml time, M=1, {shape}", r, "<= 1.0")
+            for m in (8, 32):
+                r = ratio(ours(shape, m), _get(results, "ggml", shape, m), "gflops")
+                goal(f"C3-{shape}-M{m}{tag}", f"ours GF/s / ggml GF/s, M={m}, {shape}", r, ">= 2.5")
+        for variant in ("hot", "cold"):
+            r = ratio(_get(results, "torch_bf16", "L", 1, variant), ours("L", 1, variant))
+            goal(
+                f"C4-{variant}{tag}", f"torch bf16 dense time / ours, M=1, L {variant}", r, ">= 3.0"
+            )
+        paired = (probe.get("paired_by_isa") or {}).get(isa)
+        if paired is None and isa == best:
+            paired = probe.get("paired")
+        r = None if paired is None else paired["ours_median_gbps"] / paired["probe_median_gbps"]
+        goal(f"C5{tag}", "ours packed GB/s / read-probe GB/s, M=1, L cold (alternated)", r, ">= 0.60")
+        for shape in ("S", "L"):
+            for m in (m for m in ms if m >= 128):
+                r = ratio(ours(shape, m), _get(results, "torch_f32", shape, m), "gflops")
+                goal(
+                    f"P-{shape}-M{m}{tag}",
+                    f"W4A16 prefill: ours GF/s / torch f32 dense GF/s, M={m}, {shape}",
+                    r,
+                    ">= 0.8",
+                )
+        kind = _w4a8_kind(isa, has_vnni)
+        if not any(r["arm"] == "ours_w4a8" and r.get("isa") == isa for r in results):
+            continue
+        for shape in ("S", "L"):
+            a8 = _get(results, "ours_w4a8", shape, 1, isa=isa)
+            r = ratio(a8, ours(shape, 1))
+            goal(f"A3-{shape}{tag}", f"W4A8 time / our W4A16 time, M=1, {shape}", r, "<= 1.0")
+            for m in (m for m in ms if m >= 32):
+                a8 = _get(results, "ours_w4a8", shape, m, isa=isa)
+                if kind is not None:
+                    r = ratio(a8, ours(shape, m), "gflops")
+                    goal(
+                        f"A1-{shape}-M{m}{tag}",
+                        f"W4A8 GF/s / our W4A16 GF/s, M={m}, {shape}",
+                        r,
+                        f">= {W4A8_SPEEDUP_TARGET[kind]}",
+                    )
+                r = ratio(a8, _get(results, "ggml", shape, m), "gflops")
+                goal(
+                    f"A2-{shape}-M{m}{tag}",
+                    f"W4A8 GF/s / ggml (W4A8) GF/s, M={m}, {shape}",
+                    r,
+                    ">= 4.0",
+                )
     return out
 
 
@@ -800,21 +956,26 @@ def plot(data: dict[str, Any], path: Path) -> bool:
     if plt is None:
         return False
     res = data["results"]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    arms = list(dict.fromkeys(r["arm"] for r in res))
+    ms = data.get("ms", [1, 8, 32])
+    fig, axes = plt.subplots(1, 2, figsize=(14, 5))
+
+    def label(r: dict[str, Any]) -> str:
+        return f"{r['arm']}[{r['isa']}]" if r.get("isa") else r["arm"]
+
+    arms = list(dict.fromkeys(label(r) for r in res))
     series = sorted(
-        dict.fromkeys((r["arm"], r["variant"]) for r in res),
+        dict.fromkeys((label(r), r["variant"]) for r in res),
         key=lambda av: (arms.index(av[0]), av[1] != "hot"),
     )
-    colors = {av: plt.get_cmap("tab10")(i % 10) for i, av in enumerate(series)}
-    gf = {(r["arm"], r["variant"], r["shape"], r["m"]): r["gflops"] for r in res}
+    colors = {av: plt.get_cmap("tab20")(i % 20) for i, av in enumerate(series)}
+    gf = {(label(r), r["variant"], r["shape"], r["m"]): r["gflops"] for r in res}
     for ax, shape in zip(axes, ("S", "L"), strict=True):
-        here = [av for av in series if any((*av, shape, m) in gf for m in (1, 8, 32))]
+        here = [av for av in series if any((*av, shape, m) in gf for m in ms)]
         width = 0.8 / max(1, len(here))
         for i, (arm, variant) in enumerate(here):
-            vals = [gf.get((arm, variant, shape, m), 0.0) for m in (1, 8, 32)]
+            vals = [gf.get((arm, variant, shape, m), 0.0) for m in ms]
             ax.bar(
-                [j - 0.4 + (i + 0.5) * width for j in range(3)],
+                [j - 0.4 + (i + 0.5) * width for j in range(len(ms))],
                 vals,
                 width,
                 label=f"{arm} ({variant})",
@@ -822,14 +983,14 @@ def plot(data: dict[str, Any], path: Path) -> bool:
             )
         sh = data["shapes"][shape]
         ax.set_title(f"{shape}: N={sh['n']} K={sh['k']}, {data['threads']} threads")
-        ax.set_xticks(range(3), ["M=1", "M=8", "M=32"])
+        ax.set_xticks(range(len(ms)), [f"M={m}" for m in ms])
         ax.set_yscale("log")
         ax.set_ylabel("GFLOP/s (log)")
         ax.grid(axis="y", alpha=0.3)
     legend = {lab: h for ax in axes for h, lab in zip(*ax.get_legend_handles_labels(), strict=True)}
-    fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=4, fontsize=8)
+    fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=5, fontsize=8)
     fig.suptitle(f"NVFP4 CPU kernels, one process ({data['machine'].get('cpu', '?')})", fontsize=10)
-    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    fig.tight_layout(rect=(0, 0.16, 1, 1))
     fig.savefig(path, dpi=110)
     return True
 
@@ -875,6 +1036,34 @@ def ggml_section(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def w4a8_section(data: dict[str, Any]) -> list[str]:
+    """How our W4A8 arm was checked before timing (empty without it)."""
+    checks = data.get("w4a8_check") or {}
+    if not checks:
+        return []
+    lines = [
+        "",
+        "## Our W4A8 arm",
+        "",
+        "`CPUBackend(isa=...).qmm_w4a8(x, w)` per call: the Q8_0 quantization of x (spec 1.1 "
+        "`w4a8`), the integer dot products and the output allocation are all in the timed call. "
+        "Checked before timing against `nvfp4.reference.qmm_w4a8` (float64 on the same Q8_0 "
+        "codes) as max|y - ref| / max|ref|, held to spec 1.1's `w4a8` float32 tolerance; the "
+        "last column is the activation quantization's own cost against the W4A16 reference "
+        "(information):",
+        "",
+        "| ISA | shape | M | vs reference W4A8 (tol) | vs reference W4A16 |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for isa, by_shape in checks.items():
+        for shape, c in by_shape.items():
+            lines.append(
+                f"| {isa} | {shape} | {c['m']} | {c['err']:.2e} ({c['tol']:.0e}) | "
+                f"{c['vs_w4a16']:.2e} |"
+            )
+    return lines
+
+
 def markdown(data: dict[str, Any], png: str | None) -> str:
     res = data["results"]
     lines = [
@@ -890,6 +1079,9 @@ def markdown(data: dict[str, Any], png: str | None) -> str:
         "",
         f"- machine: {data['machine'].get('cpu', '?')}, {data['machine'].get('cpus')} CPUs; "
         f"nvfp4-cpu: {data['availability']}",
+        "- our ISA levels measured (`NVFP4_CPU_ISA` forces one in an application): "
+        + "; ".join(f"`{k}`: {v}" for k, v in (data.get("isas") or {data["isa"]: ""}).items()),
+        f"- CPU SIMD flags: {' '.join(data['machine'].get('simd_flags', [])) or '?'}",
         f"- threads: {data['threads']} for every arm; load average at start / end: "
         f"{', '.join(f'{v:.2f}' for v in data['loadavg_start'])} / {', '.join(f'{v:.2f}' for v in data['loadavg_end'])}"
         " (a shared machine; this run's own threads count in these figures); this process ran at "
@@ -920,21 +1112,26 @@ def markdown(data: dict[str, Any], png: str | None) -> str:
         met = "n/a (arm absent)" if g["met"] is None else ("**yes**" if g["met"] else "no")
         lines.append(f"| {g['id']} | {g['goal']} | {v} | {g['target']} | {met} |")
     lines += ggml_section(data)
+    lines += w4a8_section(data)
+    best = data["isa"]
     for shape, sh in data["shapes"].items():
         lines += [
             "",
             f"## {shape}: N = {sh['n']}, K = {sh['k']}",
             "",
-            "| M | arm | variant | median ms | best ms | GFLOP/s | weight GB/s | median time / ours (same M, variant) |",
-            "|---:|---|---|---:|---:|---:|---:|---:|",
+            f"| M | arm | ISA | variant | median ms | best ms | GFLOP/s | weight GB/s | median time / ours [{best}] (same M, variant) |",
+            "|---:|---|---|---|---:|---:|---:|---:|---:|",
         ]
-        for m in (1, 8, 32):
+        for m in data.get("ms", [1, 8, 32]):
             for r in (r for r in res if r["shape"] == shape and r["m"] == m):
-                ours = _get(res, "ours", shape, m, r["variant"]) or _get(res, "ours", shape, m)
+                ours = _get(res, "ours", shape, m, r["variant"], best) or _get(
+                    res, "ours", shape, m, isa=best
+                )
                 rel = "" if ours is None else f"{r['median_s'] / ours['median_s']:.2f}x"
                 lines.append(
-                    f"| {m} | {r['arm']} | {r['variant']} | {r['median_s'] * 1e3:.3f} | "
-                    f"{r['min_s'] * 1e3:.3f} | {r['gflops']:.1f} | {r['weight_gbps']:.2f} | {rel} |"
+                    f"| {m} | {r['arm']} | {r.get('isa') or '-'} | {r['variant']} | "
+                    f"{r['median_s'] * 1e3:.3f} | {r['min_s'] * 1e3:.3f} | {r['gflops']:.1f} | "
+                    f"{r['weight_gbps']:.2f} | {rel} |"
                 )
     if any(g["value"] is None for g in data["goals"] if g["id"].startswith(("C2", "C3"))):
         lines += [
@@ -985,6 +1182,17 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="rounds over a point's arms")
     p.add_argument(
         "--quick", action="store_true", help="small shapes, *_quick outputs (smoke test)"
+    )
+    p.add_argument(
+        "--isa",
+        default="all",
+        help="our ISA levels to run, comma-separated (portable, avx2, avx512), or all",
+    )
+    p.add_argument(
+        "--ms",
+        type=lambda v: tuple(int(m) for m in v.split(",")),
+        default=None,
+        help="activation rows, comma-separated (default 1,8,32,128,512; --quick: 1,8,32)",
     )
     p.add_argument("--render", metavar="JSON", help="only re-render the summary and plot of a run")
     args = p.parse_args()
