@@ -845,9 +845,9 @@ def _get(
     """The row of ``arm`` at (shape, M, variant); for our arms the one of ``isa`` (None: any,
     which is unambiguous only for the other arms)."""
     for r in results:
-        if (r["arm"], r["shape"], r["m"], r["variant"]) == (arm, shape, m, variant):
-            if isa is None or r.get("isa", "") in (isa, ""):
-                return r
+        same = (r["arm"], r["shape"], r["m"], r["variant"]) == (arm, shape, m, variant)
+        if same and (isa is None or r.get("isa", "") in (isa, "")):
+            return r
     return None
 
 
@@ -913,7 +913,9 @@ def goals(
         if paired is None and isa == best:
             paired = probe.get("paired")
         r = None if paired is None else paired["ours_median_gbps"] / paired["probe_median_gbps"]
-        goal(f"C5{tag}", "ours packed GB/s / read-probe GB/s, M=1, L cold (alternated)", r, ">= 0.60")
+        goal(
+            f"C5{tag}", "ours packed GB/s / read-probe GB/s, M=1, L cold (alternated)", r, ">= 0.60"
+        )
         for shape in ("S", "L"):
             for m in (m for m in ms if m >= 128):
                 r = ratio(ours(shape, m), _get(results, "torch_f32", shape, m), "gflops")
