@@ -8,6 +8,11 @@
    matches the reference and ``ml_dtypes``; every layout reproduces its bytes (and
    gguf-py / MLX decode them to the same values); matmul outputs are within
    ``nvfp4.tolerances`` (and equal to the reference's float32 result).
+4. The W4A8 cases (spec 1.1) against independent oracles: gguf-py's Q8_0 quantizer (which
+   the spec's int8 rule is bit-identical to) for the int8 codes and ``d``, ``ml_dtypes``'
+   ``float8_e4m3fn`` cast for the FP8 codes, and ggml's integer dot product
+   (``ggml_vec_dot_nvfp4_q8_0``: per 16-block integer sums of ``2 * e2m1`` times the
+   codes) for the int8 matmuls.
 """
 
 from __future__ import annotations
@@ -24,14 +29,20 @@ import numpy.typing as npt
 import pytest
 from nvfp4 import fixtures, reference
 from nvfp4.fixtures import data_files, list_cases, load_case, manifest
-from nvfp4.fixtures.generate import STORED_DTYPES, generate
+from nvfp4.fixtures.generate import OP_MIN_SPEC, Q8_MARGIN, STORED_DTYPES, generate
 from nvfp4.fusion import fuse, unfuse
 from nvfp4.layouts.compressed_tensors import from_compressed_tensors, to_compressed_tensors
 from nvfp4.layouts.gguf import from_gguf, to_gguf
 from nvfp4.layouts.mlx import MLXPlanes, from_mlx, mlx_global_scale_arg, to_mlx
 from nvfp4.layouts.swizzle import swizzle_scales, unswizzle_scales
 from nvfp4.planes import NVFP4Planes, PlaneError, expand_row_global
-from nvfp4.spec import GLOBAL_AMAX_DIVISOR, SPEC_VERSION, swizzle_128x4_offset, swizzled_scale_shape
+from nvfp4.spec import (
+    GLOBAL_AMAX_DIVISOR,
+    SPEC_VERSION,
+    swizzle_128x4_offset,
+    swizzled_scale_shape,
+    version_key,
+)
 from nvfp4.testing import assert_within
 
 F4 = ml_dtypes.float4_e2m1fn
@@ -118,7 +129,7 @@ def test_cases_cover_the_issue() -> None:
         "static_input_scale", "dynamic_global", "nan_row",
     }  # fmt: skip
     assert wanted <= tags, wanted - tags
-    shapes = {tuple(c["shape"]) for c in CASES}
+    shapes = {tuple(c["shape"]) for c in CASES if len(c["shape"]) >= 2}
     assert any(s[-2] == 7 for s in shapes)
     assert any(s[-2] == 33 for s in shapes)
     assert any(s[-1] == 16 for s in shapes)
@@ -147,9 +158,42 @@ def test_manifest_describes_every_array(name: str) -> None:
                 assert arg is None or arg == "." or arg in c, (key, arg)
         if role["rule" if role["role"] == "expected" else "role"] == "tolerance":
             assert role["dtype"] == "float32"
-            assert role["path"] in ("qmm", "gather_qmm", "w4a4")
+            assert role["path"] in ("qmm", "gather_qmm", "w4a4", "w4a8", "w4a8_fp8")
     if "input" in c:
         assert list(c["input"].shape) == entry["shape"]
+
+
+def test_w4a8_cases_cover_the_issue() -> None:
+    """Spec 1.1's W4A8 cases: the int8 rule's ties, zero blocks, NaN/Inf rows, ragged N,
+    K = 32 and a larger K, unsorted and out-of-range expert ids; FP8 static and dynamic."""
+    tags = {t for c in CASES for t in c["exercises"]}
+    wanted = {
+        "w4a8", "w4a8_fp8", "quantize_activations_q8", "q8_ties", "q8_ulp_neighbours",
+        "q8_id_product", "q8_d_float16_ties", "q8_d_overflow", "q8_d_subnormal", "zero_blocks",
+        "nan_row", "inf_row", "zero_row", "k32", "large_k", "odd_n", "qmm_w4a8",
+        "gather_qmm_w4a8", "out_of_range_experts", "unsorted_experts", "qmm_w4a8_fp8",
+        "quantize_activations_fp8", "e4m3_ties", "e4m3_subnormals", "fp8_saturation",
+        "static_input_scale", "dynamic_input_scale", "global_amax_over_448",
+    }  # fmt: skip
+    assert wanted <= tags, wanted - tags
+    w4a8 = [c for c in CASES if c["min_spec"] == "1.1"]
+    ks = {c["shape"][-1] for c in w4a8 if c["shape"]}
+    assert 32 in ks
+    assert max(ks) >= 512
+    ids = load_case("w4a8_gather")["expert_ids"]
+    assert not np.all(np.diff(ids) >= 0)
+    assert ((ids < 0) | (ids >= 3)).sum() >= 3
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_min_spec_is_the_newest_version_of_its_ops(name: str) -> None:
+    """A case's ``min_spec`` is the spec version that defines its ops: 1.0's cases stay 1.0
+    (a 1.0 certification runs them), W4A8's are 1.1 (a 1.0 certification skips them)."""
+    entry = BY_NAME[name]
+    ops = {r["op"] for r in entry["arrays"].values() if r["role"] == "expected"}
+    want = max(["1.0", *(OP_MIN_SPEC[o] for o in ops if o in OP_MIN_SPEC)], key=version_key)
+    assert entry["min_spec"] == want
+    assert (want == "1.1") == name.startswith("w4a8"), name
 
 
 def test_load_case_api() -> None:
@@ -447,6 +491,12 @@ def _recompute(c: Arrays, name: str, role: dict[str, Any]) -> npt.NDArray[np.flo
         return np.asarray(reference.qmm(x, p, out_dtype=None))
     if role["op"] == "gather_qmm":
         return np.asarray(reference.gather_qmm(x, p, c[args["expert_ids"]], out_dtype=None))
+    if role["op"] == "qmm_w4a8":
+        return np.asarray(reference.qmm_w4a8(x, p, out_dtype=None))
+    if role["op"] == "gather_qmm_w4a8":
+        return np.asarray(reference.gather_qmm_w4a8(x, p, c[args["expert_ids"]], out_dtype=None))
+    if role["op"] == "qmm_w4a8_fp8":
+        return np.asarray(reference.qmm_w4a8_fp8(x, p, input_scale=scale, out_dtype=None))
     assert role["op"] == "qmm_w4a4"
     return np.asarray(reference.qmm_w4a4(x, p, input_scale=scale, out_dtype=None))
 
@@ -498,3 +548,201 @@ def test_activation_planes() -> None:
     assert c["act_static_global_scale"] == c["input_scale"]
     assert (c["act_static_scales"][[0, 1, 3]] == 0x7E).any()  # static: some blocks clamp
     assert (c["act_static_scales"][[0, 1, 3]] != 0x7E).any()
+
+
+# ---------------------------------------------------------------- 4. W4A8 (spec 1.1)
+def _q8_keys() -> list[tuple[str, str]]:
+    return [
+        (n, k.removesuffix("_codes"))
+        for n in NAMES
+        for k, r in BY_NAME[n]["arrays"].items()
+        if r.get("op") == "quantize_activations_q8" and k.endswith("_codes")
+    ]
+
+
+@pytest.mark.parametrize(("name", "stem"), _q8_keys())
+def test_q8_planes_equal_gguf_py(name: str, stem: str) -> None:
+    """The int8 codes and float16 ``d`` equal gguf-py's Q8_0 quantizer (ggml's reference
+    rule), bit for bit, on every finite block; non-finite blocks have codes 0 and d NaN
+    (pinned by the spec, undefined in ggml)."""
+    gguf = pytest.importorskip("gguf")
+    c = load_case(name)
+    x, codes, d = c[f"{stem}_x"], c[f"{stem}_codes"], c[f"{stem}_d"].view(np.float16)
+    m, k = x.shape
+    assert codes.dtype == np.int8
+    assert d.shape == (m, k // 32)
+    blocks = x.reshape(m, k // 32, 32)
+    finite = np.isfinite(blocks).all(axis=-1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        q = gguf.quants.quantize(
+            np.where(np.isfinite(x), x, 0).astype(F32), gguf.GGMLQuantizationType.Q8_0
+        )
+    q = q.reshape(m, k // 32, 34)
+    their_d = q[..., :2].copy().view(np.float16)[..., 0]
+    their_codes = q[..., 2:].copy().view(np.int8)
+    assert_bytes_equal(d[finite], their_d[finite], f"{name}.{stem} d vs gguf-py")
+    assert_bytes_equal(
+        codes.reshape(m, k // 32, 32)[finite], their_codes[finite], f"{name}.{stem} vs gguf-py"
+    )
+    assert np.isnan(d[~finite]).all()
+    assert not codes.reshape(m, k // 32, 32)[~finite].any()
+    a = reference.quantize_activations_q8(x)
+    assert_bytes_equal(a.codes, codes, f"{name}.{stem} reference codes")
+    assert_bytes_equal(a.d, d, f"{name}.{stem} reference d")
+
+
+def test_q8_rounding_case_by_hand() -> None:
+    """The int8 tie case, written out: halves away from zero, ulp neighbours round to the
+    nearer code, the float32 ``x * id`` products on midpoints round away, d's float16
+    rounding (ties to even, subnormal, underflow, overflow)."""
+    c = load_case("w4a8_q8_rounding")
+    q, d = c["q8_codes"].astype(int), c["q8_d"].view(np.float16)
+    assert q[0, :17].tolist() == [
+        127,
+        1,
+        2,
+        3,
+        4,
+        7,
+        64,
+        100,
+        127,
+        -1,
+        -2,
+        -3,
+        -4,
+        -7,
+        -64,
+        -100,
+        -127,
+    ]
+    assert q[0, 32:49].tolist() == [
+        -127,
+        0,
+        1,
+        2,
+        3,
+        6,
+        63,
+        99,
+        126,
+        -1,
+        -2,
+        -3,
+        -4,
+        -7,
+        -64,
+        -100,
+        -127,
+    ]
+    assert q[0, 64:71].tolist() == [127, 1, 3, 18, 51, 100, 127]
+    inv = np.float32(1.0) / np.float32(np.float32(100.0) / np.float32(127.0))
+    assert ((c["q8_x"][0, 65:71] * inv).astype(F32) == [0.5, 2.5, 17.5, 50.5, 99.5, 126.5]).all()
+    assert d[0, :2].tolist() == [1.0, 0.125]
+    assert d[1].tolist()[:3] == [1.0, 1.0 + 2.0**-9, 0.0]
+    assert np.isinf(d[1, 3])
+    assert d[2, :3].tolist() == [2.0**-20, 0.0, 0.0]
+    assert np.isnan(d[3, :3]).all()
+    assert np.isfinite(d[3, 3])
+    assert not q[1, 64:96].any()
+    assert not q[3, :96].any()
+
+
+def _fp8_stems() -> list[tuple[str, str]]:
+    return [
+        (n, k.removesuffix("_codes"))
+        for n in NAMES
+        for k, r in BY_NAME[n]["arrays"].items()
+        if r.get("op") == "quantize_activations_fp8" and k.endswith("_codes")
+    ]
+
+
+@pytest.mark.parametrize(("name", "stem"), _fp8_stems())
+def test_fp8_codes_equal_ml_dtypes(name: str, stem: str) -> None:
+    """FP8 codes: ``float8_e4m3fn`` (nearest-even) of ``x / input_scale`` clamped to 448;
+    0x7F for NaN/Inf; the dynamic scale is amax / 448 over the finite values."""
+    c = load_case(name)
+    args = BY_NAME[name]["arrays"][f"{stem}_codes"]["args"]
+    x = c[args["x"]]
+    finite = np.isfinite(x)
+    if args["input_scale"] is None:
+        amax = np.abs(x[finite]).max()
+        s = np.float32(np.float32(amax) / np.float32(448.0))
+    else:
+        s = c[args["input_scale"]].astype(F32)
+    assert_bytes_equal(c[f"{stem}_input_scale"], np.asarray(s, F32), f"{name}.{stem} scale")
+    v = (np.where(finite, x, 0) / s).astype(F32)
+    want = np.clip(v, -448.0, 448.0).astype(F32).astype(F8).view(np.uint8)
+    want = np.where(finite, want, np.uint8(0x7F)).astype(np.uint8)
+    assert_bytes_equal(c[f"{stem}_codes"], want, f"{name}.{stem} codes vs ml_dtypes")
+
+
+def test_fp8_rounding_case_by_hand() -> None:
+    c = load_case("w4a8_fp8_rounding")
+    codes = c["fp8_static_codes"][0]
+    got = codes[:9].view(F8).astype(F32).tolist()
+    assert got == [1.0, 1.25, 16.0, 20.0, 256.0, 448.0, 0.0, 2.0**-8, 2.0**-8]
+    assert codes[36:44].tolist() == [0x7E, 0x7E, 0x80, 0x80, 0x00, 0x7F, 0x7F, 0x7F]
+
+
+def _ggml_w4a8(c: Arrays, name: str, stem: str) -> npt.NDArray[np.float64]:
+    """ggml's W4A8 int8 dot product on the stored codes: per weight block j the integer
+    ``isum_j = sum(2 * e2m1 * code)``, times ``e4m3 / 2`` and ``d`` (float64, exact), blocks
+    summed, times the row's global."""
+    p = planes_of(c, name)
+    codes, d = c[f"{stem}_codes"].astype(np.int64), c[f"{stem}_d"].view(np.float16)
+    w2 = (2 * _unpack(p.codes).view(F4).astype(np.float64)).astype(np.int64)  # [.., N, K]
+    m, k = codes.shape
+    xq = codes.reshape(m, 1, k // 16, 16)
+    out = []
+    for we, g in zip(
+        w2.reshape(-1, *w2.shape[-2:]), p.row_global().reshape(-1, w2.shape[-2]), strict=True
+    ):
+        isum = (xq * we.reshape(1, we.shape[0], k // 16, 16)).sum(axis=-1)  # exact int
+        assert np.abs(isum).max() <= 24384
+        sc = p.scales.reshape(-1, *p.scales.shape[-2:])[len(out)]
+        e4m3_half = sc.view(F8).astype(np.float64) / 2.0  # [N, K/16]
+        dd = np.repeat(d.astype(np.float64), 2, axis=-1)[:, None, :]  # [M, 1, K/16]
+        with np.errstate(invalid="ignore"):
+            y = (isum * e4m3_half[None] * dd).sum(axis=-1) * g.astype(np.float64)[None]
+        out.append(y)
+    return np.stack(out)  # [E or 1, M, N]
+
+
+@pytest.mark.parametrize("name", ["w4a8_qmm_k32_n7", "w4a8_qmm_n33_k512", "w4a8_gather"])
+def test_w4a8_outputs_equal_ggml_integer_dot(name: str) -> None:
+    c = load_case(name)
+    entry = BY_NAME[name]["arrays"]
+    (key,) = [k for k, r in entry.items() if r.get("path") == "w4a8"]
+    stem = entry[key]["args"]["x"].removesuffix("_x")
+    ys = _ggml_w4a8(c, name, stem)
+    if "expert_ids" in c:
+        ids = c["expert_ids"]
+        ok = (ids >= 0) & (ids < ys.shape[0])
+        want = np.zeros(ys.shape[1:])
+        want[ok] = ys[ids[ok], np.flatnonzero(ok)]
+    else:
+        want = ys[0]
+    stored = c[key]
+    nan_rows = entry[key]["nan_rows"]
+    assert np.isnan(want[nan_rows]).all()
+    assert np.isnan(stored[nan_rows]).all()
+    keep = np.ones(stored.shape[0], dtype=bool)
+    keep[nan_rows] = False
+    assert_bytes_equal(want[keep].astype(F32), stored[keep], f"{name} vs the ggml dot")
+
+
+@pytest.mark.parametrize("name", ["w4a8_qmm_k32_n7", "w4a8_qmm_n33_k512", "w4a8_gather"])
+def test_w4a8_matmul_inputs_clear_of_midpoints(name: str) -> None:
+    """Every ``x * id`` of an int8 matmul input is at least ``Q8_MARGIN`` from a rounding
+    midpoint, so the stored output is every conforming encoder's."""
+    c = load_case(name)
+    (xk,) = [k for k in c if k.endswith("_x")]
+    x = np.where(np.isfinite(c[xk]), c[xk], 0).astype(F32)
+    m, k = x.shape
+    blocks = x.reshape(m, k // 32, 32)
+    d = (np.abs(blocks).max(axis=-1) / F32(127.0)).astype(F32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d == 0, F32(0.0), F32(1.0) / d).astype(F32)
+    v = np.abs((blocks * inv[..., None]).astype(F32)).astype(np.float64)
+    assert (np.abs(v - np.floor(v) - 0.5) >= Q8_MARGIN).all()

@@ -89,7 +89,7 @@ def test_refuses_an_entry_with_missing_or_extra_fields() -> None:
 
 def test_refuses_a_dtype_fixtures_never_hold() -> None:
     header = {"t": {"dtype": "BF16", "shape": [1], "data_offsets": [0, 2]}}
-    _refused(_file(header, b"\0\0"), "tensor 't'", "'BF16'", "U8, U16, U32, I32, F32")
+    _refused(_file(header, b"\0\0"), "tensor 't'", "'BF16'", "U8, I8, U16, U32, I32, F32")
 
 
 @pytest.mark.parametrize("shape", [[-1], [1.5], "3", [True]])

@@ -3,12 +3,18 @@ says.
 
 Each manifest entry lists its arrays; every ``expected`` array names the ``op`` that
 produces it, the arguments (array keys; ``"."`` is the case's own planes) and the rule:
-``exact`` (byte for byte; for a non-reference activation encoder, spec 1.0's tie rule
-applies to the codes, as in T2) or ``tolerance`` (``max|y - ref| / max|ref|`` against
+``exact`` (byte for byte; for a non-reference activation encoder, the boundary rule of
+"Conformance of other encoders" applies to the codes, as in T2: spec 1.0's for NVFP4
+activations, ``[quantize_q8]``'s for W4A8 int8 ones, whose ``d`` stays bit-identical; FP8
+codes are exact for every backend) or ``tolerance`` (``max|y - ref| / max|ref|`` against
 ``nvfp4.tolerances.tolerance(path, dtype, spec=...)`` of the certified spec version, with
-``zero_rows`` exactly zero and ``nan_rows`` non-finite). Backend verbs run on the backend under test; the encoder and the
-layout transcoders run on the installed nvfp4-core. An op this suite does not know fails:
-a newer manifest needs a newer suite.
+``zero_rows`` exactly zero and ``nan_rows`` non-finite, all NaN for W4A8). Backend verbs
+run on the backend under test; the encoder and the layout transcoders run on the installed
+nvfp4-core. An op this suite does not know fails: a newer manifest needs a newer suite.
+
+A case applies from its manifest's ``min_spec`` on (spec 1.1's W4A8 cases are skipped, as
+"applies from a later spec", when certifying 1.0), and each backend op only where the
+backend declares the capability it needs.
 """
 
 from __future__ import annotations
@@ -21,10 +27,12 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 from nvfp4 import layouts, reference
+from nvfp4.activations import Q8Activations
 from nvfp4.planes import NVFP4Planes, PlaneError
 
 from nvfp4_conformance.checks import as_float64, assert_exact, assert_within, error_figures
 from nvfp4_conformance.encoders import compare_encoding
+from nvfp4_conformance.w4a8_encoders import compare_fp8, compare_q8
 
 try:
     from nvfp4 import fixtures as _fixtures
@@ -50,7 +58,16 @@ BACKEND_OPS = {
     "gather_qmm": "gather_qmm",
     "quantize_activations": "quantize_activations",
     "qmm_w4a4": "w4a4",
+    "quantize_activations_q8": "w4a8",
+    "qmm_w4a8": "w4a8",
+    "gather_qmm_w4a8": "w4a8",
+    "quantize_activations_fp8": "w4a8_fp8",
+    "qmm_w4a8_fp8": "w4a8_fp8",
 }
+#: Backend ops that encode activations (no weight to prepare).
+ENCODER_OPS = {"quantize_activations", "quantize_activations_q8", "quantize_activations_fp8"}
+#: Matmuls whose non-finite activation rows give all-NaN output rows (spec 1.1, "W4A8").
+ALL_NAN_OPS = {"qmm_w4a8", "gather_qmm_w4a8", "qmm_w4a8_fp8"}
 VIEWS = {"float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
 
 
@@ -62,10 +79,11 @@ def _params() -> list[Any]:
     out = []
     for case in CASES:
         ops = _ops(case)
+        since = [pytest.mark.min_spec(case.get("min_spec", "1.0"))]
         if ops & CORE_OPS or case.get("refusals"):
-            out.append(pytest.param(case["name"], "core", id=f"{case['name']}-core"))
+            out.append(pytest.param(case["name"], "core", id=f"{case['name']}-core", marks=since))
         for op in sorted(ops - CORE_OPS):
-            marks = []
+            marks = list(since)
             if op in BACKEND_OPS:
                 marks.append(pytest.mark.requires_capability(BACKEND_OPS[op]))
                 if "partitions" in case["arrays"] and op in ("qmm", "gather_qmm"):
@@ -178,7 +196,7 @@ def test_golden(
     if op not in BACKEND_OPS:
         raise AssertionError(f"{name}: the manifest uses op {op!r}, which this suite does not know")
     b = nvfp4_backend
-    handle = b.prepare(planes) if planes is not None and op != "quantize_activations" else None
+    handle = b.prepare(planes) if planes is not None and op not in ENCODER_OPS else None
     act_cache: dict[Any, Any] = {}
     for key, meta in sorted((k, m) for k, m in expected.items() if m["op"] == op):
         args = {k: _arg(arrays, planes, v) for k, v in meta.get("args", {}).items()}
@@ -193,8 +211,7 @@ def test_golden(
             ref = _act_planes(arrays, key, name)
             if ref.name in act_cache:
                 continue  # the codes, scales and global of one encoding are checked together
-            scale = args.get("input_scale")
-            scale = None if scale is None else float(np.asarray(scale).reshape(()))
+            scale = _scale(args.get("input_scale"))
             x = args["x"]
             got = b.quantize_activations(b.from_numpy(x), scale)
             act_cache[ref.name] = got
@@ -209,16 +226,57 @@ def test_golden(
             ).figures()
             nvfp4_record(ref.name, **figs)
             continue
+        if op == "quantize_activations_q8":
+            stem = key.rsplit("_", 1)[0]  # <stem>_codes and <stem>_d: one encoding
+            if stem in act_cache:
+                continue
+            x = args["x"]
+            got = b.quantize_activations_q8(b.from_numpy(x))
+            act_cache[stem] = got
+            ref_q8 = Q8Activations(
+                arrays[f"{stem}_codes"], arrays[f"{stem}_d"].view(np.float16), f"{name}.{stem}"
+            )
+            window = float(tolerance_fn("quantize_q8", "boundary_window"))
+            try:
+                figs = compare_q8(x, got, ref_q8, window=window)
+            except AssertionError as exc:
+                raise AssertionError(f"{name}: quantize_activations_q8 -> {stem}: {exc}") from None
+            nvfp4_record(stem, encoder="int8", **figs)
+            if b.info.name == "reference":
+                assert figs["disagreements"] == 0, (
+                    f"{name}: the reference backend's int8 codes differ from the golden ones "
+                    f"in {figs['disagreements']} places"
+                )
+            continue
+        if op == "quantize_activations_fp8":
+            stem = key.removesuffix("_input_scale").removesuffix("_codes")
+            if stem in act_cache:
+                continue
+            scale = _scale(args.get("input_scale"))
+            x = args["x"]
+            got_fp8 = b.quantize_activations_fp8(b.from_numpy(x), scale)
+            act_cache[stem] = got_fp8
+            ref_fp8 = reference.quantize_activations_fp8(x, scale)
+            _bytes_equal(ref_fp8.codes, arrays[f"{stem}_codes"], f"{what} (reference)")
+            figs, problem = compare_fp8(x, got_fp8, ref_fp8)
+            nvfp4_record(stem, encoder="fp8", dynamic=scale is None, **figs)
+            assert not problem, f"{name}: quantize_activations_fp8 -> {stem}: {problem}"
+            continue
         # matmuls: rule "tolerance"
         x = args["x"]
+        xb = b.from_numpy(x)
         if op == "qmm":
-            y = b.qmm(b.from_numpy(x), handle)
+            y = b.qmm(xb, handle)
         elif op == "gather_qmm":
-            y = b.gather_qmm(b.from_numpy(x), handle, b.from_numpy(args["expert_ids"]))
+            y = b.gather_qmm(xb, handle, b.from_numpy(args["expert_ids"]))
+        elif op == "qmm_w4a4":
+            y = b.qmm_w4a4(xb, handle, input_scale=_scale(args.get("input_scale")))
+        elif op == "qmm_w4a8":
+            y = b.qmm_w4a8(xb, handle)
+        elif op == "gather_qmm_w4a8":
+            y = b.gather_qmm_w4a8(xb, handle, b.from_numpy(args["expert_ids"]))
         else:
-            scale = args.get("input_scale")
-            scale = None if scale is None else float(np.asarray(scale).reshape(()))
-            y = b.qmm_w4a4(b.from_numpy(x), handle, input_scale=scale)
+            y = b.qmm_w4a8_fp8(xb, handle, input_scale=_scale(args.get("input_scale")))
         y = np.asarray(b.to_numpy(y))
         want = arrays[key]
         assert y.shape == want.shape, f"{what}: shape {y.shape}, expected {want.shape}"
@@ -231,15 +289,32 @@ def test_golden(
         nvfp4_record(
             key, dtype=meta["dtype"], tolerance=tol, zero_rows=zero_rows, nan_rows=nan_rows, **figs
         )
+        ids = args.get("expert_ids")
         for r in zero_rows:
+            why = (
+                "out-of-range expert"
+                if ids is not None
+                and planes is not None
+                and not 0 <= int(ids[r]) < (planes.num_experts or 0)
+                else "all-zero activations"
+            )
             assert np.all(as_float64(y[r]) == 0), (
-                f"{what}: row {r} (out-of-range expert) must be exactly zero, found {y[r]}"
+                f"{what}: row {r} ({why}) must be exactly zero, found {y[r]}"
             )
         for r in nan_rows:
+            if op in ALL_NAN_OPS:
+                assert np.isnan(as_float64(y[r])).all(), (
+                    f"{what}: row {r} (NaN/Inf activation) must be NaN everywhere, found {y[r]}"
+                )
             assert not np.isfinite(as_float64(y[r])).all(), (
                 f"{what}: row {r} (NaN activation) must be non-finite"
             )
         assert_within(y[keep], want[keep], tol, what)
+
+
+def _scale(a: Any) -> float | None:
+    """A stored static input scale as the float a verb takes (``None``: dynamic)."""
+    return None if a is None else float(np.asarray(a).reshape(()))
 
 
 def _act_planes(arrays: dict[str, npt.NDArray[Any]], key: str, name: str) -> NVFP4Planes:
