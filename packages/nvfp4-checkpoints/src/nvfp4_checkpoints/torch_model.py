@@ -1,0 +1,139 @@
+"""A transformers model whose linears are NVFP4, from a checkpoint: the torch-side journey.
+
+* :func:`swap_linears` replaces each ``torch.nn.Linear`` of a model at a quantized prefix of
+  a checkpoint with :class:`nvfp4.torch_modules.NVFP4Linear` (the planes as buffers, the
+  product through ``torch.ops.nvfp4``), keeping the linear's bias;
+* :func:`load_causal_lm` builds the float32 causal LM a checkpoint's ``config.json``
+  describes, swaps its linears and loads every other tensor.
+
+The result is an ordinary ``torch.nn.Module``: ``model.generate``, ``torch.compile``
+(the ops have fake implementations) and ``state_dict`` work on it. Needs torch and
+transformers (``pip install 'nvfp4-checkpoints[torch]'`` brings them).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .api import open_checkpoint
+
+__all__ = ["load_causal_lm", "swap_linears"]
+
+#: Tensors a quantized checkpoint holds besides weights that a W4A16 model does not use.
+AUX_SUFFIXES = (".input_scale", ".k_scale", ".v_scale", ".output_scale", "_amax")
+
+
+def _imports() -> tuple[Any, Any]:
+    try:
+        import torch
+        from nvfp4.torch_modules import NVFP4Linear
+    except ImportError as exc:
+        raise RuntimeError(
+            f"NVFP4 torch models need torch ({exc}); pip install 'nvfp4-checkpoints[torch]'"
+        ) from exc
+    return torch, NVFP4Linear
+
+
+def _input_scale(ckpt: Any, prefix: str) -> float | None:
+    """The checkpoint's static activation scale of ``prefix`` (ModelOpt's ``input_scale``, a
+    decode multiplier, as the ops take it)."""
+    name = f"{prefix}.input_scale"
+    if name not in ckpt.tensor_names():
+        return None
+    value = np.asarray(ckpt.tensor(name), dtype=np.float32)
+    if value.size != 1 or not np.isfinite(value).all() or float(value.reshape(())) <= 0:
+        raise ValueError(
+            f"{ckpt.path}: tensor {name!r}: expected one finite positive float, found "
+            f"shape {value.shape} value {value.reshape(-1)[:4].tolist()}"
+        )
+    return float(value.reshape(()))
+
+
+def swap_linears(model: Any, ckpt: Any, *, activations: str = "w4a16") -> list[str]:
+    """Replace the linears of ``model`` at every quantized prefix of the open checkpoint
+    ``ckpt`` (from :func:`nvfp4_checkpoints.open_checkpoint`) with ``NVFP4Linear``; returns
+    the prefixes. Each must be a ``torch.nn.Linear`` of the planes' shape; its bias (from the
+    checkpoint where it has one, else the module's) is kept."""
+    torch, nvfp4_linear = _imports()
+    modules = dict(model.named_modules())
+    names = set(ckpt.tensor_names())
+    swapped = []
+    for prefix in ckpt.quantized_names():
+        old = modules.get(prefix)
+        if not isinstance(old, torch.nn.Linear):
+            found = type(old).__name__ if old is not None else "no module"
+            raise ValueError(
+                f"{ckpt.path}: tensor {prefix!r} is NVFP4, expected a torch.nn.Linear there, "
+                f"found {found}"
+            )
+        planes = ckpt.planes(prefix)
+        if planes.num_experts is not None or planes.shape != (old.out_features, old.in_features):
+            raise ValueError(
+                f"{ckpt.path}: tensor {prefix!r}: NVFP4 planes of shape {planes.shape}, "
+                f"expected the Linear's {(old.out_features, old.in_features)}"
+            )
+        bias = None
+        if f"{prefix}.bias" in names:
+            arr = np.asarray(ckpt.tensor(f"{prefix}.bias"), dtype=np.float32)
+            bias = torch.from_numpy(arr.copy())
+        elif old.bias is not None:
+            bias = old.bias.detach().to(torch.float32).clone()
+        scale = _input_scale(ckpt, prefix) if activations in ("w4a4", "w4a8_fp8") else None
+        new = nvfp4_linear(planes, bias, activations=activations, input_scale=scale)
+        model.set_submodule(prefix, new)
+        swapped.append(prefix)
+    return swapped
+
+
+def _model_config(raw: dict[str, Any], path: Path) -> Any:
+    from transformers import AutoConfig
+
+    cfg = {k: v for k, v in raw.items() if k not in ("quantization_config", "transformers_version")}
+    model_type = cfg.pop("model_type", None)
+    if not isinstance(model_type, str) or not model_type:
+        raise ValueError(
+            f"{path / 'config.json'}: key 'model_type': expected a name, found {model_type!r}"
+        )
+    return AutoConfig.for_model(model_type, **cfg)
+
+
+def load_causal_lm(checkpoint: str | os.PathLike[str], *, activations: str = "w4a16") -> Any:
+    """The float32 causal LM of a quantized checkpoint folder, its NVFP4 linears swapped in
+    (:func:`swap_linears`) and every other tensor loaded; in eval mode."""
+    torch, _ = _imports()
+    from transformers import AutoModelForCausalLM
+
+    path = Path(checkpoint)
+    with open_checkpoint(path) as ckpt:
+        config = _model_config(dict(ckpt.config), path)
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config).to(torch.float32).eval()
+        quantized = swap_linears(model, ckpt, activations=activations)
+        skip = {f"{p}.bias" for p in quantized}
+        state = {
+            name: torch.from_numpy(np.asarray(ckpt.tensor(name)).astype(np.float32, copy=True))
+            for name in ckpt.tensor_names()
+            if not name.endswith(AUX_SUFFIXES) and name not in skip
+        }
+    result = model.load_state_dict(state, strict=False)
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    missing = [
+        k
+        for k in result.missing_keys
+        if not (tied and k == "lm_head.weight")
+        and not k.endswith("rotary_emb.inv_freq")
+        and k.rsplit(".", 1)[0] not in quantized
+    ]
+    if missing:
+        raise ValueError(f"{path}: the checkpoint lacks tensors the model needs: {missing[:10]}")
+    if result.unexpected_keys:
+        raise ValueError(
+            f"{path}: the checkpoint has tensors the model does not: {result.unexpected_keys[:10]}"
+        )
+    if tied:
+        model.tie_weights()
+    return model
