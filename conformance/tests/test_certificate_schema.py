@@ -1,0 +1,112 @@
+"""The certificate JSON schema: the committed certificate and a fresh run's certificate
+validate; a certificate with a field missing, a misspelt field, a wrong type or an unknown
+outcome does not, and the error names the JSON path."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nvfp4_conformance.certificate import SCHEMA_VERSION
+from nvfp4_conformance.certificate_schema import (
+    SCHEMA_VERSIONS,
+    CertificateSchemaError,
+    schema,
+    validate,
+)
+
+DATA = Path(__file__).with_name("data") / "certificate-reference.json"
+
+
+@pytest.fixture(scope="module")
+def cert() -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(DATA.read_text(encoding="utf-8"))
+    return loaded
+
+
+def test_the_writer_version_has_a_schema() -> None:
+    assert SCHEMA_VERSION in SCHEMA_VERSIONS
+    assert schema()["properties"]["schema_version"] == {"const": SCHEMA_VERSION}
+
+
+def test_the_schema_is_valid_json_schema() -> None:
+    import jsonschema
+
+    jsonschema.Draft202012Validator.check_schema(schema())
+
+
+def test_the_committed_certificate_validates(cert: dict[str, Any]) -> None:
+    validate(cert, str(DATA.name))
+
+
+def test_a_fresh_certificate_validates(tmp_path: Path) -> None:
+    out = tmp_path / "c.json"
+    env = {k: v for k, v in os.environ.items() if k != "NVFP4_BACKEND"}
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "nvfp4_conformance", "run", "--backend", "reference"),
+            *("--certificate", str(out), "--", "--nvfp4-tiers=T0,T1", "-q"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    validate(json.loads(out.read_text(encoding="utf-8")), out.name)
+
+
+def _broken(cert: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[str, Any]:
+    """A copy of ``cert`` with the value at ``path`` replaced (``...`` deletes the key)."""
+    bad = copy.deepcopy(cert)
+    node = bad
+    for key in path[:-1]:
+        node = node[key]
+    if value is ...:
+        del node[path[-1]]
+    else:
+        node[path[-1]] = value
+    return bad
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        (("result",), ..., "'result' is a required property"),
+        (("result",), "certifed", "$.result: 'certifed' is not one of"),
+        (("spec_version",), "1", "$.spec_version: '1' does not match"),
+        (("backend", "priority"), "50", "$.backend.priority: '50' is not of type 'integer'"),
+        (("tests", 0, "outcome"), "pass", "$.tests[0].outcome: 'pass' is not one of"),
+        (("tiers", "T0", "verdict"), "ok", "$.tiers.T0.verdict: 'ok' is not one of"),
+        (
+            ("capabilities", "qmm", "state"),
+            "fine",
+            "$.capabilities.qmm.state: 'fine' is not one of",
+        ),
+        (("certified_capabilities",), [], "Additional properties are not allowed"),
+        (("duration_s",), -1, "$.duration_s: -1 is less than the minimum of 0"),
+    ],
+)
+def test_a_broken_certificate_is_refused_with_its_path(
+    cert: dict[str, Any], path: tuple[Any, ...], value: Any, message: str
+) -> None:
+    with pytest.raises(CertificateSchemaError) as info:
+        validate(_broken(cert, path, value), "broken.json")
+    assert str(info.value).startswith("broken.json: not a valid nvfp4 conformance certificate")
+    assert message in str(info.value)
+
+
+def test_an_unknown_schema_version_is_refused(cert: dict[str, Any]) -> None:
+    with pytest.raises(
+        CertificateSchemaError, match=r"schema_version: expected one of \(2, 3\), found 9"
+    ):
+        validate(_broken(cert, ("schema_version",), 9))
+    with pytest.raises(CertificateSchemaError, match=r"\$: expected a JSON object, found list"):
+        validate([cert])
