@@ -6,7 +6,9 @@ linear (q, k, v, o, gate, up, down of every layer) is quantized with the referen
 :func:`nvfp4.quantize`; q/k/v share one global (the largest amax of the three / 2688) and so
 do gate/up, as ModelOpt exports fused layers. Embeddings, norms and the (tied) ``lm_head``
 stay float32. :func:`write_nvfp4_checkpoint` writes that as a ModelOpt NVFP4 checkpoint with
-:func:`nvfp4_checkpoints.write_checkpoint` (``flavour="modelopt"``).
+:func:`nvfp4_checkpoints.write_checkpoint` (``flavour="modelopt"``), with the model's
+tokenizer rebuilt from the GGUF (``tokenizer.json``, ``tokenizer_config.json``,
+``chat_template.jinja``: transformers' GGUF tokenizer conversion).
 """
 
 from __future__ import annotations
@@ -176,9 +178,16 @@ def planes_fingerprint(planes: Mapping[str, Any], tensors: Mapping[str, npt.NDAr
 
 
 def write_nvfp4_checkpoint(q: QuantizedModel, dst: str | os.PathLike[str]) -> Path:
-    """Write ``q`` as a ModelOpt NVFP4 checkpoint directory with nvfp4's writer."""
+    """Write ``q`` as a ModelOpt NVFP4 checkpoint directory with nvfp4's writer, with the
+    tokenizer of the GGUF it came from."""
     from nvfp4_checkpoints import write_checkpoint
 
     return write_checkpoint(
-        dst, q.planes, flavour="modelopt", tensors=q.tensors, config=q.config, force=True
+        dst,
+        q.planes,
+        flavour="modelopt",
+        tensors=q.tensors,
+        config=q.config,
+        tokenizer=gguf_file(),
+        force=True,
     )

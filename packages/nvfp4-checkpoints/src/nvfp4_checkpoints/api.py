@@ -101,8 +101,11 @@ def write_checkpoint(
     reciprocal); other tensors are copied as they are (GGUF widens 1-D bf16/f16 to F32 and
     records the original dtype). ModelOpt sources keep their per-layer ``quant_algo``.
     Hugging Face outputs are sharded above ``max_shard_bytes``. ``tokenizer``: a Hugging
-    Face directory with a ``tokenizer.json`` whose tokenizer a GGUF gets (by default a
-    GGUF gets its source's, and a one-line note is logged when the source has none).
+    Face tokenizer directory whose tokenizer the output gets, or (for a directory output) a
+    GGUF file whose tokenizer is rebuilt as ``tokenizer.json`` (:mod:`.tokenizer`). By
+    default the output gets its source's: a GGUF source's is rebuilt for a directory
+    output, a directory's files are copied; a one-line note is logged when a GGUF output's
+    source has none or a GGUF source's cannot be rebuilt.
     ``progress(tensors_done, tensors_total, bytes_done, bytes_total)`` is called after each
     tensor.
 
@@ -118,11 +121,6 @@ def write_checkpoint(
         raise CheckpointError(f"unknown output flavour {flavour!r} (one of {', '.join(FLAVOURS)})")
     src = _source(source, tensors, config, input_scales)
     if tokenizer is not None:
-        if not io.takes_tokenizer:
-            raise CheckpointError(
-                f"tokenizer= is for GGUF output; a {io.flavour} directory gets the source "
-                "directory's tokenizer files"
-            )
         src.tokenizer_dir = Path(tokenizer)
     io.check(src)
     if max_shard_bytes <= 0:

@@ -37,7 +37,7 @@ class FlavourIO:
 
     * ``read(path)`` opens a checkpoint of the flavour (the flavour already detected);
     * ``check(src)`` raises for what the flavour cannot take, before the destination is
-      touched (``takes_tokenizer``: whether a ``tokenizer=`` directory is taken);
+      touched;
     * ``write(tmp, src, options)`` writes the output at ``tmp`` (a fresh path: a directory
       or a file is created there; :func:`~nvfp4_checkpoints.destination.destination` renames
       it onto the destination) and returns the notes to log once it is in place.
@@ -47,4 +47,3 @@ class FlavourIO:
     read: Callable[[Path], Checkpoint]
     write: Callable[[Path, Source, WriteOptions], list[str]]
     check: Callable[[Source], None] = accept_any_source
-    takes_tokenizer: bool = False

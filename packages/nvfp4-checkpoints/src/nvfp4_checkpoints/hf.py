@@ -44,10 +44,12 @@ from .safetensors_io import (
     dtype_name,
 )
 from .source import Plan, PlaneItem, Progress, Source, TensorItem, fetch, natural, plan, slow
+from .tokenizer import check_tokenizer_source, output_tokenizer
 
 __all__ = [
     "DEFAULT_MAX_SHARD_BYTES",
     "INDEX_FILE",
+    "MLX_LM_MODEL_FILE",
     "PRODUCER",
     "Entry",
     "HFCheckpoint",
@@ -67,6 +69,9 @@ DEFAULT_MAX_SHARD_BYTES: Final = 5_000_000_000
 #: The ``producer`` block of the configs written.
 PRODUCER: Final = {"name": "nvfp4", "version": __version__}
 _HF_CONFIG_FILES: Final = frozenset({"config.json", "hf_quant_config.json", INDEX_FILE})
+#: The mlx-lm model file of our MLX folders (:mod:`.mlx_lm_model`): written by the MLX
+#: writer, never copied from a source directory.
+MLX_LM_MODEL_FILE: Final = "nvfp4_mlx_lm.py"
 
 Entry = tuple[str, str, tuple[int, ...]]  # (name, safetensors dtype, shape)
 
@@ -286,6 +291,10 @@ class HFFormat:
     def config_files(self, src: Source, layout: Plan) -> dict[str, dict[str, Any]]:
         raise NotImplementedError
 
+    def generated_files(self) -> dict[str, str]:
+        """Text files of the flavour itself (name -> content), written beside the configs."""
+        return {}
+
 
 def leading_dims(item: PlaneItem) -> tuple[int, ...]:
     return item.shape.shape[:-2]
@@ -320,6 +329,8 @@ def base_config(config: Mapping[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(dict(config))
     for key in ("quantization_config", "quantization", "nvfp4"):
         out.pop(key, None)
+    if out.get("model_file") == MLX_LM_MODEL_FILE:
+        del out["model_file"]  # ours: only MLX folders carry it (the MLX writer adds it)
     return out
 
 
@@ -404,6 +415,8 @@ def _write_hf(
         _write_json(dst_tmp / name, content)
     for extra in extra_files:
         shutil.copy2(extra, dst_tmp / extra.name, follow_symlinks=False)
+    for name, text in fmt.generated_files().items():
+        (dst_tmp / name).write_text(text, encoding="utf-8")
 
 
 def _write_json(path: Path, content: Mapping[str, Any]) -> None:
@@ -420,13 +433,17 @@ def _extra_files(origin: Checkpoint | None) -> list[Path]:
     return [
         origin.folder.member(name, what="file")
         for name in origin.folder.listing()
-        if name not in _HF_CONFIG_FILES and not name.endswith(".safetensors")
+        if name not in _HF_CONFIG_FILES
+        and name != MLX_LM_MODEL_FILE
+        and not name.endswith(".safetensors")
     ]
 
 
 def write_hf(fmt: HFFormat, dst_tmp: Path, src: Source, options: WriteOptions) -> list[str]:
     """Write ``src`` as a Hugging Face directory of flavour ``fmt`` at ``dst_tmp``."""
     extra_files = _extra_files(src.origin)  # refused before anything is written
+    if src.tokenizer_dir is not None:
+        check_tokenizer_source(src.tokenizer_dir)
     _write_hf(
         dst_tmp,
         fmt,
@@ -435,4 +452,4 @@ def write_hf(fmt: HFFormat, dst_tmp: Path, src: Source, options: WriteOptions) -
         progress=options.progress,
         extra_files=extra_files,
     )
-    return []
+    return output_tokenizer(src, dst_tmp)

@@ -12,7 +12,11 @@ It is what ``mlx_lm`` loads, plus sidecars for what MLX's kernels do not apply t
   ``(P,)`` or ``(E, P)``, multiplied into the matmul output), optionally
   ``<prefix>.input_scale`` float32 ``()`` (activations' DECODE global) and
   ``<prefix>.partitions`` int64 ``(P + 1,)`` (row boundaries of fused planes);
-* every other tensor as it is (bf16 stays bf16), under its Hugging Face name.
+* every other tensor as it is (bf16 stays bf16), under its Hugging Face name;
+* ``nvfp4_mlx_lm.py``, named by ``config.json``'s ``"model_file"``: the model file with which
+  plain mlx-lm applies the globals (:mod:`.mlx_lm_model`; mlx-lm's dense nvfp4 layers have
+  none), so ``mlx_lm.generate --model <dir> --trust-remote-code`` and
+  ``mlx_lm.load(dir, trust_remote_code=True)`` run the folder with exact NVFP4 numerics.
 
 An ``mlx_lm`` nvfp4 model (no sidecar) reads with a global of 1.0, which is how MLX
 decodes it.
@@ -20,6 +24,7 @@ decodes it.
 
 from __future__ import annotations
 
+from importlib.resources import files
 from pathlib import Path
 from typing import Any, Final
 
@@ -33,7 +38,16 @@ from .checkpoint import PlaneShape
 from .flavour_io import FlavourIO
 from .flavours import CheckpointError
 from .folder import Fields, short
-from .hf import PRODUCER, Entry, HFCheckpoint, HFFormat, base_config, leading_dims, write_hf
+from .hf import (
+    MLX_LM_MODEL_FILE,
+    PRODUCER,
+    Entry,
+    HFCheckpoint,
+    HFFormat,
+    base_config,
+    leading_dims,
+    write_hf,
+)
 from .source import Plan, PlaneItem, Source
 
 __all__ = ["IO", "MLXCheckpoint", "MLXFormat"]
@@ -141,6 +155,7 @@ class MLXFormat(HFFormat):
     def config_files(self, src: Source, layout: Plan) -> dict[str, dict[str, Any]]:
         config = base_config(src.config)
         config["quantization"] = {"group_size": BLOCK_SIZE, "bits": 4, "mode": "nvfp4"}
+        config["model_file"] = MLX_LM_MODEL_FILE
         config["nvfp4"] = {
             "spec_version": WEIGHT_FORMAT_VERSION,
             "format": "mlx-nvfp4",
@@ -150,6 +165,10 @@ class MLXFormat(HFFormat):
             "producer": dict(PRODUCER),
         }
         return {"config.json": config}
+
+    def generated_files(self) -> dict[str, str]:
+        source = files(__package__).joinpath("mlx_lm_model.py").read_text(encoding="utf-8")
+        return {MLX_LM_MODEL_FILE: source}
 
 
 FORMAT = MLXFormat()

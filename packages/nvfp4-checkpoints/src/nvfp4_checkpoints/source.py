@@ -78,7 +78,8 @@ class Source:
         self.tensor_of = tensor_of
         self.config = dict(config)
         self.origin = origin  # the opened checkpoint being converted, if any
-        #: A Hugging Face tokenizer directory given for the output (GGUF takes one).
+        #: The ``tokenizer=`` given for the output: a Hugging Face tokenizer directory (every
+        #: flavour), or a GGUF file holding a tokenizer (Hugging Face / MLX directories).
         self.tokenizer_dir: Path | None = None
 
 

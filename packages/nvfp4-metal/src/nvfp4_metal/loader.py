@@ -23,8 +23,12 @@ config's ``model_type``, so ``mlx_lm.generate(model, tokenizer, prompt=...)`` an
    :class:`~nvfp4_metal.nn.NVFP4SwitchLinear` built by the direct transcode (experts are
    stacked with :func:`nvfp4.fusion.stack_experts`, globals ``(E,)``); then every weight is
    loaded with ``load_weights(strict=True)``, so a missing or unexpected tensor is an error.
-5. The tokenizer is mlx-lm's (``mlx_lm.utils.load_tokenizer``) when the directory has one,
-   else ``None``.
+5. The tokenizer is mlx-lm's (``mlx_lm.utils.load_tokenizer``): a directory's tokenizer
+   files, or for a GGUF file the Hugging Face tokenizer rebuilt from its
+   ``tokenizer.ggml.*`` keys (:func:`nvfp4_checkpoints.tokenizer.hf_tokenizer_from_gguf`,
+   transformers' GGUF conversion). Where there is none (a directory without tokenizer
+   files, a GGUF without tokenizer metadata, transformers missing) it is ``None`` and a
+   :class:`NoTokenizerWarning` says why.
 
 Static activation scales (``input_scale``) and KV-cache scales are not used (W4A16).
 
@@ -36,6 +40,8 @@ says so.
 from __future__ import annotations
 
 import os
+import tempfile
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -51,6 +57,12 @@ from nvfp4.fusion import stack_experts
 
 try:
     from nvfp4_checkpoints import Checkpoint, CheckpointError, open_checkpoint
+    from nvfp4_checkpoints.tokenizer import (
+        HF_TOKENIZER_FILES,
+        TokenizerUnavailable,
+        hf_tokenizer_from_gguf,
+        is_gguf_file,
+    )
 except ImportError as exc:
     raise ImportError(
         "nvfp4_metal.load reads checkpoints with nvfp4-checkpoints, which is not installed "
@@ -61,11 +73,22 @@ from .nn import NVFP4Linear, NVFP4SwitchLinear
 from .ops import MX_DTYPES
 from .settings import Impl
 
-__all__ = ["AUX_SUFFIXES", "LoadError", "load", "load_model", "mlx_lm_config"]
+__all__ = [
+    "AUX_SUFFIXES",
+    "LoadError",
+    "NoTokenizerWarning",
+    "load",
+    "load_model",
+    "load_tokenizer",
+    "mlx_lm_config",
+]
 
 #: Tensors a quantized checkpoint may hold that W4A16 decoding does not use.
 AUX_SUFFIXES = (".input_scale", ".k_scale", ".v_scale", ".output_scale", "_amax")
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+class NoTokenizerWarning(UserWarning):
+    """:func:`load` returns no tokenizer; the message says why."""
 
 
 class LoadError(CheckpointError):
@@ -239,16 +262,19 @@ def load(
     tokenizer: bool = True,
     lazy: bool = False,
 ) -> tuple[Module, Any]:
-    """Load an NVFP4 checkpoint directory as ``(mlx_lm model, tokenizer or None)``.
+    """Load an NVFP4 checkpoint directory or GGUF file as ``(mlx_lm model, tokenizer or None)``.
 
     Args:
-        path: a ModelOpt or compressed-tensors NVFP4 checkpoint (or our MLX-native one).
+        path: a ModelOpt or compressed-tensors NVFP4 checkpoint, our MLX-native one or a GGUF
+            file.
         impl: ``"native"`` or ``"affine"`` (the rollback); default ``$NVFP4_METAL_IMPL``.
         transcode: ``"direct"`` (default: the bytes reinterpreted) or ``"dense"`` (decode to
             float16 and ``mx.quantize`` again; for comparisons).
         dtype: cast the non-quantized weights (embeddings, norms, ...) to this float dtype;
             default: as stored. Activations follow the embeddings' dtype.
-        tokenizer: load mlx-lm's tokenizer wrapper when the directory has tokenizer files.
+        tokenizer: load mlx-lm's tokenizer wrapper (from the directory's tokenizer files or
+            the GGUF's tokenizer metadata); where there is none, ``None`` and a
+            :class:`NoTokenizerWarning` saying why.
         lazy: leave the weights unevaluated (MLX evaluates them on first use).
 
     Raises:
@@ -258,8 +284,33 @@ def load(
     with open_checkpoint(p) as ckpt:
         model = load_model(ckpt, impl=impl, transcode=transcode, dtype=dtype, lazy=lazy)
         config = ckpt.config
-    tok = None
-    if tokenizer and p.is_dir() and any((p / f).is_file() for f in _TOKENIZER_FILES):
-        utils = _require_mlx_lm()
-        tok = utils.load_tokenizer(p, eos_token_ids=config.get("eos_token_id"))
+    tok = load_tokenizer(p, config) if tokenizer else None
     return model, tok
+
+
+def load_tokenizer(path: str | os.PathLike[str], config: Mapping[str, Any]) -> Any:
+    """mlx-lm's tokenizer of a checkpoint directory or GGUF file (module docstring, step 5),
+    or ``None`` with a :class:`NoTokenizerWarning` naming the reason."""
+    p = Path(path)
+    utils = _require_mlx_lm()
+    eos = config.get("eos_token_id")
+    if p.is_dir():
+        if any((p / f).is_file() for f in HF_TOKENIZER_FILES):
+            return utils.load_tokenizer(p, eos_token_ids=eos)
+        reason = f"{p}: no tokenizer files ({', '.join(HF_TOKENIZER_FILES[:2])}...)"
+    elif is_gguf_file(p):
+        with tempfile.TemporaryDirectory(prefix="nvfp4-metal-tokenizer-") as tmp:
+            try:
+                hf_tokenizer_from_gguf(p, Path(tmp))
+            except TokenizerUnavailable as exc:
+                reason = str(exc)
+            else:
+                return utils.load_tokenizer(Path(tmp), eos_token_ids=eos)
+    else:
+        reason = f"{p}: neither a directory nor a GGUF file"
+    warnings.warn(
+        f"nvfp4_metal.load: no tokenizer: {reason} (pass tokenizer=False to load the model alone)",
+        NoTokenizerWarning,
+        stacklevel=3,
+    )
+    return None

@@ -71,6 +71,4 @@ def _write(dst_tmp: Path, src: Source, options: WriteOptions) -> list[str]:
     return []
 
 
-IO: Final[FlavourIO] = FlavourIO(
-    flavour="gguf", read=GGUFCheckpoint, write=_write, check=_check, takes_tokenizer=True
-)
+IO: Final[FlavourIO] = FlavourIO(flavour="gguf", read=GGUFCheckpoint, write=_write, check=_check)

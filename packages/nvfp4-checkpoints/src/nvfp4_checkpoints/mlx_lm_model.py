@@ -1,0 +1,166 @@
+"""NVFP4 with its global scale in plain mlx-lm: the model file of our MLX folders.
+
+nvfp4-checkpoints copies this file, unchanged, into every MLX folder it writes (as
+``nvfp4_mlx_lm.py``) and names it in the folder's ``config.json`` (``"model_file"``), so
+mlx-lm's own loader builds the model with it when trusted::
+
+    mlx_lm.generate --model <folder> --trust-remote-code --prompt "..."
+    model, tokenizer = mlx_lm.load("<folder>", trust_remote_code=True)
+
+Why a file: mlx-lm (0.32) decodes an ``nvfp4`` weight as ``e2m1(code) * e4m3(scale)`` and
+applies the NVFP4 per-tensor decode global (``<prefix>.global_scale``) only on its expert
+(switch) layers; its dense ``QuantizedLinear`` has no global, so the folder's
+``global_scale`` tensors are refused ("parameters not in model"). Folding the global into
+the E4M3 scale bytes would change the numbers, so it is applied here instead.
+
+What it does: ``ModelArgs.from_dict(config)`` picks the config's own mlx-lm architecture
+(``model_type``, as mlx-lm does without a model file); ``Model(args)`` builds it and gives
+its ``nn.Linear`` layers a ``to_quantized`` that takes ``global_scale`` - mlx-lm's loader
+passes ``global_scale=True`` for every layer whose ``<prefix>.global_scale`` the folder
+holds, and gets a :class:`GlobalNVFP4Linear`::
+
+    y = (quantized_matmul(x as float32, weight, scales, mode="nvfp4") * global).astype(x.dtype)
+
+with the global per output row (``[N]``). That is the graph of nvfp4-metal's
+``NVFP4Linear`` (``nvfp4_metal.load``), so both give the same tokens. :func:`sanitize`
+turns the folder's sidecars into that row global after the architecture's own sanitize:
+a scalar global is broadcast to ``[N]``; fused planes (``<prefix>.partitions``, one global
+per row range) are expanded row by row; ``<prefix>.input_scale`` (the activations' global,
+unused by this weights-only path) is dropped.
+
+Layers without a global (mlx-lm's own nvfp4 folders) and other quantization modes keep
+mlx-lm's layers. Expert layers: mlx-lm's architectures stack only their experts'
+``.weight`` tensors (not ``.scales``), so per-expert NVFP4 experts are not loadable by
+mlx-lm; use ``nvfp4_metal.load`` for MoE folders.
+
+Self-contained: it imports mlx and mlx-lm only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.utils import _get_classes
+
+#: NVFP4's block size: 16 codes share one E4M3 scale byte.
+GROUP_SIZE = 16
+#: FP4 codes per packed uint32 word.
+CODES_PER_WORD = 8
+
+
+class GlobalNVFP4Linear(nn.Module):
+    """``x [..., K] -> [..., N]`` for an NVFP4 weight with its decode global (per row)."""
+
+    def __init__(self, input_dims: int, output_dims: int, bias: bool) -> None:
+        super().__init__()
+        # placeholders: mlx-lm's loader replaces them with the folder's tensors
+        self.weight = mx.zeros((output_dims, input_dims // CODES_PER_WORD), dtype=mx.uint32)
+        self.scales = mx.zeros((output_dims, input_dims // GROUP_SIZE), dtype=mx.uint8)
+        self.global_scale = mx.ones((output_dims,), dtype=mx.float32)
+        if bias:
+            self.bias = mx.zeros((output_dims,))
+        self.freeze()
+
+    def __call__(self, x: mx.array) -> mx.array:
+        # float32 throughout: the codes times the E4M3 scales can exceed float16 before
+        # the global (often ~1e-4) brings the product back
+        y = mx.quantized_matmul(
+            x.astype(mx.float32),
+            self["weight"],
+            self["scales"],
+            transpose=True,
+            group_size=GROUP_SIZE,
+            bits=4,
+            mode="nvfp4",
+        )
+        y = (y * self["global_scale"]).astype(x.dtype)
+        if "bias" in self:
+            y = y + self["bias"]
+        return y
+
+
+class _Linear(nn.Linear):
+    """``nn.Linear`` whose ``to_quantized`` also takes mlx-lm's ``global_scale`` flag."""
+
+    def to_quantized(  # type: ignore[override]
+        self,
+        group_size: int | None = None,
+        bits: int | None = None,
+        mode: str = "affine",
+        global_scale: bool = False,
+        **kwargs: Any,
+    ) -> nn.Module:
+        if global_scale:
+            if mode != "nvfp4":
+                raise ValueError(f"a global scale needs mode 'nvfp4', found {mode!r}")
+            output_dims, input_dims = self.weight.shape
+            return GlobalNVFP4Linear(input_dims, output_dims, "bias" in self)
+        return super().to_quantized(group_size=group_size, bits=bits, mode=mode, **kwargs)
+
+
+def _row_global(g: mx.array, partitions: mx.array | None, rows: int, name: str) -> mx.array:
+    """The float32 global of each of ``rows`` output rows: a scalar broadcast, or one
+    value per partition ``p`` over rows ``partitions[p] <= n < partitions[p + 1]``."""
+    g = g.astype(mx.float32)
+    if partitions is None:
+        if g.size != 1:
+            raise ValueError(f"{name}: expected a scalar global_scale, found shape {g.shape}")
+        return mx.broadcast_to(g.reshape(()), (rows,))
+    bounds = partitions.astype(mx.int64).reshape(-1)
+    if g.size != bounds.size - 1 or int(bounds[0].item()) != 0 or int(bounds[-1].item()) != rows:
+        raise ValueError(
+            f"{name}: expected {bounds.size - 1} partition globals over rows [0, {rows}), "
+            f"found global_scale {g.shape} and partitions {bounds.tolist()}"
+        )
+    # the partition of row n is the number of inner boundaries <= n
+    n = mx.arange(rows, dtype=mx.int64)
+    part = mx.sum(n[:, None] >= bounds[None, 1:-1], axis=1)
+    return g.reshape(-1)[part]
+
+
+def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
+    """The folder's sidecars as :class:`GlobalNVFP4Linear` holds them (module docstring)."""
+    out = {k: v for k, v in weights.items() if not k.endswith((".input_scale", ".partitions"))}
+    for key in [k for k in out if k.endswith(".global_scale")]:
+        prefix = key[: -len(".global_scale")]
+        codes = out.get(f"{prefix}.weight")
+        if codes is None or codes.ndim != 2:
+            continue  # expert stacks keep mlx-lm's own (E,) layout
+        out[key] = _row_global(
+            out[key], weights.get(f"{prefix}.partitions"), codes.shape[0], prefix
+        )
+    return out
+
+
+class ModelArgs:
+    """mlx-lm calls ``ModelArgs.from_dict(config)`` then ``Model(args)``: the config's own
+    architecture's arguments, with its model class."""
+
+    def __init__(self, model_class: type[nn.Module], args: Any) -> None:
+        self.model_class = model_class
+        self.args = args
+
+    @classmethod
+    def from_dict(cls, params: dict[str, Any]) -> ModelArgs:
+        model_class, args_class = _get_classes(params)
+        return cls(model_class, args_class.from_dict(params))
+
+
+def Model(args: ModelArgs) -> nn.Module:  # mlx-lm calls ``arch.Model(args)``
+    """The architecture's model, its linears taking the NVFP4 global (module docstring)."""
+    base = args.model_class
+
+    class NVFP4Model(base):  # type: ignore[misc, valid-type]
+        def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
+            own = getattr(super(), "sanitize", None)
+            return sanitize(own(weights) if own is not None else weights)
+
+    NVFP4Model.__name__ = NVFP4Model.__qualname__ = f"NVFP4{base.__name__}"
+    model = NVFP4Model(args.args)
+    for _, module in model.named_modules():
+        if type(module) is nn.Linear:
+            # the same module, one method more (no new arrays): mlx-lm's loader calls it
+            module.__class__ = _Linear
+    return model

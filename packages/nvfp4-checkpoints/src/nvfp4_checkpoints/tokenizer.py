@@ -1,0 +1,190 @@
+"""The tokenizer of a Hugging Face / MLX output directory, whatever the source.
+
+=============================== ===========================================================
+source (or ``tokenizer=``)      what the output directory gets
+=============================== ===========================================================
+a Hugging Face / MLX directory  its files, copied (with the directory's other files:
+                                generation config...)
+a GGUF file                     ``tokenizer.json``, ``tokenizer_config.json`` (and
+                                ``chat_template.jinja`` when the GGUF has a template), built
+                                from the GGUF's ``tokenizer.ggml.*`` keys by transformers
+                                exactly as ``AutoTokenizer.from_pretrained(dir,
+                                gguf_file=...)`` builds them, then ``save_pretrained``
+planes and tensors (no source)  nothing unless ``tokenizer=`` names a directory or a GGUF
+=============================== ===========================================================
+
+(A GGUF output takes its tokenizer from :mod:`.gguf.vocab`.) Building from a GGUF needs
+``transformers`` (``pip install 'nvfp4-checkpoints[tokenizer]'``); without it, or when the
+GGUF holds no tokenizer, the conversion still writes the model and logs a one-line note
+saying why the output has no tokenizer (:class:`TokenizerUnavailable` carries the reason).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Final
+
+from .flavours import CheckpointError
+from .gguf.file import GGUFFile
+from .source import Source
+
+__all__ = [
+    "GGUF_TOKENIZER_KEY",
+    "HF_TOKENIZER_FILES",
+    "TokenizerUnavailable",
+    "check_tokenizer_source",
+    "copy_hf_tokenizer",
+    "gguf_has_tokenizer",
+    "hf_tokenizer_from_gguf",
+    "is_gguf_file",
+    "output_tokenizer",
+]
+
+#: The files a Hugging Face tokenizer may consist of (those present are copied).
+HF_TOKENIZER_FILES: Final = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+)
+#: The GGUF key every tokenizer has (llama.cpp's tokenizer model: gpt2, llama...).
+GGUF_TOKENIZER_KEY: Final = "tokenizer.ggml.model"
+#: tokenizer_config.json keys that transformers records about the load, not the tokenizer.
+_LOAD_KEYS: Final = ("is_local", "local_files_only", "name_or_path")
+
+
+class TokenizerUnavailable(CheckpointError):
+    """No tokenizer can be built; the message says why, in one line."""
+
+
+def is_gguf_file(path: Path) -> bool:
+    """Whether ``path`` is a file starting with GGUF's magic bytes."""
+    try:
+        with open(path, "rb") as f:
+            return path.is_file() and f.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
+def gguf_has_tokenizer(file: GGUFFile) -> bool:
+    """Whether the GGUF holds tokenizer metadata (``tokenizer.ggml.model``)."""
+    return GGUF_TOKENIZER_KEY in file.fields
+
+
+def copy_hf_tokenizer(src_dir: Path, out_dir: Path) -> list[str]:
+    """Copy the tokenizer files of the Hugging Face directory ``src_dir`` into ``out_dir``;
+    returns the names copied (refuses a directory without ``tokenizer.json`` /
+    ``tokenizer.model``)."""
+    names = [n for n in HF_TOKENIZER_FILES if (src_dir / n).is_file()]
+    if not {"tokenizer.json", "tokenizer.model"} & set(names):
+        raise CheckpointError(
+            f"{src_dir}: expected a Hugging Face tokenizer (tokenizer.json or tokenizer.model), "
+            f"found {sorted(p.name for p in src_dir.iterdir()) if src_dir.is_dir() else 'no directory'}"
+        )
+    for name in names:
+        shutil.copyfile(src_dir / name, out_dir / name)
+    return names
+
+
+def _auto_tokenizer() -> Any:
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as exc:
+        raise TokenizerUnavailable(
+            "building a Hugging Face tokenizer from a GGUF needs transformers "
+            f"(pip install 'nvfp4-checkpoints[tokenizer]'): {exc}"
+        ) from None
+    return AutoTokenizer
+
+
+def hf_tokenizer_from_gguf(gguf: Path, out_dir: Path) -> list[str]:
+    """Write the Hugging Face tokenizer of the GGUF file ``gguf`` into ``out_dir`` (module
+    docstring); returns the names written. Raises :class:`TokenizerUnavailable` when the
+    GGUF holds no tokenizer, transformers is missing or cannot convert it."""
+    with GGUFFile(gguf) as file:
+        if not gguf_has_tokenizer(file):
+            raise TokenizerUnavailable(f"{gguf}: no tokenizer metadata ({GGUF_TOKENIZER_KEY})")
+        model = file.value(GGUF_TOKENIZER_KEY, "")
+    auto = _auto_tokenizer()
+    with tempfile.TemporaryDirectory(prefix="nvfp4-tokenizer-") as tmp:
+        # transformers reads gguf_file inside a directory: a private one holding only a link
+        # to the GGUF, so no other file beside the GGUF can join the tokenizer
+        link = Path(tmp) / "model.gguf"
+        try:
+            os.symlink(gguf.resolve(), link)
+        except OSError:
+            shutil.copyfile(gguf, link)
+        quiet = logging.getLogger("transformers")
+        level = quiet.level
+        quiet.setLevel(logging.ERROR)
+        try:
+            tok = auto.from_pretrained(tmp, gguf_file=link.name)
+        except Exception as exc:  # transformers' own refusal (an unknown tokenizer model...)
+            raise TokenizerUnavailable(
+                f"{gguf}: transformers cannot build a tokenizer from its {model!r} tokenizer "
+                f"metadata: {type(exc).__name__}: {exc}"
+            ) from None
+        finally:
+            quiet.setLevel(level)
+        tok.name_or_path = ""
+        written = tok.save_pretrained(str(out_dir))
+    config_file = out_dir / "tokenizer_config.json"
+    if config_file.is_file():
+        _drop_load_keys(config_file)
+    return sorted({Path(str(p)).name for p in written if (out_dir / Path(str(p)).name).is_file()})
+
+
+def _drop_load_keys(path: Path) -> None:
+    """transformers' tokenizer_config.json minus what it records about this load."""
+    import json
+
+    config = json.loads(path.read_text(encoding="utf-8"))
+    for key in _LOAD_KEYS:
+        config.pop(key, None)
+    path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def check_tokenizer_source(path: Path) -> None:
+    """Refuse, before anything is written, a ``tokenizer=`` that gives a directory output no
+    tokenizer: neither a Hugging Face tokenizer directory nor a GGUF file holding one (with
+    transformers to convert it)."""
+    if is_gguf_file(path):
+        with GGUFFile(path) as file:
+            if not gguf_has_tokenizer(file):
+                raise TokenizerUnavailable(f"{path}: no tokenizer metadata ({GGUF_TOKENIZER_KEY})")
+        _auto_tokenizer()
+        return
+    if not any((path / n).is_file() for n in ("tokenizer.json", "tokenizer.model")):
+        raise CheckpointError(
+            f"{path}: expected a Hugging Face tokenizer directory (tokenizer.json or "
+            "tokenizer.model) or a GGUF file with tokenizer metadata"
+        )
+
+
+def output_tokenizer(src: Source, out_dir: Path) -> list[str]:
+    """Give the directory output ``out_dir`` its tokenizer (module docstring); returns the
+    notes to log (why it has none when a GGUF source's cannot be built)."""
+    given = src.tokenizer_dir
+    if given is not None:
+        if is_gguf_file(given):
+            hf_tokenizer_from_gguf(given, out_dir)
+        else:
+            copy_hf_tokenizer(given, out_dir)
+        return []
+    origin = src.origin
+    if origin is None or origin.flavour != "gguf":
+        return []  # a directory source's tokenizer files come with its other files
+    try:
+        hf_tokenizer_from_gguf(origin.path, out_dir)
+    except TokenizerUnavailable as exc:
+        return [f"nvfp4: note: the output has no tokenizer: {exc}"]
+    return []

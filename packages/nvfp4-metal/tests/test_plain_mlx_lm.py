@@ -1,0 +1,197 @@
+"""Plain mlx-lm runs our MLX folders: ``mlx_lm.load(dir, trust_remote_code=True)`` and
+``python -m mlx_lm generate --model dir --trust-remote-code`` build the model with the
+folder's own model file (``nvfp4_mlx_lm.py``), every NVFP4 global applied, and give exactly
+the logits and tokens of :func:`nvfp4_metal.load` on the same folder. The tokenizer comes
+with the folder, also when it was converted from a GGUF."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+import nvfp4_metal
+import pytest
+from nvfp4 import quantize
+from nvfp4.planes import NVFP4Planes
+from nvfp4_checkpoints import open_checkpoint, write_checkpoint
+from nvfp4_metal.loader import NoTokenizerWarning
+
+mlx_lm = pytest.importorskip("mlx_lm")
+tokenizers = pytest.importorskip("tokenizers")
+pytest.importorskip("transformers")
+from mlx_lm.generate import generate_step  # noqa: E402
+
+STEPS = 10
+PROMPT = "Hello world, café 42!"
+HIDDEN, INTER, LAYERS = 64, 128, 2
+SPECIALS = ("<s>", "</s>")
+
+
+def _tokenizer_dir(path: Path) -> Path:
+    """A byte-level BPE tokenizer: the 256 byte symbols, a few merges, ``<s>`` / ``</s>``."""
+    pre = tokenizers.pre_tokenizers
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tok.pre_tokenizer = pre.ByteLevel(add_prefix_space=False)
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=list(SPECIALS),
+        initial_alphabet=pre.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(["Hello world, hello there: café 42 and 1999."] * 8, trainer)
+    path.mkdir(parents=True)
+    tok.save(str(path / "tokenizer.json"))
+    config = {"bos_token": SPECIALS[0], "eos_token": SPECIALS[1]}
+    (path / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    return path
+
+
+def _tiny_llama(vocab: int) -> tuple[dict[str, NVFP4Planes], dict[str, Any], dict[str, Any]]:
+    """Two Llama layers, every decoder linear NVFP4 with its own global (~1e-4, far from 1:
+    a path that drops it cannot give the same logits), tied float32 embeddings."""
+    rng = np.random.default_rng(7)
+    shapes = {
+        "self_attn.q_proj": (HIDDEN, HIDDEN),
+        "self_attn.k_proj": (32, HIDDEN),
+        "self_attn.v_proj": (32, HIDDEN),
+        "self_attn.o_proj": (HIDDEN, HIDDEN),
+        "mlp.gate_proj": (INTER, HIDDEN),
+        "mlp.up_proj": (INTER, HIDDEN),
+        "mlp.down_proj": (HIDDEN, INTER),
+    }
+    planes, tensors = {}, {}
+    for layer in range(LAYERS):
+        for proj, shape in shapes.items():
+            name = f"model.layers.{layer}.{proj}"
+            w = (rng.standard_normal(shape) * 0.08).astype(np.float32)
+            planes[name] = quantize(w, name=name)
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            tensors[f"model.layers.{layer}.{norm}.weight"] = np.ones(HIDDEN, np.float32)
+    tensors["model.embed_tokens.weight"] = rng.standard_normal((vocab, HIDDEN)).astype(np.float32)
+    tensors["model.norm.weight"] = np.ones(HIDDEN, np.float32)
+    config = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": HIDDEN,
+        "intermediate_size": INTER,
+        "num_hidden_layers": LAYERS,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": vocab,
+        "max_position_embeddings": 128,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": True,
+    }
+    return planes, tensors, config
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """``mlx``: our MLX folder (tokenizer given); ``gguf``: the same model as a GGUF;
+    ``mlx_from_gguf``: the GGUF converted back to an MLX folder."""
+    base = tmp_path_factory.mktemp("plain_mlx_lm")
+    tok = _tokenizer_dir(base / "tok")
+    vocab = tokenizers.Tokenizer.from_file(str(tok / "tokenizer.json")).get_vocab_size()
+    planes, tensors, config = _tiny_llama(vocab)
+    mlx_dir = write_checkpoint(
+        base / "mlx", planes, flavour="mlx", tensors=tensors, config=config, tokenizer=tok
+    )
+    with open_checkpoint(mlx_dir) as ck:
+        gguf = write_checkpoint(base / "tiny.gguf", ck, flavour="gguf")
+    with open_checkpoint(gguf) as ck:
+        back = write_checkpoint(base / "mlx_from_gguf", ck, flavour="mlx")
+    return {"tok": tok, "mlx": mlx_dir, "gguf": gguf, "mlx_from_gguf": back}
+
+
+def _greedy(model: Any, prompt: list[int]) -> tuple[list[int], list[np.ndarray]]:
+    toks, logps = [], []
+    for tok, logprobs in generate_step(mx.array(prompt), model, max_tokens=STEPS):
+        toks.append(int(tok))
+        logps.append(np.array(logprobs))
+    return toks, logps
+
+
+@pytest.mark.parametrize("name", ["mlx", "mlx_from_gguf"])
+def test_mlx_lm_load_equals_nvfp4_metal_load(folders: dict[str, Path], name: str) -> None:
+    folder = folders[name]
+    ours, our_tok = nvfp4_metal.load(folder)
+    plain, plain_tok = mlx_lm.load(str(folder), trust_remote_code=True)
+    prompt = plain_tok.encode(PROMPT)
+    assert prompt == our_tok.encode(PROMPT)
+    # the model file's layers hold the folder's globals, one per output row
+    with open_checkpoint(folder) as ck:
+        for prefix in ck.quantized_names():
+            layer = plain.model.layers[int(prefix.split(".")[2])]
+            module = layer[prefix.split(".")[3]][prefix.split(".")[4]]
+            assert type(module).__name__ == "GlobalNVFP4Linear", prefix
+            g = np.array(module["global_scale"])
+            assert g.shape == (ck.planes(prefix).n,)
+            assert np.all(g == np.float32(ck.planes(prefix).global_scale)), prefix
+    x = mx.array([prompt])
+    assert np.array_equal(np.array(plain(x)), np.array(ours(x)))  # bit-identical logits
+    want, want_lp = _greedy(ours, prompt)
+    got, got_lp = _greedy(plain, prompt)
+    assert got == want
+    for step, (a, b) in enumerate(zip(got_lp, want_lp, strict=True)):
+        assert np.array_equal(a, b), f"step {step}: log-probabilities differ"
+
+
+def test_without_trust_remote_code_mlx_lm_says_so(folders: dict[str, Path]) -> None:
+    with pytest.raises(ValueError, match=r"nvfp4_mlx_lm\.py.*trust_remote_code=True"):
+        mlx_lm.load(str(folders["mlx"]))
+
+
+def test_mlx_lm_cli_generates_nvfp4_metal_tokens(folders: dict[str, Path]) -> None:
+    folder = folders["mlx"]
+    model, tok = nvfp4_metal.load(folder)
+    want, _ = _greedy(model, tok.encode(PROMPT))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    run = subprocess.run(
+        [sys.executable, "-m", "mlx_lm", "generate", "--model", str(folder),
+         "--trust-remote-code", "--prompt", PROMPT, "--max-tokens", str(STEPS), "--temp", "0"],
+        capture_output=True, text=True, timeout=300, env=env, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    # mlx_lm generate prints the completion between two "==========" lines
+    text = run.stdout.split("==========\n")[1].removesuffix("\n")
+    assert text == tok.decode(want)
+
+
+def test_gguf_loads_with_its_tokenizer(folders: dict[str, Path]) -> None:
+    _, from_dir = nvfp4_metal.load(folders["mlx"])
+    _, from_gguf = nvfp4_metal.load(folders["gguf"])
+    assert from_gguf is not None
+    for text in (PROMPT, "  two  spaces\nand a line", "<s>hello</s>"):
+        ids = from_dir.encode(text)
+        assert from_gguf.encode(text) == ids
+        assert from_gguf.decode(ids) == from_dir.decode(ids)
+
+
+def test_no_tokenizer_is_said(folders: dict[str, Path], tmp_path: Path) -> None:
+    planes, tensors, config = _tiny_llama(300)
+    bare = write_checkpoint(
+        tmp_path / "bare", planes, flavour="mlx", tensors=tensors, config=config
+    )
+    with pytest.warns(NoTokenizerWarning, match=r"bare: no tokenizer files \(tokenizer\.json"):
+        _, tok = nvfp4_metal.load(bare)
+    assert tok is None
+    with open_checkpoint(bare) as ck:
+        gguf = write_checkpoint(tmp_path / "bare.gguf", ck, flavour="gguf")
+    with pytest.warns(
+        NoTokenizerWarning, match=r"no tokenizer metadata \(tokenizer\.ggml\.model\)"
+    ):
+        _, tok = nvfp4_metal.load(gguf)
+    assert tok is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _, tok = nvfp4_metal.load(gguf, tokenizer=False)
+    assert tok is None
