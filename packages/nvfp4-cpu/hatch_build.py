@@ -9,7 +9,11 @@ Translation units, one per instruction-set level (runtime dispatch picks one per
 * ``api.c``               - entry points, dispatch, thread pool; baseline flags only;
 * ``kernels_portable.c``  - plain C, every architecture;
 * ``kernels_avx2.c``      - x86-64 only, ``-mavx2 -mfma -mf16c``;
-* ``kernels_avx512.c``    - x86-64 only, ``-mavx512f -mavx512bw -mavx512vl`` (+ AVX2/FMA/F16C).
+* ``kernels_avx512.c``    - x86-64 only, ``-mavx512f -mavx512bw -mavx512vl`` (+ AVX2/FMA/F16C);
+* ``w4a8_api.c``          - the W4A8 entry points and driver; baseline flags only;
+* ``w4a8_portable.c``     - W4A8 (int8 activations) in plain C, every architecture;
+* ``w4a8_avx2.c``         - W4A8 with vpmaddubsw / vpmaddwd, x86-64 only, AVX2 flags;
+* ``w4a8_avx512vnni.c``   - W4A8 with vpdpbusd, x86-64 only, AVX-512 flags + ``-mavx512vnni``.
 
 A SIMD unit the compiler cannot build is left out with a warning (the library then reports
 that level as not compiled). Without a working C compiler the build fails, unless
@@ -54,7 +58,16 @@ X86_UNITS = {
         ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma", "-mf16c"],
         "NVFP4CPU_HAVE_AVX512",
     ),
+    "w4a8_avx2.c": (["-mavx2", "-mfma", "-mf16c"], "NVFP4CPU_HAVE_W4A8_AVX2"),
+    "w4a8_avx512vnni.c": (
+        ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mavx2", "-mfma", "-mf16c"],
+        "NVFP4CPU_HAVE_W4A8_AVX512VNNI",
+    ),
 }
+#: Units every build needs (plain C): a failure to compile them fails the build.
+REQUIRED_UNITS = ("kernels_portable.c", "w4a8_portable.c")
+#: Baseline units that get the defines of the SIMD units linked in.
+DISPATCH_UNITS = ("api.c", "w4a8_api.c")
 
 
 def _compiler() -> list[str]:
@@ -85,7 +98,7 @@ def build_library(out_dir: Path, src_dir: Path = CSRC) -> Path:
     with tempfile.TemporaryDirectory(prefix="nvfp4cpu-obj-") as tmp:
         objects: list[str] = []
         defines: list[str] = []
-        units: dict[str, list[str]] = {"kernels_portable.c": []}
+        units: dict[str, list[str]] = {unit: [] for unit in REQUIRED_UNITS}
         if _is_x86():
             for unit, (flags, _define) in X86_UNITS.items():
                 units[unit] = flags
@@ -94,18 +107,20 @@ def build_library(out_dir: Path, src_dir: Path = CSRC) -> Path:
             try:
                 _run([*cc, *BASE_FLAGS, *flags, *extra, "-c", str(src_dir / unit), "-o", obj])
             except RuntimeError as exc:
-                if unit == "kernels_portable.c":
+                if unit in REQUIRED_UNITS:
                     raise
                 warnings.warn(f"nvfp4-cpu: leaving out {unit}: {exc}", stacklevel=2)
                 continue
             objects.append(obj)
             if unit in X86_UNITS:
                 defines.append("-D" + X86_UNITS[unit][1])
-        api_obj = str(Path(tmp) / "api.o")
-        _run([*cc, *BASE_FLAGS, *defines, *extra, "-c", str(src_dir / "api.c"), "-o", api_obj])
+        for unit in DISPATCH_UNITS:
+            obj = str(Path(tmp) / (unit[:-2] + ".o"))
+            _run([*cc, *BASE_FLAGS, *defines, *extra, "-c", str(src_dir / unit), "-o", obj])
+            objects.append(obj)
         target = out_dir / LIBRARY_NAME
         tmp_target = out_dir / (LIBRARY_NAME + ".tmp")
-        _run([*cc, "-shared", "-pthread", "-o", str(tmp_target), api_obj, *objects, "-lm"])
+        _run([*cc, "-shared", "-pthread", "-o", str(tmp_target), *objects, "-lm"])
         os.replace(tmp_target, target)  # atomic: a running process keeps its mapped copy
     return target
 

@@ -30,6 +30,7 @@ float nv_e4m3_lut[256];
 static float nv_e2m1_bounds[7];   /* midpoints between E2M1 magnitudes */
 static float nv_e2m1_odd[3];      /* the midpoints where round-half-even goes up */
 static int nv_initialised = 0;
+int nv_is_initialised(void) { return nv_initialised; } /* for the W4A8 driver */
 /* The encoder's constants from nvfp4.spec (ENCODER_CONSTANTS), set by nvfp4cpu_init. */
 static float nv_e2m1_max;       /* E2M1_MAX: s = block_amax / (e2m1_max * global) */
 static float nv_e4m3_max;       /* E4M3_MAX: the clamp's upper end */
@@ -39,7 +40,7 @@ static uint8_t nv_e4m3_nan;     /* E4M3_NAN_BYTE: the scale byte of a block hold
 
 /* ------------------------------------------------------------------ init and ISA facts */
 
-NV_API int nvfp4cpu_abi_version(void) { return 3; }
+NV_API int nvfp4cpu_abi_version(void) { return 4; }
 
 /* The spec tables from nvfp4.spec: E2M1_VALUES (16), E4M3_VALUES (256), E2M1_BOUNDS (7),
  * E2M1_ODD_BOUNDS (3), and the encoder's constants (ENCODER_CONSTANTS): E2M1_MAX,
@@ -181,7 +182,7 @@ static const nv_isa_kernels *nv_kernels_for(int isa) {
  * stack). One job runs at a time (run_lock); ctypes releases the GIL, so concurrent Python
  * threads queue here. After fork() the child starts with an empty pool. */
 
-typedef void (*nv_task)(void *ctx, int64_t lo, int64_t hi); /* process items [lo, hi) */
+/* nv_task (process items [lo, hi)) is declared in nvfp4cpu.h */
 
 typedef struct {
     nv_task fn;
@@ -278,7 +279,7 @@ static void nv_register_atfork(void) { pthread_atfork(NULL, NULL, nv_atfork_chil
 
 /* Runs fn over items [0, nitems), `grain` items per claim, on the calling thread and up to
  * nth - 1 pool workers. */
-static void nv_parallel(nv_task fn, void *ctx, int64_t nitems, int64_t grain, int nth) {
+void nv_parallel(nv_task fn, void *ctx, int64_t nitems, int64_t grain, int nth) {
     if (nitems <= 0) return;
     if (grain < 1) grain = 1;
     if (nth > NV_MAX_THREADS) nth = NV_MAX_THREADS;
@@ -323,12 +324,12 @@ static void nv_parallel(nv_task fn, void *ctx, int64_t nitems, int64_t grain, in
  * (`work` in multiply-adds or bytes), where waking workers costs more than it saves. */
 #define NV_MIN_WORK_PER_THREAD (1 << 18)
 /* Items per claim so that each claim is at least ~64 K units of work (a few microseconds). */
-static int64_t nv_grain(int64_t work_per_item) {
+int64_t nv_grain(int64_t work_per_item) {
     const int64_t g = (int64_t)65536 / (work_per_item > 0 ? work_per_item : 1);
     return g < 1 ? 1 : g;
 }
 
-static int nv_threads_for(int nth, int64_t items, int64_t work) {
+int nv_threads_for(int nth, int64_t items, int64_t work) {
     if (nth < 1) nth = 1;
     if (items < nth) nth = items < 1 ? 1 : (int)items;
     const int64_t by_work = work / NV_MIN_WORK_PER_THREAD;
@@ -390,7 +391,7 @@ static void nv_mm_task(void *ctx, int64_t lo, int64_t hi) {
     }
 }
 
-static void *nv_aligned_alloc(size_t bytes) {
+void *nv_aligned_alloc(size_t bytes) {
     void *p = NULL;
     if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return NULL;
     return p;

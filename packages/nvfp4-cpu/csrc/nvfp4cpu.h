@@ -99,6 +99,15 @@ extern const nv_isa_kernels nv_kernels_avx2;
 extern const nv_isa_kernels nv_kernels_avx512;
 #endif
 
+/* api.c's thread pool and helpers, shared with the W4A8 driver (w4a8_api.c); internal
+ * (the library is built with -fvisibility=hidden). */
+typedef void (*nv_task)(void *ctx, int64_t lo, int64_t hi); /* process items [lo, hi) */
+void nv_parallel(nv_task fn, void *ctx, int64_t nitems, int64_t grain, int nth);
+int nv_threads_for(int nth, int64_t items, int64_t work);
+int64_t nv_grain(int64_t work_per_item);
+void *nv_aligned_alloc(size_t bytes);
+int nv_is_initialised(void);
+
 /* Byte sizes of one tile (see the layout above). */
 NV_INLINE int64_t nv_tile_code_bytes(int64_t k) { return (k / 2) * NV_TILE; }
 NV_INLINE int64_t nv_tile_scale_bytes(int64_t k) { return (k / NV_BLOCK) * NV_TILE; }

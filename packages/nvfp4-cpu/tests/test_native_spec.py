@@ -21,7 +21,7 @@ X86 = platform.machine() in ("x86_64", "AMD64", "i386", "i686")
 
 
 def test_abi_version(native: Any) -> None:
-    assert native.lib.nvfp4cpu_abi_version() == ABI_VERSION == 3
+    assert native.lib.nvfp4cpu_abi_version() == ABI_VERSION == 4
 
 
 def test_feature_bits_come_from_the_library(native: Any) -> None:

@@ -49,7 +49,7 @@ ISA_ENV = "NVFP4_CPU_ISA"
 THREADS_ENV = "NVFP4_CPU_THREADS"
 LIBRARY_ENV = "NVFP4_CPU_LIBRARY"
 #: ABI version this Python code speaks (``nvfp4cpu_abi_version()``).
-ABI_VERSION = 3
+ABI_VERSION = 4
 #: Instruction-set levels, by their C enum value (index).
 ISA_LEVELS: tuple[str, ...] = ("portable", "avx2", "avx512")
 
@@ -97,6 +97,13 @@ _SIGNATURES: dict[str, tuple[object, list[object]]] = {
     "nvfp4cpu_unpack": (_int, [_int, _u8p, _u8p, _i64, _i64, _i64, _u8p, _u8p]),
     "nvfp4cpu_quantize_activations": (_int, [_int, _f32p, _i64, _i64, ctypes.c_float, _u8p, _u8p]),
     "nvfp4cpu_finite_absmax": (ctypes.c_float, [_f32p, _i64]),
+    "nvfp4cpu_w4a8_kernel_name": (ctypes.c_char_p, [_int]),
+    "nvfp4cpu_quantize_q8": (_int, [_int, _int, _f32p, _i64, _i64, _u8p, _u8p]),
+    "nvfp4cpu_qmm_w4a8": (_int, [_int, _int, _u8p, _u8p, _f32p, _i64, _i64, _f32p, _i64, _f32p]),
+    "nvfp4cpu_gather_qmm_w4a8": (
+        _int,
+        [_int, _int, _u8p, _u8p, _f32p, _i64, _i64, _i64, _f32p, _i64, _i64p, _f32p],
+    ),
 }
 
 
@@ -129,6 +136,13 @@ class Native:
 
     def supported(self, isa: str) -> bool:
         return bool(self.lib.nvfp4cpu_isa_supported(ISA_LEVELS.index(isa)))
+
+    def w4a8_kernels(self, isa: str) -> str | None:
+        """The W4A8 kernels a level runs here: ``"avx512vnni"`` (the avx512 level on a CPU
+        with AVX512_VNNI), ``"avx2"`` (the avx2 level, and avx512 without VNNI) or
+        ``"portable"``; ``None`` when the level cannot run."""
+        name = self.lib.nvfp4cpu_w4a8_kernel_name(ISA_LEVELS.index(isa))
+        return None if name is None else str(name.decode("ascii"))
 
     def supported_levels(self) -> tuple[str, ...]:
         """Every level this build and this CPU can run, lowest first."""

@@ -12,12 +12,13 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from nvfp4.activations import Q8Activations
 from nvfp4.backend import Backend
 from nvfp4.contract import Availability, BackendInfo
 from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import SUPPORTED_SPEC_VERSIONS
 
-from . import ops
+from . import ops, w4a8
 from ._native import (
     IsaUnavailable,
     Native,
@@ -33,7 +34,15 @@ __all__ = ["CAPABILITIES", "PRIORITY", "CPUBackend", "CPUKernels", "backend"]
 #: Above ``reference`` (0): picked automatically when installed and available.
 PRIORITY = 50
 CAPABILITIES = frozenset(
-    {"dequantize", "qmm", "gather_qmm", "fused_partitions", "quantize_activations", "w4a4"}
+    {
+        "dequantize",
+        "qmm",
+        "gather_qmm",
+        "fused_partitions",
+        "quantize_activations",
+        "w4a4",
+        "w4a8",
+    }
 )
 
 
@@ -70,6 +79,9 @@ class CPUKernels:
                 "compiled C kernels (AVX-512 / AVX2 / portable, chosen at run time)",
                 "W4A16 with float32 accumulation, the global applied after accumulation",
                 "W4A4 emulated: bit-exact activation quantization, then the W4A16 kernel",
+                "W4A8 int8 native: bit-exact Q8_0 activation quantization in C, exact int32 "
+                "block dot products (AVX-512 VNNI vpdpbusd / AVX2 vpmaddubsw / portable C), "
+                "float32 accumulation, the global after accumulation",
             ),
         )
 
@@ -139,6 +151,28 @@ class CPUKernels:
         return ops.qmm_w4a4(
             native, isa, threads, x, w, input_scale=input_scale, out_dtype=out_dtype
         )
+
+    def quantize_activations_q8(self, x: npt.NDArray[Any]) -> Q8Activations:
+        native, isa, threads = self._config()
+        return w4a8.quantize_activations_q8(native, isa, threads, x)
+
+    def qmm_w4a8(
+        self, x: npt.NDArray[Any], w: PreparedWeight, *, out_dtype: str
+    ) -> npt.NDArray[Any]:
+        native, isa, threads = self._config()
+        return w4a8.qmm_w4a8(native, isa, threads, x, w, out_dtype=out_dtype)
+
+    def gather_qmm_w4a8(
+        self,
+        x: npt.NDArray[Any],
+        w: PreparedWeight,
+        expert_ids: npt.NDArray[Any],
+        *,
+        sorted_indices: bool,
+        out_dtype: str,
+    ) -> npt.NDArray[Any]:
+        native, isa, threads = self._config()
+        return w4a8.gather_qmm_w4a8(native, isa, threads, x, w, expert_ids, out_dtype=out_dtype)
 
     def to_planes(self, w: PreparedWeight) -> NVFP4Planes:
         """The canonical planes of a prepared weight, byte for byte."""

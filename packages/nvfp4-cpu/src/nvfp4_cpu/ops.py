@@ -47,7 +47,7 @@ def cast_output(y: npt.NDArray[np.float32], out_dtype: str) -> npt.NDArray[Any]:
     return y if out_dtype == "float32" else y.astype(OUTPUT_DTYPES[out_dtype])
 
 
-def _weight_args(isa: str, threads: int, w: PreparedWeight) -> tuple[Any, ...]:
+def weight_args(isa: str, threads: int, w: PreparedWeight) -> tuple[Any, ...]:
     """The arguments every weight kernel starts with: the instruction-set level, the thread
     count, then the weight's codes, scale bytes and per-row globals."""
     return (
@@ -80,7 +80,7 @@ def _qmm_f32(
         )
     if m:
         rc = native.lib.nvfp4cpu_qmm(
-            *_weight_args(isa, threads, w),
+            *weight_args(isa, threads, w),
             w.n,
             w.k,
             ptr(a, ctypes.c_float),
@@ -133,7 +133,7 @@ def gather_qmm(
     m = a.shape[0]
     out = np.empty((m, w.n), dtype=np.float32)
     rc = native.lib.nvfp4cpu_gather_qmm(
-        *_weight_args(isa, threads, w),
+        *weight_args(isa, threads, w),
         w.num_experts,
         w.n,
         w.k,
@@ -154,7 +154,7 @@ def dequantize(
     storage = np.float32 if kind == 0 else np.uint16
     out = np.empty((w.experts, w.n, w.k), dtype=storage)
     rc = native.lib.nvfp4cpu_dequantize(
-        *_weight_args(isa, threads, w),
+        *weight_args(isa, threads, w),
         w.experts,
         w.n,
         w.k,

@@ -1,0 +1,295 @@
+/* nvfp4-cpu W4A8 entry points (ctypes) and driver: the level's W4A8 kernels, Q8_0
+ * quantization of the activations, the panels, and the parallel matmul over (chunk, tile
+ * group) items. Compiled for the baseline target like api.c, whose thread pool it uses.
+ *
+ * Levels: the ISA numbers are api.c's (portable 0, avx2 1, avx512 2). The avx512 level runs
+ * the AVX-512 VNNI kernels (vpdpbusd) when the CPU has AVX512_VNNI and else the AVX2 ones
+ * (vpmaddubsw + vpmaddwd); nvfp4cpu_w4a8_kernel_name says which.
+ */
+#define _GNU_SOURCE
+#include <stdlib.h>
+
+#include "w4a8.h"
+
+#define NV_EINVAL (-1)
+#define NV_ENOMEM (-2)
+#define NV_Q8_GROUP 4 /* tiles per work item */
+
+int nvfp4cpu_isa_supported(int isa);
+unsigned nvfp4cpu_cpu_features(void);
+unsigned nvfp4cpu_cpu_feature_bit(const char *name);
+
+/* Every spec E2M1 value doubled is an integer in [-12, 12] (the integer kernels' table). */
+static int nv_q8_table_ok(void) {
+    for (int i = 0; i < 16; i++) {
+        const float v = 2.0f * nv_e2m1_lut[i];
+        if (!(v >= -12.0f && v <= 12.0f) || v != (float)(int)v) return 0;
+    }
+    return 1;
+}
+
+static const nv_w4a8_kernels *nv_w4a8_for(int isa) {
+    if (!nv_is_initialised() || !nvfp4cpu_isa_supported(isa) || !nv_q8_table_ok()) return NULL;
+    switch (isa) {
+    case 2: /* avx512 */
+#if defined(NVFP4CPU_HAVE_W4A8_AVX512VNNI)
+        if (nvfp4cpu_cpu_features() & nvfp4cpu_cpu_feature_bit("avx512vnni")) return &nv_w4a8_avx512vnni;
+#endif
+#if defined(NVFP4CPU_HAVE_W4A8_AVX2)
+        return &nv_w4a8_avx2; /* AVX-512 implies AVX2 + FMA + F16C (checked by the level) */
+#else
+        return &nv_w4a8_portable;
+#endif
+    case 1: /* avx2 */
+#if defined(NVFP4CPU_HAVE_W4A8_AVX2)
+        return &nv_w4a8_avx2;
+#else
+        return &nv_w4a8_portable;
+#endif
+    case 0: return &nv_w4a8_portable;
+    default: return NULL;
+    }
+}
+
+/* The name of the W4A8 kernels a level runs here ("avx512vnni", "avx2", "portable"), or
+ * NULL when the level cannot run. */
+NV_API const char *nvfp4cpu_w4a8_kernel_name(int isa) {
+    const nv_w4a8_kernels *k = nv_w4a8_for(isa);
+    return k ? k->name : NULL;
+}
+
+/* ------------------------------------------------------------------ quantize_q8 */
+
+typedef struct {
+    const nv_w4a8_kernels *kern;
+    const float *x;
+    int64_t k;
+    int8_t *codes;
+    uint16_t *d16;
+} nv_q8q_job;
+
+static void nv_q8q_task(void *ctx, int64_t lo, int64_t hi) { /* rows [lo, hi) */
+    const nv_q8q_job *j = (const nv_q8q_job *)ctx;
+    j->kern->quant_rows(j->x + lo * j->k, hi - lo, j->k, j->codes + lo * j->k,
+                        j->d16 + lo * (j->k / NV_Q8_BLOCK));
+}
+
+/* x [m][k] float32 -> codes [m][k] int8, d16 [m][k/32] float16 bits (ggml Q8_0,
+ * bit-identical to nvfp4.reference.quantize_activations_q8). */
+NV_API int nvfp4cpu_quantize_q8(int isa, int nth, const float *x, int64_t m, int64_t k, int8_t *codes,
+                                uint16_t *d16) {
+    const nv_w4a8_kernels *kern = nv_w4a8_for(isa);
+    if (!kern || m < 0 || k < NV_Q8_BLOCK || k % NV_Q8_BLOCK) return NV_EINVAL;
+    nv_q8q_job job = {kern, x, k, codes, d16};
+    nv_parallel(nv_q8q_task, &job, m, nv_grain(4 * k), nv_threads_for(nth, m, 4 * m * k));
+    return 0;
+}
+
+/* --------------------------------------------------------------------- matmul */
+/* As api.c's W4A16 nv_mm: the valid rows grouped by expert (a stable counting sort), each
+ * group cut into balanced chunks of at most mc_max rows; a work item is (chunk, group of
+ * NV_Q8_GROUP tiles), numbered expert by expert, tile group by tile group, chunk by chunk,
+ * so a thread's contiguous items reuse their tiles from cache for every chunk. The panels
+ * are built first, in parallel over chunks (each row quantized once, rows of
+ * out-of-range ids never read). */
+
+typedef struct {
+    const uint8_t *panel;
+    const int64_t *rows; /* output (= input) row indices of the chunk */
+    int mc;
+} nv_q8_chunkdesc;
+
+typedef struct {
+    const nv_w4a8_kernels *kern;
+    const float *x;
+    int64_t k;
+    nv_q8_chunkdesc *chunks;
+} nv_q8_panel_job;
+
+/* Quantizes the rows of chunks [lo, hi) and writes their panels (layout in w4a8.h). */
+static void nv_q8_panel_task(void *ctx, int64_t lo, int64_t hi) {
+    const nv_q8_panel_job *j = (const nv_q8_panel_job *)ctx;
+    const int64_t k = j->k, nb = k / NV_Q8_BLOCK;
+    int8_t *codes = (int8_t *)malloc((size_t)k + (size_t)nb * sizeof(uint16_t));
+    if (!codes) { /* cannot happen in practice (K bytes); make the rows NaN, not garbage */
+        for (int64_t ci = lo; ci < hi; ci++) {
+            const nv_q8_chunkdesc *cd = &j->chunks[ci];
+            uint8_t *panel = (uint8_t *)cd->panel;
+            const int64_t rec = NV_Q8_REC(cd->mc);
+            for (int64_t b = 0; b < nb; b++) {
+                memset(panel + b * rec, 0, (size_t)rec);
+                float *dh = (float *)(panel + b * rec + NV_Q8_BLOCK * cd->mc);
+                for (int i = 0; i < cd->mc; i++) dh[i] = NAN;
+            }
+        }
+        return;
+    }
+    uint16_t *d16 = (uint16_t *)(codes + k);
+    for (int64_t ci = lo; ci < hi; ci++) {
+        const nv_q8_chunkdesc *cd = &j->chunks[ci];
+        const int mc = cd->mc;
+        const int64_t rec = NV_Q8_REC(mc);
+        uint8_t *panel = (uint8_t *)cd->panel;
+        for (int i = 0; i < mc; i++) {
+            j->kern->quant_rows(j->x + cd->rows[i] * k, 1, k, codes, d16);
+            for (int64_t b = 0; b < nb; b++) {
+                uint8_t *pb = panel + b * rec;
+                const int8_t *src = codes + b * NV_Q8_BLOCK;
+                memcpy(pb + i * NV_Q8_BLOCK, src, NV_Q8_BLOCK);
+                float *dh = (float *)(pb + NV_Q8_BLOCK * mc);
+                dh[i] = 0.5f * nv_f16_to_f32(d16[b]); /* d / 2: exact (a float16 value) */
+                int32_t *corr = (int32_t *)(pb + (NV_Q8_BLOCK + 4) * mc);
+                for (int h = 0; h < 2; h++) {
+                    int32_t sum = 0;
+                    for (int t = 0; t < NV_Q8_BLOCK / 2; t++) sum += src[16 * h + t];
+                    corr[h * mc + i] = -NV_Q8_OFFSET * sum;
+                }
+            }
+        }
+    }
+    free(codes);
+}
+
+typedef struct {
+    const nv_w4a8_kernels *kern;
+    const uint8_t *codes, *scales;
+    const float *rowg;
+    int64_t n, k, tiles, groups;
+    int64_t nact;              /* experts that have rows */
+    const int64_t *act_expert; /* [nact] */
+    const int64_t *act_chunk0; /* [nact + 1] first chunk of each */
+    const int64_t *act_item0;  /* [nact + 1] first item of each */
+    const nv_q8_chunkdesc *chunks;
+    float *out;
+} nv_q8_mm_job;
+
+static void nv_q8_mm_task(void *ctx, int64_t lo, int64_t hi) {
+    const nv_q8_mm_job *j = (const nv_q8_mm_job *)ctx;
+    int64_t a = 0; /* the active expert holding item lo (binary search) */
+    for (int64_t l = 0, h = j->nact - 1; l <= h;) {
+        const int64_t mid = (l + h) / 2;
+        if (j->act_item0[mid] <= lo) { a = mid; l = mid + 1; } else { h = mid - 1; }
+    }
+    const int64_t tcb = nv_tile_code_bytes(j->k), tsb = nv_tile_scale_bytes(j->k);
+    for (int64_t i = lo; i < hi; i++) {
+        while (i >= j->act_item0[a + 1]) a++;
+        const int64_t e = j->act_expert[a];
+        const int64_t nch = j->act_chunk0[a + 1] - j->act_chunk0[a];
+        const int64_t local = i - j->act_item0[a];
+        const int64_t group = local / nch, ci = local % nch;
+        nv_weight w;
+        w.codes = j->codes + e * j->tiles * tcb; /* expert e's first tile */
+        w.scales = j->scales + e * j->tiles * tsb;
+        w.rowg = j->rowg + e * j->tiles * NV_TILE;
+        w.n = j->n;
+        w.k = j->k;
+        const nv_q8_chunkdesc *cd = &j->chunks[j->act_chunk0[a] + ci];
+        nv_q8_chunk c = {cd->panel, cd->mc, j->out, j->n, cd->rows};
+        const int64_t t0 = group * NV_Q8_GROUP;
+        const int64_t nt = (j->tiles - t0) < NV_Q8_GROUP ? (j->tiles - t0) : NV_Q8_GROUP;
+        j->kern->qmm_tiles(&w, t0, nt, &c);
+    }
+}
+
+/* out[m][n] = W4A8 of row m of x with expert ids[m] (ids NULL: one matrix). Rows whose id
+ * is outside [0, E) are set to exactly 0 and their x is never read. */
+static int nv_q8_mm(int isa, int nth, const uint8_t *codes, const uint8_t *scales, const float *rowg,
+                    int64_t e, int64_t n, int64_t k, const float *x, int64_t m, const int64_t *ids,
+                    float *out) {
+    const nv_w4a8_kernels *kern = nv_w4a8_for(isa);
+    if (!kern || e < 1 || n < 1 || k < NV_Q8_BLOCK || k % NV_Q8_BLOCK || m < 0) return NV_EINVAL;
+    if (m == 0) return 0;
+    const int64_t mc_max = kern->mc_max, nb = k / NV_Q8_BLOCK;
+    int64_t *count = (int64_t *)calloc((size_t)(e + 1), sizeof(int64_t));
+    int64_t *order = (int64_t *)malloc((size_t)m * sizeof(int64_t));
+    if (!count || !order) { free(count); free(order); return NV_ENOMEM; }
+    int64_t valid = 0;
+    for (int64_t r = 0; r < m; r++) {
+        const int64_t id = ids ? ids[r] : 0;
+        if (id >= 0 && id < e) { count[id + 1]++; valid++; }
+        else memset(out + r * n, 0, (size_t)n * sizeof(float)); /* out-of-range id: zero row */
+    }
+    for (int64_t i = 0; i < e; i++) count[i + 1] += count[i]; /* count[i] = first slot of i */
+    {
+        int64_t *fill = (int64_t *)malloc((size_t)(e + 1) * sizeof(int64_t));
+        if (!fill) { free(count); free(order); return NV_ENOMEM; }
+        memcpy(fill, count, (size_t)(e + 1) * sizeof(int64_t));
+        for (int64_t r = 0; r < m; r++) { /* stable counting sort of the valid rows by expert */
+            const int64_t id = ids ? ids[r] : 0;
+            if (id >= 0 && id < e) order[fill[id]++] = r;
+        }
+        free(fill);
+    }
+    int64_t nact = 0, nchunks = 0;
+    for (int64_t i = 0; i < e; i++) {
+        const int64_t rows = count[i + 1] - count[i];
+        if (rows) { nact++; nchunks += (rows + mc_max - 1) / mc_max; }
+    }
+    int rc = 0;
+    int64_t *act = (int64_t *)malloc((size_t)(3 * (nact + 1)) * sizeof(int64_t));
+    nv_q8_chunkdesc *chunks = (nv_q8_chunkdesc *)malloc((size_t)(nchunks + 1) * sizeof(nv_q8_chunkdesc));
+    /* panels: each chunk's K/32 records; a record of mc rows is 44 * mc bytes, so chunk
+     * panels start on 4-byte boundaries (the whole is 64-byte aligned) */
+    uint8_t *panels = (uint8_t *)nv_aligned_alloc((size_t)(valid * nb * NV_Q8_REC(1)));
+    if (!act || !chunks || !panels) { rc = NV_ENOMEM; goto done; }
+    {
+        int64_t *act_expert = act, *act_chunk0 = act + (nact + 1), *act_item0 = act + 2 * (nact + 1);
+        const int64_t tiles = nv_tiles(n), groups = (tiles + NV_Q8_GROUP - 1) / NV_Q8_GROUP;
+        int64_t a = 0, ci = 0, item = 0;
+        uint8_t *panel = panels;
+        for (int64_t i = 0; i < e; i++) {
+            const int64_t first = count[i], rows = count[i + 1] - count[i];
+            if (!rows) continue;
+            const int64_t nch = (rows + mc_max - 1) / mc_max;
+            act_expert[a] = i;
+            act_chunk0[a] = ci;
+            act_item0[a] = item;
+            int64_t r0 = first; /* balanced chunks: the first rows % nch get one row more */
+            for (int64_t q = 0; q < nch; q++) {
+                const int mc = (int)(rows / nch + (q < rows % nch ? 1 : 0));
+                chunks[ci].panel = panel;
+                chunks[ci].rows = order + r0;
+                chunks[ci].mc = mc;
+                panel += nb * NV_Q8_REC(mc);
+                r0 += mc;
+                ci++;
+            }
+            item += groups * nch;
+            a++;
+        }
+        act_chunk0[nact] = ci;
+        act_item0[nact] = item;
+        if (nact) {
+            nv_q8_panel_job pj = {kern, x, k, chunks};
+            nv_parallel(nv_q8_panel_task, &pj, nchunks, 1,
+                        nv_threads_for(nth, nchunks, 8 * valid * k)); /* ~8 ops per element */
+            nv_q8_mm_job job = {kern, codes, scales, rowg, n, k, tiles, groups, nact,
+                                act_expert, act_chunk0, act_item0, chunks, out};
+            const int64_t work = (valid + nact) * tiles * NV_TILE * k / 2; /* int8 is ~2x */
+            nv_parallel(nv_q8_mm_task, &job, item, 1, nv_threads_for(nth, item, work));
+        }
+    }
+done:
+    free(act);
+    free(chunks);
+    free(panels);
+    free(count);
+    free(order);
+    return rc;
+}
+
+/* W4A8 y = q8(x) @ w^T: codes/scales tiled (nvfp4cpu.h), rowg [tiles * 16], x [m][k]
+ * float32 contiguous (k a multiple of 32), out [m][n] float32. */
+NV_API int nvfp4cpu_qmm_w4a8(int isa, int nth, const uint8_t *codes, const uint8_t *scales,
+                             const float *rowg, int64_t n, int64_t k, const float *x, int64_t m,
+                             float *out) {
+    return nv_q8_mm(isa, nth, codes, scales, rowg, 1, n, k, x, m, NULL, out);
+}
+
+/* MoE W4A8: weights [e] tiled matrices, rowg [e][tiles * 16], ids [m] int64 (any values). */
+NV_API int nvfp4cpu_gather_qmm_w4a8(int isa, int nth, const uint8_t *codes, const uint8_t *scales,
+                                    const float *rowg, int64_t e, int64_t n, int64_t k,
+                                    const float *x, int64_t m, const int64_t *ids, float *out) {
+    if (!ids) return NV_EINVAL;
+    return nv_q8_mm(isa, nth, codes, scales, rowg, e, n, k, x, m, ids, out);
+}

@@ -1,0 +1,100 @@
+"""W4A8 int8 (spec 1.1, "W4A8", capability ``w4a8``) on top of the C kernels, with an
+explicit instruction-set level and thread count (the backend object fills those in).
+
+* :func:`quantize_activations_q8` - ggml's Q8_0 of ``x [M, K]`` (blocks of 32 along K,
+  ``d = amax / 127`` as float16, codes ``roundf(x * (1 / d))``), bit-identical to
+  :func:`nvfp4.reference.quantize_activations_q8`;
+* :func:`qmm_w4a8` - x quantized by the same C code, then exact int32 dot products per
+  16-element weight block on the prepared (tiled) weight, one float32 step per block
+  (``isum * e4m3 * d / 2``), the row's global once after accumulation;
+* :func:`gather_qmm_w4a8` - MoE: rows grouped by expert; ids outside ``[0, E)`` give exactly
+  zero rows and their x is never read.
+
+Operands are checked by core (:mod:`nvfp4.contract`): x 2-D ``[M, K]``, M >= 1, K a
+multiple of 32. float16 / bfloat16 x converts to float32 once (exactly).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from nvfp4.activations import Q8Activations
+from nvfp4.spec import Q8_BLOCK_SIZE
+
+from ._native import ISA_LEVELS, Native, ptr
+from .layout import PreparedWeight
+from .ops import cast_output, weight_args
+
+__all__ = ["gather_qmm_w4a8", "qmm_w4a8", "quantize_activations_q8"]
+
+
+def quantize_activations_q8(
+    native: Native, isa: str, threads: int, x: npt.NDArray[Any], *, name: str = "activation"
+) -> Q8Activations:
+    """Checked activations ``[M, K]`` -> :class:`~nvfp4.activations.Q8Activations` (codes
+    int8 ``[M, K]``, d float16 ``[M, K/32]``; NaN d and zero codes for a block holding NaN
+    or Inf)."""
+    a = np.ascontiguousarray(x, dtype=np.float32)
+    m, k = a.shape
+    codes = np.empty((m, k), dtype=np.int8)
+    d = np.empty((m, k // Q8_BLOCK_SIZE), dtype=np.float16)
+    rc = native.lib.nvfp4cpu_quantize_q8(
+        ISA_LEVELS.index(isa), threads, ptr(a, ctypes.c_float), m, k, ptr(codes), ptr(d)
+    )
+    native.check(rc, f"quantize_activations_q8({name!r})")
+    return Q8Activations(codes=codes, d=d, name=name)
+
+
+def qmm_w4a8(
+    native: Native,
+    isa: str,
+    threads: int,
+    x: npt.NDArray[Any],
+    w: PreparedWeight,
+    *,
+    out_dtype: str = "float32",
+) -> npt.NDArray[Any]:
+    """W4A8 int8 ``y = q8(x) @ decode(w).T`` (see the module docstring)."""
+    a = np.ascontiguousarray(x, dtype=np.float32)
+    m = a.shape[0]
+    out = np.empty((m, w.n), dtype=np.float32)
+    rc = native.lib.nvfp4cpu_qmm_w4a8(
+        *weight_args(isa, threads, w), w.n, w.k, ptr(a, ctypes.c_float), m, ptr(out, ctypes.c_float)
+    )
+    native.check(rc, f"qmm_w4a8({w.name!r})")
+    return cast_output(out, out_dtype)
+
+
+def gather_qmm_w4a8(
+    native: Native,
+    isa: str,
+    threads: int,
+    x: npt.NDArray[Any],
+    w: PreparedWeight,
+    expert_ids: npt.NDArray[Any],
+    *,
+    out_dtype: str = "float32",
+) -> npt.NDArray[Any]:
+    """MoE W4A8 int8: row ``m`` of ``x`` times expert ``expert_ids[m]`` of ``w [E, N, K]``,
+    sorted or not (a stable counting sort in C); an id outside ``[0, E)`` gives an exactly
+    zero row and reads nothing."""
+    assert w.num_experts is not None  # core sends expert stacks only
+    ids64 = np.ascontiguousarray(expert_ids, dtype=np.int64)
+    a = np.ascontiguousarray(x, dtype=np.float32)
+    m = a.shape[0]
+    out = np.empty((m, w.n), dtype=np.float32)
+    rc = native.lib.nvfp4cpu_gather_qmm_w4a8(
+        *weight_args(isa, threads, w),
+        w.num_experts,
+        w.n,
+        w.k,
+        ptr(a, ctypes.c_float),
+        m,
+        ptr(ids64, ctypes.c_int64),
+        ptr(out, ctypes.c_float),
+    )
+    native.check(rc, f"gather_qmm_w4a8({w.name!r})")
+    return cast_output(out, out_dtype)
