@@ -19,6 +19,7 @@ import numpy as np
 import nvfp4_metal
 import pytest
 from nvfp4 import quantize
+from nvfp4.fusion import fuse
 from nvfp4.planes import NVFP4Planes
 from nvfp4_checkpoints import open_checkpoint, write_checkpoint
 from nvfp4_metal.loader import NoTokenizerWarning
@@ -54,32 +55,49 @@ def _tokenizer_dir(path: Path) -> Path:
     return path
 
 
-def _tiny_llama(vocab: int) -> tuple[dict[str, NVFP4Planes], dict[str, Any], dict[str, Any]]:
-    """Two Llama layers, every decoder linear NVFP4 with its own global (~1e-4, far from 1:
-    a path that drops it cannot give the same logits), tied float32 embeddings."""
+_PROJECTIONS = {
+    "self_attn.q_proj": (HIDDEN, HIDDEN),
+    "self_attn.k_proj": (32, HIDDEN),
+    "self_attn.v_proj": (32, HIDDEN),
+    "self_attn.o_proj": (HIDDEN, HIDDEN),
+    "mlp.gate_proj": (INTER, HIDDEN),
+    "mlp.up_proj": (INTER, HIDDEN),
+    "mlp.down_proj": (HIDDEN, INTER),
+}
+#: Phi-3's fused linears: one NVFP4 tensor of several partitions, each with its own global.
+_PHI3_FUSED = {
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+}
+
+
+def _tiny_model(
+    vocab: int, model_type: str = "llama"
+) -> tuple[dict[str, NVFP4Planes], dict[str, Any], dict[str, Any]]:
+    """Two decoder layers, every linear NVFP4 with its own global (~1e-4, far from 1: a path
+    that drops one cannot give the same logits), float32 embeddings. ``llama``: separate
+    projections, tied embeddings; ``phi3``: fused ``qkv_proj`` / ``gate_up_proj`` (planes
+    with partitions, one global each) and an unquantized ``lm_head``."""
     rng = np.random.default_rng(7)
-    shapes = {
-        "self_attn.q_proj": (HIDDEN, HIDDEN),
-        "self_attn.k_proj": (32, HIDDEN),
-        "self_attn.v_proj": (32, HIDDEN),
-        "self_attn.o_proj": (HIDDEN, HIDDEN),
-        "mlp.gate_proj": (INTER, HIDDEN),
-        "mlp.up_proj": (INTER, HIDDEN),
-        "mlp.down_proj": (HIDDEN, INTER),
-    }
     planes, tensors = {}, {}
     for layer in range(LAYERS):
-        for proj, shape in shapes.items():
-            name = f"model.layers.{layer}.{proj}"
-            w = (rng.standard_normal(shape) * 0.08).astype(np.float32)
-            planes[name] = quantize(w, name=name)
+        base = f"model.layers.{layer}."
+        own = {}
+        for proj, shape in _PROJECTIONS.items():
+            # each projection its own scale, so each partition gets its own global
+            w = (rng.standard_normal(shape) * 0.08 * (1 + len(own))).astype(np.float32)
+            own[proj] = quantize(w, name=base + proj)
+        if model_type == "phi3":
+            for fused, parts in _PHI3_FUSED.items():
+                planes[base + fused] = fuse([own.pop(p) for p in parts], name=base + fused)
+        planes.update({base + proj: p for proj, p in own.items()})
         for norm in ("input_layernorm", "post_attention_layernorm"):
-            tensors[f"model.layers.{layer}.{norm}.weight"] = np.ones(HIDDEN, np.float32)
+            tensors[f"{base}{norm}.weight"] = np.ones(HIDDEN, np.float32)
     tensors["model.embed_tokens.weight"] = rng.standard_normal((vocab, HIDDEN)).astype(np.float32)
     tensors["model.norm.weight"] = np.ones(HIDDEN, np.float32)
     config = {
-        "model_type": "llama",
-        "architectures": ["LlamaForCausalLM"],
+        "model_type": model_type,
+        "architectures": ["LlamaForCausalLM" if model_type == "llama" else "Phi3ForCausalLM"],
         "hidden_size": HIDDEN,
         "intermediate_size": INTER,
         "num_hidden_layers": LAYERS,
@@ -89,27 +107,33 @@ def _tiny_llama(vocab: int) -> tuple[dict[str, NVFP4Planes], dict[str, Any], dic
         "max_position_embeddings": 128,
         "rms_norm_eps": 1e-5,
         "rope_theta": 10000.0,
-        "tie_word_embeddings": True,
+        "tie_word_embeddings": model_type == "llama",
     }
+    if model_type == "phi3":
+        lm_head = rng.standard_normal((vocab, HIDDEN)).astype(np.float32) * 0.1
+        tensors["lm_head.weight"] = lm_head
     return planes, tensors, config
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """``mlx``: our MLX folder (tokenizer given); ``gguf``: the same model as a GGUF;
-    ``mlx_from_gguf``: the GGUF converted back to an MLX folder."""
+    """``mlx``: our MLX folder of the Llama (tokenizer given); ``gguf``: the same model as a
+    GGUF; ``mlx_from_gguf``: the GGUF converted back to an MLX folder; ``phi3``: the fused
+    Phi-3's MLX folder."""
     base = tmp_path_factory.mktemp("plain_mlx_lm")
     tok = _tokenizer_dir(base / "tok")
     vocab = tokenizers.Tokenizer.from_file(str(tok / "tokenizer.json")).get_vocab_size()
-    planes, tensors, config = _tiny_llama(vocab)
-    mlx_dir = write_checkpoint(
-        base / "mlx", planes, flavour="mlx", tensors=tensors, config=config, tokenizer=tok
-    )
-    with open_checkpoint(mlx_dir) as ck:
-        gguf = write_checkpoint(base / "tiny.gguf", ck, flavour="gguf")
-    with open_checkpoint(gguf) as ck:
-        back = write_checkpoint(base / "mlx_from_gguf", ck, flavour="mlx")
-    return {"tok": tok, "mlx": mlx_dir, "gguf": gguf, "mlx_from_gguf": back}
+    out = {"tok": tok}
+    for kind, name in (("llama", "mlx"), ("phi3", "phi3")):
+        planes, tensors, config = _tiny_model(vocab, kind)
+        out[name] = write_checkpoint(
+            base / name, planes, flavour="mlx", tensors=tensors, config=config, tokenizer=tok
+        )
+    with open_checkpoint(out["mlx"]) as ck:
+        out["gguf"] = write_checkpoint(base / "tiny.gguf", ck, flavour="gguf")
+    with open_checkpoint(out["gguf"]) as ck:
+        out["mlx_from_gguf"] = write_checkpoint(base / "mlx_from_gguf", ck, flavour="mlx")
+    return out
 
 
 def _greedy(model: Any, prompt: list[int]) -> tuple[list[int], list[np.ndarray]]:
@@ -120,7 +144,7 @@ def _greedy(model: Any, prompt: list[int]) -> tuple[list[int], list[np.ndarray]]
     return toks, logps
 
 
-@pytest.mark.parametrize("name", ["mlx", "mlx_from_gguf"])
+@pytest.mark.parametrize("name", ["mlx", "mlx_from_gguf", "phi3"])
 def test_mlx_lm_load_equals_nvfp4_metal_load(folders: dict[str, Path], name: str) -> None:
     folder = folders[name]
     ours, our_tok = nvfp4_metal.load(folder)
@@ -128,14 +152,16 @@ def test_mlx_lm_load_equals_nvfp4_metal_load(folders: dict[str, Path], name: str
     prompt = plain_tok.encode(PROMPT)
     assert prompt == our_tok.encode(PROMPT)
     # the model file's layers hold the folder's globals, one per output row
+    modules = dict(plain.named_modules())
     with open_checkpoint(folder) as ck:
-        for prefix in ck.quantized_names():
-            layer = plain.model.layers[int(prefix.split(".")[2])]
-            module = layer[prefix.split(".")[3]][prefix.split(".")[4]]
+        names = ck.quantized_names()
+        assert len(names) == LAYERS * (4 if name == "phi3" else 7)
+        for prefix in names:
+            module = modules[prefix]
             assert type(module).__name__ == "GlobalNVFP4Linear", prefix
-            g = np.array(module["global_scale"])
-            assert g.shape == (ck.planes(prefix).n,)
-            assert np.all(g == np.float32(ck.planes(prefix).global_scale)), prefix
+            want = ck.planes(prefix).row_global()
+            assert len(set(want.tolist())) == (ck.planes(prefix).num_partitions or 1), prefix
+            assert np.array_equal(np.array(module["global_scale"]), want), prefix
     x = mx.array([prompt])
     assert np.array_equal(np.array(plain(x)), np.array(ours(x)))  # bit-identical logits
     want, want_lp = _greedy(ours, prompt)
@@ -177,7 +203,7 @@ def test_gguf_loads_with_its_tokenizer(folders: dict[str, Path]) -> None:
 
 
 def test_no_tokenizer_is_said(folders: dict[str, Path], tmp_path: Path) -> None:
-    planes, tensors, config = _tiny_llama(300)
+    planes, tensors, config = _tiny_model(300)
     bare = write_checkpoint(
         tmp_path / "bare", planes, flavour="mlx", tensors=tensors, config=config
     )
