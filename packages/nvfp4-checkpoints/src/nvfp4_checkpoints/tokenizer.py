@@ -21,6 +21,7 @@ saying why the output has no tokenizer (:class:`TokenizerUnavailable` carries th
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -58,6 +59,8 @@ HF_TOKENIZER_FILES: Final = (
 )
 #: The GGUF key every tokenizer has (llama.cpp's tokenizer model: gpt2, llama...).
 GGUF_TOKENIZER_KEY: Final = "tokenizer.ggml.model"
+#: The GGUF key of the token strings (one per id).
+GGUF_TOKENS_KEY: Final = "tokenizer.ggml.tokens"
 #: tokenizer_config.json keys that transformers records about the load, not the tokenizer.
 _LOAD_KEYS: Final = ("is_local", "local_files_only", "name_or_path")
 
@@ -114,6 +117,8 @@ def hf_tokenizer_from_gguf(gguf: Path, out_dir: Path) -> list[str]:
         if not gguf_has_tokenizer(file):
             raise TokenizerUnavailable(f"{gguf}: no tokenizer metadata ({GGUF_TOKENIZER_KEY})")
         model = file.value(GGUF_TOKENIZER_KEY, "")
+        tokens = file.fields.get(GGUF_TOKENS_KEY)
+        n_tokens = tokens.count if tokens is not None else None
     auto = _auto_tokenizer()
     with tempfile.TemporaryDirectory(prefix="nvfp4-tokenizer-") as tmp:
         # transformers reads gguf_file inside a directory: a private one holding only a link
@@ -137,16 +142,28 @@ def hf_tokenizer_from_gguf(gguf: Path, out_dir: Path) -> list[str]:
             quiet.setLevel(level)
         tok.name_or_path = ""
         written = tok.save_pretrained(str(out_dir))
+    if n_tokens is not None and (out_dir / "tokenizer.json").is_file():
+        _drop_foreign_tokens(out_dir / "tokenizer.json", n_tokens)
     config_file = out_dir / "tokenizer_config.json"
     if config_file.is_file():
         _drop_load_keys(config_file)
     return sorted({Path(str(p)).name for p in written if (out_dir / Path(str(p)).name).is_file()})
 
 
+def _drop_foreign_tokens(path: Path, n_tokens: int) -> None:
+    """Drop the added tokens transformers' converter invents beyond the GGUF's ``n_tokens``
+    ids (its GPT-2 converter adds ``<|endoftext|>`` when the vocabulary lacks it): the
+    tokenizer then holds exactly the GGUF's tokens, and every id fits the model."""
+    tok = json.loads(path.read_text(encoding="utf-8"))
+    added = tok.get("added_tokens") or []
+    kept = [a for a in added if int(a.get("id", 0)) < n_tokens]
+    if len(kept) != len(added):
+        tok["added_tokens"] = kept
+        path.write_text(json.dumps(tok, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
 def _drop_load_keys(path: Path) -> None:
     """transformers' tokenizer_config.json minus what it records about this load."""
-    import json
-
     config = json.loads(path.read_text(encoding="utf-8"))
     for key in _LOAD_KEYS:
         config.pop(key, None)

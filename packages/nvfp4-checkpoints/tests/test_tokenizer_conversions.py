@@ -1,0 +1,196 @@
+"""Tokenizers survive every conversion: Hugging Face directories <-> GGUF <-> MLX folders.
+
+A tiny model with a byte-level BPE tokenizer (trained here, with Llama-3's split regex so
+llama.cpp names its pre-tokenizer) goes ModelOpt -> GGUF -> MLX -> GGUF ->
+compressed-tensors -> ModelOpt; after every step the output's tokenizer (transformers'
+``AutoTokenizer`` on a directory, ``gguf_file=`` on a GGUF) encodes and decodes every text
+exactly as the original does."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from nvfp4 import quantize
+from nvfp4_checkpoints import CheckpointError, open_checkpoint, write_checkpoint
+from nvfp4_checkpoints.tokenizer import TokenizerUnavailable, hf_tokenizer_from_gguf
+
+pytest.importorskip("gguf")
+tokenizers = pytest.importorskip("tokenizers")
+transformers = pytest.importorskip("transformers")
+
+TEXTS = (
+    "Hello world! 123 4567 and 89.",
+    "  multiple   spaces\n\n\ttabs\r\nand lines ",
+    "<|begin|>user: Café déjà vu, naïve façade<|end|>",
+    "日本語 🎉 emoji, it's we'll",
+)
+SPECIALS = ["<|begin|>", "<|end|>", "<|pad|>"]
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog. It's 2024 and we'll see 12345 numbers.",
+    "Hello world! Hello there. Le café est très bon; naïve façade, déjà vu.",
+] * 4
+
+
+def _tokenizer_dir(path: Path) -> Path:
+    pre = tokenizers.pre_tokenizers
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tok.pre_tokenizer = pre.Sequence(
+        [
+            pre.Split(tokenizers.Regex(LLAMA3_SPLIT), behavior="isolated"),
+            pre.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS, trainer)
+    path.mkdir(parents=True)
+    tok.save(str(path / "tokenizer.json"))
+    config = {
+        "bos_token": SPECIALS[0],
+        "eos_token": SPECIALS[1],
+        "pad_token": SPECIALS[2],
+        "add_bos_token": False,
+        "clean_up_tokenization_spaces": False,
+    }
+    (path / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    return path
+
+
+def _model(vocab: int) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    h = 64
+    rng = np.random.default_rng(3)
+    planes = {
+        f"model.layers.0.{p}": quantize(rng.standard_normal((h, h)).astype(np.float32), name=p)
+        for p in ("self_attn.q_proj", "self_attn.o_proj")
+    }
+    tensors = {"model.embed_tokens.weight": rng.standard_normal((vocab, h)).astype(np.float32)}
+    config = {"model_type": "llama", "num_hidden_layers": 1, "vocab_size": vocab}
+    return planes, tensors, config
+
+
+def _auto(path: Path) -> Any:
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    if path.is_file():
+        return transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return transformers.AutoTokenizer.from_pretrained(str(path))
+
+
+def _assert_same_tokenizer(got: Any, want: Any, where: str) -> None:
+    for text in TEXTS:
+        ids = want(text, add_special_tokens=False)["input_ids"]
+        assert got(text, add_special_tokens=False)["input_ids"] == ids, (where, text)
+        assert got.decode(ids) == want.decode(ids) == text, (where, text)
+    assert (got.bos_token, got.eos_token) == (want.bos_token, want.eos_token), where
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _tokenizer_dir(tmp_path_factory.mktemp("tok") / "tok")
+
+
+def test_every_conversion_carries_the_tokenizer(tok_dir: Path, tmp_path: Path) -> None:
+    want = _auto(tok_dir)
+    planes, tensors, config = _model(len(want))
+    src = write_checkpoint(
+        tmp_path / "modelopt", planes, flavour="modelopt", tensors=tensors, config=config,
+        tokenizer=tok_dir,
+    )  # fmt: skip
+    _assert_same_tokenizer(_auto(src), want, "modelopt")
+    chain = [
+        ("gguf", "a.gguf"),
+        ("mlx", "mlx"),
+        ("gguf", "b.gguf"),
+        ("compressed-tensors", "ct"),
+        ("modelopt", "modelopt_again"),
+    ]
+    for flavour, name in chain:
+        with open_checkpoint(src) as ck:
+            src = write_checkpoint(tmp_path / name, ck, flavour=flavour)
+        _assert_same_tokenizer(_auto(src), want, f"{name} ({flavour})")
+        if src.is_dir():
+            # exactly the GGUF's tokens: transformers' GGUF reading adds <|endoftext|> to a
+            # vocabulary without it; the tokenizer.json written drops it
+            assert len(_auto(src)) == len(want), name
+
+
+def test_planes_take_a_gguf_tokenizer(tok_dir: Path, tmp_path: Path) -> None:
+    want = _auto(tok_dir)
+    planes, tensors, config = _model(len(want))
+    src = write_checkpoint(
+        tmp_path / "src", planes, flavour="mlx", tensors=tensors, config=config, tokenizer=tok_dir
+    )
+    with open_checkpoint(src) as ck:
+        gguf = write_checkpoint(tmp_path / "t.gguf", ck, flavour="gguf")
+    out = write_checkpoint(
+        tmp_path / "out", planes, flavour="modelopt", tensors=tensors, config=config,
+        tokenizer=gguf,
+    )  # fmt: skip
+    _assert_same_tokenizer(_auto(out), want, "planes + tokenizer=<gguf>")
+    config_json = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
+    assert "is_local" not in config_json
+    assert "local_files_only" not in config_json
+
+
+def test_a_gguf_without_tokenizer_converts_with_a_note(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    planes, tensors, config = _model(300)
+    src = write_checkpoint(tmp_path / "src", planes, flavour="mlx", tensors=tensors, config=config)
+    with open_checkpoint(src) as ck:
+        gguf = write_checkpoint(tmp_path / "t.gguf", ck, flavour="gguf")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING), open_checkpoint(gguf) as ck:
+        out = write_checkpoint(tmp_path / "out", ck, flavour="mlx")
+    assert not (out / "tokenizer.json").exists()
+    notes = [r.getMessage() for r in caplog.records]
+    assert any(
+        "the output has no tokenizer" in n and "no tokenizer metadata (tokenizer.ggml.model)" in n
+        for n in notes
+    ), notes
+    with pytest.raises(TokenizerUnavailable, match=r"t\.gguf: no tokenizer metadata"):
+        write_checkpoint(
+            tmp_path / "refused", planes, flavour="mlx", tensors=tensors, config=config,
+            tokenizer=gguf,
+        )  # fmt: skip
+    assert not (tmp_path / "refused").exists()
+
+
+def test_without_transformers_the_reason_is_given(
+    tok_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    planes, tensors, config = _model(len(_auto(tok_dir)))
+    src = write_checkpoint(
+        tmp_path / "src", planes, flavour="mlx", tensors=tensors, config=config, tokenizer=tok_dir
+    )
+    with open_checkpoint(src) as ck:
+        gguf = write_checkpoint(tmp_path / "t.gguf", ck, flavour="gguf")
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers fails
+    with pytest.raises(TokenizerUnavailable, match=r"needs transformers \(pip install"):
+        hf_tokenizer_from_gguf(gguf, tmp_path)
+    assert not (tmp_path / "tokenizer.json").exists()
+
+
+def test_a_directory_without_tokenizer_is_refused_as_tokenizer(tmp_path: Path) -> None:
+    planes, tensors, config = _model(300)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="expected a Hugging Face tokenizer directory"):
+        write_checkpoint(
+            tmp_path / "x", planes, flavour="mlx", tensors=tensors, config=config,
+            tokenizer=tmp_path / "empty",
+        )  # fmt: skip
+    assert not (tmp_path / "x").exists()
