@@ -43,6 +43,9 @@ ROOT = Path(__file__).parent
 CORE = ROOT / "packages" / "nvfp4-core"
 CHECKPOINTS = ROOT / "packages" / "nvfp4-checkpoints"
 SUITE = ROOT / "conformance"
+#: Adapters over third-party NVFP4 engines: certified by the ``engines`` session, not
+#: backends of the hardware table (no ``conformance-<name>`` session).
+ENGINES = ROOT / "packages" / "nvfp4-engines"
 
 #: Packages with their own test suites, by distribution name -> directory.
 PACKAGES = {
@@ -65,6 +68,8 @@ def _backends() -> dict[str, Path | None]:
     ``nvfp4.registry.KNOWN_PACKAGES`` says the same)."""
     found: dict[str, Path | None] = {"reference": None}
     for pyproject in sorted(ROOT.glob("packages/*/pyproject.toml")):
+        if pyproject.parent == ENGINES:
+            continue
         project = tomllib.loads(pyproject.read_text())["project"]
         for name in project.get("entry-points", {}).get("nvfp4.backends", {}):
             if name != "reference":

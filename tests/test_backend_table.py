@@ -20,6 +20,8 @@ def _published() -> dict[str, str]:
     found = {}
     for pyproject in sorted(ROOT.glob("packages/*/pyproject.toml")):
         project = tomllib.loads(pyproject.read_text())["project"]
+        if pyproject.parent == noxfile.ENGINES:  # third-party engine adapters: not ours
+            continue
         for name in project.get("entry-points", {}).get(ENTRY_POINT_GROUP, {}):
             found[name] = project["name"]
     return found

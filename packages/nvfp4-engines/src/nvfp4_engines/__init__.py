@@ -1,0 +1,23 @@
+"""nvfp4-engines: thin adapters that let the nvfp4 conformance suite certify third-party NVFP4
+implementations, each registered under the entry-point group ``nvfp4.backends``:
+
+* ``gguf-py`` (:mod:`nvfp4_engines.gguf_py`) - the ``gguf`` package's ``gguf.quants``;
+* ``mlx-native`` (:mod:`nvfp4_engines.mlx_native`) - MLX's ``mode="nvfp4"`` operations;
+* ``ggml`` (:mod:`nvfp4_engines.ggml`) - ggml-cpu from llama-cpp-python's libggml.
+
+Each adapter calls only its engine's functions for the kernels the engine has; what it
+lacks is absent. Importing this package or calling a factory imports no engine;
+``availability()`` says what to install when one is missing. :mod:`nvfp4_engines.matrix`
+turns the certificates into ``docs/engines.md``.
+"""
+
+from ._version import __version__
+
+__all__ = ["ADAPTERS", "__version__"]
+
+#: Adapter name -> the module holding its ``backend`` factory.
+ADAPTERS = {
+    "gguf-py": "nvfp4_engines.gguf_py",
+    "mlx-native": "nvfp4_engines.mlx_native",
+    "ggml": "nvfp4_engines.ggml",
+}

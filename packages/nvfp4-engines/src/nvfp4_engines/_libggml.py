@@ -1,0 +1,183 @@
+"""ggml-cpu through ctypes: llama-cpp-python's bundled ``libggml-base`` / ``libggml-cpu``.
+
+Only what the ``ggml`` adapter calls is declared here, with the C signatures of ``ggml.h``
+and ``ggml-cpu.h``. Nothing is loaded at import: :func:`load` finds and opens the libraries
+once and raises :class:`GgmlUnavailable` with what to install when it cannot.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import glob
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from nvfp4.spec import GGUF_TYPE_NVFP4
+
+__all__ = [
+    "GGML_TYPE_F32",
+    "GGML_TYPE_I32",
+    "GGML_TYPE_NVFP4",
+    "GGML_TYPE_Q8_0",
+    "INSTALL",
+    "Cplan",
+    "Ggml",
+    "GgmlUnavailable",
+    "InitParams",
+    "load",
+]
+
+GGML_TYPE_F32: Final = 0
+GGML_TYPE_Q8_0: Final = 8
+GGML_TYPE_I32: Final = 26
+GGML_TYPE_NVFP4: Final = GGUF_TYPE_NVFP4
+INSTALL: Final = (
+    "pip install 'llama-cpp-python>=0.3.36' (its wheel bundles libggml-base and libggml-cpu "
+    "with the NVFP4 type; it builds from source where no wheel fits)"
+)
+
+
+class GgmlUnavailable(RuntimeError):
+    """libggml cannot be used here; the message says why and what to install."""
+
+
+class InitParams(ctypes.Structure):
+    """``struct ggml_init_params`` (ggml.h)."""
+
+    _fields_ = [
+        ("mem_size", ctypes.c_size_t),
+        ("mem_buffer", ctypes.c_void_p),
+        ("no_alloc", ctypes.c_bool),
+    ]
+
+
+class Cplan(ctypes.Structure):
+    """``struct ggml_cplan`` (ggml-cpu.h)."""
+
+    _fields_ = [
+        ("work_size", ctypes.c_size_t),
+        ("work_data", ctypes.c_void_p),
+        ("n_threads", ctypes.c_int),
+        ("threadpool", ctypes.c_void_p),
+        ("abort_callback", ctypes.c_void_p),
+        ("abort_callback_data", ctypes.c_void_p),
+        ("use_ref", ctypes.c_bool),
+    ]
+
+
+#: ``void (*)(const void * x, float * y, int64_t k)`` and its inverse.
+ToFloat = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
+FromFloat = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
+
+
+class TypeTraits(ctypes.Structure):
+    """``struct ggml_type_traits`` (ggml.h)."""
+
+    _fields_ = [
+        ("type_name", ctypes.c_char_p),
+        ("blck_size", ctypes.c_int64),
+        ("blck_size_interleave", ctypes.c_int64),
+        ("type_size", ctypes.c_size_t),
+        ("is_quantized", ctypes.c_bool),
+        ("to_float", ToFloat),
+        ("from_float_ref", FromFloat),
+    ]
+
+
+class TypeTraitsCpu(ctypes.Structure):
+    """``struct ggml_type_traits_cpu`` (ggml-cpu.h)."""
+
+    _fields_ = [
+        ("from_float", FromFloat),
+        ("vec_dot", ctypes.c_void_p),
+        ("vec_dot_type", ctypes.c_int),
+        ("nrows", ctypes.c_int64),
+    ]
+
+
+@dataclass(frozen=True)
+class Ggml:
+    """The opened libraries and the facts the adapter reports."""
+
+    base: Any
+    cpu: Any
+    version: str
+    features: tuple[str, ...]
+
+    def traits(self, ggml_type: int) -> TypeTraits:
+        t: TypeTraits = self.base.ggml_get_type_traits(ggml_type).contents
+        return t
+
+    def traits_cpu(self, ggml_type: int) -> TypeTraitsCpu:
+        t: TypeTraitsCpu = self.cpu.ggml_get_type_traits_cpu(ggml_type).contents
+        return t
+
+
+def _declare(base: Any, cpu: Any) -> None:
+    vp, i64, sz, ci = ctypes.c_void_p, ctypes.c_int64, ctypes.c_size_t, ctypes.c_int
+    sigs: dict[str, tuple[Any, list[Any]]] = {
+        "ggml_init": (vp, [InitParams]),
+        "ggml_free": (None, [vp]),
+        "ggml_type_name": (ctypes.c_char_p, [ci]),
+        "ggml_row_size": (sz, [ci, i64]),
+        "ggml_tensor_overhead": (sz, []),
+        "ggml_graph_overhead": (sz, []),
+        "ggml_new_tensor_1d": (vp, [vp, ci, i64]),
+        "ggml_new_tensor_2d": (vp, [vp, ci, i64, i64]),
+        "ggml_new_tensor_3d": (vp, [vp, ci, i64, i64, i64]),
+        "ggml_get_data": (vp, [vp]),
+        "ggml_nbytes": (sz, [vp]),
+        "ggml_mul_mat": (vp, [vp, vp, vp]),
+        "ggml_mul_mat_id": (vp, [vp, vp, vp, vp]),
+        "ggml_mul": (vp, [vp, vp, vp]),
+        "ggml_new_graph": (vp, [vp]),
+        "ggml_build_forward_expand": (None, [vp, vp]),
+        "ggml_get_type_traits": (ctypes.POINTER(TypeTraits), [ci]),
+    }
+    for name, (res, args) in sigs.items():
+        fn = getattr(base, name)
+        fn.restype, fn.argtypes = res, args
+    cpu.ggml_cpu_init.restype, cpu.ggml_cpu_init.argtypes = None, []
+    cpu.ggml_graph_plan.restype, cpu.ggml_graph_plan.argtypes = Cplan, [vp, ci, vp]
+    cpu.ggml_graph_compute.restype = ci
+    cpu.ggml_graph_compute.argtypes = [vp, ctypes.POINTER(Cplan)]
+    cpu.ggml_get_type_traits_cpu.restype = ctypes.POINTER(TypeTraitsCpu)
+    cpu.ggml_get_type_traits_cpu.argtypes = [ci]
+
+
+@functools.lru_cache(maxsize=1)
+def load() -> Ggml:
+    """Open llama-cpp-python's libggml once (cached), or raise :class:`GgmlUnavailable`."""
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or spec.origin is None:
+        raise GgmlUnavailable(f"llama-cpp-python is not installed: {INSTALL}")
+    pkg = Path(spec.origin).parent
+    base_so = sorted(glob.glob(str(pkg / "**" / "libggml-base.so*"), recursive=True))
+    cpu_so = sorted(glob.glob(str(pkg / "**" / "libggml-cpu.so*"), recursive=True))
+    if not base_so or not cpu_so:
+        raise GgmlUnavailable(f"libggml-base / libggml-cpu not found in llama_cpp: {INSTALL}")
+    try:
+        base = ctypes.CDLL(base_so[0], mode=ctypes.RTLD_GLOBAL)
+        cpu = ctypes.CDLL(cpu_so[0], mode=ctypes.RTLD_GLOBAL)
+        _declare(base, cpu)
+    except (OSError, AttributeError) as exc:
+        raise GgmlUnavailable(
+            f"libggml does not load ({type(exc).__name__}: {exc}): {INSTALL}"
+        ) from exc
+    cpu.ggml_cpu_init()
+    name = base.ggml_type_name(GGML_TYPE_NVFP4)
+    if name is None or name.decode().lower() != "nvfp4":
+        raise GgmlUnavailable(
+            f"this libggml's type {GGML_TYPE_NVFP4} is {name!r}, not nvfp4: {INSTALL}"
+        )
+    features = tuple(
+        f
+        for f in ("avx2", "avx512", "avx512_vnni", "avx512_bf16", "amx_int8", "neon", "dotprod")
+        if getattr(cpu, f"ggml_cpu_has_{f}", None) is not None and cpu[f"ggml_cpu_has_{f}"]()
+    )
+    from importlib.metadata import version
+
+    return Ggml(base, cpu, version("llama-cpp-python"), features)

@@ -1,0 +1,235 @@
+"""The deviations the conformance suite has found in engines, each with the spec rule it
+breaks, a one-line reading and, per engine, a minimal reproducer that uses only that
+engine's own API (no nvfp4 code).
+
+The engines matrix (:mod:`nvfp4_engines.matrix`) files every failed test of a certificate
+under the first deviation whose ``pattern`` matches the test's message; a failure no
+deviation matches is listed as "unclassified" with its message. The package's tests run
+every reproducer and check that it still shows what it describes: when an engine fixes one,
+that test fails and the entry must go.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Final
+
+__all__ = ["DEVIATIONS", "Deviation", "classify"]
+
+
+@dataclass(frozen=True)
+class Deviation:
+    """One way an engine departs from the spec.
+
+    Attributes:
+        key: a short name.
+        pattern: a regular expression matched against a failed test's message.
+        rule: the spec rule, with its version and section.
+        reading: one line: what the engine does instead.
+        reproducers: engine name -> a few lines of Python using only that engine's API; run
+            as a script, it prints a line starting ``DEVIATION:`` (or dies, where ``crashes``
+            names the engine).
+        crashes: engines whose reproducer ends the process (a segmentation fault).
+    """
+
+    key: str
+    pattern: str
+    rule: str
+    reading: str
+    reproducers: dict[str, str]
+    crashes: frozenset[str] = field(default_factory=frozenset)
+
+
+_GGML_LIBS = """\
+import ctypes, glob, os, llama_cpp
+lib = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
+base = ctypes.CDLL(glob.glob(lib + "/libggml-base.so")[0], mode=ctypes.RTLD_GLOBAL)
+cpu = ctypes.CDLL(glob.glob(lib + "/libggml-cpu.so")[0], mode=ctypes.RTLD_GLOBAL)
+"""
+
+DEVIATIONS: Final[tuple[Deviation, ...]] = (
+    Deviation(
+        key="k_multiple_of_64",
+        pattern=r"K for GGUF NVFP4: expected a multiple of 64",
+        rule="spec 1.0, Layout: K is any multiple of 16 (one E4M3 scale per block of 16); "
+        "spec 1.1, W4A8: any multiple of 32",
+        reading="GGUF / ggml store NVFP4 rows in super-blocks of 64 elements (4 scales + 32 "
+        "code bytes), so a tensor with K % 64 != 0 (K = 16, 32, 48, 272, 288 ...) has no "
+        "GGUF form at all",
+        reproducers={
+            "gguf-py": """\
+from gguf.constants import GGMLQuantizationType
+from gguf.quants import quant_shape_to_byte_shape
+try:
+    quant_shape_to_byte_shape((7, 32), GGMLQuantizationType.NVFP4)  # N = 7, K = 32
+except ValueError as exc:
+    print("DEVIATION:", exc)
+""",
+            "ggml": _GGML_LIBS
+            + """\
+base.ggml_blck_size.restype = ctypes.c_int64
+blck = base.ggml_blck_size(40)  # GGML_TYPE_NVFP4
+if blck != 16:
+    print(f"DEVIATION: ggml_blck_size(GGML_TYPE_NVFP4) = {blck}: a row of K = 32 has no ggml form")
+""",
+        },
+    ),
+    Deviation(
+        key="q8_nonfinite_block",
+        pattern=r"expected np\.float16\(nan\)|rows holding NaN/Inf in x must give NaN",
+        rule="spec 1.1, W4A8 int8 activations: a block of 32 holding NaN or Inf has d = NaN, "
+        "so its output row is NaN",
+        reading="ggml's Q8_0 quantizer (quantize_row_q8_0) takes amax with fmaxf, which skips "
+        "NaN, and divides by an Inf amax: d comes out finite or Inf, and the NaN / Inf of x "
+        "never reaches the output row",
+        reproducers={
+            "ggml": _GGML_LIBS
+            + """\
+class Traits(ctypes.Structure):  # struct ggml_type_traits_cpu
+    _fields_ = [("from_float", ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p,
+                 ctypes.c_int64)), ("vec_dot", ctypes.c_void_p), ("vec_dot_type", ctypes.c_int),
+                ("nrows", ctypes.c_int64)]
+cpu.ggml_get_type_traits_cpu.restype = ctypes.POINTER(Traits)
+cpu.ggml_cpu_init()
+x = (ctypes.c_float * 32)(*([float("nan")] + [1.0] * 31))
+block = (ctypes.c_uint8 * 34)()  # block_q8_0: float16 d, then 32 int8 codes
+cpu.ggml_get_type_traits_cpu(8).contents.from_float(x, block, 32)  # GGML_TYPE_Q8_0
+import struct
+d = struct.unpack("<e", bytes(block[:2]))[0]
+if d == d:
+    print(f"DEVIATION: Q8_0 block of a NaN and 31 ones: d = {d} (spec: NaN)")
+""",
+        },
+    ),
+    Deviation(
+        key="out_of_range_expert_id",
+        pattern=r"is outside \[0, \d+\)",
+        rule="spec 1.0, MoE (gather_qmm): a row whose expert id is outside [0, E) is exactly "
+        "zero and reads no weight",
+        reading="the engine uses the id unchecked: MLX reads the expert stack out of bounds "
+        "(a segmentation fault in the suite), ggml counts the row at that index (an "
+        "out-of-bounds write) and leaves the row unwritten; the adapters refuse such ids",
+        reproducers={
+            "mlx-native": """\
+import mlx.core as mx
+w, s = mx.quantize(mx.ones((2, 8, 32)), group_size=16, bits=4, mode="nvfp4")  # E = 2
+x = mx.ones((1, 1, 32))
+y = mx.gather_qmm(x, w, s, None, rhs_indices=mx.array([1 << 20], mx.uint32), transpose=True,
+                  group_size=16, bits=4, mode="nvfp4")  # reads expert 2^20
+if (y != 0).any().item():  # or a segmentation fault first
+    print("DEVIATION: row of expert id 2^20 (E = 2) is not zero:", y[0, 0, :4])
+""",
+            "ggml": _GGML_LIBS
+            + """\
+vp, i64 = ctypes.c_void_p, ctypes.c_int64
+class Init(ctypes.Structure):
+    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", vp), ("no_alloc", ctypes.c_bool)]
+for f, r, a in [("ggml_init", vp, [Init]), ("ggml_new_tensor_2d", vp, [vp, ctypes.c_int, i64, i64]),
+                ("ggml_new_tensor_3d", vp, [vp, ctypes.c_int, i64, i64, i64]),
+                ("ggml_get_data", vp, [vp]), ("ggml_mul_mat_id", vp, [vp, vp, vp, vp]),
+                ("ggml_graph_compute_with_ctx", ctypes.c_int, [vp, vp, ctypes.c_int]),
+                ("ggml_new_graph", vp, [vp]), ("ggml_build_forward_expand", None, [vp, vp])]:
+    fn = getattr(base, f, None) or getattr(cpu, f)
+    fn.restype, fn.argtypes = r, a
+cpu.ggml_cpu_init()
+ctx = base.ggml_init(Init(1 << 24, None, False))
+w = base.ggml_new_tensor_3d(ctx, 40, 64, 8, 2)  # NVFP4 experts [E = 2, N = 8, K = 64], zeros
+x = base.ggml_new_tensor_3d(ctx, 0, 64, 1, 1)  # F32 activations, one token
+ids = base.ggml_new_tensor_2d(ctx, 26, 1, 1)  # I32 expert ids
+ctypes.memset(base.ggml_get_data(w), 0, 2 * 8 * 36)
+ctypes.c_int32.from_address(base.ggml_get_data(ids)).value = 2  # = E: outside [0, 2)
+y = base.ggml_mul_mat_id(ctx, w, x, ids)
+out = (ctypes.c_float * 8).from_address(base.ggml_get_data(y))
+out[:] = [7.0] * 8  # what the output memory held before
+graph = base.ggml_new_graph(ctx)
+base.ggml_build_forward_expand(graph, y)
+cpu.ggml_graph_compute_with_ctx(ctx, graph, 1)
+if list(out) != [0.0] * 8:
+    print("DEVIATION: the row of expert id 2 (E = 2) is left unwritten:", list(out))
+""",
+        },
+        crashes=frozenset({"mlx-native"}),
+    ),
+    Deviation(
+        key="mlx_k_multiple_of_32",
+        pattern=r"\[reshape\] Cannot reshape array of size \d+ into shape",
+        rule="spec 1.0, Layout: K is any multiple of 16 (one E4M3 scale per block of 16)",
+        reading="MLX's nvfp4 kernels handle scales in pairs of blocks: K = 16, 48, 272 ... "
+        "(an odd number of blocks) raise a reshape error in mx.quantize and mx.dequantize",
+        reproducers={
+            "mlx-native": """\
+import mlx.core as mx
+try:
+    mx.quantize(mx.ones((3, 48)), group_size=16, bits=4, mode="nvfp4")  # K = 48: 3 blocks
+except ValueError as exc:
+    print("DEVIATION:", exc)
+""",
+        },
+    ),
+    Deviation(
+        key="mlx_negative_zero_code",
+        pattern=r"boundary disagreements in \d+ random elements|Hypothesis found",
+        rule="spec 1.0, Encoding: the code keeps x's sign, so a negative value that rounds to "
+        "zero is -0 (code 8)",
+        reading="mx.quantize(mode='nvfp4') writes +0 (code 0) for negatives that round to zero "
+        "(3.5 % of random float32 elements), beyond [quantize] others = 1e-05",
+        reproducers={
+            "mlx-native": """\
+import mlx.core as mx
+x = mx.array([[6.0] + [-0.1] * 31])  # blocks with amax 6 (scale 1.0); -0.1 rounds to zero
+w, s = mx.quantize(x, group_size=16, bits=4, mode="nvfp4")
+code = (w[0, 0].item() >> 4) & 0xF  # element 1
+if code != 8:
+    print(f"DEVIATION: -0.1 encoded as code {code} (+0); spec: 8 (-0)")
+""",
+        },
+    ),
+    Deviation(
+        key="mlx_low_precision",
+        pattern=r"qmm .*(float16|bfloat16): max\|err\|/max\|ref\||scale byte 0x[0-9a-f]+, the "
+        r"reference's is",
+        rule="spec 1.0, W4A16: products accumulated in float32 and the decode global applied "
+        "after accumulation, within [qmm] / [quantize] of tolerances.toml",
+        reading="MLX computes in x's dtype: mx.quantized_matmul returns (and rounds) float16 / "
+        "bfloat16 before the decode global can be applied, so float16 overflows to inf and "
+        "both miss the tolerance; mx.quantize of a float16 x rounds its block scale twice",
+        reproducers={
+            "mlx-native": """\
+import mlx.core as mx
+w, s = mx.quantize(mx.full((1, 64), 2688.0), group_size=16, bits=4, mode="nvfp4")  # 6 x 448
+x = mx.ones((1, 64), mx.float16)
+y = mx.quantized_matmul(x, w, s, transpose=True, group_size=16, bits=4, mode="nvfp4")
+if not mx.isfinite(y).all().item():  # 64 x 2688 = 172032 > float16's 65504, before any global
+    print("DEVIATION: float16 quantized_matmul of an unscaled sum 172032:", y.item())
+""",
+        },
+    ),
+    Deviation(
+        key="mlx_degenerate_global",
+        pattern=r"global_scale at \(\): expected finite and > 0|scale byte at \(\d+, \d+\): "
+        r"expected 0x00\.\.0x7E|scale byte 0x7E, the reference's is",
+        rule="spec 1.0, Encoding, step 1 and its erratum: the dynamic global is amax / 2688, "
+        "1.0 where that is 0, and every scale byte is a valid E4M3 byte 0x00..0x7E",
+        reading="mx.quantize decodes with global_scale / 2688 as given: an all-zero (or "
+        "subnormal, or NaN) tensor gets a 0 / NaN global and scale bytes such as 0xFE, which "
+        "no decoder can read back",
+        reproducers={
+            "mlx-native": """\
+import mlx.core as mx
+x = mx.zeros((1, 32))
+w, s = mx.quantize(x, group_size=16, bits=4, mode="nvfp4", global_scale=mx.max(mx.abs(x)))
+if max(s.tolist()[0]) > 0x7E:  # the amax MLX asks for is 0 here
+    print("DEVIATION: scale bytes of an all-zero block:", [hex(v) for v in s.tolist()[0]])
+""",
+        },
+    ),
+)
+
+
+def classify(message: str) -> Deviation | None:
+    """The first deviation whose pattern matches a failed test's message, or ``None``."""
+    for d in DEVIATIONS:
+        if re.search(d.pattern, message or ""):
+            return d
+    return None

@@ -1,0 +1,232 @@
+"""The engines matrix: ``docs/engines.md`` generated from the conformance certificates under
+``reports/engines/``.
+
+Two steps, both plain functions behind a command line::
+
+    python -m nvfp4_engines.matrix record CERT.json ... --out reports/engines
+    python -m nvfp4_engines.matrix render --reports reports/engines --out docs/engines.md
+
+``record`` copies certificates into the reports folder with the paths of the machine that
+ran them reduced to repository-relative or ``site-packages/``-relative ones (a certificate
+names where each package was imported from). ``render`` writes one row per engine and its
+version: the tiers, then the capabilities, each "certified", "failed" with the first failing
+test, or "absent" (nothing the engine has was tested there); then every deviation found,
+with its spec rule, a one-line reading and a reproducer that uses only that engine's API
+(:mod:`nvfp4_engines.deviations`). ``render --check`` fails when the document on disk is
+not what the certificates give.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from ._common import ENGINE_NOTE
+from .deviations import Deviation, classify
+
+__all__ = ["engine_of", "load_certificates", "main", "record", "render", "sanitize"]
+
+TIERS = ("T0", "T1", "T2", "T3", "T4", "T5", "T6")
+CAPABILITIES = (
+    "dequantize",
+    "qmm",
+    "gather_qmm",
+    "fused_partitions",
+    "quantize_activations",
+    "w4a4",
+    "w4a8",
+    "w4a8_fp8",
+)
+_FAILED = ("failed", "error")
+_SITE = re.compile(r"/[^\s'\"]*?/site-packages/")
+
+
+def sanitize(value: Any, root: Path) -> Any:
+    """``value`` with every absolute path under ``root`` made relative to it and every path
+    into a ``site-packages`` folder starting at ``site-packages/`` (recursively)."""
+    if isinstance(value, str):
+        return _SITE.sub("site-packages/", value.replace(str(root) + "/", ""))
+    if isinstance(value, list):
+        return [sanitize(v, root) for v in value]
+    if isinstance(value, dict):
+        return {k: sanitize(v, root) for k, v in value.items()}
+    return value
+
+
+def record(certificates: Iterable[Path], out: Path, root: Path) -> list[Path]:
+    """Copy certificates (JSON) into ``out`` as ``<backend>.json``, sanitized."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for path in certificates:
+        cert = sanitize(json.loads(Path(path).read_text()), root)
+        dest = out / f"{cert['backend']['name']}.json"
+        dest.write_text(json.dumps(cert, indent=1, sort_keys=True) + "\n")
+        written.append(dest)
+    return written
+
+
+def load_certificates(folder: Path) -> list[dict[str, Any]]:
+    """Every certificate in ``folder``, ordered by backend name."""
+    certs = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+    return sorted(certs, key=lambda c: c["backend"]["name"])
+
+
+def engine_of(cert: dict[str, Any]) -> str:
+    """The engine and its version, from the adapter's first note (``"gguf 0.19.0"``)."""
+    for note in cert["backend"].get("notes", []):
+        if note.startswith(ENGINE_NOTE):
+            return str(note[len(ENGINE_NOTE) :])
+    return f"{cert['backend']['package']} {cert['backend']['version']}"
+
+
+def _failed(cert: dict[str, Any]) -> list[dict[str, Any]]:
+    return [t for t in cert["tests"] if t["outcome"] in _FAILED]
+
+
+def _first(tests: list[dict[str, Any]]) -> str:
+    return f"failed: `{tests[0]['nodeid'].split('::', 1)[-1]}` ({len(tests)} failed)"
+
+
+def _tier_cell(cert: dict[str, Any], tier: str) -> str:
+    t = cert["tiers"].get(tier)
+    failed = [x for x in _failed(cert) if x["tier"] == tier]
+    if failed:
+        return _first(failed)
+    if t is None or (t["tests"] == t.get("left_out", 0) and t["tests"]):
+        return "not run"
+    if t["passed"] == 0:
+        return "absent"
+    return f"certified ({t['passed']} passed)"
+
+
+def _capability_cell(cert: dict[str, Any], cap: str) -> str:
+    c = cert["capabilities"].get(cap, {"state": "not certified", "why": "not declared"})
+    if cap not in cert["backend"]["capabilities_declared"]:
+        return "absent"
+    if c["state"] == "failed":
+        return _first([x for x in _failed(cert) if cap in (x.get("capabilities") or [])])
+    return str(c["state"]) + ("" if c["state"] == "certified" else f" ({c['why']})")
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(r) + " |" for r in rows),
+    ]
+
+
+def _deviations(cert: dict[str, Any]) -> tuple[list[tuple[Deviation, list[dict[str, Any]]]], list]:
+    found: dict[str, tuple[Deviation, list[dict[str, Any]]]] = {}
+    unclassified = []
+    for t in _failed(cert):
+        d = classify(t.get("message") or "")
+        if d is None:
+            unclassified.append(t)
+        else:
+            found.setdefault(d.key, (d, []))[1].append(t)
+    return list(found.values()), unclassified
+
+
+def render(certs: list[dict[str, Any]]) -> str:
+    """The Markdown of ``docs/engines.md`` for these certificates."""
+    lines = [
+        "# NVFP4 engines: conformance matrix",
+        "",
+        "<!-- Generated by `python -m nvfp4_engines.matrix render` from the certificates in",
+        "     reports/engines/; do not edit by hand. -->",
+        "",
+        "Each row is a third-party NVFP4 implementation, certified by the conformance suite "
+        "through its adapter in `packages/nvfp4-engines` (the adapter calls only the "
+        "engine's own functions; what the engine lacks is absent, never filled in). "
+        "**certified**: every test that ran passed; **failed**: the first failing test and "
+        "how many failed; **absent**: the engine has nothing the tier or capability tests; "
+        "**not run**: left out of the run.",
+        "",
+        "## Tiers",
+        "",
+    ]
+    rows = []
+    for c in certs:
+        rows.append(
+            [f"`{c['backend']['name']}`", engine_of(c), c["spec_version"], c["result"]]
+            + [_tier_cell(c, t) for t in TIERS]
+        )
+    lines += _table(["adapter", "engine", "spec", "result", *TIERS], rows)
+    lines += ["", "## Capabilities", ""]
+    rows = [
+        [f"`{c['backend']['name']}`", engine_of(c)] + [_capability_cell(c, k) for k in CAPABILITIES]
+        for c in certs
+    ]
+    lines += _table(["adapter", "engine", *CAPABILITIES], rows)
+    lines += ["", "## Runs", ""]
+    rows = [
+        [
+            f"`{c['backend']['name']}`",
+            str(c.get("device") or "-"),
+            ", ".join(f"{v} {k}" for k, v in sorted(c["summary"].items())),
+            f"{c['duration_s']:.1f} s",
+            "; ".join(f"{x['tier']} {x['reason']}" for x in c.get("left_out") or []) or "-",
+        ]
+        for c in certs
+    ]
+    lines += _table(["adapter", "device", "tests", "time", "left out"], rows)
+    lines += ["", "## Deviations found", ""]
+    for c in certs:
+        name = c["backend"]["name"]
+        found, unclassified = _deviations(c)
+        if not found and not unclassified:
+            continue
+        lines += [f"### `{name}` ({engine_of(c)})", ""]
+        for d, tests in found:
+            lines += [
+                f"**{d.key}** - {len(tests)} failed tests, first "
+                f"`{tests[0]['nodeid'].split('::', 1)[-1]}`.",
+                "",
+                f"- Spec rule: {d.rule}.",
+                f"- Reading: {d.reading}.",
+                "",
+            ]
+            code = d.reproducers.get(name)
+            if code:
+                lines += ["```python", code.rstrip(), "```", ""]
+        for t in unclassified:
+            msg = (t.get("message") or "").splitlines()[0][:300]
+            lines += [f"- unclassified: `{t['nodeid']}`: {msg}", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m nvfp4_engines.matrix")
+    sub = parser.add_subparsers(dest="command", required=True)
+    rec = sub.add_parser("record", help="copy certificates into the reports folder")
+    rec.add_argument("certificates", nargs="+", type=Path)
+    rec.add_argument("--out", type=Path, default=Path("reports/engines"))
+    rec.add_argument("--root", type=Path, default=Path.cwd())
+    ren = sub.add_parser("render", help="write docs/engines.md from the certificates")
+    ren.add_argument("--reports", type=Path, default=Path("reports/engines"))
+    ren.add_argument("--out", type=Path, default=Path("docs/engines.md"))
+    ren.add_argument("--check", action="store_true", help="fail if --out differs")
+    args = parser.parse_args(argv)
+    if args.command == "record":
+        for p in record(args.certificates, args.out, args.root.resolve()):
+            print(f"recorded {p}")
+        return 0
+    text = render(load_certificates(args.reports))
+    if args.check:
+        if not args.out.is_file() or args.out.read_text() != text:
+            print(f"{args.out} is not what {args.reports} gives: re-run render", file=sys.stderr)
+            return 1
+        return 0
+    args.out.write_text(text)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

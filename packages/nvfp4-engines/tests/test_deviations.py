@@ -1,0 +1,52 @@
+"""Every reproducer of :mod:`nvfp4_engines.deviations` still shows its deviation, on the
+engine installed here (run as a script with only the engine imported)."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+from nvfp4_engines.deviations import DEVIATIONS, classify
+
+ENGINE_IMPORT = {"gguf-py": "gguf", "mlx-native": "mlx", "ggml": "llama_cpp"}
+CASES = [
+    pytest.param(d, engine, id=f"{d.key}-{engine}")
+    for d in DEVIATIONS
+    for engine in d.reproducers
+    if importlib.util.find_spec(ENGINE_IMPORT[engine]) is not None
+]
+
+
+@pytest.mark.parametrize(("deviation", "engine"), CASES)
+def test_reproducer_shows_the_deviation(deviation, engine: str) -> None:
+    run = subprocess.run(
+        [sys.executable, "-c", deviation.reproducers[engine]],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    crashed = run.returncode < 0 and engine in deviation.crashes
+    assert crashed or run.stdout.startswith("DEVIATION:"), (
+        f"{deviation.key} on {engine}: rc {run.returncode}, stdout {run.stdout!r}, "
+        f"stderr {run.stderr[-500:]!r}"
+    )
+
+
+def test_every_pattern_classifies_a_message_of_its_own() -> None:
+    messages = {
+        "k_multiple_of_64": "K for GGUF NVFP4: expected a multiple of 64, found K = 32",
+        "q8_nonfinite_block": "d of row 0, block 0: np.float16(inf), expected np.float16(nan)",
+        "out_of_range_expert_id": "expert id -1 at row 0 is outside [0, 4): ...",
+        "mlx_k_multiple_of_32": "[reshape] Cannot reshape array of size 10 into shape (2,4).",
+        "mlx_negative_zero_code": "41907 boundary disagreements in 1181696 random elements",
+        "mlx_low_precision": "qmm M=1 K=64 N=7 float16: max|err|/max|ref| = inf > tolerance",
+        "mlx_degenerate_global": "tensor 'a': global_scale at (): expected finite and > 0",
+    }
+    assert sorted(messages) == sorted(d.key for d in DEVIATIONS)
+    for key, message in messages.items():
+        found = classify(message)
+        assert found is not None, key
+        assert found.key == key, (key, found.key)
+    assert classify("something else entirely") is None

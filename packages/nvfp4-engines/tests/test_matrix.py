@@ -1,0 +1,32 @@
+"""The engines matrix: certificates are recorded without machine paths, and the committed
+docs/engines.md is exactly what the committed certificates give."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from nvfp4_engines import matrix
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_sanitize_keeps_no_machine_path(tmp_path: Path) -> None:
+    root = tmp_path / "repo"
+    cert = {
+        "imported_from": {"nvfp4": f"{root}/packages/nvfp4-core/src/nvfp4/__init__.py"},
+        "tests": [{"message": "in /opt/venv/lib/python3.11/site-packages/mlx/core.py: boom"}],
+        "backend": {"name": "toy"},
+    }
+    src = tmp_path / "c.json"
+    src.write_text(json.dumps(cert))
+    (out,) = matrix.record([src], tmp_path / "reports", root)
+    got = json.loads(out.read_text())
+    assert got["imported_from"]["nvfp4"] == "packages/nvfp4-core/src/nvfp4/__init__.py"
+    assert got["tests"][0]["message"] == "in site-packages/mlx/core.py: boom"
+
+
+def test_committed_doc_is_generated_from_the_committed_certificates() -> None:
+    certs = matrix.load_certificates(ROOT / "reports" / "engines")
+    assert {c["backend"]["name"] for c in certs} == {"gguf-py", "mlx-native", "ggml"}
+    assert (ROOT / "docs" / "engines.md").read_text() == matrix.render(certs)
