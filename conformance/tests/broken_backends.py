@@ -13,10 +13,11 @@ from typing import Any
 import numpy as np
 import pytest
 from nvfp4 import reference
+from nvfp4.activations import FP8Activations, Q8Activations
 from nvfp4.contract import Availability
 from nvfp4.planes import NVFP4Planes
 from nvfp4.reference_backend import ReferenceKernels
-from nvfp4.spec import E4M3_VALUES
+from nvfp4.spec import E4M3_MAX, E4M3_NAN_BYTE, E4M3_VALUES, Q8_BLOCK_SIZE, Q8_MAX
 
 
 class _Broken(ReferenceKernels):
@@ -154,6 +155,99 @@ class OffByOne(_OwnEncoder):
         return _requantize_codes(x, p, rule)
 
 
+class _OwnQ8Encoder(_Broken):
+    """W4A8 int8 through its own activation encoder, whose rounding of ``x * id`` is
+    :meth:`round_codes` (the reference's: half away from zero)."""
+
+    @staticmethod
+    def round_codes(v: Any) -> Any:
+        return reference.round_half_away(v)
+
+    def quantize_activations_q8(self, x: Any) -> Q8Activations:
+        a = np.asarray(x, dtype=np.float32)
+        m, k = a.shape
+        blocks = a.reshape(m, k // Q8_BLOCK_SIZE, Q8_BLOCK_SIZE)
+        finite = np.isfinite(blocks)
+        clean = np.where(finite, blocks, np.float32(0.0))
+        d = (np.abs(clean).max(axis=-1) / np.float32(Q8_MAX)).astype(np.float32)
+        with np.errstate(divide="ignore"):
+            inv = np.where(d == 0, np.float32(0.0), np.float32(1.0) / d).astype(np.float32)
+        v = (clean * inv[..., None]).astype(np.float32)
+        q = np.clip(self.round_codes(v), -Q8_MAX, Q8_MAX).astype(np.int8)
+        with np.errstate(over="ignore"):
+            d16 = d.astype(np.float16)
+        bad = ~finite.all(axis=-1)
+        q[bad] = 0
+        d16[bad] = np.float16(np.nan)
+        return Q8Activations(codes=q.reshape(m, k), d=d16)
+
+    def _w4a8(self, x: Any, planes: NVFP4Planes) -> Any:
+        return reference.w4a8_from_activations(self.quantize_activations_q8(x), planes)
+
+    def qmm_w4a8(self, x: Any, w: Any, *, out_dtype: str) -> Any:
+        return reference.output(self._w4a8(x, w.planes), out_dtype)
+
+    def gather_qmm_w4a8(
+        self, x: Any, w: Any, expert_ids: Any, *, sorted_indices: bool, out_dtype: str
+    ) -> Any:
+        p = w.planes
+        ids = np.asarray(expert_ids)
+        y = np.zeros((x.shape[0], p.n), dtype=np.float64)
+        row_g = p.row_global().astype(np.float64)
+        one = np.ones((), np.float32)
+        for e in np.unique(ids[(ids >= 0) & (ids < p.shape[0])]):
+            rows = ids == e
+            we = NVFP4Planes(p.codes[e], p.scales[e], one, name=p.name)
+            y[rows] = self._w4a8(x[rows], we) * row_g[e]
+        return reference.output(y, out_dtype)
+
+
+class Q8TowardZero(_OwnQ8Encoder):
+    """An int8 encoder bug: ``x * id`` truncated toward zero (C's ``(int8_t)`` cast without
+    ``roundf``), so codes are one too small in magnitude wherever the fraction is >= 0.5."""
+
+    NAME = "broken-q8-toward-zero"
+
+    @staticmethod
+    def round_codes(v: Any) -> Any:
+        return np.trunc(v)
+
+
+class Q8TiesToEven(_OwnQ8Encoder):
+    """A conforming int8 encoder with ggml's SIMD tie rule (half to even, ``np.rint``):
+    its differences are exact midpoints, boundary disagreements."""
+
+    NAME = "test-q8-ties-even"
+
+    @staticmethod
+    def round_codes(v: Any) -> Any:
+        return np.rint(v)
+
+
+class Fp8TowardZero(_Broken):
+    """An FP8 encoder bug: ``x / input_scale`` rounded toward zero to E4M3 (the largest
+    E4M3 magnitude not above it) instead of to nearest even."""
+
+    NAME = "broken-fp8-toward-zero"
+
+    def quantize_activations_fp8(self, x: Any, *, input_scale: float | None) -> FP8Activations:
+        ref = super().quantize_activations_fp8(x, input_scale=input_scale)
+        a = np.asarray(x, dtype=np.float32)
+        s = np.float32(ref.input_scale)
+        finite = np.isfinite(a)
+        v = (np.where(finite, a, np.float32(0.0)) / s).astype(np.float32)
+        mag = np.minimum(np.abs(v), np.float32(E4M3_MAX))
+        positive = E4M3_VALUES[:E4M3_NAN_BYTE]  # bytes 0x00..0x7E, increasing
+        byte = np.searchsorted(positive, mag, side="right") - 1
+        codes = byte.astype(np.uint8) | (np.signbit(v).astype(np.uint8) << np.uint8(7))
+        codes = np.where(finite, codes, np.uint8(E4M3_NAN_BYTE)).astype(np.uint8)
+        return FP8Activations(codes=codes, input_scale=ref.input_scale)
+
+    def qmm_w4a8_fp8(self, x: Any, w: Any, *, input_scale: float | None, out_dtype: str) -> Any:
+        xq = self.quantize_activations_fp8(x, input_scale=input_scale)
+        return reference.output(reference.w4a8_fp8_from_activations(xq, w.planes), out_dtype)
+
+
 class NoW4A4(_Broken):
     """A correct backend that does not declare W4A4 (its tests are skipped and the
     certificate lists w4a4 as not certified)."""
@@ -182,6 +276,9 @@ BACKENDS: dict[str, type[_Broken]] = {
         Skipper,
         TiesDown,
         OffByOne,
+        Q8TowardZero,
+        Q8TiesToEven,
+        Fp8TowardZero,
         NoW4A4,
         Unavailable,
     )

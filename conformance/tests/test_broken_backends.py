@@ -183,6 +183,83 @@ def test_wrong_encoder_boundary_fails_t2(run_suite: Run) -> None:
     assert "code 5" in msg
 
 
+# ---------------------------------------------------------------- W4A8 golden (T5)
+def _w4a8_golden(encoder: str) -> set[str]:
+    """The T5 test ids of the W4A8 golden cases whose ops need ``encoder``'s capability."""
+    from nvfp4.fixtures import list_cases
+
+    ops = {
+        "w4a8": ("quantize_activations_q8", "qmm_w4a8", "gather_qmm_w4a8"),
+        "w4a8_fp8": ("quantize_activations_fp8", "qmm_w4a8_fp8"),
+    }[encoder]
+    return {
+        f"test_golden[{c['name']}-{op}]"
+        for c in list_cases()
+        for op in ops
+        if any(a.get("op") == op for a in c["arrays"].values())
+    }
+
+
+def _t5_ids(tests: dict[str, dict[str, Any]]) -> set[str]:
+    return {n.split("::", 1)[1] for n in tests}
+
+
+def test_q8_codes_rounded_toward_zero_fail_t5_w4a8_only(run_suite: Run) -> None:
+    """An int8 encoder that truncates ``x * id`` (codes one too small) fails every W4A8
+    int8 golden case - the encoder cases as a code that is not a boundary disagreement, the
+    matmuls beyond [w4a8] - while spec 1.0's cases and the FP8 ones pass."""
+    result, cert = run_suite("broken-q8-toward-zero", "T5")
+    assert result.ret == 1
+    failed = _t5_ids(_by_outcome(cert, "failed", "T5"))
+    assert failed == _w4a8_golden("w4a8"), sorted(failed)
+    assert len(failed) == 7
+    passed = _t5_ids(_by_outcome(cert, "passed", "T5"))
+    assert _w4a8_golden("w4a8_fp8") <= passed
+    assert any("per_expert_gather-gather_qmm" in n for n in passed)
+    msgs = {n.split("::", 1)[1]: t["message"] for n, t in _by_outcome(cert, "failed").items()}
+    enc = msgs["test_golden[w4a8_q8_rounding-quantize_activations_q8]"]
+    assert "w4a8_q8_rounding: quantize_activations_q8 -> q8: code at" in enc
+    assert "not a boundary disagreement" in enc
+    mm = msgs["test_golden[w4a8_qmm_n33_k512-qmm_w4a8]"]
+    assert "qmm_w4a8 -> k512_w4a8_y: max|err|/max|ref| =" in mm
+    assert "> tolerance 1e-05" in mm
+    assert cert["capabilities"]["w4a8"]["state"] == "failed"
+    assert cert["capabilities"]["w4a8_fp8"]["state"] == "partial"
+
+
+def test_fp8_codes_rounded_toward_zero_fail_t5_fp8_only(run_suite: Run) -> None:
+    result, cert = run_suite("broken-fp8-toward-zero", "T5")
+    assert result.ret == 1
+    failed = _t5_ids(_by_outcome(cert, "failed", "T5"))
+    assert failed == _w4a8_golden("w4a8_fp8"), sorted(failed)
+    assert _w4a8_golden("w4a8") <= _t5_ids(_by_outcome(cert, "passed", "T5"))
+    msg = next(
+        t["message"]
+        for n, t in _by_outcome(cert, "failed").items()
+        if "w4a8_fp8_rounding-quantize_activations_fp8" in n
+    )
+    assert "FP8 code at (0, " in msg
+    assert "(e4m3, RNE, saturating at 448)" in msg
+    assert cert["capabilities"]["w4a8_fp8"]["state"] == "failed"
+
+
+def test_q8_ties_to_even_conforms_in_t5(run_suite: Run) -> None:
+    """ggml's SIMD tie rule (half to even) conforms: the tie case counts its midpoints as
+    boundary disagreements, and the matmul fixtures, clear of every midpoint, pass."""
+    result, cert = run_suite("test-q8-ties-even", "T5")
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    assert _w4a8_golden("w4a8") <= _t5_ids(_by_outcome(cert, "passed", "T5"))
+    cases = {
+        c["case"]: c
+        for t in cert["tests"]
+        if "test_golden[w4a8_" in t["nodeid"]
+        for c in t["cases"]
+        if c.get("encoder") == "int8"
+    }
+    assert cases["q8"]["disagreements"] > 0  # 0.5 -> 0, 2.5 -> 2, ... on the tie case
+    assert {cases[k]["disagreements"] for k in ("k32", "k512", "gather")} == {0}
+
+
 # ---------------------------------------------------------------------- skips, errors
 def test_undeclared_skip_fails_the_run(run_suite: Run) -> None:
     result, cert = run_suite("broken-skipper", "T0")

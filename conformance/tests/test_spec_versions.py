@@ -85,3 +85,43 @@ def test_a_1_0_run_records_1_0_numbers(
     for case in cases:
         assert case["tolerance"] == v10[case["dtype"]], case
         assert case["tolerance"] != later_version[case["dtype"]]
+
+
+def test_a_1_0_run_leaves_the_w4a8_golden_cases_out(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """T5 certifying 1.0 runs exactly the cases whose ``min_spec`` is 1.0, as before spec
+    1.1 added W4A8 ones; those are skipped as "applies from spec 1.1", never failed, and
+    W4A8 stays "not certified" for that reason."""
+    from nvfp4.fixtures import list_cases
+
+    monkeypatch.delenv("NVFP4_BACKEND", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    cert_path = pytester.path / "cert.json"
+    result = pytester.runpytest(
+        "--pyargs",
+        "nvfp4_conformance.tiers",
+        "--nvfp4-backend=reference",
+        "--nvfp4-tiers=T5",
+        "--nvfp4-spec=1.0",
+        f"--nvfp4-certificate={cert_path}",
+        "-p",
+        "no:cacheprovider",
+    )
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    cert: dict[str, Any] = json.loads(cert_path.read_text(encoding="utf-8"))
+    by_spec = {c["name"]: c["min_spec"] for c in list_cases()}
+    assert set(by_spec.values()) == {"1.0", "1.1"}
+    golden = [t for t in cert["tests"] if "test_golden[" in t["nodeid"]]
+    for t in golden:
+        case = t["nodeid"].split("test_golden[", 1)[1].rsplit("-", 1)[0]
+        if by_spec[case] == "1.0":
+            assert t["outcome"] == "passed", t["nodeid"]
+        else:
+            assert (t["outcome"], t["skip_kind"]) == ("skipped", "spec"), t["nodeid"]
+            assert "applies from spec 1.1; certifying 1.0" in t["message"]
+    assert sum(t["outcome"] == "skipped" for t in golden) == 10
+    assert not cert["illegal_skips"]
+    for cap in ("w4a8", "w4a8_fp8"):
+        assert cert["capabilities"][cap]["state"] == "not certified"
+        assert "later spec version" in cert["capabilities"][cap]["why"]
