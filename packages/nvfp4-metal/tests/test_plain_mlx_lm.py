@@ -76,8 +76,9 @@ def _tiny_model(
 ) -> tuple[dict[str, NVFP4Planes], dict[str, Any], dict[str, Any]]:
     """Two decoder layers, every linear NVFP4 with its own global (~1e-4, far from 1: a path
     that drops one cannot give the same logits), float32 embeddings. ``llama``: separate
-    projections, tied embeddings; ``phi3``: fused ``qkv_proj`` / ``gate_up_proj`` (planes
-    with partitions, one global each) and an unquantized ``lm_head``."""
+    projections, tied embeddings, the RoPE theta under transformers 5's ``rope_parameters``;
+    ``phi3``: fused ``qkv_proj`` / ``gate_up_proj`` (planes with partitions, one global
+    each) and an unquantized ``lm_head``."""
     rng = np.random.default_rng(7)
     planes, tensors = {}, {}
     for layer in range(LAYERS):
@@ -106,9 +107,12 @@ def _tiny_model(
         "vocab_size": vocab,
         "max_position_embeddings": 128,
         "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0,
         "tie_word_embeddings": model_type == "llama",
     }
+    if model_type == "llama":  # transformers 5's name, a theta far from mlx-lm's default
+        config["rope_parameters"] = {"rope_theta": 500.0, "rope_type": "default"}
+    else:
+        config["rope_theta"] = 500.0
     if model_type == "phi3":
         lm_head = rng.standard_normal((vocab, HIDDEN)).astype(np.float32) * 0.1
         tensors["lm_head.weight"] = lm_head

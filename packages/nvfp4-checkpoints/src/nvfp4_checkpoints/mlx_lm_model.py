@@ -14,7 +14,10 @@ applies the NVFP4 per-tensor decode global (``<prefix>.global_scale``) only on i
 the E4M3 scale bytes would change the numbers, so it is applied here instead.
 
 What it does: ``ModelArgs.from_dict(config)`` picks the config's own mlx-lm architecture
-(``model_type``, as mlx-lm does without a model file); ``Model(args)`` builds it and gives
+(``model_type``, as mlx-lm does without a model file) and reads the config as mlx-lm's
+``ModelArgs`` expect it where transformers 5 renamed keys (:func:`mlx_lm_args`:
+``rope_parameters`` -> ``rope_theta`` / ``rope_scaling``, ``num_local_experts`` ->
+``num_experts``; existing keys are never overwritten); ``Model(args)`` builds it and gives
 its ``nn.Linear`` layers a ``to_quantized`` that takes ``global_scale`` - mlx-lm's loader
 passes ``global_scale=True`` for every layer whose ``<prefix>.global_scale`` the folder
 holds, and gets a :class:`GlobalNVFP4Linear`::
@@ -134,6 +137,22 @@ def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
     return out
 
 
+def mlx_lm_args(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with the keys mlx-lm's ``ModelArgs`` read filled in from transformers 5's
+    names (module docstring); nothing is overwritten."""
+    cfg = dict(config)
+    rope = cfg.get("rope_parameters")
+    if isinstance(rope, dict):
+        if "rope_theta" not in cfg and "rope_theta" in rope:
+            cfg["rope_theta"] = rope["rope_theta"]
+        kind = rope.get("rope_type", rope.get("type", "default"))
+        if kind not in (None, "default") and not cfg.get("rope_scaling"):
+            cfg["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
+    if "num_experts" not in cfg and "num_local_experts" in cfg:
+        cfg["num_experts"] = cfg["num_local_experts"]
+    return cfg
+
+
 class ModelArgs:
     """mlx-lm calls ``ModelArgs.from_dict(config)`` then ``Model(args)``: the config's own
     architecture's arguments, with its model class."""
@@ -144,6 +163,7 @@ class ModelArgs:
 
     @classmethod
     def from_dict(cls, params: dict[str, Any]) -> ModelArgs:
+        params = mlx_lm_args(params)
         model_class, args_class = _get_classes(params)
         return cls(model_class, args_class.from_dict(params))
 

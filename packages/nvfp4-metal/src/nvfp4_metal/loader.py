@@ -110,19 +110,11 @@ def mlx_lm_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """A Hugging Face ``config.json`` as mlx-lm's ``ModelArgs`` expect it (see the module
     docstring): keys transformers 5 renamed are filled in, nothing is overwritten, and the
     quantization blocks are dropped (the NVFP4 modules replace them)."""
-    cfg = {
-        k: v for k, v in config.items() if k not in ("quantization_config", "quantization", "nvfp4")
-    }
-    rope = cfg.get("rope_parameters")
-    if isinstance(rope, dict):
-        if "rope_theta" not in cfg and "rope_theta" in rope:
-            cfg["rope_theta"] = rope["rope_theta"]
-        kind = rope.get("rope_type", rope.get("type", "default"))
-        if kind not in (None, "default") and not cfg.get("rope_scaling"):
-            cfg["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
-    if "num_experts" not in cfg and "num_local_experts" in cfg:
-        cfg["num_experts"] = cfg["num_local_experts"]
-    return cfg
+    # the same reading as our MLX folders' model file gives plain mlx-lm
+    from nvfp4_checkpoints.mlx_lm_model import mlx_lm_args
+
+    skip = ("quantization_config", "quantization", "nvfp4", "model_file")
+    return mlx_lm_args({k: v for k, v in config.items() if k not in skip})
 
 
 def _to_mx(a: npt.NDArray[Any], dtype: mx.Dtype | None) -> mx.array:
