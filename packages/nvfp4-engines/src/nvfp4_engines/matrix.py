@@ -97,7 +97,7 @@ def _tier_cell(cert: dict[str, Any], tier: str) -> str:
     failed = [x for x in _failed(cert) if x["tier"] == tier]
     if failed:
         return _first(failed)
-    if t is None or (t["tests"] == t.get("left_out", 0) and t["tests"]):
+    if t is None or t.get("verdict") == "not run":  # left out of the run (--nvfp4-tiers)
         return "not run"
     if t["passed"] == 0:
         return "absent"
@@ -113,6 +113,22 @@ def _capability_cell(cert: dict[str, Any], cap: str) -> str:
     return str(c["state"]) + ("" if c["state"] == "certified" else f" ({c['why']})")
 
 
+def _worst_cell(cert: dict[str, Any], tier: str) -> str:
+    """The tier's worst measured figure against its tolerance (passed and failed tests
+    alike), or the exact tiers' mismatch count."""
+    t = cert["tiers"].get(tier) or {}
+    w = t.get("worst")
+    if w:
+        return f"{w['figure']} {_num(w['value'])} / {_num(w['tolerance'])}"
+    if t.get("mismatches") is not None and t.get("passed"):
+        return f"exact: {t['mismatches']} mismatched"
+    return "-"
+
+
+def _num(v: Any) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return [
         "| " + " | ".join(header) + " |",
@@ -121,11 +137,16 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     ]
 
 
-def _deviations(cert: dict[str, Any]) -> tuple[list[tuple[Deviation, list[dict[str, Any]]]], list]:
-    found: dict[str, tuple[Deviation, list[dict[str, Any]]]] = {}
-    unclassified = []
+Test = dict[str, Any]
+
+
+def _deviations(cert: dict[str, Any]) -> tuple[list[tuple[Deviation, list[Test]]], list[Test]]:
+    """The certificate's failed tests filed under their deviations (in the order of their
+    first failure), and those no deviation explains."""
+    found: dict[str, tuple[Deviation, list[Test]]] = {}
+    unclassified: list[Test] = []
     for t in _failed(cert):
-        d = classify(t.get("message") or "")
+        d = classify(t.get("message") or "", t["nodeid"])
         if d is None:
             unclassified.append(t)
         else:
@@ -164,6 +185,16 @@ def render(certs: list[dict[str, Any]]) -> str:
         for c in certs
     ]
     lines += _table(["adapter", "engine", *CAPABILITIES], rows)
+    lines += [
+        "",
+        "## Worst measured errors",
+        "",
+        "Per tier, over every case that ran (failed ones included): the figure, its value and "
+        "its tolerance.",
+        "",
+    ]
+    rows = [[f"`{c['backend']['name']}`"] + [_worst_cell(c, t) for t in TIERS[:6]] for c in certs]
+    lines += _table(["adapter", *TIERS[:6]], rows)
     lines += ["", "## Runs", ""]
     rows = [
         [
@@ -185,7 +216,7 @@ def render(certs: list[dict[str, Any]]) -> str:
         lines += [f"### `{name}` ({engine_of(c)})", ""]
         for d, tests in found:
             lines += [
-                f"**{d.key}** - {len(tests)} failed tests, first "
+                f"**{d.key}** - {len(tests)} failed test{'s' if len(tests) > 1 else ''}, first "
                 f"`{tests[0]['nodeid'].split('::', 1)[-1]}`.",
                 "",
                 f"- Spec rule: {d.rule}.",
