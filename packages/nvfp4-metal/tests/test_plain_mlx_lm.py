@@ -225,3 +225,36 @@ def test_no_tokenizer_is_said(folders: dict[str, Path], tmp_path: Path) -> None:
         warnings.simplefilter("error")
         _, tok = nvfp4_metal.load(gguf, tokenizer=False)
     assert tok is None
+
+
+# ----------------------------------------------------------------------------- SmolLM2
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The conformance suite's SmolLM2-135M NVFP4 checkpoint (ModelOpt, its tokenizer
+    rebuilt from the GGUF it came from) and its MLX conversion."""
+    pytest.importorskip("accelerate")  # transformers' GGUF loading needs it
+    smol = pytest.importorskip("nvfp4_conformance.smollm2")
+    try:
+        smol.gguf_file()
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    base = tmp_path_factory.mktemp("smollm2")
+    ckpt = smol.write_nvfp4_checkpoint(smol.quantize_model(smol.load_float32_model()), base / "mo")
+    with open_checkpoint(ckpt) as ck:
+        mlx_dir = write_checkpoint(base / "mlx", ck, flavour="mlx")
+    return {"modelopt": ckpt, "mlx": mlx_dir}
+
+
+def test_smollm2_in_plain_mlx_lm(smollm2: dict[str, Path]) -> None:
+    folder = smollm2["mlx"]
+    assert (folder / "tokenizer.json").is_file()
+    assert (folder / "chat_template.jinja").is_file()
+    ours, our_tok = nvfp4_metal.load(folder)
+    plain, plain_tok = mlx_lm.load(str(folder), trust_remote_code=True)
+    chat = [{"role": "user", "content": "What is the capital of France?"}]
+    prompt = plain_tok.apply_chat_template(chat, add_generation_prompt=True)
+    assert prompt == our_tok.apply_chat_template(chat, add_generation_prompt=True)
+    want, _ = _greedy(ours, prompt)
+    got, _ = _greedy(plain, prompt)
+    assert got == want
+    assert "Paris" in plain_tok.decode(got)  # the model still knows (NVFP4 is close)
