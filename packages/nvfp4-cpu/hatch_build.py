@@ -12,6 +12,7 @@ Translation units, one per instruction-set level (runtime dispatch picks one per
 * ``kernels_avx512.c``    - x86-64 only, ``-mavx512f -mavx512bw -mavx512vl`` (+ AVX2/FMA/F16C);
 * ``w4a8_api.c``          - the W4A8 entry points and driver; baseline flags only;
 * ``w4a8_portable.c``     - W4A8 (int8 activations) in plain C, every architecture;
+* ``w4a8_fp8.c``          - the W4A8 FP8 activation encoder, plain C;
 * ``w4a8_avx2.c``         - W4A8 with vpmaddubsw / vpmaddwd, x86-64 only, AVX2 flags;
 * ``w4a8_avx512vnni.c``   - W4A8 with vpdpbusd, x86-64 only, AVX-512 flags + ``-mavx512vnni``.
 
@@ -65,7 +66,7 @@ X86_UNITS = {
     ),
 }
 #: Units every build needs (plain C): a failure to compile them fails the build.
-REQUIRED_UNITS = ("kernels_portable.c", "w4a8_portable.c")
+REQUIRED_UNITS = ("kernels_portable.c", "w4a8_portable.c", "w4a8_fp8.c")
 #: Baseline units that get the defines of the SIMD units linked in.
 DISPATCH_UNITS = ("api.c", "w4a8_api.c")
 

@@ -33,10 +33,10 @@ static int nv_initialised = 0;
 int nv_is_initialised(void) { return nv_initialised; } /* for the W4A8 driver */
 /* The encoder's constants from nvfp4.spec (ENCODER_CONSTANTS), set by nvfp4cpu_init. */
 static float nv_e2m1_max;       /* E2M1_MAX: s = block_amax / (e2m1_max * global) */
-static float nv_e4m3_max;       /* E4M3_MAX: the clamp's upper end */
+float nv_e4m3_max;              /* E4M3_MAX: the clamp's upper end */
 static float nv_e4m3_min_sub;   /* E4M3_MIN_SUBNORMAL: the clamp's lower end, the subnormal step */
 static int nv_e4m3_bias;        /* E4M3_BIAS */
-static uint8_t nv_e4m3_nan;     /* E4M3_NAN_BYTE: the scale byte of a block holding NaN or Inf */
+uint8_t nv_e4m3_nan;            /* E4M3_NAN_BYTE: the scale byte of a block holding NaN or Inf */
 
 /* ------------------------------------------------------------------ init and ISA facts */
 
@@ -607,7 +607,7 @@ NV_API int nvfp4cpu_unpack(int nth, const uint8_t *tiled_codes, const uint8_t *t
 /* E4M3 round-to-nearest-even of s in [E4M3_MIN_SUBNORMAL, E4M3_MAX], exactly as
  * nvfp4.spec.e4m3_round: step = 2^(max(binade, 1 - bias) - 3), rint(s / step) * step (both
  * exact: powers of two). */
-static float nv_e4m3_round(float s) {
+float nv_e4m3_round(float s) { /* also the FP8 activation encoder's (w4a8_fp8.c) */
     int ex;
     frexpf(s, &ex); /* s = mant * 2^ex, mant in [0.5, 1): the binade is ex - 1 */
     int binade = ex - 1;
@@ -618,7 +618,7 @@ static float nv_e4m3_round(float s) {
 
 /* The byte of an exactly representable positive E4M3 value in [E4M3_MIN_SUBNORMAL,
  * E4M3_MAX]. */
-static uint8_t nv_e4m3_byte(float r) {
+uint8_t nv_e4m3_byte(float r) {
     union { float f; uint32_t u; } v = {r};
     const int unbiased = (int)((v.u >> 23) & 0xFFu) - 127; /* float32's own bias */
     if (unbiased >= 1 - nv_e4m3_bias) /* normal: exponent field unbiased + bias, top mantissa bits */

@@ -107,6 +107,13 @@ int nv_threads_for(int nth, int64_t items, int64_t work);
 int64_t nv_grain(int64_t work_per_item);
 void *nv_aligned_alloc(size_t bytes);
 int nv_is_initialised(void);
+/* api.c's E4M3 encoder pieces (spec constants from nvfp4cpu_init), shared with the FP8
+ * activation encoder (w4a8_fp8.c): E4M3_MAX, the NaN byte, the round-to-nearest-even of a
+ * value in [0, E4M3_MAX] and the byte of an exactly representable non-negative value. */
+extern float nv_e4m3_max;
+extern uint8_t nv_e4m3_nan;
+float nv_e4m3_round(float s);
+uint8_t nv_e4m3_byte(float r);
 
 /* Byte sizes of one tile (see the layout above). */
 NV_INLINE int64_t nv_tile_code_bytes(int64_t k) { return (k / 2) * NV_TILE; }

@@ -1,6 +1,7 @@
-"""W4A8 int8 (spec 1.1, "W4A8") at every supported instruction-set level: the Q8_0
-activation quantizer bit for bit against nvfp4.reference.quantize_activations_q8, and
-qmm_w4a8 / gather_qmm_w4a8 against nvfp4.reference within [w4a8] (the integer part exact)."""
+"""W4A8 (spec 1.1, "W4A8") at every supported instruction-set level: the Q8_0 activation
+quantizer bit for bit against nvfp4.reference.quantize_activations_q8, qmm_w4a8 /
+gather_qmm_w4a8 against nvfp4.reference within [w4a8] (the integer part exact), and W4A8 FP8:
+the E4M3 activation encoder bit for bit, qmm_w4a8_fp8 within [w4a8_fp8]."""
 
 from __future__ import annotations
 
@@ -35,12 +36,12 @@ def _cpu_flags() -> set[str]:
 
 
 # ------------------------------------------------------------------------ the levels
-def test_w4a8_is_declared_and_fp8_is_not() -> None:
+def test_w4a8_capabilities_are_declared() -> None:
     info = CPUBackend().info
-    assert "w4a8" in CAPABILITIES
-    assert "w4a8" in info.capabilities
-    assert "w4a8_fp8" not in info.capabilities  # not implemented: never claimed
-    assert any("W4A8" in note for note in info.notes)
+    assert {"w4a8", "w4a8_fp8"} <= CAPABILITIES
+    assert {"w4a8", "w4a8_fp8"} <= info.capabilities
+    assert any("W4A8 int8 native" in note for note in info.notes)
+    assert any("W4A8 FP8 emulated" in note for note in info.notes)
 
 
 def test_each_level_runs_its_own_w4a8_kernels(native: Native) -> None:
@@ -379,3 +380,79 @@ def test_gather_w4a8_per_expert_partition_globals_and_dtypes(isa: str) -> None:
             for a, c in ((0, 10), (10, 30)):
                 rows = ids == e
                 check_close("w4a8", dtype, y[rows, a:c], ref[rows, a:c], f"{isa} {dtype} e{e}")
+
+
+# ------------------------------------------------------------------------------- FP8
+def _fp8_cases() -> dict[str, tuple[np.ndarray, float | None]]:
+    rng = np.random.default_rng(23)
+    nonfinite = rng.standard_normal((5, 96)).astype(np.float32)
+    nonfinite[0, 3] = np.nan
+    nonfinite[2, 50] = np.inf
+    nonfinite[4, 95] = -np.inf
+    ties = (rng.integers(8, 64, size=(4, 128)) * 2.0 + 1.0).astype(np.float32) / 16
+    ties[:, ::2] *= -1
+    sub = (rng.standard_normal((4, 128)) * 2e-3).astype(np.float32)
+    sub[0, :8] = np.float32(2.0**-10) * np.asarray([1, -1, 3, -3, 0.5, 1.5, 2.5, 0], np.float32)
+    sub[1, :4] = np.asarray([-0.0, 0.0, -1e-30, 1e-30], np.float32)
+    return {
+        "normal_dynamic": (rng.standard_normal((33, 512)).astype(np.float32), None),
+        "normal_static": (rng.standard_normal((8, 256)).astype(np.float32), 0.01),
+        "saturating_static": ((rng.standard_normal((4, 128)) * 100).astype(np.float32), 0.05),
+        "overflowing_quotient": ((rng.standard_normal((2, 64)) * 1e30).astype(np.float32), 1e-20),
+        "subnormal_codes_and_signed_zeros": (sub, 1.0),
+        "e4m3_ties": (ties, 1.0),
+        "zeros": (np.zeros((3, 64), np.float32), None),
+        "nonfinite": (nonfinite, None),
+        "bfloat16_input": (rng.standard_normal((16, 512)).astype(ml_dtypes.bfloat16), None),
+        "float16_input": (rng.standard_normal((4, 256)).astype(np.float16), 0.003),
+    }
+
+
+FP8_CASES = _fp8_cases()
+
+
+@pytest.mark.parametrize("case", list(FP8_CASES))
+def test_quantize_fp8_bit_identical(case: str) -> None:
+    x, scale = FP8_CASES[case]
+    got = CPUBackend(threads=2).quantize_activations_fp8(x, scale)
+    with np.errstate(all="ignore"):
+        ref = reference.quantize_activations_fp8(x, scale)
+    assert got.input_scale.view(np.uint32) == ref.input_scale.view(np.uint32)
+    bad = got.codes != ref.codes
+    if bad.any():
+        i, j = (int(v) for v in np.argwhere(bad)[0])
+        raise AssertionError(
+            f"{case}: code ({i}, {j}) = {got.codes[i, j]:#04x}, expected {ref.codes[i, j]:#04x}"
+        )
+
+
+@pytest.mark.parametrize("scale", [None, 0.02, 1e-4])
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 7, 16), (5, 33, 64), (33, 40, 4096)])
+def test_qmm_w4a8_fp8(isa: str, m: int, n: int, k: int, scale: float | None) -> None:
+    """Dynamic, static and saturating (1e-4: most activations clamp at 448) input scales."""
+    p = _weight(n, k)
+    b = CPUBackend(isa=isa, threads=2)
+    x = _x(m, k, "float32", m + n + k)
+    y = b.qmm_w4a8_fp8(x, b.prepare(p), input_scale=scale)
+    ref = reference.qmm_w4a8_fp8(x, p, input_scale=scale, out_dtype=None)
+    check_close("w4a8_fp8", "float32", y, ref, f"{isa} M={m} N={n} K={k} scale={scale}")
+
+
+def test_qmm_w4a8_fp8_half_dtypes_and_nonfinite_rows(isa: str) -> None:
+    p = _weight(21, 128)
+    b = CPUBackend(isa=isa)
+    for dtype in ("float16", "bfloat16"):
+        x = _x(4, 128, dtype, 2)
+        y = b.qmm_w4a8_fp8(x, b.prepare(p))
+        assert y.dtype == np.dtype(DTYPES[dtype])
+        check_close("w4a8_fp8", dtype, y, reference.qmm_w4a8_fp8(x, p, out_dtype=None), isa)
+    x = _x(5, 128, "float32", 3)
+    x[1, 7] = np.nan
+    x[3, 0] = -np.inf
+    x[4] = 0.0
+    y = b.qmm_w4a8_fp8(x, b.prepare(p), input_scale=0.01)
+    assert np.isnan(y[[1, 3]]).all()
+    assert (y[4] == 0).all()
+    good = [0, 2]
+    ref = reference.qmm_w4a8_fp8(x[good], p, input_scale=0.01, out_dtype=None)
+    check_close("w4a8_fp8", "float32", y[good], ref, isa)

@@ -99,6 +99,8 @@ _SIGNATURES: dict[str, tuple[object, list[object]]] = {
     "nvfp4cpu_finite_absmax": (ctypes.c_float, [_f32p, _i64]),
     "nvfp4cpu_w4a8_kernel_name": (ctypes.c_char_p, [_int]),
     "nvfp4cpu_quantize_q8": (_int, [_int, _int, _f32p, _i64, _i64, _u8p, _u8p]),
+    "nvfp4cpu_quantize_fp8": (_int, [_int, _f32p, _i64, ctypes.c_float, _u8p]),
+    "nvfp4cpu_qmm_fp8": (_int, [_int, _u8p, _u8p, _f32p, _i64, _i64, _f32p, _i64, _f32p]),
     "nvfp4cpu_qmm_w4a8": (_int, [_int, _int, _u8p, _u8p, _f32p, _i64, _i64, _f32p, _i64, _f32p]),
     "nvfp4cpu_gather_qmm_w4a8": (
         _int,

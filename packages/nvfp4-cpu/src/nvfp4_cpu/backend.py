@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from nvfp4.activations import Q8Activations
+from nvfp4.activations import FP8Activations, Q8Activations
 from nvfp4.backend import Backend
 from nvfp4.contract import Availability, BackendInfo
 from nvfp4.planes import NVFP4Planes
@@ -42,6 +42,7 @@ CAPABILITIES = frozenset(
         "quantize_activations",
         "w4a4",
         "w4a8",
+        "w4a8_fp8",
     }
 )
 
@@ -82,6 +83,9 @@ class CPUKernels:
                 "W4A8 int8 native: bit-exact Q8_0 activation quantization in C, exact int32 "
                 "block dot products (AVX-512 VNNI vpdpbusd / AVX2 vpmaddubsw / portable C), "
                 "float32 accumulation, the global after accumulation",
+                "W4A8 FP8 emulated: bit-exact FP8 E4M3 activation encoding in C, exact decode, "
+                "a float32 plain-C kernel (exact products, blocked accumulation), input_scale "
+                "after accumulation",
             ),
         )
 
@@ -173,6 +177,25 @@ class CPUKernels:
     ) -> npt.NDArray[Any]:
         native, isa, threads = self._config()
         return w4a8.gather_qmm_w4a8(native, isa, threads, x, w, expert_ids, out_dtype=out_dtype)
+
+    def quantize_activations_fp8(
+        self, x: npt.NDArray[Any], *, input_scale: float | None
+    ) -> FP8Activations:
+        native, _, threads = self._config()
+        return w4a8.quantize_activations_fp8(native, threads, x, input_scale)
+
+    def qmm_w4a8_fp8(
+        self,
+        x: npt.NDArray[Any],
+        w: PreparedWeight,
+        *,
+        input_scale: float | None,
+        out_dtype: str,
+    ) -> npt.NDArray[Any]:
+        native, isa, threads = self._config()
+        return w4a8.qmm_w4a8_fp8(
+            native, isa, threads, x, w, input_scale=input_scale, out_dtype=out_dtype
+        )
 
     def to_planes(self, w: PreparedWeight) -> NVFP4Planes:
         """The canonical planes of a prepared weight, byte for byte."""

@@ -59,7 +59,7 @@ def weight_args(isa: str, threads: int, w: PreparedWeight) -> tuple[Any, ...]:
     )
 
 
-def _qmm_f32(
+def qmm_f32(
     native: Native,
     isa: str,
     threads: int,
@@ -108,8 +108,8 @@ def qmm(
     if out is not None:
         if out_dtype != "float32":
             raise ValueError(f"qmm({w.name!r}): out= needs out_dtype float32")
-        return _qmm_f32(native, isa, threads, x, w, out)
-    return cast_output(_qmm_f32(native, isa, threads, x, w), out_dtype)
+        return qmm_f32(native, isa, threads, x, w, out)
+    return cast_output(qmm_f32(native, isa, threads, x, w), out_dtype)
 
 
 def gather_qmm(
@@ -209,6 +209,6 @@ def qmm_w4a4(
     (``e2m1 * e4m3``, NaN for a 0x7F block), multiplied by the W4A16 kernel, then by the
     activation global once."""
     xp = quantize_activations(native, threads, x, input_scale, name=f"{w.name}.input")
-    y = _qmm_f32(native, isa, threads, dequantize_unscaled(xp), w)
+    y = qmm_f32(native, isa, threads, dequantize_unscaled(xp), w)
     y *= np.float32(xp.global_scale)
     return cast_output(y, out_dtype)

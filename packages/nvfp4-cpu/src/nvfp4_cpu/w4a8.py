@@ -10,6 +10,15 @@ explicit instruction-set level and thread count (the backend object fills those 
 * :func:`gather_qmm_w4a8` - MoE: rows grouped by expert; ids outside ``[0, E)`` give exactly
   zero rows and their x is never read.
 
+W4A8 FP8 (capability ``w4a8_fp8``):
+
+* :func:`quantize_activations_fp8` - ``e4m3(x / input_scale)`` in C, bit-identical to
+  :func:`nvfp4.reference.quantize_activations_fp8` (dynamic scale: ``amax / 448`` over the
+  finite values, one float32 division, 1.0 when 0);
+* :func:`qmm_w4a8_fp8` - emulated: the FP8 codes decoded exactly (E4M3 values are float32
+  values; NaN for the NaN byte), a float32 kernel with exact products and three-level
+  accumulation (16-element blocks, 256 elements, the rest), then ``input_scale`` once.
+
 Operands are checked by core (:mod:`nvfp4.contract`): x 2-D ``[M, K]``, M >= 1, K a
 multiple of 32. float16 / bfloat16 x converts to float32 once (exactly).
 """
@@ -21,14 +30,20 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from nvfp4.activations import Q8Activations
-from nvfp4.spec import Q8_BLOCK_SIZE
+from nvfp4.activations import FP8Activations, Q8Activations
+from nvfp4.spec import E4M3_MAX, E4M3_VALUES, Q8_BLOCK_SIZE
 
 from ._native import ISA_LEVELS, Native, ptr
 from .layout import PreparedWeight
 from .ops import cast_output, weight_args
 
-__all__ = ["gather_qmm_w4a8", "qmm_w4a8", "quantize_activations_q8"]
+__all__ = [
+    "gather_qmm_w4a8",
+    "qmm_w4a8",
+    "qmm_w4a8_fp8",
+    "quantize_activations_fp8",
+    "quantize_activations_q8",
+]
 
 
 def quantize_activations_q8(
@@ -98,3 +113,63 @@ def gather_qmm_w4a8(
     )
     native.check(rc, f"gather_qmm_w4a8({w.name!r})")
     return cast_output(out, out_dtype)
+
+
+def quantize_activations_fp8(
+    native: Native,
+    threads: int,
+    x: npt.NDArray[Any],
+    input_scale: float | None = None,
+    *,
+    name: str = "activation",
+) -> FP8Activations:
+    """Checked activations ``[M, K]`` -> :class:`~nvfp4.activations.FP8Activations`:
+    ``input_scale`` (a decode multiplier) when given, else dynamic ``amax / 448`` over the
+    finite values (1.0 where that is 0); NaN / Inf elements get the NaN byte 0x7F."""
+    a = np.ascontiguousarray(x, dtype=np.float32)
+    if input_scale is None:
+        amax = np.float32(native.lib.nvfp4cpu_finite_absmax(ptr(a, ctypes.c_float), a.size))
+        s = np.float32(amax / np.float32(E4M3_MAX))  # one float32 division, as the spec
+        s = np.float32(1.0) if s == 0 else s
+    else:
+        s = np.float32(input_scale)
+    codes = np.empty(a.shape, dtype=np.uint8)
+    rc = native.lib.nvfp4cpu_quantize_fp8(
+        threads, ptr(a, ctypes.c_float), a.size, float(s), ptr(codes)
+    )
+    native.check(rc, f"quantize_activations_fp8({name!r})")
+    return FP8Activations(codes=codes, input_scale=np.asarray(s, dtype=np.float32), name=name)
+
+
+def qmm_w4a8_fp8(
+    native: Native,
+    isa: str,
+    threads: int,
+    x: npt.NDArray[Any],
+    w: PreparedWeight,
+    *,
+    input_scale: float | None = None,
+    out_dtype: str = "float32",
+) -> npt.NDArray[Any]:
+    """Emulated W4A8 FP8: x encoded by :func:`quantize_activations_fp8`, decoded exactly,
+    multiplied in float32 (``nvfp4cpu_qmm_fp8``: blocked accumulation, the row global after
+    it), then by ``input_scale`` once. ``isa`` is accepted for symmetry; the kernel is plain
+    C."""
+    xq = quantize_activations_fp8(native, threads, x, input_scale, name=f"{w.name}.input")
+    xd = np.ascontiguousarray(E4M3_VALUES[xq.codes], dtype=np.float32)
+    m = xd.shape[0]
+    y = np.empty((m, w.n), dtype=np.float32)
+    rc = native.lib.nvfp4cpu_qmm_fp8(
+        threads,
+        ptr(w.codes),
+        ptr(w.scales),
+        ptr(w.row_global, ctypes.c_float),
+        w.n,
+        w.k,
+        ptr(xd, ctypes.c_float),
+        m,
+        ptr(y, ctypes.c_float),
+    )
+    native.check(rc, f"qmm_w4a8_fp8({w.name!r})")
+    y *= np.float32(xq.input_scale)
+    return cast_output(y, out_dtype)
