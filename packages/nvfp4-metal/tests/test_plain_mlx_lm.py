@@ -1,7 +1,8 @@
 """Plain mlx-lm runs our MLX folders: ``mlx_lm.load(dir, trust_remote_code=True)`` and
 ``python -m mlx_lm generate --model dir --trust-remote-code`` build the model with the
 folder's own model file (``nvfp4_mlx_lm.py``), every NVFP4 global applied, and give exactly
-the logits and tokens of :func:`nvfp4_metal.load` on the same folder. The tokenizer comes
+the logits and tokens of :func:`nvfp4_metal.load` on the same folder (dense, fused and
+expert layers). The tokenizer comes
 with the folder, also when it was converted from a GGUF."""
 
 from __future__ import annotations
@@ -65,6 +66,17 @@ _PROJECTIONS = {
     "mlp.down_proj": (HIDDEN, INTER),
 }
 #: Phi-3's fused linears: one NVFP4 tensor of several partitions, each with its own global.
+EXPERTS, MOE_INTER, HEAD_DIM = 4, 64, 16
+_EXPERT_PROJECTIONS = {
+    "gate_proj": (MOE_INTER, HIDDEN),
+    "up_proj": (MOE_INTER, HIDDEN),
+    "down_proj": (HIDDEN, MOE_INTER),
+}
+_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+}
 _PHI3_FUSED = {
     "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
     "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
@@ -78,7 +90,8 @@ def _tiny_model(
     that drops one cannot give the same logits), float32 embeddings. ``llama``: separate
     projections, tied embeddings, the RoPE theta under transformers 5's ``rope_parameters``;
     ``phi3``: fused ``qkv_proj`` / ``gate_up_proj`` (planes with partitions, one global
-    each) and an unquantized ``lm_head``."""
+    each) and an unquantized ``lm_head``; ``qwen3_moe``: Qwen3-MoE experts stored one by
+    one (each expert its own global), a float32 router."""
     rng = np.random.default_rng(7)
     planes, tensors = {}, {}
     for layer in range(LAYERS):
@@ -91,14 +104,27 @@ def _tiny_model(
         if model_type == "phi3":
             for fused, parts in _PHI3_FUSED.items():
                 planes[base + fused] = fuse([own.pop(p) for p in parts], name=base + fused)
+        if model_type == "qwen3_moe":
+            for proj in ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"):
+                own.pop(proj)
+            for e in range(EXPERTS):  # each expert its own global
+                for proj, shape in _EXPERT_PROJECTIONS.items():
+                    name = f"{base}mlp.experts.{e}.{proj}"
+                    w = rng.standard_normal(shape).astype(np.float32) * 0.05 * (e + 1)
+                    planes[name] = quantize(w, name=name)
+            tensors[f"{base}mlp.gate.weight"] = rng.standard_normal((EXPERTS, HIDDEN)).astype(
+                np.float32
+            )
+            for norm in ("q_norm", "k_norm"):
+                tensors[f"{base}self_attn.{norm}.weight"] = np.ones(HEAD_DIM, np.float32)
         planes.update({base + proj: p for proj, p in own.items()})
         for norm in ("input_layernorm", "post_attention_layernorm"):
             tensors[f"{base}{norm}.weight"] = np.ones(HIDDEN, np.float32)
     tensors["model.embed_tokens.weight"] = rng.standard_normal((vocab, HIDDEN)).astype(np.float32)
     tensors["model.norm.weight"] = np.ones(HIDDEN, np.float32)
-    config = {
+    config: dict[str, Any] = {
         "model_type": model_type,
-        "architectures": ["LlamaForCausalLM" if model_type == "llama" else "Phi3ForCausalLM"],
+        "architectures": [_ARCHITECTURES[model_type]],
         "hidden_size": HIDDEN,
         "intermediate_size": INTER,
         "num_hidden_layers": LAYERS,
@@ -107,7 +133,7 @@ def _tiny_model(
         "vocab_size": vocab,
         "max_position_embeddings": 128,
         "rms_norm_eps": 1e-5,
-        "tie_word_embeddings": model_type == "llama",
+        "tie_word_embeddings": model_type != "phi3",
     }
     if model_type == "llama":  # transformers 5's name, a theta far from mlx-lm's default
         config["rope_parameters"] = {"rope_theta": 500.0, "rope_type": "default"}
@@ -116,6 +142,16 @@ def _tiny_model(
     if model_type == "phi3":
         lm_head = rng.standard_normal((vocab, HIDDEN)).astype(np.float32) * 0.1
         tensors["lm_head.weight"] = lm_head
+    if model_type == "qwen3_moe":
+        config.update(
+            num_experts=EXPERTS,
+            num_experts_per_tok=2,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            moe_intermediate_size=MOE_INTER,
+            head_dim=HEAD_DIM,
+            norm_topk_prob=True,
+        )
     return planes, tensors, config
 
 
@@ -123,12 +159,12 @@ def _tiny_model(
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """``mlx``: our MLX folder of the Llama (tokenizer given); ``gguf``: the same model as a
     GGUF; ``mlx_from_gguf``: the GGUF converted back to an MLX folder; ``phi3``: the fused
-    Phi-3's MLX folder."""
+    Phi-3's MLX folder; ``moe``: the Qwen3-MoE's."""
     base = tmp_path_factory.mktemp("plain_mlx_lm")
     tok = _tokenizer_dir(base / "tok")
     vocab = tokenizers.Tokenizer.from_file(str(tok / "tokenizer.json")).get_vocab_size()
     out = {"tok": tok}
-    for kind, name in (("llama", "mlx"), ("phi3", "phi3")):
+    for kind, name in (("llama", "mlx"), ("phi3", "phi3"), ("qwen3_moe", "moe")):
         planes, tensors, config = _tiny_model(vocab, kind)
         out[name] = write_checkpoint(
             base / name, planes, flavour="mlx", tensors=tensors, config=config, tokenizer=tok
@@ -148,7 +184,7 @@ def _greedy(model: Any, prompt: list[int]) -> tuple[list[int], list[np.ndarray]]
     return toks, logps
 
 
-@pytest.mark.parametrize("name", ["mlx", "mlx_from_gguf", "phi3"])
+@pytest.mark.parametrize("name", ["mlx", "mlx_from_gguf", "phi3", "moe"])
 def test_mlx_lm_load_equals_nvfp4_metal_load(folders: dict[str, Path], name: str) -> None:
     folder = folders[name]
     ours, our_tok = nvfp4_metal.load(folder)
@@ -159,13 +195,23 @@ def test_mlx_lm_load_equals_nvfp4_metal_load(folders: dict[str, Path], name: str
     modules = dict(plain.named_modules())
     with open_checkpoint(folder) as ck:
         names = ck.quantized_names()
-        assert len(names) == LAYERS * (4 if name == "phi3" else 7)
+        per_layer = {"phi3": 4, "moe": 4 + 3 * EXPERTS}.get(name, 7)
+        assert len(names) == LAYERS * per_layer
         for prefix in names:
-            module = modules[prefix]
-            assert type(module).__name__ == "GlobalNVFP4Linear", prefix
-            want = ck.planes(prefix).row_global()
-            assert len(set(want.tolist())) == (ck.planes(prefix).num_partitions or 1), prefix
-            assert np.array_equal(np.array(module["global_scale"]), want), prefix
+            planes = ck.planes(prefix)
+            want = planes.row_global()
+            assert len(set(want.tolist())) == (planes.num_partitions or 1), prefix
+            if ".experts." in prefix:  # stacked: switch_mlp.<proj>, row e of its globals
+                parent, rest = prefix.split(".experts.")
+                e, proj = rest.split(".", 1)
+                module = modules[f"{parent}.switch_mlp.{proj}"]
+                assert type(module).__name__ == "GlobalNVFP4SwitchLinear", prefix
+                got = np.array(module["global_scale"])[int(e)]
+            else:
+                module = modules[prefix]
+                assert type(module).__name__ == "GlobalNVFP4Linear", prefix
+                got = np.array(module["global_scale"])
+            assert np.array_equal(got, want), prefix
     x = mx.array([prompt])
     assert np.array_equal(np.array(plain(x)), np.array(ours(x)))  # bit-identical logits
     want, want_lp = _greedy(ours, prompt)

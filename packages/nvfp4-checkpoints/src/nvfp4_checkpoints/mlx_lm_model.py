@@ -31,20 +31,28 @@ a scalar global is broadcast to ``[N]``; fused planes (``<prefix>.partitions``, 
 per row range) are expanded row by row; ``<prefix>.input_scale`` (the activations' global,
 unused by this weights-only path) is dropped.
 
+Expert layers likewise: mlx-lm's ``SwitchLinear`` gets a ``to_quantized`` giving a
+:class:`GlobalNVFP4SwitchLinear` (``gather_qmm`` in float32, then each row times its
+expert's row global, as nvfp4-metal's ``NVFP4SwitchLinear``). Our folders store experts one
+by one under their Hugging Face names (``...experts.<e>.<proj>``); the architectures'
+sanitize stacks only their ``.weight`` tensors (into ``...switch_mlp.<proj>.weight``), so
+:func:`sanitize` stacks each expert's ``scales`` and row global the same way, beside the
+stacked weight it finds under the same parent module.
+
 Layers without a global (mlx-lm's own nvfp4 folders) and other quantization modes keep
-mlx-lm's layers. Expert layers: mlx-lm's architectures stack only their experts'
-``.weight`` tensors (not ``.scales``), so per-expert NVFP4 experts are not loadable by
-mlx-lm; use ``nvfp4_metal.load`` for MoE folders.
+mlx-lm's layers.
 
 Self-contained: it imports mlx and mlx-lm only.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.switch_layers import SwitchLinear
 from mlx_lm.utils import _get_classes
 
 #: NVFP4's block size: 16 codes share one E4M3 scale byte.
@@ -82,6 +90,56 @@ class GlobalNVFP4Linear(nn.Module):
         if "bias" in self:
             y = y + self["bias"]
         return y
+
+
+class GlobalNVFP4SwitchLinear(nn.Module):
+    """mlx-lm's ``SwitchLinear`` call (``x [..., 1, K]`` against ``indices``) for NVFP4
+    experts ``[E, N, K]`` with a row global per expert ``[E, N]``."""
+
+    def __init__(self, input_dims: int, output_dims: int, num_experts: int, bias: bool) -> None:
+        super().__init__()
+        e, n = num_experts, output_dims
+        self.weight = mx.zeros((e, n, input_dims // CODES_PER_WORD), dtype=mx.uint32)
+        self.scales = mx.zeros((e, n, input_dims // GROUP_SIZE), dtype=mx.uint8)
+        self.global_scale = mx.ones((e, n), dtype=mx.float32)
+        if bias:
+            self.bias = mx.zeros((e, n))
+        self.freeze()
+
+    def __call__(self, x: mx.array, indices: mx.array, sorted_indices: bool = False) -> mx.array:
+        y = mx.gather_qmm(
+            x.astype(mx.float32),
+            self["weight"],
+            self["scales"],
+            None,
+            rhs_indices=indices,
+            transpose=True,
+            group_size=GROUP_SIZE,
+            bits=4,
+            mode="nvfp4",
+            sorted_indices=sorted_indices,
+        )
+        # y: indices.shape + (1, N); each row times its expert's row global
+        y = (y * mx.expand_dims(self["global_scale"][indices], -2)).astype(x.dtype)
+        if "bias" in self:
+            y = y + mx.expand_dims(self["bias"][indices], -2)
+        return y
+
+
+class _SwitchLinear(SwitchLinear):
+    """mlx-lm's ``SwitchLinear`` whose ``to_quantized`` gives our layer for a global."""
+
+    def to_quantized(  # type: ignore[override]
+        self,
+        group_size: int = 64,
+        bits: int = 4,
+        mode: str = "affine",
+        global_scale: bool = False,
+    ) -> nn.Module:
+        if global_scale and mode == "nvfp4":
+            num_experts, output_dims, input_dims = self.weight.shape
+            return GlobalNVFP4SwitchLinear(input_dims, output_dims, num_experts, "bias" in self)
+        return super().to_quantized(group_size, bits, mode, global_scale)
 
 
 class _Linear(nn.Linear):
@@ -123,17 +181,53 @@ def _row_global(g: mx.array, partitions: mx.array | None, rows: int, name: str) 
     return g.reshape(-1)[part]
 
 
-def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
-    """The folder's sidecars as :class:`GlobalNVFP4Linear` holds them (module docstring)."""
-    out = {k: v for k, v in weights.items() if not k.endswith((".input_scale", ".partitions"))}
+#: A per-expert tensor the architecture's sanitize left unstacked.
+_EXPERT_PART = re.compile(
+    r"^(?P<parent>.+)\.experts\.(?P<e>\d+)\.(?P<proj>[^.]+)\.(?P<what>scales|global_scale)$"
+)
+
+
+def _stack_experts(out: dict[str, mx.array], weights: dict[str, mx.array], new: set[str]) -> None:
+    """Stack the experts' ``scales`` and row globals beside the ``.weight`` stack that the
+    architecture's sanitize made (a key it created, ``<parent>.<...>.<proj>.weight``)."""
+    groups: dict[tuple[str, str], set[int]] = {}
+    for key in out:
+        m = _EXPERT_PART.match(key)
+        if m:
+            groups.setdefault((m["parent"], m["proj"]), set()).add(int(m["e"]))
+    for (parent, proj), experts in groups.items():
+        targets = [k for k in new if k.startswith(f"{parent}.") and k.endswith(f".{proj}.weight")]
+        if len(targets) != 1 or out[targets[0]].ndim != 3:
+            raise ValueError(
+                f"{parent}.experts.*.{proj}: expected one stacked [E, N, K/8] weight made by "
+                f"the model's sanitize, found {sorted(targets)}"
+            )
+        stacked = targets[0][: -len(".weight")]
+        e, n = out[targets[0]].shape[:2]
+        if experts != set(range(e)):
+            raise ValueError(f"{parent}.experts.*.{proj}: expected experts 0..{e - 1}")
+        scales, rows = [], []
+        for i in range(e):
+            prefix = f"{parent}.experts.{i}.{proj}"
+            scales.append(out.pop(f"{prefix}.scales"))
+            g = out.pop(f"{prefix}.global_scale")
+            rows.append(_row_global(g, weights.get(f"{prefix}.partitions"), n, prefix))
+        out[f"{stacked}.scales"] = mx.stack(scales)
+        out[f"{stacked}.global_scale"] = mx.stack(rows)
+
+
+def sanitize(weights: dict[str, mx.array], sanitized: dict[str, mx.array]) -> dict[str, mx.array]:
+    """``sanitized`` (the architecture's sanitize of the folder's ``weights``) with the
+    sidecars as our layers hold them (module docstring)."""
+    new = set(sanitized) - set(weights)
+    out = {k: v for k, v in sanitized.items() if not k.endswith((".input_scale", ".partitions"))}
+    _stack_experts(out, weights, new)
     for key in [k for k in out if k.endswith(".global_scale")]:
         prefix = key[: -len(".global_scale")]
         codes = out.get(f"{prefix}.weight")
-        if codes is None or codes.ndim != 2:
-            continue  # expert stacks keep mlx-lm's own (E,) layout
-        out[key] = _row_global(
-            out[key], weights.get(f"{prefix}.partitions"), codes.shape[0], prefix
-        )
+        if codes is not None and codes.ndim == 2:
+            parts = weights.get(f"{prefix}.partitions")
+            out[key] = _row_global(out[key], parts, codes.shape[0], prefix)
     return out
 
 
@@ -175,12 +269,14 @@ def Model(args: ModelArgs) -> nn.Module:  # mlx-lm calls ``arch.Model(args)``
     class NVFP4Model(base):  # type: ignore[misc, valid-type]
         def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
             own = getattr(super(), "sanitize", None)
-            return sanitize(own(weights) if own is not None else weights)
+            return sanitize(weights, own(dict(weights)) if own is not None else dict(weights))
 
     NVFP4Model.__name__ = NVFP4Model.__qualname__ = f"NVFP4{base.__name__}"
     model = NVFP4Model(args.args)
     for _, module in model.named_modules():
+        # the same module, one method more (no new arrays): mlx-lm's loader calls it
         if type(module) is nn.Linear:
-            # the same module, one method more (no new arrays): mlx-lm's loader calls it
             module.__class__ = _Linear
+        elif type(module) is SwitchLinear:
+            module.__class__ = _SwitchLinear
     return model
