@@ -10,8 +10,9 @@ files, tokenizer, generation config...).
   flavour's dtypes.
 * Writing: :class:`HFFormat` (a flavour's tensor entries, arrays and config files) and
   :func:`write_hf`, which plans the shards from shapes alone, writes each safetensors file
-  header first and then tensor by tensor, then the index, the configs and the source
-  directory's other files. Outputs are ``model.safetensors``, or
+  header first and then tensor by tensor, then the index, the configs, the source
+  directory's other files, the flavour's generated files (the MLX model file) and the
+  tokenizer (:mod:`.tokenizer`). Outputs are ``model.safetensors``, or
   ``model-0000i-of-0000n.safetensors`` shards plus ``model.safetensors.index.json`` when
   larger than ``max_shard_bytes``.
 """
