@@ -194,3 +194,16 @@ def test_a_directory_without_tokenizer_is_refused_as_tokenizer(tmp_path: Path) -
             tokenizer=tmp_path / "empty",
         )  # fmt: skip
     assert not (tmp_path / "x").exists()
+
+
+def test_a_symlinked_tokenizer_file_is_refused(tok_dir: Path, tmp_path: Path) -> None:
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "tokenizer.json").symlink_to(tok_dir / "tokenizer.json")
+    planes, tensors, config = _model(300)
+    with pytest.raises(CheckpointError, match=r"linked/tokenizer\.json: expected a regular file"):
+        write_checkpoint(
+            tmp_path / "x", planes, flavour="mlx", tensors=tensors, config=config,
+            tokenizer=linked,
+        )  # fmt: skip
+    assert not (tmp_path / "x").exists()

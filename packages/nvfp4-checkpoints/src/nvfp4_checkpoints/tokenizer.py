@@ -71,9 +71,11 @@ class TokenizerUnavailable(CheckpointError):
 
 def is_gguf_file(path: Path) -> bool:
     """Whether ``path`` is a file starting with GGUF's magic bytes."""
+    if not path.is_file():
+        return False
     try:
         with open(path, "rb") as f:
-            return path.is_file() and f.read(4) == b"GGUF"
+            return f.read(4) == b"GGUF"
     except OSError:
         return False
 
@@ -93,9 +95,20 @@ def copy_hf_tokenizer(src_dir: Path, out_dir: Path) -> list[str]:
             f"{src_dir}: expected a Hugging Face tokenizer (tokenizer.json or tokenizer.model), "
             f"found {sorted(p.name for p in src_dir.iterdir()) if src_dir.is_dir() else 'no directory'}"
         )
+    _refuse_links(src_dir)
     for name in names:
         shutil.copyfile(src_dir / name, out_dir / name)
     return names
+
+
+def _refuse_links(src_dir: Path) -> None:
+    """As for checkpoint folders: a tokenizer is the regular files inside its directory."""
+    links = [n for n in HF_TOKENIZER_FILES if (src_dir / n).is_symlink()]
+    if links:
+        raise CheckpointError(
+            f"{src_dir / links[0]}: expected a regular file inside the tokenizer directory, "
+            "found a symlink"
+        )
 
 
 def _auto_tokenizer() -> Any:
@@ -185,6 +198,7 @@ def check_tokenizer_source(path: Path) -> None:
             f"{path}: expected a Hugging Face tokenizer directory (tokenizer.json or "
             "tokenizer.model) or a GGUF file with tokenizer metadata"
         )
+    _refuse_links(path)
 
 
 def output_tokenizer(src: Source, out_dir: Path) -> list[str]:
