@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -207,3 +208,20 @@ def test_a_symlinked_tokenizer_file_is_refused(tok_dir: Path, tmp_path: Path) ->
             tokenizer=linked,
         )  # fmt: skip
     assert not (tmp_path / "x").exists()
+
+
+def test_cli_convert_takes_a_tokenizer(tok_dir: Path, tmp_path: Path) -> None:
+    want = _auto(tok_dir)
+    planes, tensors, config = _model(len(want))
+    src = write_checkpoint(
+        tmp_path / "src", planes, flavour="modelopt", tensors=tensors, config=config
+    )
+    with open_checkpoint(src) as ck:
+        gguf = write_checkpoint(tmp_path / "bare.gguf", ck, flavour="gguf")  # no tokenizer
+    run = subprocess.run(
+        [sys.executable, "-m", "nvfp4_checkpoints.cli", "convert", str(gguf),
+         str(tmp_path / "mlx"), "--to", "mlx", "--tokenizer", str(tok_dir)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    _assert_same_tokenizer(_auto(tmp_path / "mlx"), want, "convert --tokenizer")

@@ -234,6 +234,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
             force=args.force,
             progress=_Bar(sys.stderr),
             max_shard_bytes=args.max_shard_bytes,
+            tokenizer=args.tokenizer,
         )
         count = len(ck.quantized_names())
         other = len(ck.tensor_names())
@@ -384,6 +385,12 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=DEFAULT_MAX_SHARD_BYTES,
         help="split Hugging Face outputs into shards of at most this many bytes",
+    )
+    c.add_argument(
+        "--tokenizer",
+        default=None,
+        help="give DST this tokenizer: a Hugging Face tokenizer folder, or a .gguf file with "
+        "tokenizer metadata (folder outputs); default: SRC's",
     )
     c.set_defaults(func=_cmd_convert)
     v = sub.add_parser("verify", help="do two checkpoints hold the same NVFP4 weights?")
