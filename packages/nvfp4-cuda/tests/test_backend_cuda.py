@@ -18,7 +18,7 @@ from nvfp4 import get_backend, reference
 from nvfp4.testing import assert_within
 from nvfp4.tolerances import tolerance
 from nvfp4_cuda import backend, dispatch
-from nvfp4_triton.testing import check_close
+from nvfp4_triton.testing import check_close, torch_activations
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -156,3 +156,45 @@ def test_benchmark_refuses_to_time_a_wrong_kernel(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(ops, "qmm", broken)
     with pytest.raises(SystemExit, match="qmm gemm M=1"):
         bench.run(quick=True)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_w4a8_verbs(dtype: str) -> None:
+    """W4A8 int8 and FP8 (dynamic and static scales) and the MoE form through the cuda
+    backend under the interpreter (its own, large tiles), against the reference."""
+    b = backend()
+    rng = np.random.default_rng(21)
+    planes = reference.quantize(
+        rng.standard_normal((40, 96)).astype(np.float32), partitions=(0, 8, 40)
+    )
+    xt, x = torch_activations(rng, 5, 96, dtype)
+    w = b.prepare(planes)
+    check_close(
+        b.qmm_w4a8(xt, w), reference.qmm_w4a8(x, planes, out_dtype=None), "w4a8", dtype, "qmm_w4a8"
+    )
+    for scale in (None, 0.02):
+        y = b.qmm_w4a8_fp8(xt, w, input_scale=scale)
+        ref = reference.qmm_w4a8_fp8(x, planes, input_scale=scale, out_dtype=None)
+        check_close(y, ref, "w4a8_fp8", dtype, f"qmm_w4a8_fp8 scale={scale}")
+    experts = reference.quantize(rng.standard_normal((3, 24, 64)).astype(np.float32))
+    ids = np.array([2, 0, 3, 0, -1, 1])
+    xe = rng.standard_normal((6, 64)).astype(np.float32)
+    ye = b.to_numpy(b.gather_qmm_w4a8(xe, b.prepare(experts), ids))
+    assert (ye[[2, 4]] == 0).all()
+    ref = reference.gather_qmm_w4a8(xe, experts, ids, out_dtype=None)
+    assert_within(ye, ref, tolerance("w4a8", "float32"), "gather_qmm_w4a8")
+
+
+def test_w4a8_fp8_refused_on_a_gpu_without_fp8(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compute capability 8.0 (int8 tensor cores, no FP8): w4a8 declared, w4a8_fp8 not,
+    and the FP8 kernel refuses a direct call rather than emulate."""
+    from nvfp4_triton.testing import fake_gpu
+
+    fake_gpu(monkeypatch, hip=None, multi_processor_count=108)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA A100")
+    b = backend()
+    assert "w4a8" in b.info.capabilities
+    assert "w4a8_fp8" not in b.info.capabilities
+    with pytest.raises(NotImplementedError, match="FP8 tensor cores"):
+        b.kernels.qmm_w4a8_fp8(torch.ones(2, 32), None, input_scale=None, out_dtype="float32")

@@ -35,6 +35,7 @@ def test_interpreter_mode_is_available_and_says_so() -> None:
     assert b.info.priority == 100
     assert b.info.name == "cuda"
     assert "w4a4" not in b.info.capabilities
+    assert {"w4a8", "w4a8_fp8"} <= b.info.capabilities  # the interpreter runs both
     assert {
         "qmm",
         "gather_qmm",
@@ -81,16 +82,22 @@ def _fake_gpu(monkeypatch: pytest.MonkeyPatch, cap: tuple[int, int], name: str, 
 
 
 @pytest.mark.parametrize(
-    ("cap", "w4a4", "tiles"),
+    ("cap", "w4a4", "tiles", "w4a8", "fp8"),
     [
-        ((8, 0), False, "sm_80"),
-        ((9, 0), False, "sm_90"),
-        ((10, 0), True, "sm_100"),
-        ((12, 0), True, "sm_120"),
+        ((8, 0), False, "sm_80", True, False),
+        ((8, 9), False, "sm_89", True, True),
+        ((9, 0), False, "sm_90", True, True),
+        ((10, 0), True, "sm_100", False, True),
+        ((12, 0), True, "sm_120", False, True),
     ],
 )
 def test_gpu_generations(
-    monkeypatch: pytest.MonkeyPatch, cap: tuple[int, int], w4a4: bool, tiles: str
+    monkeypatch: pytest.MonkeyPatch,
+    cap: tuple[int, int],
+    w4a4: bool,
+    tiles: str,
+    w4a8: bool,
+    fp8: bool,
 ) -> None:
     _fake_gpu(monkeypatch, cap, "NVIDIA Test GPU", 132)
     b = backend()
@@ -107,6 +114,13 @@ def test_gpu_generations(
     assert any(
         ("W4A4: torch._scaled_mm" if w4a4 else "W4A4 not declared") in n for n in b.info.notes
     )
+    # W4A8: int8 tensor cores declared on 8.x / 9.x, FP8 from 8.9 on; never emulated
+    assert ("w4a8" in b.info.capabilities) is w4a8
+    assert ("w4a8_fp8" in b.info.capabilities) is fp8
+    word = "W4A8 int8:" if w4a8 else f"W4A8 (int8) not declared on sm_{cap[0]}{cap[1]}"
+    assert any(n.startswith(word) for n in b.info.notes), b.info.notes
+    word = "W4A8 FP8:" if fp8 else f"W4A8 FP8 not declared on sm_{cap[0]}{cap[1]}"
+    assert any(n.startswith(word) for n in b.info.notes), b.info.notes
 
 
 def test_old_gpu_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -176,3 +176,33 @@ def test_w4a4_nonfinite_rows(amd: ROCmBackend) -> None:
     ref = reference.qmm_w4a4(xt.numpy(), planes, out_dtype=None)
     good = [0, 2]
     assert_within(y[good], ref[good], tolerance("w4a4", "float32"), "finite rows")
+
+
+# ------------------------------------------------------------------------------ W4A8
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_w4a8(amd: ROCmBackend, dtype: str) -> None:
+    """W4A8 int8 and FP8 with the real tiles of gfx942 (64 lanes) and gfx1201 (32 lanes),
+    under the interpreter (which declares both whatever the architecture)."""
+    rng = np.random.default_rng(31)
+    planes = reference.quantize(rng.standard_normal((33, 64)).astype(np.float32))
+    xt, x = torch_activations(rng, 17, 64, dtype)
+    w = amd.prepare(planes)
+    _close(amd.qmm_w4a8(xt, w), reference.qmm_w4a8(x, planes, out_dtype=None), "w4a8", dtype)
+    y = amd.qmm_w4a8_fp8(xt, w, input_scale=None)
+    _close(y, reference.qmm_w4a8_fp8(x, planes, out_dtype=None), "w4a8_fp8", dtype)
+    q, ref = amd.quantize_activations_q8(xt), reference.quantize_activations_q8(x)
+    assert q.codes.tobytes() == ref.codes.tobytes()
+    assert q.d.tobytes() == ref.d.tobytes()
+
+
+def test_gather_qmm_w4a8(amd: ROCmBackend) -> None:
+    rng = np.random.default_rng(32)
+    planes = reference.quantize(rng.standard_normal((3, 20, 96)).astype(np.float32))
+    x = rng.standard_normal((7, 96)).astype(np.float32)
+    ids = np.array([1, 5, 0, 2, 2, -3, 1])
+    x[[1, 5]] = np.nan  # never read: their rows are exact zeros
+    y = amd.to_numpy(amd.gather_qmm_w4a8(x, amd.prepare(planes), ids))
+    assert (y[[1, 5]] == 0).all()
+    ok = [0, 2, 3, 4, 6]
+    ref = reference.gather_qmm_w4a8(np.nan_to_num(x), planes, ids, out_dtype=None)
+    assert_within(y[ok], ref[ok], tolerance("w4a8", "float32"), "gather_qmm_w4a8")

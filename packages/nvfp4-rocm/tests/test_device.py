@@ -43,7 +43,9 @@ def test_interpreter_mode_on_this_machine(monkeypatch: pytest.MonkeyPatch) -> No
     assert a.device.startswith(INTERPRETER_DEVICE)
     info = b.info
     assert (info.name, info.priority, info.package) == ("rocm", 100, "nvfp4-rocm")
-    assert BASE_CAPS | {"w4a4"} == set(info.capabilities)
+    assert BASE_CAPS | {"w4a4", "w4a8", "w4a8_fp8"} == set(info.capabilities)
+    assert any(n.startswith("W4A8 int8:") for n in info.notes), info.notes
+    assert any(n.startswith("W4A8 FP8:") for n in info.notes), info.notes
     assert any(n.startswith("W4A4 emulated") for n in info.notes), info.notes
     assert any("interpreter" in n for n in info.notes)
     assert any("nothing measured on AMD hardware" in n for n in info.notes)
@@ -62,6 +64,8 @@ def test_interpreter_with_an_rdna_configuration(monkeypatch: pytest.MonkeyPatch)
     assert a.device == (
         "Triton interpreter on CPU (AMD configuration gfx1100: RDNA3, 32-lane wavefronts)"
     )
+    # the interpreter runs every kernel, whichever architecture's tiles it imitates
+    assert {"w4a8", "w4a8_fp8"} <= backend().info.capabilities
 
 
 def test_interpreter_with_an_unknown_arch(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -118,17 +122,23 @@ def _fake_gpu(monkeypatch: pytest.MonkeyPatch, gcn: str, name: str, cus: int) ->
 
 
 @pytest.mark.parametrize(
-    ("gcn", "name", "cus", "family", "lanes"),
+    ("gcn", "name", "cus", "family", "lanes", "w4a8"),
     [
-        ("gfx942:sramecc+:xnack-", "AMD Instinct MI300X", 304, "CDNA3", 64),
-        ("gfx950:sramecc+:xnack-", "AMD Instinct MI355X", 256, "CDNA4", 64),
-        ("gfx1100", "AMD Radeon RX 7900 XTX", 96, "RDNA3", 32),
-        ("gfx1151", "AMD Radeon 8060S", 40, "RDNA3", 32),
-        ("gfx1201", "AMD Radeon RX 9070 XT", 64, "RDNA4", 32),
+        ("gfx942:sramecc+:xnack-", "AMD Instinct MI300X", 304, "CDNA3", 64, True),
+        ("gfx950:sramecc+:xnack-", "AMD Instinct MI355X", 256, "CDNA4", 64, True),
+        ("gfx1100", "AMD Radeon RX 7900 XTX", 96, "RDNA3", 32, False),
+        ("gfx1151", "AMD Radeon 8060S", 40, "RDNA3", 32, False),
+        ("gfx1201", "AMD Radeon RX 9070 XT", 64, "RDNA4", 32, False),
     ],
 )
 def test_amd_gpus(
-    monkeypatch: pytest.MonkeyPatch, gcn: str, name: str, cus: int, family: str, lanes: int
+    monkeypatch: pytest.MonkeyPatch,
+    gcn: str,
+    name: str,
+    cus: int,
+    family: str,
+    lanes: int,
+    w4a8: bool,
 ) -> None:
     _fake_gpu(monkeypatch, gcn, name, cus)
     b = backend()
@@ -144,6 +154,14 @@ def test_amd_gpus(
     assert p.config.gemv.split_k_programs == 2 * cus
     assert not p.config.dot_in_float32  # the interpreter's workaround stays off on a GPU
     assert "w4a4" in b.info.capabilities
+    # W4A8: int8 and FP8 MFMA on CDNA3 (gfx942) and CDNA4 (gfx950) only; elsewhere the
+    # capabilities are absent and the notes say why (never emulated)
+    assert ("w4a8" in b.info.capabilities) is w4a8
+    assert ("w4a8_fp8" in b.info.capabilities) is w4a8
+    word = "W4A8 int8:" if w4a8 else f"W4A8 (int8) not declared on {arch}"
+    assert any(n.startswith(word) for n in b.info.notes), b.info.notes
+    word = "W4A8 FP8:" if w4a8 else f"W4A8 FP8 not declared on {arch}"
+    assert any(n.startswith(word) for n in b.info.notes), b.info.notes
     assert not any("not one of the considered" in n for n in b.info.notes)
 
 

@@ -171,3 +171,71 @@ def test_device_weight_refuses_inconsistent_tensors() -> None:
         )
     with pytest.raises(PlaneError, match="k"):
         DeviceWeight(w.name, w.n, 40, None, None, w.global_scale, w.codes, w.scales, w.row_g)
+
+
+class NoFP8Kernels(InterpreterKernels):
+    """The interpreter platform, but without FP8 tensor cores (a GPU of compute capability
+    8.0, say): ``w4a8_fp8`` must be absent and never emulated."""
+
+    NAME = "test-no-fp8"
+
+    def w4a8_fp8_supported(self, platform: Platform) -> bool:
+        return False
+
+
+def test_w4a8_verbs(b: Backend) -> None:
+    """The W4A8 verbs through core: capabilities declared under the interpreter, leading
+    axes, numpy input, the default output dtype, the encoders' planes bit-exact."""
+    assert {"w4a8", "w4a8_fp8"} <= b.info.capabilities
+    planes = _planes(n=9, k=64)
+    w = b.prepare(planes)
+    x = np.random.default_rng(5).standard_normal((2, 3, 64)).astype(np.float16)
+    y = b.qmm_w4a8(b.from_numpy(x), w)
+    assert y.dtype == torch.float16
+    assert tuple(y.shape) == (2, 3, 9)
+    ref = reference.qmm_w4a8(x.reshape(6, 64), planes, out_dtype=None)
+    check_close(y.reshape(6, 9), ref, "w4a8", "float16", "backend qmm_w4a8")
+    yf = b.qmm_w4a8_fp8(x.astype(np.float32), w, input_scale=0.01, out_dtype="float32")
+    ref = reference.qmm_w4a8_fp8(x.reshape(6, 64), planes, input_scale=0.01, out_dtype=None)
+    check_close(yf.reshape(6, 9), ref, "w4a8_fp8", "float32", "backend qmm_w4a8_fp8")
+    q, rq = (
+        b.quantize_activations_q8(x.reshape(6, 64)),
+        reference.quantize_activations_q8(x.reshape(6, 64)),
+    )
+    assert q.codes.tobytes() == rq.codes.tobytes()
+    assert q.d.tobytes() == rq.d.tobytes()
+    f, rf = (
+        b.quantize_activations_fp8(x.reshape(6, 64)),
+        reference.quantize_activations_fp8(x.reshape(6, 64)),
+    )
+    assert f.codes.tobytes() == rf.codes.tobytes()
+    assert f.input_scale.tobytes() == rf.input_scale.tobytes()
+    experts = _planes(n=7, k=32, experts=3)
+    ids = np.array([2, -1, 0, 3, 1])
+    xe = np.random.default_rng(6).standard_normal((5, 32)).astype(np.float32)
+    ye = b.to_numpy(b.gather_qmm_w4a8(xe, b.prepare(experts), ids))
+    assert (ye[[1, 3]] == 0).all()
+    check_close(
+        torch.from_numpy(ye),
+        reference.gather_qmm_w4a8(xe, experts, ids, out_dtype=None),
+        "w4a8",
+        "float32",
+        "backend gather_qmm_w4a8",
+    )
+    with pytest.raises(ValueError, match="multiple of 32"):
+        b.qmm_w4a8(torch.ones(2, 48), b.prepare(_planes(n=4, k=48)))
+
+
+def test_w4a8_fp8_absent_without_fp8_tensor_cores() -> None:
+    """Not declared, refused by core's verb and by the kernel itself: never emulated."""
+    kernels = NoFP8Kernels()
+    b = Backend(kernels)
+    assert "w4a8" in b.info.capabilities
+    assert "w4a8_fp8" not in b.info.capabilities
+    w = b.prepare(_planes())
+    with pytest.raises(NotImplementedError, match="w4a8_fp8"):
+        b.qmm_w4a8_fp8(torch.ones(2, 64), w)
+    with pytest.raises(NotImplementedError, match="FP8 tensor cores"):
+        kernels.qmm_w4a8_fp8(torch.ones(2, 64), w.payload, input_scale=None, out_dtype="float32")
+    with pytest.raises(NotImplementedError, match="FP8 tensor cores"):
+        kernels.quantize_activations_fp8(torch.ones(2, 64), input_scale=None)

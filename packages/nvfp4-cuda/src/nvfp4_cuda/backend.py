@@ -9,13 +9,17 @@ Everything vendor-neutral (verbs, validation, kernels, conversions) is
 * :mod:`nvfp4_cuda.dispatch` - the (M, N, K, capability) -> path table and its
   ``NVFP4_CUDA_PATH`` / ``NVFP4_CUDA_GATHER_PATH`` overrides;
 * :mod:`nvfp4_cuda.w4a4` - W4A4 through torch's FP4 scaled matmul on capability 10.x /
-  12.x; elsewhere (and under the interpreter) the ``w4a4`` capability is not declared.
+  12.x; elsewhere (and under the interpreter) the ``w4a4`` capability is not declared;
+* W4A8 (spec 1.1): the shared kernels' int8 ``tl.dot`` (``w4a8``, int8 tensor cores,
+  declared on capability 8.x / 9.x) and FP8 ``tl.dot`` (``w4a8_fp8``, declared from 8.9 on),
+  both under the interpreter (:mod:`nvfp4_triton.hardware`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from nvfp4_triton import hardware
 from nvfp4_triton.backend import Platform, TritonBackend, TritonKernels
 from nvfp4_triton.weights import DeviceWeight
 
@@ -62,6 +66,20 @@ class CUDAKernels(TritonKernels):
         assert platform.config is not None
         return w4a4.matmul(x, w, input_scale, out_dtype, platform.config)
 
+    def w4a8_supported(self, platform: Platform) -> bool:
+        if not platform.ok:
+            return False
+        if platform.interpreter or platform.capability is None:
+            return platform.interpreter
+        return hardware.cuda_has_int8(platform.capability)
+
+    def w4a8_fp8_supported(self, platform: Platform) -> bool:
+        if not platform.ok:
+            return False
+        if platform.interpreter or platform.capability is None:
+            return platform.interpreter
+        return hardware.cuda_has_fp8(platform.capability)
+
     def platform_notes(self, platform: Platform) -> tuple[str, ...]:
         if not platform.ok:
             return ()
@@ -69,6 +87,8 @@ class CUDAKernels(TritonKernels):
             return (
                 "Triton interpreter on CPU: the kernels' logic is certified, not their speed",
                 "W4A4 not declared: it needs FP4 tensor cores (compute capability 10.x / 12.x)",
+                hardware.W4A8_NOTE,
+                hardware.W4A8_FP8_NOTE,
             )
         assert platform.config is not None
         notes = [f"tiles: {platform.config.describe()}"]
@@ -82,6 +102,18 @@ class CUDAKernels(TritonKernels):
                 f"W4A4 not declared: compute capability {platform.arch} has no FP4 tensor "
                 "cores (10.x / 12.x do)"
             )
+        notes.append(
+            hardware.W4A8_NOTE
+            if self.w4a8_supported(platform)
+            else f"W4A8 (int8) not declared on {platform.arch}: declared on compute "
+            "capability 8.x / 9.x (int8 tensor cores)"
+        )
+        notes.append(
+            hardware.W4A8_FP8_NOTE
+            if self.w4a8_fp8_supported(platform)
+            else f"W4A8 FP8 not declared on {platform.arch}: it needs FP8 tensor cores "
+            "(compute capability 8.9 and later); not emulated"
+        )
         return tuple(notes)
 
 

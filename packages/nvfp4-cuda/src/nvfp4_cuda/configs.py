@@ -21,7 +21,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from nvfp4_triton import DequantTiles, GatherTiles, GemmTiles, GemvTiles, KernelConfig, QuantTiles
+from nvfp4_triton import (
+    DequantTiles,
+    GatherTiles,
+    GemmTiles,
+    GemvTiles,
+    KernelConfig,
+    QuantTiles,
+    W4A8Tiles,
+)
 
 __all__ = ["CONFIGS", "INTERPRETER", "config_for"]
 
@@ -43,17 +51,19 @@ AMPERE = KernelConfig(
 )
 
 #: Hopper (sm_90): 228 KB shared memory per SM, 4 stages; no FP4 tensor cores, so W4A16
-#: (bfloat16 tensor cores on the decoded tiles) is the fast path.
+#: (bfloat16 tensor cores on the decoded tiles) is the fast path. W4A8 tiles of 64 rows:
+#: the compiled code then uses wgmma (s8 and e4m3); 16-row tiles (decode) use mma.sync.
 HOPPER = replace(
     AMPERE,
     name="sm_90",
     gemv=GemvTiles(block_n=16, block_k=512, num_warps=4, num_stages=3),
     gemm=GemmTiles(block_m=128, block_n=128, block_k=128, group_m=8, num_warps=8, num_stages=4),
+    w4a8=W4A8Tiles(block_m=64, block_n=64, sub=4, num_warps=4, num_stages=3),
 )
 
 #: Blackwell data centre (sm_100, sm_103): W4A16 as on Hopper; W4A4 through torch's FP4
-#: scaled matmul (see :mod:`nvfp4_cuda.w4a4`).
-BLACKWELL = replace(HOPPER, name="sm_100")
+#: scaled matmul (see :mod:`nvfp4_cuda.w4a4`); the default W4A8 tiles.
+BLACKWELL = replace(HOPPER, name="sm_100", w4a8=W4A8Tiles())
 
 #: Blackwell consumer / workstation (sm_120, sm_121): ~100 KB shared memory per SM.
 BLACKWELL_CONSUMER = replace(AMPERE, name="sm_120")
@@ -69,6 +79,7 @@ INTERPRETER = KernelConfig(
     gather=GatherTiles(
         block_m=32, block_n=64, block_k=512, rows_block_n=256, rows_block_k=1024, num_warps=4
     ),
+    w4a8=W4A8Tiles(block_m=64, block_n=64, sub=16, num_warps=4, num_stages=1),
     dot_in_float32=True,
     notes=("Triton interpreter on CPU: tiles chosen for few programs, not for a GPU",),
 )

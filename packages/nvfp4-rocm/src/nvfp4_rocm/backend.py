@@ -13,13 +13,17 @@ specifics:
   (hipBLASLt) for prefill, and the ``NVFP4_ROCM_PATH`` / ``NVFP4_ROCM_GATHER_PATH``
   overrides;
 * :mod:`nvfp4_rocm.w4a4` - W4A4 *emulated* (activations quantized to NVFP4, decoded,
-  then the W4A16 path), declared as such in :attr:`BackendInfo.notes`.
+  then the W4A16 path), declared as such in :attr:`BackendInfo.notes`;
+* W4A8 (spec 1.1): the shared kernels' int8 ``tl.dot`` (``w4a8``, declared on CDNA3 /
+  CDNA4, int8 MFMA) and FP8 ``tl.dot`` (``w4a8_fp8``, declared on gfx942 / gfx950), both
+  under the interpreter whatever architecture it imitates (:mod:`nvfp4_triton.hardware`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from nvfp4_triton import hardware
 from nvfp4_triton.backend import Platform, TritonBackend, TritonKernels
 from nvfp4_triton.weights import DeviceWeight
 
@@ -71,11 +75,31 @@ class ROCmKernels(TritonKernels):
         path = dispatch.w4a4_path(x.shape[0], platform.arch)
         return w4a4.matmul(x, w, input_scale, out_dtype, platform.config, path)
 
+    def w4a8_supported(self, platform: Platform) -> bool:
+        """int8 MFMA (CDNA3, CDNA4), or the interpreter."""
+        return platform.ok and (platform.interpreter or hardware.hip_has_int8(platform.arch))
+
+    def w4a8_fp8_supported(self, platform: Platform) -> bool:
+        """FP8 MFMA (gfx942, gfx950), or the interpreter; never emulated on a GPU."""
+        return platform.ok and (platform.interpreter or hardware.hip_has_fp8(platform.arch))
+
     def platform_notes(self, platform: Platform) -> tuple[str, ...]:
         if not platform.ok or platform.config is None:
             return ()
         match = configs.match_arch(platform.arch)
         notes = [f"tiles: {platform.config.describe()}", *platform.config.notes]
+        notes.append(
+            hardware.W4A8_NOTE
+            if self.w4a8_supported(platform)
+            else f"W4A8 (int8) not declared on {platform.arch}: declared on CDNA3 / CDNA4 "
+            "(int8 MFMA)"
+        )
+        notes.append(
+            hardware.W4A8_FP8_NOTE
+            if self.w4a8_fp8_supported(platform)
+            else f"W4A8 FP8 not declared on {platform.arch}: it needs FP8 MFMA (gfx942, "
+            "gfx950); not emulated"
+        )
         if platform.interpreter:
             notes.insert(
                 0,

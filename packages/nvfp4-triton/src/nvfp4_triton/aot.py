@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .config import KernelConfig
+from .hardware import target_has_fp8
 
 __all__ = ["TARGETS", "Launch", "compile_all", "compile_kernel", "launches", "run_fresh"]
 
@@ -82,10 +83,14 @@ def _ptrs(sig: dict[str, str]) -> set[str]:
     return {k for k, v in sig.items() if v.startswith("*")}
 
 
-def launches(cfg: KernelConfig, dtype: str = "bfloat16", m: int = 1) -> list[Launch]:
+def launches(
+    cfg: KernelConfig, dtype: str = "bfloat16", m: int = 1, *, fp8_dot: bool = True
+) -> list[Launch]:
     """A launch of every kernel as ``nvfp4_triton.ops`` makes it for ``cfg``, activations
     and outputs in ``dtype`` (``"float32"``, ``"float16"``, ``"bfloat16"``), ``m`` rows of x
-    (the GEMV's and the GEMM's tiles depend on it), a weight with N and K multiples of 16."""
+    (the GEMV's and the GEMM's tiles depend on it), a weight with N and K multiples of 16.
+    ``fp8_dot``: include the W4A8 FP8 matmul (an FP8 ``tl.dot``: only targets with FP8
+    tensor cores, :func:`nvfp4_triton.hardware.target_has_fp8`)."""
     import triton.language as tl
 
     from .kernels.dequantize import dequantize_kernel
@@ -218,6 +223,63 @@ def launches(cfg: KernelConfig, dtype: str = "bfloat16", m: int = 1) -> list[Lau
         div = _ptrs(sig) | {"K", "stride_xm", "BAND_STRIDE"}
         name = "quantize_swizzled" if swizzled else "quantize"
         out.append(Launch(name, quantize_kernel, dict(sig), const, div, q.num_warps))
+    out.extend(_w4a8_launches(cfg, t, fp8_dot))
+    return out
+
+
+def _w4a8_launches(cfg: KernelConfig, t: str, fp8_dot: bool) -> list[Launch]:
+    """The W4A8 kernels as ``ops.quantize_q8`` / ``w4a8`` / ``gather_w4a8`` /
+    ``quantize_fp8`` / ``w4a8_fp8`` launch them (``t``: the activations' pointer type)."""
+    from .kernels.w4a8 import quantize_fp8_kernel, quantize_q8_kernel, w4a8_fp8_kernel, w4a8_kernel
+
+    out: list[Launch] = []
+    q = cfg.quant
+    sig = {
+        "x_ptr": t, "codes_ptr": "*i8", "d_ptr": "*i16", "ids_ptr": "*i64", "M": "i32",
+        "K": "i32", "E": "i32", "stride_xm": "i32", "BLOCK_M": "constexpr",
+        "BLOCK_KB": "constexpr", "HAS_IDS": "constexpr",
+    }  # fmt: skip
+    for has_ids in (False, True):
+        const = {"BLOCK_M": q.block_m, "BLOCK_KB": max(1, q.block_kb // 2), "HAS_IDS": has_ids}
+        div = _ptrs(sig) | {"K", "stride_xm"}
+        name = "quantize_q8_gather" if has_ids else "quantize_q8"
+        out.append(Launch(name, quantize_q8_kernel, dict(sig), const, div, q.num_warps))
+    w = cfg.w4a8
+    sig = {
+        "xq_ptr": "*i8", "d_ptr": "*fp16", "ids_ptr": "*i64", "perm_ptr": "*i64",
+        "tile_expert_ptr": "*i64", "tile_start_ptr": "*i64", "tile_end_ptr": "*i64",
+        "codes_ptr": "*u8", "scales_ptr": "*u8", "row_g_ptr": "*fp32", "out_ptr": t,
+        "M": "i32", "N": "i32", "K": "i32", "E": "i32", "stride_om": "i32",
+        "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "SUB": "constexpr",
+        "GATHER": "constexpr", "HAS_PERM": "constexpr",
+    }  # fmt: skip
+    div = _ptrs(sig) | {"N", "K", "stride_om"}
+    for name, gather in (("w4a8", False), ("gather_w4a8", True)):
+        const = {
+            "BLOCK_M": w.block_m,
+            "BLOCK_N": w.block_n,
+            "SUB": w.sub,
+            "GATHER": gather,
+            "HAS_PERM": gather,
+        }
+        out.append(Launch(name, w4a8_kernel, dict(sig), const, set(div), w.num_warps, w.num_stages))
+    sig = {
+        "x_ptr": t, "scale_ptr": "*fp32", "codes_ptr": "*u8", "M": "i32", "K": "i32",
+        "stride_xm": "i32", "BLOCK_M": "constexpr", "BLOCK_K": "constexpr",
+    }  # fmt: skip
+    const = {"BLOCK_M": q.block_m, "BLOCK_K": q.block_kb * 16}
+    div = _ptrs(sig) | {"K", "stride_xm"}
+    out.append(Launch("quantize_fp8", quantize_fp8_kernel, sig, const, div, q.num_warps))
+    if fp8_dot:
+        sig = {
+            "xq_ptr": "*u8", "scale_ptr": "*fp32", "codes_ptr": "*u8", "scales_ptr": "*u8",
+            "row_g_ptr": "*fp32", "out_ptr": t, "M": "i32", "N": "i32", "K": "i32",
+            "stride_om": "i32", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
+            "SUB": "constexpr",
+        }  # fmt: skip
+        const = {"BLOCK_M": w.block_m, "BLOCK_N": w.block_n, "SUB": w.sub}
+        div = _ptrs(sig) | {"N", "K", "stride_om"}
+        out.append(Launch("w4a8_fp8", w4a8_fp8_kernel, sig, const, div, w.num_warps, w.num_stages))
     return out
 
 
@@ -237,7 +299,7 @@ def compile_all(
     for target, cfg in targets:
         for dtype in dtypes:
             for m in rows:
-                for launch in launches(cfg, dtype, m):
+                for launch in launches(cfg, dtype, m, fp8_dot=target_has_fp8(target)):
                     try:
                         compile_kernel(launch, target)
                     except Exception as e:  # reported, with the compiler's message

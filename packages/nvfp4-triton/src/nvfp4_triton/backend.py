@@ -11,6 +11,9 @@ differs between vendors:
 * :meth:`TritonKernels.qmm_path` / :meth:`TritonKernels.gather_path` - its dispatch table;
 * :meth:`TritonKernels.w4a4_supported` / :meth:`TritonKernels.w4a4_matmul` - a native W4A4
   GEMM where the hardware has one (the ``w4a4`` capability is declared only then);
+* :meth:`TritonKernels.w4a8_supported` / :meth:`TritonKernels.w4a8_fp8_supported` - whether
+  the device has the int8 / FP8 tensor cores the shared W4A8 kernels need (``w4a8`` and
+  ``w4a8_fp8``, spec 1.1, are declared only then; both run under the interpreter);
 * the class attributes ``NAME``, ``PRIORITY``, ``PACKAGE`` and ``NOTES``.
 
 :class:`TritonBackend` is core's :class:`nvfp4.Backend` over a subclass's kernels, so a
@@ -27,6 +30,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
+from nvfp4.activations import FP8Activations, Q8Activations
 from nvfp4.backend import Backend
 from nvfp4.contract import Availability, BackendInfo
 from nvfp4.frontend import decode_dtype
@@ -39,7 +43,8 @@ from .weights import DeviceWeight, upload
 
 __all__ = ["BASE_CAPABILITIES", "Platform", "TritonBackend", "TritonKernels", "torch_dtype"]
 
-#: Capabilities every Triton backend has (``w4a4`` is added where it is native).
+#: Capabilities every Triton backend has (``w4a4`` is added where it is native, ``w4a8`` /
+#: ``w4a8_fp8`` where the device has int8 / FP8 tensor cores, or under the interpreter).
 BASE_CAPABILITIES = frozenset(
     {"dequantize", "qmm", "gather_qmm", "fused_partitions", "quantize_activations"}
 )
@@ -121,6 +126,17 @@ class TritonKernels:
         """The native W4A4 GEMM (only called when :meth:`w4a4_supported`)."""
         raise NotImplementedError
 
+    def w4a8_supported(self, platform: Platform) -> bool:
+        """Whether the W4A8 int8 kernels (an int8 ``tl.dot``) run on this platform: the
+        interpreter here; a vendor says which GPUs have int8 tensor cores."""
+        return platform.interpreter
+
+    def w4a8_fp8_supported(self, platform: Platform) -> bool:
+        """Whether the W4A8 FP8 kernels (an FP8 ``tl.dot``) run on this platform: the
+        interpreter here; a vendor says which GPUs have FP8 tensor cores. Never emulated
+        on a GPU without them."""
+        return platform.interpreter
+
     def platform_notes(self, platform: Platform) -> tuple[str, ...]:
         """Facts for the certificate beyond :attr:`NOTES`."""
         return ()
@@ -146,6 +162,10 @@ class TritonKernels:
             caps = set(BASE_CAPABILITIES)
             if p.ok and self.w4a4_supported(p):
                 caps.add("w4a4")
+            if p.ok and self.w4a8_supported(p):
+                caps.add("w4a8")
+            if p.ok and self.w4a8_fp8_supported(p):
+                caps.add("w4a8_fp8")
             self._info = BackendInfo(
                 name=self.NAME,
                 spec_versions=SUPPORTED_SPEC_VERSIONS,
@@ -264,6 +284,65 @@ class TritonKernels:
         """The native W4A4 GEMM (core calls it only where ``w4a4`` is declared)."""
         p, _ = self._ready()
         return self.w4a4_matmul(self._on(x, p), w, input_scale, torch_dtype(out_dtype), p)
+
+    # ------------------------------------------------------------------- W4A8
+    def _w4a8_ready(self, fp8: bool) -> tuple[Platform, KernelConfig]:
+        """The platform, refusing a W4A8 kernel it does not support (core calls them only
+        where declared; a direct caller gets the same answer, never an emulation)."""
+        p, cfg = self._ready()
+        ok = self.w4a8_fp8_supported(p) if fp8 else self.w4a8_supported(p)
+        if not ok:
+            cap = "w4a8_fp8" if fp8 else "w4a8"
+            kind = "FP8" if fp8 else "int8"
+            raise NotImplementedError(
+                f"NVFP4 backend {self.NAME!r}: {cap} needs {kind} tensor cores, which "
+                f"{p.device or p.arch} does not have"
+            )
+        return p, cfg
+
+    def quantize_activations_q8(self, x: Any) -> Q8Activations:
+        """int8 W4A8 activations (ggml Q8_0), bit-identical to the reference's."""
+        p, cfg = self._w4a8_ready(fp8=False)
+        codes, d = ops.quantize_q8(self._on(x, p), cfg)
+        return Q8Activations(codes.cpu().numpy(), d.cpu().numpy(), name="activation")
+
+    def qmm_w4a8(self, x: Any, w: DeviceWeight, *, out_dtype: str) -> Any:
+        p, cfg = self._w4a8_ready(fp8=False)
+        return ops.w4a8(self._on(x, p), w, torch_dtype(out_dtype), cfg)
+
+    def gather_qmm_w4a8(
+        self,
+        x: Any,
+        w: DeviceWeight,
+        expert_ids: Any,
+        *,
+        sorted_indices: bool,
+        out_dtype: str,
+    ) -> Any:
+        p, cfg = self._w4a8_ready(fp8=False)
+        return ops.gather_w4a8(
+            self._on(x, p),
+            w,
+            self._on(expert_ids, p),
+            torch_dtype(out_dtype),
+            cfg,
+            sorted_indices=sorted_indices,
+        )
+
+    def quantize_activations_fp8(self, x: Any, *, input_scale: float | None) -> FP8Activations:
+        """FP8 E4M3 W4A8 activations and their scale, bit-identical to the reference's."""
+        p, cfg = self._w4a8_ready(fp8=True)
+        t = self._on(x, p)
+        s = ops.fp8_input_scale(t, input_scale)
+        codes = ops.quantize_fp8(t, s, cfg)
+        scale = np.asarray(np.float32(s.item()), dtype=np.float32)  # finite and > 0
+        return FP8Activations(codes.cpu().numpy(), scale, name="activation")
+
+    def qmm_w4a8_fp8(
+        self, x: Any, w: DeviceWeight, *, input_scale: float | None, out_dtype: str
+    ) -> Any:
+        p, cfg = self._w4a8_ready(fp8=True)
+        return ops.w4a8_fp8(self._on(x, p), w, input_scale, torch_dtype(out_dtype), cfg)
 
     def to_planes(self, w: DeviceWeight) -> NVFP4Planes:
         """The canonical planes of a prepared weight, byte for byte."""

@@ -25,6 +25,7 @@ __all__ = [
     "GemvTiles",
     "KernelConfig",
     "QuantTiles",
+    "W4A8Tiles",
 ]
 
 #: Most threads one program (CUDA block / HIP workgroup) may have, on both vendors.
@@ -150,13 +151,38 @@ class GatherTiles:
 
 
 @dataclass(frozen=True)
+class W4A8Tiles:
+    """W4A8 matmuls (int8 and FP8 activations, spec 1.1): an output tile ``block_m x
+    block_n`` accumulated over K in steps of one 32-element activation block, ``sub`` of
+    them per loop iteration (a chunk of ``32 * sub`` elements); each step is two 8-bit
+    ``tl.dot`` s (one per 16-element weight block). The MoE form groups the rows by expert
+    into tiles of ``block_m``, as the W4A16 grouped gather does."""
+
+    block_m: int = 16
+    block_n: int = 64
+    sub: int = 4
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def __post_init__(self) -> None:
+        _pow2("w4a8.block_m", self.block_m, 16)
+        _pow2("w4a8.block_n", self.block_n, 16)
+        _pow2("w4a8.sub", self.sub, 1, 64)
+        _warps("w4a8", self.num_warps, self.num_stages)
+
+
+@dataclass(frozen=True)
 class KernelConfig:
     """Every tile choice for one device.
 
     Attributes:
         name: what the config is for (``"sm_90"``, ``"gfx942"``, ``"interpreter"``...).
         lanes: SIMD-group width of the device: 32 (NVIDIA warp), 64 (AMD CDNA wavefront).
-        gemv, gemm, dequant, quant, gather: the tiles of each kernel.
+        gemv, gemm, dequant, quant, gather: the tiles of each kernel (``quant`` also sizes
+            the W4A8 activation encoders: ``block_m`` rows and ``16 * block_kb`` elements
+            per program).
+        w4a8: the W4A8 matmuls' tiles (the defaults suit a GPU; the interpreter's configs
+            take larger ones).
         gemm_small, small_m: tiles the prefill GEMM uses instead of ``gemm`` when x has at
             most ``small_m`` rows (``None``: always ``gemm``).
         fp32_dot_precision: ``input_precision`` of ``tl.dot`` when x is float32: ``"ieee"``
@@ -177,6 +203,7 @@ class KernelConfig:
     dequant: DequantTiles
     quant: QuantTiles
     gather: GatherTiles
+    w4a8: W4A8Tiles = field(default_factory=W4A8Tiles)
     gemm_small: GemmTiles | None = None
     small_m: int = 64
     fp32_dot_precision: str = "ieee"
@@ -197,6 +224,7 @@ class KernelConfig:
             ("dequant", self.dequant.num_warps),
             ("quant", self.quant.num_warps),
             ("gather", self.gather.num_warps),
+            ("w4a8", self.w4a8.num_warps),
             ("gemm_small", self.gemm_small.num_warps if self.gemm_small else 1),
         ):
             if warps * self.lanes > MAX_THREADS_PER_PROGRAM:

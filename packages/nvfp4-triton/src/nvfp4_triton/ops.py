@@ -10,7 +10,10 @@ defaults.
 * :func:`gemv` (decode), :func:`gemm` (prefill), :func:`dequant_matmul` (dequantize, then
   ``torch.matmul``) - the three W4A16 paths, :func:`qmm` picks one by name;
 * :func:`gather` - MoE, ``"rows"`` or ``"grouped"``;
-* :func:`activation_global`, :func:`quantize_activations` - the W4A4 input side.
+* :func:`activation_global`, :func:`quantize_activations` - the W4A4 input side;
+* :func:`quantize_q8`, :func:`w4a8`, :func:`gather_w4a8` - W4A8 with int8 activations;
+* :func:`fp8_input_scale`, :func:`quantize_fp8`, :func:`w4a8_fp8` - W4A8 with FP8
+  activations (spec 1.1, "W4A8").
 """
 
 from __future__ import annotations
@@ -18,7 +21,14 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from nvfp4.spec import BLOCK_SIZE, GLOBAL_AMAX_DIVISOR, SWIZZLE_ROW_TILE, swizzle_128x4_band
+from nvfp4.spec import (
+    BLOCK_SIZE,
+    E4M3_MAX,
+    GLOBAL_AMAX_DIVISOR,
+    Q8_BLOCK_SIZE,
+    SWIZZLE_ROW_TILE,
+    swizzle_128x4_band,
+)
 
 from .config import KernelConfig
 from .weights import DeviceWeight
@@ -29,12 +39,18 @@ __all__ = [
     "activation_global",
     "dequant_matmul",
     "dequantize",
+    "fp8_input_scale",
     "gather",
+    "gather_w4a8",
     "gemm",
     "gemv",
     "qmm",
     "quantize_activations",
+    "quantize_fp8",
+    "quantize_q8",
     "swizzle_band",
+    "w4a8",
+    "w4a8_fp8",
 ]
 
 #: The W4A16 paths :func:`qmm` knows.
@@ -428,3 +444,235 @@ def quantize_activations(
         num_warps=t.num_warps,
     )
     return codes, scales
+
+
+# ------------------------------------------------------------------------------ W4A8
+def _quiet() -> Any:
+    """numpy's floating-point warnings off for a launch: under ``TRITON_INTERPRET=1`` numpy
+    performs the kernels' arithmetic, and ``1 / 0`` (masked off by a ``where``), a float16
+    ``d`` rounding to inf or a NaN activation are the spec's defined results, not errors
+    (no effect on a GPU)."""
+    return np.errstate(divide="ignore", over="ignore", invalid="ignore")
+
+
+def _w4a8_block_m(m: int, cfg: KernelConfig) -> int:
+    """The W4A8 row tile: the config's, or fewer rows (at least 16, ``tl.dot``'s smallest
+    tile) when x has fewer."""
+    return max(16, min(cfg.w4a8.block_m, _pow2_at_least(m)))
+
+
+def quantize_q8(
+    x: Any, cfg: KernelConfig, ids: Any = None, num_experts: int = 0
+) -> tuple[Any, Any]:
+    """int8 W4A8 activations of ``x [M, K]`` (K a multiple of 32; core checked it): codes
+    int8 ``[M, K]`` and ``d`` float16 ``[M, K/32]``, bit-identical to
+    :func:`nvfp4.reference.quantize_activations_q8`. With ``ids`` (int64 ``[M]``), rows whose
+    id lies outside ``[0, num_experts)`` are not read and encode as zeros."""
+    import torch
+
+    from .kernels.w4a8 import quantize_q8_kernel
+
+    m, k = x.shape
+    assert k % Q8_BLOCK_SIZE == 0, k
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    kb = k // Q8_BLOCK_SIZE
+    codes = torch.empty((m, k), dtype=torch.int8, device=x.device)
+    d = torch.empty((m, kb), dtype=torch.float16, device=x.device)
+    if m == 0:
+        return codes, d
+    t = cfg.quant
+    block_kb = max(1, t.block_kb // 2)  # the same elements per program as the W4A4 encoder
+    with _quiet():
+        quantize_q8_kernel[(_cdiv(m, t.block_m), _cdiv(kb, block_kb))](
+            x,
+            codes,
+            d.view(torch.int16),  # written as float16 bits
+            ids if ids is not None else codes,  # never read without HAS_IDS
+            m,
+            k,
+            num_experts,
+            x.stride(0),
+            BLOCK_M=t.block_m,
+            BLOCK_KB=block_kb,
+            HAS_IDS=ids is not None,
+            num_warps=t.num_warps,
+        )
+    return codes, d
+
+
+def _w4a8_launch(
+    grid: tuple[int, int],
+    codes: Any,
+    d: Any,
+    tables: tuple[Any, Any, Any, Any, Any],
+    w: DeviceWeight,
+    out: Any,
+    m: int,
+    block_m: int,
+    cfg: KernelConfig,
+    *,
+    gather: bool,
+    has_perm: bool,
+) -> None:
+    from .kernels.w4a8 import w4a8_kernel
+
+    t = cfg.w4a8
+    with _quiet():
+        w4a8_kernel[grid](
+            codes,
+            d,
+            *tables,
+            w.codes,
+            w.scales,
+            w.row_g,
+            out,
+            m,
+            w.n,
+            w.k,
+            w.num_experts or 1,
+            out.stride(0),
+            BLOCK_M=block_m,
+            BLOCK_N=t.block_n,
+            SUB=t.sub,
+            GATHER=gather,
+            HAS_PERM=has_perm,
+            num_warps=t.num_warps,
+            num_stages=t.num_stages,
+        )
+
+
+def w4a8(x: Any, w: DeviceWeight, out_dtype: Any, cfg: KernelConfig) -> Any:
+    """W4A8 int8: ``x`` quantized by :func:`quantize_q8`, then ``(sum_j isum_j * e4m3(s_j) / 2
+    * d) * global`` (int8 ``tl.dot``, float32 accumulation, the global after it)."""
+    import torch
+
+    _check_x(x, w)
+    assert w.num_experts is None, "an expert stack goes through gather_w4a8()"
+    m, n = x.shape[0], w.n
+    out = torch.empty((m, n), dtype=out_dtype, device=x.device)
+    if m == 0:
+        return out
+    codes, d = quantize_q8(x, cfg)
+    block_m = _w4a8_block_m(m, cfg)
+    unused = (codes, codes, codes, codes, codes)  # the gather tables, never read
+    grid = (_cdiv(m, block_m), _cdiv(n, cfg.w4a8.block_n))
+    _w4a8_launch(grid, codes, d, unused, w, out, m, block_m, cfg, gather=False, has_perm=False)
+    return out
+
+
+def gather_w4a8(
+    x: Any, w: DeviceWeight, ids: Any, out_dtype: Any, cfg: KernelConfig, *, sorted_indices: bool
+) -> Any:
+    """MoE W4A8 int8: ``out[m] = w4a8(x[m], w[ids[m]])``; ids outside ``[0, E)`` give zero
+    rows whose x is never read (not by the encoder either: only routed rows are
+    quantized). Rows are grouped by expert (the W4A16 grouped gather's tile table)."""
+    import torch
+
+    _check_x(x, w)
+    e = w.num_experts
+    assert e is not None, "gather_w4a8 needs an expert stack [E, N, K]"
+    m, n = x.shape[0], w.n
+    assert tuple(ids.shape) == (m,), (tuple(ids.shape), m)
+    ids = ids.to(device=x.device, dtype=torch.int64).contiguous()
+    out = torch.zeros((m, n), dtype=out_dtype, device=x.device)
+    if m == 0:
+        return out
+    if sorted_indices and m > 1 and bool((ids[1:] < ids[:-1]).any()):
+        sorted_indices = False  # a false hint is dropped: the result never depends on it
+    # Rows of out-of-range ids are not read by the encoder (they encode as zeros) and the
+    # matmul never reads their codes (the tile table leaves them out).
+    codes, d = quantize_q8(x, cfg, ids, e)
+    block_m = _w4a8_block_m(m, cfg)
+    perm, tile_expert, tile_start, tile_end, total = _grouped_tiles(ids, e, block_m, sorted_indices)
+    tables = (ids, perm if perm is not None else tile_start, tile_expert, tile_start, tile_end)
+    grid = (total, _cdiv(n, cfg.w4a8.block_n))
+    _w4a8_launch(
+        grid, codes, d, tables, w, out, m, block_m, cfg, gather=True, has_perm=perm is not None
+    )
+    return out
+
+
+def fp8_input_scale(x: Any, input_scale: Any = None) -> Any:
+    """The FP8 activation scale as a float32 tensor of one element on x's device: the static
+    ``input_scale`` (finite and > 0) or ``amax / 448`` over x's finite values in float32
+    (1.0 where that quotient is 0), as :func:`nvfp4.reference.fp8_input_scale`."""
+    import torch
+
+    if input_scale is not None:  # checked by core: finite and > 0
+        return torch.tensor([float(np.float32(input_scale))], dtype=torch.float32, device=x.device)
+    xf = x.to(torch.float32)
+    if xf.numel() == 0:
+        return torch.ones(1, dtype=torch.float32, device=x.device)
+    amax = torch.where(torch.isfinite(xf), xf.abs(), torch.zeros_like(xf)).amax().reshape(1)
+    s = amax / float(E4M3_MAX)  # one float32 division (448 is exact)
+    return torch.where(s == 0, torch.ones_like(s), s)
+
+
+def quantize_fp8(x: Any, s: Any, cfg: KernelConfig) -> Any:
+    """FP8 E4M3 codes (uint8 ``[M, K]``) of ``x / s`` (``s``: :func:`fp8_input_scale`),
+    bit-identical to :func:`nvfp4.reference.quantize_activations_fp8`."""
+    import torch
+
+    from .kernels.w4a8 import quantize_fp8_kernel
+
+    m, k = x.shape
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    codes = torch.empty((m, k), dtype=torch.uint8, device=x.device)
+    if m == 0:
+        return codes
+    t = cfg.quant
+    block_k = t.block_kb * BLOCK_SIZE
+    with _quiet():
+        quantize_fp8_kernel[(_cdiv(m, t.block_m), _cdiv(k, block_k))](
+            x,
+            s,
+            codes,
+            m,
+            k,
+            x.stride(0),
+            BLOCK_M=t.block_m,
+            BLOCK_K=block_k,
+            num_warps=t.num_warps,
+        )
+    return codes
+
+
+def w4a8_fp8(x: Any, w: DeviceWeight, input_scale: Any, out_dtype: Any, cfg: KernelConfig) -> Any:
+    """W4A8 FP8: ``x`` quantized by :func:`quantize_fp8` with the static or dynamic scale,
+    then the FP8 ``tl.dot`` product, ``input_scale`` and the global after accumulation. The
+    caller launches it only where FP8 tensor cores exist (or under the interpreter)."""
+    import torch
+
+    from .kernels.w4a8 import w4a8_fp8_kernel
+
+    _check_x(x, w)
+    assert w.num_experts is None, "W4A8 FP8 takes a 2-D weight"
+    m, n = x.shape[0], w.n
+    out = torch.empty((m, n), dtype=out_dtype, device=x.device)
+    if m == 0:
+        return out
+    s = fp8_input_scale(x, input_scale)
+    codes = quantize_fp8(x, s, cfg)
+    t = cfg.w4a8
+    block_m = _w4a8_block_m(m, cfg)
+    with _quiet():
+        w4a8_fp8_kernel[(_cdiv(m, block_m), _cdiv(n, t.block_n))](
+            codes,
+            s,
+            w.codes,
+            w.scales,
+            w.row_g,
+            out,
+            m,
+            n,
+            w.k,
+            out.stride(0),
+            BLOCK_M=block_m,
+            BLOCK_N=t.block_n,
+            SUB=t.sub,
+            num_warps=t.num_warps,
+            num_stages=t.num_stages,
+        )
+    return out
