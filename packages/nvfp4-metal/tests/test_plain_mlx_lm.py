@@ -226,20 +226,24 @@ def test_without_trust_remote_code_mlx_lm_says_so(folders: dict[str, Path]) -> N
         mlx_lm.load(str(folders["mlx"]))
 
 
-def test_mlx_lm_cli_generates_nvfp4_metal_tokens(folders: dict[str, Path]) -> None:
-    folder = folders["mlx"]
-    model, tok = nvfp4_metal.load(folder)
-    want, _ = _greedy(model, tok.encode(PROMPT))
+def _cli_generate(folder: Path, prompt: str) -> str:
+    """The completion ``python -m mlx_lm generate --trust-remote-code`` prints (greedy)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     run = subprocess.run(
         [sys.executable, "-m", "mlx_lm", "generate", "--model", str(folder),
-         "--trust-remote-code", "--prompt", PROMPT, "--max-tokens", str(STEPS), "--temp", "0"],
+         "--trust-remote-code", "--prompt", prompt, "--max-tokens", str(STEPS), "--temp", "0"],
         capture_output=True, text=True, timeout=300, env=env, check=False,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     # mlx_lm generate prints the completion between two "==========" lines
-    text = run.stdout.split("==========\n")[1].removesuffix("\n")
-    assert text == tok.decode(want)
+    return run.stdout.split("==========\n")[1].removesuffix("\n")
+
+
+def test_mlx_lm_cli_generates_nvfp4_metal_tokens(folders: dict[str, Path]) -> None:
+    folder = folders["mlx"]
+    model, tok = nvfp4_metal.load(folder)
+    want, _ = _greedy(model, tok.encode(PROMPT))
+    assert _cli_generate(folder, PROMPT) == tok.decode(want)
 
 
 def test_gguf_loads_with_its_tokenizer(folders: dict[str, Path]) -> None:
@@ -304,3 +308,7 @@ def test_smollm2_in_plain_mlx_lm(smollm2: dict[str, Path]) -> None:
     got, _ = _greedy(plain, prompt)
     assert got == want
     assert "Paris" in plain_tok.decode(got)  # the model still knows (NVFP4 is close)
+    # mlx-lm's command applies the chat template itself and stops at the end of turn
+    eos = set(plain_tok.eos_token_ids)
+    until_eos = want[: next((i for i, t in enumerate(want) if t in eos), len(want))]
+    assert _cli_generate(folder, chat[0]["content"]) == plain_tok.decode(until_eos)
