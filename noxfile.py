@@ -253,6 +253,7 @@ IMPORT_NAMES = {
     "nvfp4-cuda": "nvfp4_cuda",
     "nvfp4-rocm": "nvfp4_rocm",
     "nvfp4-conformance": "nvfp4_conformance",
+    "nvfp4-engines": "nvfp4_engines",  # imports no engine: none is installed there
 }
 
 

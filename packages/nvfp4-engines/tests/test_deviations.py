@@ -47,6 +47,8 @@ def test_every_pattern_classifies_a_message_of_its_own() -> None:
         "mlx_float16_encoder": "test_quantize_activations[float16_input] quantize_activations: "
         "block (1, 189) has scale byte 0x72, the reference's is 0x73",
         "mlx_scale_byte_zero": "block (0, 0) has scale byte 0x00, the reference's is 0x38",
+        "mlx_nonfinite_block": "block (0, 1) holds NaN/Inf; it must get scale byte 0x7F and "
+        "codes 0, found 0x7E and codes [0, 11, 10]",
     }
     assert sorted(messages) == sorted(d.key for d in DEVIATIONS)
     for key, message in messages.items():

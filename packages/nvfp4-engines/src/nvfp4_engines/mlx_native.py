@@ -15,8 +15,9 @@ MLX's matmuls take no decode global, so the global is applied as an MLX user mus
 multiply of the output after the call (per row for fused partitions, gathered by expert id
 for ``gather_qmm``), in float32, then one cast to the asked dtype. ``x`` goes in with its
 own dtype, as a caller's activations would. MLX's ``global_scale`` argument of
-``mx.quantize`` is the tensor's amax (MLX decodes with ``global_scale / 2688``): the dynamic
-case passes ``mx.max(mx.abs(x))``, a static input scale ``s`` passes ``s * 2688``
+``mx.quantize`` is the tensor's amax, which MLX leaves to its caller (it decodes with
+``global_scale / 2688``): the dynamic case passes the amax the spec defines, over the finite
+values of x, computed with MLX ops; a static input scale ``s`` passes ``s * 2688``
 (:func:`nvfp4.layouts.mlx.mlx_global_scale_arg`), and the planes carry the global MLX
 decodes with.
 
@@ -159,8 +160,9 @@ class MlxNativeKernels:
 
     def quantize_activations(self, x: Any, *, input_scale: float | None) -> NVFP4Planes:
         mx = _mx()
-        if input_scale is None:
-            amax = mx.max(mx.abs(x.astype(mx.float32)))
+        if input_scale is None:  # MLX takes the amax from its caller: the spec's, finite values
+            x32 = x.astype(mx.float32)
+            amax = mx.max(mx.where(mx.isfinite(x32), mx.abs(x32), 0.0))
         else:
             amax = mx.array(mlx_global_scale_arg(np.float32(input_scale)))
         wq, scales = mx.quantize(x, global_scale=amax, **NVFP4)[:2]
