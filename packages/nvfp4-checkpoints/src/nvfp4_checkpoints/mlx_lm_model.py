@@ -129,7 +129,7 @@ class GlobalNVFP4SwitchLinear(nn.Module):
 class _SwitchLinear(SwitchLinear):
     """mlx-lm's ``SwitchLinear`` whose ``to_quantized`` gives our layer for a global."""
 
-    def to_quantized(  # type: ignore[override]
+    def to_quantized(
         self,
         group_size: int = 64,
         bits: int = 4,
@@ -145,7 +145,7 @@ class _SwitchLinear(SwitchLinear):
 class _Linear(nn.Linear):
     """``nn.Linear`` whose ``to_quantized`` also takes mlx-lm's ``global_scale`` flag."""
 
-    def to_quantized(  # type: ignore[override]
+    def to_quantized(
         self,
         group_size: int | None = None,
         bits: int | None = None,
