@@ -15,7 +15,10 @@
 
 #include "w4a8.h"
 
-#define NV_Q8_256_MC_MAX 6
+#ifndef NV_Q8_256_MC_MAX
+#define NV_Q8_256_MC_MAX 8
+#endif
+#define NV_Q8_256_MC_TABLE 8 /* kernels compiled: chunk sizes 1 .. 8 */
 
 /* ------------------------------------------------------------------------ quantizer */
 
@@ -121,8 +124,8 @@ NV_INLINE void q8_256_kernel(const nv_weight *w, int64_t t, const nv_q8_chunk *c
     const __m256i utab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)ut));
     const __m256i ones = _mm256_set1_epi16(1);
     for (int hr = 0; hr < 2; hr++) { /* rows n0 + 8hr .. n0 + 8hr + 7: code bytes 8hr .. */
-        __m256 acc[NV_Q8_256_MC_MAX];
-#pragma GCC unroll 6
+        __m256 acc[NV_Q8_256_MC_TABLE];
+#pragma GCC unroll 8
         for (int m = 0; m < MC; m++) acc[m] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *pb = c->panel + b * rec;
@@ -136,7 +139,7 @@ NV_INLINE void q8_256_kernel(const nv_weight *w, int64_t t, const nv_q8_chunk *c
 #pragma GCC unroll 4
                 for (int q = 0; q < 4; q++) u[q] = q8_256_decode(cp + 2 * q * NV_TILE, utab);
                 const __m256 s = q8_256_scales(ts + (2 * b + h) * NV_TILE + 8 * hr);
-#pragma GCC unroll 6
+#pragma GCC unroll 8
                 for (int m = 0; m < MC; m++) {
                     const int8_t *xm = xq + m * NV_Q8_BLOCK + 16 * h;
                     __m256i p = _mm256_maddubs_epi16(u[0], q8_bcast32(xm));
@@ -151,7 +154,7 @@ NV_INLINE void q8_256_kernel(const nv_weight *w, int64_t t, const nv_q8_chunk *c
             }
         }
         const __m256 g = _mm256_loadu_ps(w->rowg + n0 + 8 * hr);
-#pragma GCC unroll 6
+#pragma GCC unroll 8
         for (int m = 0; m < MC; m++)
             q8_256_store_rows(c->out + c->out_rows[m] * c->ldo + n0 + 8 * hr, _mm256_mul_ps(acc[m], g),
                               w->n - n0 - 8 * hr);
@@ -169,10 +172,12 @@ NV_Q8K(3)
 NV_Q8K(4)
 NV_Q8K(5)
 NV_Q8K(6)
+NV_Q8K(7)
+NV_Q8K(8)
 
 typedef void (*q8_256_fn)(const nv_weight *, int64_t, const nv_q8_chunk *);
-static const q8_256_fn q8_256_by_mc[NV_Q8_256_MC_MAX + 1] = {
-    0, q8_256_1, q8_256_2, q8_256_3, q8_256_4, q8_256_5, q8_256_6,
+static const q8_256_fn q8_256_by_mc[NV_Q8_256_MC_TABLE + 1] = {
+    0, q8_256_1, q8_256_2, q8_256_3, q8_256_4, q8_256_5, q8_256_6, q8_256_7, q8_256_8,
 };
 
 static void q8_256_qmm_tiles(const nv_weight *w, int64_t t0, int64_t nt, const nv_q8_chunk *c) {

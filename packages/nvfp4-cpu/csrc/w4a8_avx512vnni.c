@@ -22,7 +22,9 @@
 
 #include "w4a8.h"
 
+#ifndef NV_Q8_512_MC_MAX
 #define NV_Q8_512_MC_MAX 16
+#endif
 
 /* ------------------------------------------------------------------------ quantizer */
 
@@ -107,7 +109,7 @@ NV_INLINE void q8_512_kernel(const nv_weight *w, int64_t t0, const nv_q8_chunk *
     uint8_t ut[16];
     nv_q8_utable(ut);
     const __m512i utab = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)ut));
-    __m512 acc[NV_Q8_512_MC_MAX][2];
+    __m512 acc[16][2];
 #pragma GCC unroll 16
     for (int m = 0; m < MC; m++)
 #pragma GCC unroll 2
@@ -187,7 +189,7 @@ NV_Q8K(15, 1)
 NV_Q8K(16, 1)
 
 typedef void (*q8_512_fn)(const nv_weight *, int64_t, const nv_q8_chunk *);
-static const q8_512_fn q8_512_one[NV_Q8_512_MC_MAX + 1] = {
+static const q8_512_fn q8_512_one[16 + 1] = { /* chunk sizes 1 .. 16 */
     0, q8_512_1_1, q8_512_2_1, q8_512_3_1, q8_512_4_1, q8_512_5_1, q8_512_6_1,
     q8_512_7_1, q8_512_8_1, q8_512_9_1, q8_512_10_1, q8_512_11_1, q8_512_12_1,
     q8_512_13_1, q8_512_14_1, q8_512_15_1, q8_512_16_1,
