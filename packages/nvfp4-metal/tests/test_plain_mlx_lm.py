@@ -312,3 +312,45 @@ def test_smollm2_in_plain_mlx_lm(smollm2: dict[str, Path]) -> None:
     eos = set(plain_tok.eos_token_ids)
     until_eos = want[: next((i for i, t in enumerate(want) if t in eos), len(want))]
     assert _cli_generate(folder, chat[0]["content"]) == plain_tok.decode(until_eos)
+
+
+# ------------------------------------------------------------- the model file's sanitize
+def test_model_file_sanitize_cases() -> None:
+    from nvfp4_checkpoints.mlx_lm_model import sanitize
+
+    def expert(e: int) -> dict[str, mx.array]:
+        p = f"m.experts.{e}.up"
+        return {
+            f"{p}.weight": mx.zeros((4, 2), dtype=mx.uint32),
+            f"{p}.scales": mx.full((4, 1), e, dtype=mx.uint8),
+            f"{p}.global_scale": mx.array(0.5 + e, dtype=mx.float32),
+        }
+
+    folder = {**expert(0), **expert(1)}
+    # experts kept one by one (no stack made by the architecture): dense layers, row globals
+    kept = sanitize(folder, dict(folder))
+    assert np.array_equal(np.array(kept["m.experts.1.up.global_scale"]), np.full(4, 1.5))
+    # stacked by the architecture (.weight only): scales and globals stacked beside it
+    arch = {k: v for k, v in folder.items() if not k.endswith(".weight")}
+    arch["m.switch.up.weight"] = mx.zeros((2, 4, 2), dtype=mx.uint32)
+    out = sanitize(folder, arch)
+    assert sorted(out) == ["m.switch.up.global_scale", "m.switch.up.scales", "m.switch.up.weight"]
+    assert np.array_equal(np.array(out["m.switch.up.scales"])[:, 0, 0], [0, 1])
+    assert np.array_equal(np.array(out["m.switch.up.global_scale"]), [[0.5] * 4, [1.5] * 4])
+    # two candidate stacks: refused, naming them
+    arch["m.other.up.weight"] = mx.zeros((2, 4, 2), dtype=mx.uint32)
+    with pytest.raises(ValueError, match=r"m\.experts\.\*\.up: expected one stacked"):
+        sanitize(folder, arch)
+    # fused planes: one global per partition, expanded per row; input scales dropped
+    dense = {
+        "q.weight": mx.zeros((6, 2), dtype=mx.uint32),
+        "q.global_scale": mx.array([1.0, 2.0, 4.0], dtype=mx.float32),
+        "q.partitions": mx.array([0, 2, 3, 6], dtype=mx.int64),
+        "q.input_scale": mx.array(0.1, dtype=mx.float32),
+    }
+    out = sanitize(dense, dict(dense))
+    assert sorted(out) == ["q.global_scale", "q.weight"]
+    assert np.array_equal(np.array(out["q.global_scale"]), [1, 1, 2, 4, 4, 4])
+    bad = {**dense, "q.partitions": mx.array([0, 2, 5], dtype=mx.int64)}
+    with pytest.raises(ValueError, match=r"q: expected 2 partition globals over rows \[0, 6\)"):
+        sanitize(bad, dict(bad))

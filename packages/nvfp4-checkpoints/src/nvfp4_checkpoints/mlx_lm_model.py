@@ -197,6 +197,8 @@ def _stack_experts(out: dict[str, mx.array], weights: dict[str, mx.array], new: 
             groups.setdefault((m["parent"], m["proj"]), set()).add(int(m["e"]))
     for (parent, proj), experts in groups.items():
         targets = [k for k in new if k.startswith(f"{parent}.") and k.endswith(f".{proj}.weight")]
+        if not targets and all(f"{parent}.experts.{i}.{proj}.weight" in out for i in experts):
+            continue  # experts kept one by one (plain linears): each is a dense layer
         if len(targets) != 1 or out[targets[0]].ndim != 3:
             raise ValueError(
                 f"{parent}.experts.*.{proj}: expected one stacked [E, N, K/8] weight made by "
