@@ -108,7 +108,8 @@ NV_INLINE void q8_256_store_rows(float *o, __m256 v, int64_t live) {
 }
 
 /* MC rows of x, one tile, one 8-row half at a time (MC accumulators, the 4 decoded vectors
- * of a 16-element block and the temporaries fit the 16 ymm registers). Per weight block
+ * of a 16-element block and the temporaries: up to 6 rows fit the 16 ymm registers; 8 spill
+ * a few values yet measured fastest, the decode amortised over more rows). Per weight block
  * j = 2b + h:
  *   i = madd16(sum_q maddubs(u[q], codes[m][16h + 4q .. +3]), 1) + corr[h][m]   (isum_j)
  *   acc[m] += float(i) * (s_j * d[m][b] / 2)

@@ -54,7 +54,11 @@ def test_each_level_runs_its_own_w4a8_kernels(native: Native) -> None:
         assert vnni == ("avx512_vnni" in flags)
     expected["avx512"] = "avx512vnni" if vnni else "avx2"
     for isa in native.supported_levels():
-        assert native.w4a8_kernels(isa) == expected[isa], isa
+        got = native.w4a8_kernels(isa)
+        assert got == expected[isa], (
+            f"level {isa} runs the {got} W4A8 kernels, expected {expected[isa]} "
+            "(a unit left out of the build? hatch_build.py warns when it leaves one out)"
+        )
 
 
 def test_isa_env_forces_the_w4a8_level(native: Native, monkeypatch: pytest.MonkeyPatch) -> None:
