@@ -33,8 +33,16 @@ __all__ = [
 
 #: The form of the certificate JSON. 2 added ``tiers`` (the per-tier summary), ``left_out``
 #: (what a partial run did not run, and why) and each test's ``hypothesis`` flag; version 1
-#: carried ``"certificate_format": 1`` in its place.
-SCHEMA_VERSION = 2
+#: carried ``"certificate_format": 1`` in its place. 3 added ``t6.activation_quality``
+#: (per quantized activation mode: KL and top-1 agreement against W4A16 and float32).
+SCHEMA_VERSION = 3
+#: The T6 activation-quality figures averaged over the prompts, per mode.
+_QUALITY_FIGURES = (
+    "mean_kl_w4a16_to_mode",
+    "top1_agreement_vs_w4a16",
+    "mean_kl_float32_to_mode",
+    "top1_agreement_vs_float32",
+)
 
 #: What each tier certifies, in a word.
 TIER_NAMES = {
@@ -129,7 +137,39 @@ def _t6_summary(run: ConformanceRun) -> dict[str, Any]:
                 out[key] = sum(numbers) / len(numbers)
         out["tokens_reproduced"] = sum(int(c.figures.get("tokens_matched", 0)) for c in prompts)
         out["tokens_expected"] = sum(int(c.figures.get("tokens_expected", 0)) for c in prompts)
+    quality = _activation_quality(t6)
+    if quality:
+        out["activation_quality"] = quality
     return out
+
+
+def _activation_quality(t6: list[TestOutcome]) -> dict[str, Any]:
+    """Per quantized activation mode T6 measured: the figures averaged over the prompts, the
+    prompts' own figures, the seconds it took, and - next to W4A4's - the mode's KL against
+    W4A16 as a fraction of W4A4's."""
+    by_mode: dict[str, dict[str, Any]] = {}
+    for o in t6:
+        for c in o.cases:
+            mode = c.figures.get("mode")
+            if not isinstance(mode, str):
+                continue
+            entry = by_mode.setdefault(mode, {"prompts": [], "seconds": None})
+            if c.figures.get("kind") == "activation_quality":
+                entry["prompts"].append({"case": c.case, **c.figures})
+            elif c.figures.get("kind") == "activation_quality_time":
+                entry["seconds"] = c.figures.get("seconds")
+    for entry in by_mode.values():
+        prompts = entry["prompts"]
+        for key in _QUALITY_FIGURES:
+            numbers = [_number(p.get(key)) for p in prompts]
+            if prompts and all(n is not None for n in numbers):
+                entry[key] = sum(n for n in numbers if n is not None) / len(numbers)
+    w4a4 = _number(by_mode.get("w4a4", {}).get("mean_kl_w4a16_to_mode"))
+    for mode, entry in by_mode.items():
+        kl = _number(entry.get("mean_kl_w4a16_to_mode"))
+        if mode != "w4a4" and kl is not None and w4a4:
+            entry["kl_w4a16_to_mode_over_w4a4"] = kl / w4a4
+    return {mode: by_mode[mode] for mode in sorted(by_mode)}
 
 
 def _left_out(run: ConformanceRun) -> list[dict[str, Any]]:
@@ -442,6 +482,9 @@ def _summary(cert: dict[str, Any]) -> list[str]:
             f"| {_tier_title(tier)} | {e['tests']} | {e['passed']} | {e['failed']} "
             f"| {e['skipped']} | {_worst_text(e)} | {e['verdict']} |"
         )
+    quality = (cert.get("t6") or {}).get("activation_quality") or {}
+    if quality:
+        lines += ["", _quality_summary(quality)]
     left_out = cert.get("left_out") or []
     if left_out:
         lines += ["", "Left out (not run, so not certified):", ""]
@@ -519,6 +562,51 @@ def _t6(cert: dict[str, Any]) -> list[str]:
             f"| {_fmt(p.get('top1_agreement_vs_float32'))} "
             f"| {_fmt(p.get('mean_kl_float32_to_nvfp4'))} "
             f"| {_fmt(p.get('max_abs_top1_logit_diff_vs_golden'))} |"
+        )
+    return lines + _quality_lines(t6.get("activation_quality") or {})
+
+
+def _quality_summary(quality: dict[str, Any]) -> str:
+    """The summary's one line on T6's quantized activation modes."""
+    parts = []
+    for mode, q in quality.items():
+        ratio = q.get("kl_w4a16_to_mode_over_w4a4")
+        of_w4a4 = f" ({_fmt(ratio)} of W4A4's)" if ratio is not None else ""
+        parts.append(
+            f"{mode} {_fmt(q.get('mean_kl_w4a16_to_mode'))}{of_w4a4}, "
+            f"top-1 {_fmt(q.get('top1_agreement_vs_w4a16'))}"
+        )
+    return (
+        "T6 quantized activations (information; mean KL(W4A16 || mode) in nats, top-1 "
+        "agreement with W4A16): " + "; ".join(parts) + "."
+    )
+
+
+def _quality_lines(quality: dict[str, Any]) -> list[str]:
+    """The T6 activation-quality table: one row per quantized activation mode."""
+    if not quality:
+        return []
+    lines = [
+        "",
+        "### Quantized activations",
+        "",
+        "The same NVFP4 model with every linear computing in each quantized activation mode "
+        "the backend declares (dynamic per-call scales), teacher-forced on the golden tokens, "
+        "against the W4A16 model above and the float32 model; means over the prompts. For "
+        "information: the spec bounds no model-level quantization error.",
+        "",
+        "| mode | mean KL(W4A16 \\|\\| mode) | KL / W4A4's | top-1 vs W4A16 "
+        "| mean KL(float32 \\|\\| mode) | top-1 vs float32 | prompts | seconds |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for mode, q in quality.items():
+        lines.append(
+            f"| {mode} | {_fmt(q.get('mean_kl_w4a16_to_mode'))} "
+            f"| {_fmt(q.get('kl_w4a16_to_mode_over_w4a4'))} "
+            f"| {_fmt(q.get('top1_agreement_vs_w4a16'))} "
+            f"| {_fmt(q.get('mean_kl_float32_to_mode'))} "
+            f"| {_fmt(q.get('top1_agreement_vs_float32'))} | {len(q.get('prompts') or [])} "
+            f"| {_fmt(q.get('seconds'))} |"
         )
     return lines
 

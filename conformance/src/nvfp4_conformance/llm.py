@@ -8,7 +8,9 @@ This is the code path of ``python -m nvfp4_conformance generate`` and of tier T6
    at every quantized prefix with an :class:`NVFP4Linear` that calls ``backend.qmm`` on
    ``backend.prepare(planes)``;
 2. :func:`greedy` decodes with a KV cache, batch 1, and keeps every step's logits;
-3. :func:`teacher_forced_logits` scores a fixed token sequence (for the quality figures).
+3. :func:`teacher_forced_logits` scores a fixed token sequence (for the quality figures);
+   :func:`activation_mode` switches every NVFP4 linear to a quantized activation mode
+   (W4A4, W4A8) for the duration of a ``with`` block.
 
 Requires the ``parity`` extra (torch, transformers).
 """
@@ -17,7 +19,8 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +31,7 @@ import numpy.typing as npt
 __all__ = [
     "GreedyResult",
     "LoadedModel",
+    "activation_mode",
     "greedy",
     "load_model",
     "margins",
@@ -204,6 +208,24 @@ def teacher_forced_logits(
         out.logits[0, start : start + len(new_ids)].to(torch.float32).numpy()
     )
     return logits.copy()
+
+
+@contextmanager
+def activation_mode(model: Any, mode: str) -> Iterator[int]:
+    """Within the block, every NVFP4 linear of ``model`` computes its product in activation
+    mode ``mode`` (see :data:`nvfp4_conformance.nvfp4_linear.ACTIVATION_VERBS`); yields how
+    many linears were switched, and restores each one's mode on exit."""
+    from .nvfp4_linear import NVFP4Linear
+
+    linears = [m for m in model.modules() if isinstance(m, NVFP4Linear)]
+    before = [m.activations for m in linears]
+    try:
+        for m in linears:
+            m.activations = mode
+        yield len(linears)
+    finally:
+        for m, old in zip(linears, before, strict=True):
+            m.activations = old
 
 
 def margins(logits: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:

@@ -26,6 +26,7 @@ __all__ = [
     "GOLDEN_RESOURCE",
     "MIN_PROMPTS",
     "NEW_TOKENS",
+    "activation_quality",
     "check_golden",
     "first_mismatch",
     "load_golden",
@@ -136,4 +137,21 @@ def quality_figures(
     return {
         "top1_agreement_vs_float32": agree,
         "mean_kl_float32_to_nvfp4": mean_kl(float32_logits, nvfp4_logits),
+    }
+
+
+def activation_quality(
+    w4a16_logits: npt.NDArray[Any],
+    float32_logits: npt.NDArray[Any],
+    mode_logits: npt.NDArray[Any],
+) -> dict[str, float]:
+    """Quality of a quantized-activation model (W4A4, W4A8) over the same teacher-forced
+    steps: mean KL(W4A16 || mode) and KL(float32 || mode) in nats, and how often its top-1
+    token is W4A16's and float32's."""
+    top1 = np.argmax(np.asarray(mode_logits), axis=-1)
+    return {
+        "mean_kl_w4a16_to_mode": mean_kl(w4a16_logits, mode_logits),
+        "top1_agreement_vs_w4a16": float(np.mean(top1 == np.argmax(w4a16_logits, axis=-1))),
+        "mean_kl_float32_to_mode": mean_kl(float32_logits, mode_logits),
+        "top1_agreement_vs_float32": float(np.mean(top1 == np.argmax(float32_logits, axis=-1))),
     }

@@ -1,0 +1,220 @@
+"""T6's quantized-activation quality figures (W4A4, W4A8 int8, W4A8 FP8).
+
+* :func:`nvfp4_conformance.t6.activation_quality`: KL and top-1 agreement against W4A16 and
+  float32, checked on hand-made logits.
+* :func:`nvfp4_conformance.llm.activation_mode` on a tiny Llama written as a ModelOpt NVFP4
+  checkpoint and loaded through the ``generate`` code path: inside the block every NVFP4
+  linear calls the mode's verb (and only it), the logits change, and on exit the W4A16
+  logits come back bit for bit; an unknown mode is refused.
+* The certificate: a run that recorded T6 activation-quality cases carries, per mode, the
+  means over the prompts, W4A8's KL as a fraction of W4A4's, and a Markdown table.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from nvfp4_conformance import t6
+from nvfp4_conformance.certificate import SCHEMA_VERSION, build_certificate, render_markdown
+from nvfp4_conformance.recording import ConformanceRun
+
+
+# ------------------------------------------------------------------------- the figures
+def test_activation_quality_figures() -> None:
+    rng = np.random.default_rng(1)
+    w16 = rng.standard_normal((6, 13)).astype(np.float32)
+    same = t6.activation_quality(w16, w16, w16)
+    assert same["mean_kl_w4a16_to_mode"] == pytest.approx(0.0, abs=1e-12)
+    assert same["top1_agreement_vs_w4a16"] == 1.0
+    f32 = w16.copy()
+    f32[:3] = -f32[:3]  # a different top-1 on (almost surely) every one of 3 steps
+    mode = w16.copy()
+    mode[0] = 0.0  # uniform on step 0: its argmax is token 0
+    q = t6.activation_quality(w16, f32, mode)
+    assert q["mean_kl_w4a16_to_mode"] == pytest.approx(t6.mean_kl(w16, mode))
+    assert q["mean_kl_float32_to_mode"] == pytest.approx(t6.mean_kl(f32, mode))
+    assert q["mean_kl_w4a16_to_mode"] > 0
+    top = np.argmax(mode, axis=-1)
+    assert q["top1_agreement_vs_w4a16"] == np.mean(top == np.argmax(w16, axis=-1))
+    assert q["top1_agreement_vs_float32"] == np.mean(top == np.argmax(f32, axis=-1))
+    assert q["top1_agreement_vs_float32"] < 1.0
+
+
+# ------------------------------------------------------------ the activation modes
+class _Spy:
+    """A backend that counts the verbs its NVFP4 linears call."""
+
+    def __init__(self, backend: Any) -> None:
+        self._backend = backend
+        self.calls: dict[str, int] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._backend, name)
+        if name.startswith(("qmm", "gather_qmm")):
+
+            def counted(*a: Any, **kw: Any) -> Any:
+                self.calls[name] = self.calls.get(name, 0) + 1
+                return attr(*a, **kw)
+
+            return counted
+        return attr
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer Llama (hidden 64, K of every linear a multiple of 32) with every decoder
+    linear NVFP4, written as a ModelOpt checkpoint the way T6 writes SmolLM2."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from nvfp4_conformance import smollm2
+
+    config = transformers.LlamaConfig(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(3)
+    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():  # weights large enough to move the logits
+            p.normal_(0.0, 0.2)
+    q = smollm2.quantize_model(model)
+    return smollm2.write_nvfp4_checkpoint(q, tmp_path_factory.mktemp("tiny") / "ckpt")
+
+
+MODES = {"w4a4": "qmm_w4a4", "w4a8": "qmm_w4a8", "w4a8_fp8": "qmm_w4a8_fp8"}
+
+
+def test_activation_mode_switches_every_linear_and_restores(tiny_checkpoint: Path) -> None:
+    import nvfp4
+    from nvfp4_conformance import llm
+
+    spy = _Spy(nvfp4.get_backend("reference"))
+    loaded = llm.load_model(tiny_checkpoint, spy)
+    model = loaded.model
+    linears = len(loaded.quantized)
+    assert linears == 14
+    prompt, ids = [1, 5, 9, 2], [7, 3, 11, 40, 2, 6]
+    w16 = llm.teacher_forced_logits(model, prompt, ids)
+    assert spy.calls == {"qmm": linears}  # one forward pass: each linear once
+    for mode, verb in MODES.items():
+        spy.calls.clear()
+        with llm.activation_mode(model, mode) as switched:
+            logits = llm.teacher_forced_logits(model, prompt, ids)
+        assert switched == linears
+        assert spy.calls == {verb: linears}, (mode, spy.calls)
+        assert np.isfinite(logits).all()
+        assert not np.array_equal(logits, w16), f"{mode}: the activations were not quantized"
+        q = t6.activation_quality(w16, w16, logits)
+        assert 0 < q["mean_kl_w4a16_to_mode"] < 1, (mode, q)
+    spy.calls.clear()
+    again = llm.teacher_forced_logits(model, prompt, ids)
+    assert spy.calls == {"qmm": linears}
+    np.testing.assert_array_equal(again, w16)
+
+
+def test_activation_mode_refuses_an_unknown_mode(tiny_checkpoint: Path) -> None:
+    import nvfp4
+    from nvfp4_conformance import llm
+
+    model = llm.load_model(tiny_checkpoint, nvfp4.get_backend("reference")).model
+    with (
+        pytest.raises(ValueError, match=r"activation mode 'w4a2'; expected one of w4a16, w4a4"),
+        llm.activation_mode(model, "w4a2"),
+    ):
+        pass  # pragma: no cover - the switch refuses before the block runs
+    # a refused switch leaves every linear as it was
+    with llm.activation_mode(model, "w4a16"):
+        pass
+    from nvfp4_conformance.nvfp4_linear import NVFP4Linear
+
+    assert {m.activations for m in model.modules() if isinstance(m, NVFP4Linear)} == {"w4a16"}
+
+
+# ------------------------------------------------------------------- the certificate
+def _run_with_quality() -> ConformanceRun:
+    import nvfp4
+
+    run = ConformanceRun(
+        backend_name="reference", backend=nvfp4.get_backend("reference"), spec_version="1.1"
+    )
+    kl = {"w4a4": (0.30, 0.20), "w4a8": (0.0035, 0.0025), "w4a8_fp8": (0.03, 0.01)}
+    for mode, (a, b) in kl.items():
+        node = f"nvfp4_conformance/tiers/test_t6_parity.py::test_activation_quality[{mode}]"
+        run.outcome(node).outcome = "passed"
+        for prompt, value, top1 in (("p0", a, 0.9), ("p1", b, 1.0)):
+            run.record(
+                node,
+                prompt,
+                {
+                    "kind": "activation_quality",
+                    "mode": mode,
+                    "mean_kl_w4a16_to_mode": value,
+                    "top1_agreement_vs_w4a16": top1,
+                    "mean_kl_float32_to_mode": 2 * value,
+                    "top1_agreement_vs_float32": top1 - 0.1,
+                },
+            )
+        run.record(
+            node,
+            f"{mode} (all prompts)",
+            {"kind": "activation_quality_time", "mode": mode, "seconds": 4.5},
+        )
+    parity = "nvfp4_conformance/tiers/test_t6_parity.py::test_greedy_parity[p0]"
+    run.outcome(parity).outcome = "passed"
+    run.record(parity, "p0", {"kind": "parity", "tokens_matched": 40, "tokens_expected": 40})
+    run.finished = run.started + 1
+    return run
+
+
+def test_certificate_carries_the_quality_of_each_activation_mode() -> None:
+    cert = build_certificate(_run_with_quality())
+    assert cert["schema_version"] == SCHEMA_VERSION == 3
+    quality = cert["t6"]["activation_quality"]
+    assert list(quality) == ["w4a4", "w4a8", "w4a8_fp8"]
+    w4a8 = quality["w4a8"]
+    assert w4a8["mean_kl_w4a16_to_mode"] == pytest.approx(0.003)
+    assert w4a8["mean_kl_float32_to_mode"] == pytest.approx(0.006)
+    assert w4a8["top1_agreement_vs_w4a16"] == pytest.approx(0.95)
+    assert w4a8["top1_agreement_vs_float32"] == pytest.approx(0.85)
+    assert w4a8["seconds"] == 4.5
+    assert [p["case"] for p in w4a8["prompts"]] == ["p0", "p1"]
+    # W4A8's KL against W4A16 next to W4A4's: the figure the W4A8 work aims at (<= 1/3)
+    assert w4a8["kl_w4a16_to_mode_over_w4a4"] == pytest.approx(0.003 / 0.25)
+    assert quality["w4a8_fp8"]["kl_w4a16_to_mode_over_w4a4"] == pytest.approx(0.02 / 0.25)
+    assert "kl_w4a16_to_mode_over_w4a4" not in quality["w4a4"]
+
+    md = render_markdown(cert)
+    assert "### Quantized activations" in md
+    rows = {
+        cells[0]: cells
+        for line in md.splitlines()
+        if line.startswith("| w4a")
+        for cells in [[c.strip() for c in line.strip().strip("|").split("|")]]
+    }
+    assert rows["w4a8"][1:] == ["0.003", "0.012", "0.95", "0.006", "0.85", "2", "4.5"]
+    assert rows["w4a4"][2] == "-"
+    assert "mean KL(W4A16 \\|\\| mode)" in md
+    summary = md.split("\n## ", 1)[0]
+    assert (
+        "T6 quantized activations (information; mean KL(W4A16 || mode) in nats, top-1 "
+        "agreement with W4A16): w4a4 0.25, top-1 0.95; w4a8 0.003 (0.012 of W4A4's), top-1 "
+        "0.95; w4a8_fp8 0.02 (0.08 of W4A4's), top-1 0.95." in summary
+    )
+
+
+def test_a_certificate_without_quantized_modes_has_no_quality_entry() -> None:
+    run = _run_with_quality()
+    for node in [n for n in run.outcomes if "activation_quality" in n]:
+        del run.outcomes[node]
+    cert = build_certificate(run)
+    assert "activation_quality" not in cert["t6"]
+    assert "### Quantized activations" not in render_markdown(cert)
