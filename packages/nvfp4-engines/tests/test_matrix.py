@@ -14,7 +14,10 @@ ROOT = Path(__file__).resolve().parents[3]
 def test_sanitize_keeps_no_machine_path(tmp_path: Path) -> None:
     root = tmp_path / "repo"
     cert = {
-        "imported_from": {"nvfp4": f"{root}/packages/nvfp4-core/src/nvfp4/__init__.py"},
+        "imported_from": {
+            "nvfp4": f"{root}/packages/nvfp4-core/src/nvfp4/__init__.py",
+            "backend": f"{root}/.nox/engines/lib/python3.11/site-packages/nvfp4_engines/ggml.py",
+        },
         "tests": [{"message": "in /opt/venv/lib/python3.11/site-packages/mlx/core.py: boom"}],
         "backend": {"name": "toy"},
     }
@@ -23,6 +26,7 @@ def test_sanitize_keeps_no_machine_path(tmp_path: Path) -> None:
     (out,) = matrix.record([src], tmp_path / "reports", root)
     got = json.loads(out.read_text())
     assert got["imported_from"]["nvfp4"] == "packages/nvfp4-core/src/nvfp4/__init__.py"
+    assert got["imported_from"]["backend"] == "site-packages/nvfp4_engines/ggml.py"
     assert got["tests"][0]["message"] == "in site-packages/mlx/core.py: boom"
 
 

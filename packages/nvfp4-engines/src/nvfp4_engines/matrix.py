@@ -43,14 +43,14 @@ CAPABILITIES = (
     "w4a8_fp8",
 )
 _FAILED = ("failed", "error")
-_SITE = re.compile(r"/[^\s'\"]*?/site-packages/")
+_SITE = re.compile(r"[^\s'\"(]*site-packages/")
 
 
 def sanitize(value: Any, root: Path) -> Any:
     """``value`` with every absolute path under ``root`` made relative to it and every path
     into a ``site-packages`` folder starting at ``site-packages/`` (recursively)."""
     if isinstance(value, str):
-        return _SITE.sub("site-packages/", value.replace(str(root) + "/", ""))
+        return _SITE.sub("site-packages/", value).replace(str(root) + "/", "")
     if isinstance(value, list):
         return [sanitize(v, root) for v in value]
     if isinstance(value, dict):
