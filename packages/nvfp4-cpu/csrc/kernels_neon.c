@@ -302,7 +302,10 @@ static void kn_dequant_tiles(const nv_weight *w, int64_t t0, int64_t nt, void *o
                 for (int q = 0; q < 4; q++) vst1q_f32(s + 4 * q, sv[q]);
             }
             const uint8_t *cb = tc + b * (NV_BLOCK / 2) * NV_TILE;
-            const uint8x16x4_t ta = vld1q_u8_x4(cb), tb = vld1q_u8_x4(cb + 4 * NV_TILE);
+            const uint8x16x4_t ta = {{vld1q_u8(cb), vld1q_u8(cb + 16), vld1q_u8(cb + 32),
+                                      vld1q_u8(cb + 48)}}; /* pairs 0..3 */
+            const uint8x16x4_t tb = {{vld1q_u8(cb + 64), vld1q_u8(cb + 80), vld1q_u8(cb + 96),
+                                      vld1q_u8(cb + 112)}}; /* pairs 4..7 */
             for (int p = 0; 2 * p < live; p++) {
                 const uint8x16_t add = vdupq_n_u8((uint8_t)(2 * p));
                 const uint8x16_t rows =
