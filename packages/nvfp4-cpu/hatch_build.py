@@ -14,7 +14,13 @@ Translation units, one per instruction-set level (runtime dispatch picks one per
 * ``w4a8_portable.c``     - W4A8 (int8 activations) in plain C, every architecture;
 * ``w4a8_fp8.c``          - the W4A8 FP8 activation encoder, plain C;
 * ``w4a8_avx2.c``         - W4A8 with vpmaddubsw / vpmaddwd, x86-64 only, AVX2 flags;
-* ``w4a8_avx512vnni.c``   - W4A8 with vpdpbusd, x86-64 only, AVX-512 flags + ``-mavx512vnni``.
+* ``w4a8_avx512vnni.c``   - W4A8 with vpdpbusd, x86-64 only, AVX-512 flags + ``-mavx512vnni``;
+* ``kernels_neon.c``      - AArch64 only, no extra flags (Advanced SIMD is in its baseline).
+
+The units follow the compiler's *target* (``$CC -dumpmachine``), not this machine, so a cross
+compiler builds the library of its own architecture: ``CC=aarch64-linux-gnu-gcc python
+hatch_build.py OUT_DIR`` on an x86-64 machine builds the AArch64 library (NEON + portable) into
+OUT_DIR (``scripts/aarch64_emulated.sh`` runs the tests on it under qemu-user).
 
 A SIMD unit the compiler cannot build is left out with a warning (the library then reports
 that level as not compiled). Without a working C compiler the build fails, unless
@@ -22,6 +28,7 @@ that level as not compiled). Without a working C compiler the build fails, unles
 
 Run ``python hatch_build.py`` to build the library in place into ``src/nvfp4_cpu/`` for a
 source checkout (``PYTHONPATH=src``); editable installs do the same automatically.
+``python hatch_build.py OUT_DIR`` builds it into OUT_DIR instead.
 """
 
 from __future__ import annotations
@@ -65,6 +72,10 @@ X86_UNITS = {
         "NVFP4CPU_HAVE_W4A8_AVX512VNNI",
     ),
 }
+#: The same for AArch64 targets.
+AARCH64_UNITS = {
+    "kernels_neon.c": ([], "NVFP4CPU_HAVE_NEON"),
+}
 #: Units every build needs (plain C): a failure to compile them fails the build.
 REQUIRED_UNITS = ("kernels_portable.c", "w4a8_portable.c", "w4a8_fp8.c")
 #: Baseline units that get the defines of the SIMD units linked in.
@@ -81,8 +92,30 @@ def _compiler() -> list[str]:
     return parts
 
 
-def _is_x86() -> bool:
-    return platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86")
+def _normalise_machine(name: str) -> str:
+    name = name.lower()
+    return {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64"}.get(name, name)
+
+
+def target_machine(cc: list[str]) -> str:
+    """The architecture ``cc`` compiles for: the first field of ``cc -dumpmachine``
+    (``aarch64-linux-gnu``, ``x86_64-pc-linux-gnu``, ``arm64-apple-darwin23``; gcc and clang
+    both answer), else this machine's (``platform.machine()``)."""
+    try:
+        proc = subprocess.run([*cc, "-dumpmachine"], capture_output=True, text=True, check=False)
+        triple = proc.stdout.strip() if proc.returncode == 0 else ""
+    except OSError:
+        triple = ""
+    return _normalise_machine(triple.split("-")[0] if triple else platform.machine())
+
+
+def _units_for(machine: str) -> dict[str, tuple[list[str], str]]:
+    """The SIMD units (flags, define) built for a target architecture."""
+    if machine in ("x86_64", "i386", "i486", "i586", "i686", "x86"):
+        return X86_UNITS
+    if machine == "aarch64":
+        return AARCH64_UNITS
+    return {}
 
 
 def _run(cmd: list[str]) -> None:
@@ -100,9 +133,9 @@ def build_library(out_dir: Path, src_dir: Path = CSRC) -> Path:
         objects: list[str] = []
         defines: list[str] = []
         units: dict[str, list[str]] = {unit: [] for unit in REQUIRED_UNITS}
-        if _is_x86():
-            for unit, (flags, _define) in X86_UNITS.items():
-                units[unit] = flags
+        simd = _units_for(target_machine(cc))
+        for unit, (flags, _define) in simd.items():
+            units[unit] = flags
         for unit, flags in units.items():
             obj = str(Path(tmp) / (unit[:-2] + ".o"))
             try:
@@ -113,8 +146,8 @@ def build_library(out_dir: Path, src_dir: Path = CSRC) -> Path:
                 warnings.warn(f"nvfp4-cpu: leaving out {unit}: {exc}", stacklevel=2)
                 continue
             objects.append(obj)
-            if unit in X86_UNITS:
-                defines.append("-D" + X86_UNITS[unit][1])
+            if unit in simd:
+                defines.append("-D" + simd[unit][1])
         for unit in DISPATCH_UNITS:
             obj = str(Path(tmp) / (unit[:-2] + ".o"))
             _run([*cc, *BASE_FLAGS, *defines, *extra, "-c", str(src_dir / unit), "-o", obj])
@@ -171,6 +204,9 @@ class CustomBuildHook(BuildHookInterface):  # type: ignore[misc,valid-type,type-
         # ...but not CPython-specific (ctypes, no C-API): py3-none-<platform> rather than the
         # inferred cp3XY-cp3XY-<platform>, so one wheel installs on every CPython 3
         build_data["tag"] = f"py3-none-{_platform_tag()}"
+        target = target_machine(_compiler())
+        if target != _normalise_machine(platform.machine()):  # a cross compiler ($CC)
+            build_data["tag"] = f"py3-none-linux_{target}"
 
     def finalize(self, version: str, build_data: dict[str, Any], artifact_path: str) -> None:
         tmp = getattr(self, "_tmp", None)
@@ -179,5 +215,5 @@ class CustomBuildHook(BuildHookInterface):  # type: ignore[misc,valid-type,type-
 
 
 if __name__ == "__main__":
-    path = build_library(HERE / "src" / "nvfp4_cpu")
+    path = build_library(Path(sys.argv[1]) if len(sys.argv) > 1 else HERE / "src" / "nvfp4_cpu")
     print(f"built {path}", file=sys.stderr)

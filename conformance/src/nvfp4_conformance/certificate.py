@@ -2,10 +2,11 @@
 
 The JSON holds the suite and spec versions, the backend (name, version, package, declared
 capabilities), the device ("Triton interpreter on CPU" when ``TRITON_INTERPRET=1``, never a
-GPU name then), where nvfp4-core, the suite and the backend were imported from (the
-installed wheels, not a source tree), every conformance test's outcome with the figures it
-measured (errors against tolerances, counts), the capabilities certified and not certified,
-the T6 parity figures and the run time.
+GPU name then; "<machine> under emulation (...): ..." under qemu-user, with the evidence in
+``platform.emulation``: :mod:`nvfp4_conformance.emulation`), where nvfp4-core, the suite and
+the backend were imported from (the installed wheels, not a source tree), every conformance
+test's outcome with the figures it measured (errors against tolerances, counts), the
+capabilities certified and not certified, the T6 parity figures and the run time.
 """
 
 from __future__ import annotations
@@ -346,6 +347,9 @@ def build_certificate(run: ConformanceRun) -> dict[str, Any]:
             "system": platform.system(),
             "machine": platform.machine(),
             "processor": platform.processor(),
+            # qemu-user evidence and the runner's word (nvfp4_conformance.emulation); null
+            # for a native run
+            "emulation": run.extra.get("emulation"),
             "versions": _versions(),
         },
         "started_unix": run.started,
@@ -525,7 +529,9 @@ def _details(cert: dict[str, Any]) -> list[str]:
         f"| backend | {b['name']} {b['version']} ({b['package'] or 'no package'}) |",
         f"| capabilities declared | {_fmt(b['capabilities_declared'])} |",
         f"| device | {_fmt(cert['device'])} |",
-        f"| platform | {cert['platform']['system']} {cert['platform']['machine']}, "
+        f"| platform | {cert['platform']['system']} {cert['platform']['machine']}"
+        + (" (emulated)" if cert["platform"].get("emulation") else "")
+        + ", "
         + ", ".join(f"{k} {v}" for k, v in versions.items())
         + " |",
         f"| run time | {cert['duration_s']:.1f} s (exit status {cert['exit_status']}) |",

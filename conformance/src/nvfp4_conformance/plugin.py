@@ -41,7 +41,7 @@ from typing import Any
 
 import pytest
 
-from . import SUITE_SPEC_VERSIONS
+from . import SUITE_SPEC_VERSIONS, emulation
 from .recording import ConformanceRun, TestOutcome, tier_of
 
 __all__ = ["RUN_KEY", "TIERS_DIR", "is_conformance_item", "stable_test_id"]
@@ -165,6 +165,10 @@ def _resolve(run: ConformanceRun, config: pytest.Config) -> None:
     run.extra["backend_device"] = device
     if os.environ.get("TRITON_INTERPRET") == "1":
         device = "Triton interpreter on CPU"
+    run.extra["emulation"] = emulation.detect()
+    under = emulation.describe(run.extra["emulation"])
+    if under:  # an emulated CPU is never presented as the machine: "aarch64 under emulation"
+        device = f"{under}: {device}"
     run.extra["device"] = device
 
 

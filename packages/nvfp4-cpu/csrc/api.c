@@ -3,7 +3,8 @@
  *
  * Compiled for the baseline target (no -m flags): nothing here may execute an instruction
  * the oldest supported CPU lacks. The SIMD kernels live in their own translation units and
- * are reached only through nv_isa_kernels tables after __builtin_cpu_supports said yes.
+ * are reached only through nv_isa_kernels tables after __builtin_cpu_supports (x86) or
+ * getauxval(AT_HWCAP) (AArch64 Linux) said yes.
  *
  * Every function returns 0 on success or a negative error code (NV_E*), never aborts, and
  * never reads outside the arrays whose sizes its arguments describe. Expert ids are bounds
@@ -19,6 +20,19 @@
 #include <time.h>
 
 #include "nvfp4cpu.h"
+
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h> /* getauxval(AT_HWCAP): the NEON level's CPU check */
+#ifndef HWCAP_ASIMD
+#define HWCAP_ASIMD (1UL << 1)
+#endif
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1UL << 20)
+#endif
+#endif
+#if defined(__aarch64__) && defined(__APPLE__)
+#include <sys/sysctl.h>
+#endif
 
 #define NV_EINVAL (-1)  /* bad argument (dimension, ISA level, not initialised) */
 #define NV_ENOMEM (-2)  /* scratch allocation failed */
@@ -72,6 +86,8 @@ enum {
     NV_F_AVX2 = 1 << 0, NV_F_FMA = 1 << 1, NV_F_F16C = 1 << 2, NV_F_AVX512F = 1 << 3,
     NV_F_AVX512BW = 1 << 4, NV_F_AVX512VL = 1 << 5, NV_F_AVX512VNNI = 1 << 6,
     NV_F_AVX512BF16 = 1 << 7, NV_F_X86 = 1 << 30,
+    /* AArch64 */
+    NV_F_ASIMD = 1 << 8, NV_F_ASIMDDP = 1 << 9, NV_F_AARCH64 = 1 << 29,
 };
 
 NV_API unsigned nvfp4cpu_cpu_features(void) {
@@ -88,17 +104,34 @@ NV_API unsigned nvfp4cpu_cpu_features(void) {
     if (__builtin_cpu_supports("avx512vnni")) f |= NV_F_AVX512VNNI;
     if (__builtin_cpu_supports("avx512bf16")) f |= NV_F_AVX512BF16;
 #endif
+#if defined(__aarch64__)
+    f |= NV_F_AARCH64;
+#if defined(__linux__)
+    const unsigned long hw = getauxval(AT_HWCAP);
+    if (hw & HWCAP_ASIMD) f |= NV_F_ASIMD;
+    if (hw & HWCAP_ASIMDDP) f |= NV_F_ASIMDDP;
+#elif defined(__APPLE__)
+    f |= NV_F_ASIMD; /* every Apple AArch64 core has Advanced SIMD */
+    {
+        int dp = 0;
+        size_t len = sizeof(dp);
+        if (sysctlbyname("hw.optional.arm.FEAT_DotProd", &dp, &len, NULL, 0) == 0 && dp)
+            f |= NV_F_ASIMDDP;
+    }
+#endif
+#endif
     return f;
 }
 
 /* The bit of a feature of nvfp4cpu_cpu_features(), by name ("avx2", "fma", "f16c",
- * "avx512f", "avx512bw", "avx512vl", "avx512vnni", "avx512bf16", "x86"); 0 for a name
- * this library does not know. */
+ * "avx512f", "avx512bw", "avx512vl", "avx512vnni", "avx512bf16", "x86"; "asimd",
+ * "asimddp", "aarch64"); 0 for a name this library does not know. */
 NV_API unsigned nvfp4cpu_cpu_feature_bit(const char *name) {
     static const struct { const char *name; unsigned bit; } bits[] = {
         {"avx2", NV_F_AVX2},       {"fma", NV_F_FMA},           {"f16c", NV_F_F16C},
         {"avx512f", NV_F_AVX512F}, {"avx512bw", NV_F_AVX512BW}, {"avx512vl", NV_F_AVX512VL},
         {"avx512vnni", NV_F_AVX512VNNI}, {"avx512bf16", NV_F_AVX512BF16}, {"x86", NV_F_X86},
+        {"asimd", NV_F_ASIMD}, {"asimddp", NV_F_ASIMDDP}, {"aarch64", NV_F_AARCH64},
     };
     if (!name) return 0;
     for (size_t i = 0; i < sizeof(bits) / sizeof(bits[0]); i++)
@@ -115,6 +148,9 @@ NV_API int nvfp4cpu_isa_compiled(int isa) {
 #endif
 #if defined(NVFP4CPU_HAVE_AVX512)
     case NV_ISA_AVX512: return 1;
+#endif
+#if defined(NVFP4CPU_HAVE_NEON)
+    case NV_ISA_NEON: return 1;
 #endif
     default: return 0;
     }
@@ -144,6 +180,9 @@ NV_API int nvfp4cpu_isa_supported(int isa) {
         const unsigned need = NV_F_AVX512F | NV_F_AVX512BW | NV_F_AVX512VL | NV_F_FMA | NV_F_F16C;
         return (f & need) == need;
     }
+#if defined(NVFP4CPU_HAVE_NEON)
+    case NV_ISA_NEON: return (f & NV_F_ASIMD) && nv_neon_tables_ok();
+#endif
     default: return 0;
     }
 }
@@ -151,6 +190,9 @@ NV_API int nvfp4cpu_isa_supported(int isa) {
 static const nv_isa_kernels *nv_kernels_for(int isa) {
     if (!nv_initialised || !nvfp4cpu_isa_supported(isa)) return NULL;
     switch (isa) {
+#if defined(NVFP4CPU_HAVE_NEON)
+    case NV_ISA_NEON: return &nv_kernels_neon;
+#endif
 #if defined(NVFP4CPU_HAVE_AVX512)
     case NV_ISA_AVX512: return &nv_kernels_avx512;
 #endif

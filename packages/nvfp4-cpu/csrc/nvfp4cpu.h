@@ -1,5 +1,5 @@
 /* nvfp4-cpu: internal declarations shared by the dispatcher (api.c) and the per-ISA kernel
- * translation units (kernels_portable.c, kernels_avx2.c, kernels_avx512.c).
+ * translation units (kernels_portable.c, kernels_avx2.c, kernels_avx512.c, kernels_neon.c).
  *
  * THE PREPARED ("TILED") LAYOUT
  * -----------------------------
@@ -51,7 +51,7 @@
 #endif
 
 /* ISA levels (the numbers are part of the ctypes ABI). */
-enum { NV_ISA_PORTABLE = 0, NV_ISA_AVX2 = 1, NV_ISA_AVX512 = 2, NV_ISA_COUNT = 3 };
+enum { NV_ISA_PORTABLE = 0, NV_ISA_AVX2 = 1, NV_ISA_AVX512 = 2, NV_ISA_NEON = 3, NV_ISA_COUNT = 4 };
 
 /* Output element kinds of dequantize (part of the ABI). */
 enum { NV_OUT_F32 = 0, NV_OUT_F16 = 1, NV_OUT_BF16 = 2 };
@@ -97,6 +97,10 @@ extern const nv_isa_kernels nv_kernels_avx2;
 #endif
 #if defined(NVFP4CPU_HAVE_AVX512)
 extern const nv_isa_kernels nv_kernels_avx512;
+#endif
+#if defined(NVFP4CPU_HAVE_NEON) /* AArch64 only (kernels_neon.c) */
+extern const nv_isa_kernels nv_kernels_neon;
+int nv_neon_tables_ok(void); /* the spec's E2M1 values fit the NEON decoder's table */
 #endif
 
 /* api.c's thread pool and helpers, shared with the W4A8 driver (w4a8_api.c); internal

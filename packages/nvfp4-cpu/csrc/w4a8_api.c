@@ -31,7 +31,7 @@ static int nv_q8_table_ok(void) {
 static const nv_w4a8_kernels *nv_w4a8_for(int isa) {
     if (!nv_is_initialised() || !nvfp4cpu_isa_supported(isa) || !nv_q8_table_ok()) return NULL;
     switch (isa) {
-    case 2: /* avx512 */
+    case NV_ISA_AVX512:
 #if defined(NVFP4CPU_HAVE_W4A8_AVX512VNNI)
         if (nvfp4cpu_cpu_features() & nvfp4cpu_cpu_feature_bit("avx512vnni")) return &nv_w4a8_avx512vnni;
 #endif
@@ -40,13 +40,16 @@ static const nv_w4a8_kernels *nv_w4a8_for(int isa) {
 #else
         return &nv_w4a8_portable;
 #endif
-    case 1: /* avx2 */
+    case NV_ISA_AVX2:
 #if defined(NVFP4CPU_HAVE_W4A8_AVX2)
         return &nv_w4a8_avx2;
 #else
         return &nv_w4a8_portable;
 #endif
-    case 0: return &nv_w4a8_portable;
+    case NV_ISA_PORTABLE: return &nv_w4a8_portable;
+    /* AArch64: the portable W4A8 kernels, which the compiler vectorises with Advanced SIMD
+     * (a vdotq_s32 kernel is not written yet) */
+    case NV_ISA_NEON: return &nv_w4a8_portable;
     default: return NULL;
     }
 }

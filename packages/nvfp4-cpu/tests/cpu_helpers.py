@@ -1,15 +1,23 @@
 """Helpers shared by the nvfp4-cpu tests: the spec's error measure against its tolerance,
-with every error measured kept for the end-of-run summary."""
+with every error measured kept for the end-of-run summary; the levels that must equal the
+portable level bit for bit, and the count of calls compared so (see conftest.py)."""
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import numpy as np
 from nvfp4.testing import assert_within
 from nvfp4.tolerances import tolerance
 
 MEASURED: dict[str, list[float]] = defaultdict(list)
+
+#: Levels whose kernels do the portable level's float32 operations in its order (no FMA:
+#: csrc/kernels_neon.c), so every output equals the portable level's bit for bit. The x86
+#: levels fuse multiply-adds and are held to the spec tolerances only.
+BIT_IDENTICAL_TO_PORTABLE = ("neon",)
+#: Kernel calls of those levels compared with the portable level, by "level/verb".
+CROSS_CHECKED: Counter[str] = Counter()
 
 
 def check_close(path: str, dtype: str, y: np.ndarray, ref: np.ndarray, label: str = "") -> float:

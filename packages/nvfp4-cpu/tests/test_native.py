@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import struct
 import subprocess
 import sys
 from importlib import metadata
@@ -23,6 +24,21 @@ def _cpuinfo_flags() -> set[str]:
     return set(line.split(":", 1)[1].split())
 
 
+#: Linux's AArch64 HWCAP bits (arch/arm64/include/uapi/asm/hwcap.h).
+HWCAP_ASIMD, HWCAP_ASIMDDP = 1 << 1, 1 << 20
+AARCH64 = platform.machine().lower() in ("aarch64", "arm64")
+
+
+def _auxv_hwcap() -> int:
+    """AT_HWCAP from /proc/self/auxv (pairs of native unsigned longs), read independently of
+    the library's getauxval; qemu-user serves the emulated CPU's auxv there too."""
+    data = Path("/proc/self/auxv").read_bytes()
+    size = struct.calcsize("L")
+    words = struct.unpack(f"{len(data) // size}L", data[: len(data) // size * size])
+    pairs = dict(zip(words[::2], words[1::2], strict=True))
+    return int(pairs.get(16, 0))  # AT_HWCAP = 16
+
+
 def test_library_loads_and_portable_always_runs(native: Native) -> None:
     assert native.path.exists()
     assert native.supported("portable")
@@ -31,7 +47,20 @@ def test_library_loads_and_portable_always_runs(native: Native) -> None:
 
 def test_dispatch_agrees_with_the_cpu(native: Native) -> None:
     """Every level this CPU can run is built and detected; none it cannot run is offered
-    (checked against /proc/cpuinfo, independently of __builtin_cpu_supports)."""
+    (checked against /proc/cpuinfo and /proc/self/auxv, independently of
+    __builtin_cpu_supports and getauxval)."""
+    if AARCH64:
+        assert native.compiled("neon")
+        assert not native.compiled("avx2")
+        assert not native.compiled("avx512")
+        if Path("/proc/self/auxv").exists():  # Linux (and qemu-user)
+            hwcap = _auxv_hwcap()
+            assert native.has("asimd") == bool(hwcap & HWCAP_ASIMD)
+            assert native.has("asimddp") == bool(hwcap & HWCAP_ASIMDDP)
+        expected = ("portable", "neon") if native.has("asimd") else ("portable",)
+        assert native.supported_levels() == expected
+        return
+    assert not native.compiled("neon")
     if platform.machine().lower() not in ("x86_64", "amd64"):
         assert native.supported_levels() == ("portable",)
         assert not native.compiled("avx2")
@@ -73,20 +102,29 @@ def test_unknown_isa_is_refused_clearly(native: Native, monkeypatch: pytest.Monk
         b.qmm(np.ones((1, 16), np.float32), p)
 
 
-class _NoAvx512(Native):
-    """The real library, pretending the CPU lacks AVX-512 (to test the refusal)."""
+class _Lacks(Native):
+    """The real library, pretending the CPU lacks the level ``LACKS`` (to test the refusal)."""
+
+    LACKS = "avx512"
 
     def supported(self, isa: str) -> bool:
-        return isa != "avx512" and super().supported(isa)
+        return isa != self.LACKS and super().supported(isa)
 
 
-def test_level_the_cpu_lacks_is_refused_clearly(native: Native) -> None:
-    fake = _NoAvx512(native.lib, native.path, native.features)
-    with pytest.raises(
-        IsaUnavailable, match=r"'avx512' needs AVX-512 F, BW and VL.*this CPU lacks"
-    ):
-        resolve_isa(fake, "avx512")
-    assert fake.best_isa() != "avx512"
+@pytest.mark.parametrize(
+    ("level", "words"),
+    [("avx512", "AVX-512 F, BW and VL"), ("neon", r"AArch64 Advanced SIMD \(ASIMD\)")],
+)
+def test_level_the_cpu_lacks_is_refused_clearly(native: Native, level: str, words: str) -> None:
+    fake = _Lacks(native.lib, native.path, native.features)
+    fake.LACKS = level  # type: ignore[misc]
+    if native.compiled(level):  # built here: refused for the CPU
+        match = rf"'{level}' needs {words}.*this CPU lacks"
+    else:  # another architecture's level: refused for the build
+        match = rf"'{level}' is not built into .*this machine's build has: portable"
+    with pytest.raises(IsaUnavailable, match=match):
+        resolve_isa(fake, level)
+    assert fake.best_isa() != level
 
 
 def test_threads_argument_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -109,7 +147,12 @@ def test_availability_names_the_isa_and_threads(native: Native) -> None:
     for isa in native.supported_levels():
         a = CPUBackend(isa=isa, threads=2).availability()
         assert a.ok, a.reason
-        words = {"portable": "portable C", "avx2": "AVX2", "avx512": "AVX-512 (F/BW/VL)"}[isa]
+        words = {
+            "portable": "portable C",
+            "avx2": "AVX2",
+            "avx512": "AVX-512 (F/BW/VL)",
+            "neon": "aarch64 NEON (+dotprod)" if native.has("asimddp") else "aarch64 NEON",
+        }[isa]
         assert words in a.device
         assert a.device.endswith("2 threads")
 
@@ -193,7 +236,7 @@ def test_fork_child_can_use_the_pool(native: Native) -> None:
 
 
 def test_levels_are_named_in_enum_order() -> None:
-    assert ISA_LEVELS == ("portable", "avx2", "avx512")
+    assert ISA_LEVELS == ("portable", "avx2", "avx512", "neon")
 
 
 def test_concurrent_callers_share_the_pool_safely(native: Native) -> None:

@@ -18,6 +18,7 @@ from nvfp4.spec import E4M3_NAN_BYTE, ENCODER_CONSTANTS
 from nvfp4_cpu._native import ABI_VERSION, ptr
 
 X86 = platform.machine() in ("x86_64", "AMD64", "i386", "i686")
+AARCH64 = platform.machine().lower() in ("aarch64", "arm64")
 
 
 def test_abi_version(native: Any) -> None:
@@ -26,6 +27,10 @@ def test_abi_version(native: Any) -> None:
 
 def test_feature_bits_come_from_the_library(native: Any) -> None:
     assert native.has("x86") == X86
+    assert native.has("aarch64") == AARCH64
+    if not AARCH64:
+        assert not native.has("asimd")
+        assert not native.has("asimddp")
     if X86:
         line = next(
             ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")

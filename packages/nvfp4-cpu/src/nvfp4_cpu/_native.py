@@ -10,8 +10,8 @@ reported as :class:`NativeUnavailable` with the reason, never as an import error
 
 Environment:
 
-* ``NVFP4_CPU_ISA`` = ``portable`` | ``avx2`` | ``avx512``: force a level (a level this CPU
-  or this build lacks is refused with a clear error);
+* ``NVFP4_CPU_ISA`` = ``portable`` | ``avx2`` | ``avx512`` | ``neon``: force a level (a level
+  this CPU or this build lacks is refused with a clear error);
 * ``NVFP4_CPU_THREADS`` = a positive integer: the default thread count (else the CPUs this
   process may run on);
 * ``NVFP4_CPU_LIBRARY`` = a path: load this library instead of the one in the package.
@@ -51,13 +51,14 @@ LIBRARY_ENV = "NVFP4_CPU_LIBRARY"
 #: ABI version this Python code speaks (``nvfp4cpu_abi_version()``).
 ABI_VERSION = 4
 #: Instruction-set levels, by their C enum value (index).
-ISA_LEVELS: tuple[str, ...] = ("portable", "avx2", "avx512")
+ISA_LEVELS: tuple[str, ...] = ("portable", "avx2", "avx512", "neon")
 
 #: What each level needs from the CPU, in words (for refusals).
 ISA_REQUIREMENTS = {
     "portable": "nothing (plain C)",
     "avx2": "AVX2, FMA and F16C",
     "avx512": "AVX-512 F, BW and VL (with FMA and F16C)",
+    "neon": "AArch64 Advanced SIMD (ASIMD)",
 }
 
 
@@ -165,6 +166,8 @@ class Native:
             return f"x86-64 AVX-512 (F/BW/VL){have}"
         if isa == "avx2":
             return "x86-64 AVX2 (+FMA/F16C)"
+        if isa == "neon":  # dotprod: reported (as VNNI is); the float32 kernels need only ASIMD
+            return "aarch64 NEON (+dotprod)" if self.has("asimddp") else "aarch64 NEON"
         machine = "x86-64" if self.has("x86") else os.uname().machine
         return f"{machine} portable C"
 

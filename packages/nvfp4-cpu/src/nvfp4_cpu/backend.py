@@ -54,12 +54,12 @@ def _version() -> str:
 
 
 class CPUKernels:
-    """Fused NVFP4 kernels for x86-64 (AVX-512, AVX2) and any CPU (portable C): the kernel
-    contract (:mod:`nvfp4.contract`) on numpy arrays.
+    """Fused NVFP4 kernels for x86-64 (AVX-512, AVX2), AArch64 (NEON) and any CPU (portable
+    C): the kernel contract (:mod:`nvfp4.contract`) on numpy arrays.
 
     Args:
-        isa: ``"portable"``, ``"avx2"`` or ``"avx512"`` to force a level; ``None`` uses
-            ``$NVFP4_CPU_ISA``, else the best level this CPU supports. A level the CPU or the
+        isa: ``"portable"``, ``"avx2"``, ``"avx512"`` or ``"neon"`` to force a level; ``None``
+            uses ``$NVFP4_CPU_ISA``, else the best level this CPU supports. A level the CPU or the
             build lacks makes :meth:`availability` false and every kernel call raise
             :class:`~nvfp4_cpu.IsaUnavailable` with the reason.
         threads: worker threads per call; ``None`` uses ``$NVFP4_CPU_THREADS``, else the CPUs
