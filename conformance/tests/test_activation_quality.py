@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from nvfp4_conformance import t6
+from nvfp4_conformance import certificate_schema, t6
 from nvfp4_conformance.certificate import SCHEMA_VERSION, build_certificate, render_markdown
 from nvfp4_conformance.recording import ConformanceRun
 
@@ -178,6 +178,7 @@ def _run_with_quality() -> ConformanceRun:
 def test_certificate_carries_the_quality_of_each_activation_mode() -> None:
     cert = build_certificate(_run_with_quality())
     assert cert["schema_version"] == SCHEMA_VERSION == 3
+    certificate_schema.validate(cert, "a certificate with T6 activation quality")
     quality = cert["t6"]["activation_quality"]
     assert list(quality) == ["w4a4", "w4a8", "w4a8_fp8"]
     w4a8 = quality["w4a8"]
