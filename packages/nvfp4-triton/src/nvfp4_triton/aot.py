@@ -16,6 +16,7 @@ passes (signature types, constexprs, warps and stages).
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -223,14 +224,17 @@ def launches(
         div = _ptrs(sig) | {"K", "stride_xm", "BAND_STRIDE"}
         name = "quantize_swizzled" if swizzled else "quantize"
         out.append(Launch(name, quantize_kernel, dict(sig), const, div, q.num_warps))
-    out.extend(_w4a8_launches(cfg, t, fp8_dot))
+    out.extend(_w4a8_launches(cfg, t, m, fp8_dot))
     return out
 
 
-def _w4a8_launches(cfg: KernelConfig, t: str, fp8_dot: bool) -> list[Launch]:
+def _w4a8_launches(cfg: KernelConfig, t: str, m: int, fp8_dot: bool) -> list[Launch]:
     """The W4A8 kernels as ``ops.quantize_q8`` / ``w4a8`` / ``gather_w4a8`` /
-    ``quantize_fp8`` / ``w4a8_fp8`` launch them (``t``: the activations' pointer type)."""
+    ``quantize_fp8`` / ``w4a8_fp8`` launch them (``t``: the activations' pointer type): the
+    matmuls with the row tile ``ops`` picks for ``m`` rows and with the config's full tile
+    when that differs (Hopper's 64-row tile is another instruction, wgmma)."""
     from .kernels.w4a8 import quantize_fp8_kernel, quantize_q8_kernel, w4a8_fp8_kernel, w4a8_kernel
+    from .ops import _w4a8_block_m
 
     out: list[Launch] = []
     q = cfg.quant
@@ -254,15 +258,20 @@ def _w4a8_launches(cfg: KernelConfig, t: str, fp8_dot: bool) -> list[Launch]:
         "GATHER": "constexpr", "HAS_PERM": "constexpr",
     }  # fmt: skip
     div = _ptrs(sig) | {"N", "K", "stride_om"}
-    for name, gather in (("w4a8", False), ("gather_w4a8", True)):
+    tiles = sorted({_w4a8_block_m(m, cfg), w.block_m})
+    kinds = (("w4a8", False), ("gather_w4a8", True))
+    for block_m, (name, gather) in itertools.product(tiles, kinds):
         const = {
-            "BLOCK_M": w.block_m,
+            "BLOCK_M": block_m,
             "BLOCK_N": w.block_n,
             "SUB": w.sub,
             "GATHER": gather,
             "HAS_PERM": gather,
         }
-        out.append(Launch(name, w4a8_kernel, dict(sig), const, set(div), w.num_warps, w.num_stages))
+        label = f"{name}_m{block_m}"
+        out.append(
+            Launch(label, w4a8_kernel, dict(sig), const, set(div), w.num_warps, w.num_stages)
+        )
     sig = {
         "x_ptr": t, "scale_ptr": "*fp32", "codes_ptr": "*u8", "M": "i32", "K": "i32",
         "stride_xm": "i32", "BLOCK_M": "constexpr", "BLOCK_K": "constexpr",
@@ -277,9 +286,15 @@ def _w4a8_launches(cfg: KernelConfig, t: str, fp8_dot: bool) -> list[Launch]:
             "stride_om": "i32", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
             "SUB": "constexpr",
         }  # fmt: skip
-        const = {"BLOCK_M": w.block_m, "BLOCK_N": w.block_n, "SUB": w.sub}
         div = _ptrs(sig) | {"N", "K", "stride_om"}
-        out.append(Launch("w4a8_fp8", w4a8_fp8_kernel, sig, const, div, w.num_warps, w.num_stages))
+        for block_m in tiles:
+            const = {"BLOCK_M": block_m, "BLOCK_N": w.block_n, "SUB": w.sub}
+            label = f"w4a8_fp8_m{block_m}"
+            out.append(
+                Launch(
+                    label, w4a8_fp8_kernel, dict(sig), const, set(div), w.num_warps, w.num_stages
+                )
+            )
     return out
 
 

@@ -294,6 +294,7 @@ def w4a8_kernel(
     n = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)  # output columns
     n_mask = n < N
     if GATHER:
+        # tile t's scalars: t < T by the grid, so these three loads are in range
         t = tl.program_id(0)
         expert = tl.load(tile_expert_ptr + t)
         start = tl.load(tile_start_ptr + t)
