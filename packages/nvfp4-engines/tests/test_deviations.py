@@ -37,6 +37,7 @@ def test_reproducer_shows_the_deviation(deviation, engine: str) -> None:
 
 def test_every_pattern_classifies_a_message_of_its_own() -> None:
     messages = {
+        "ggml_no_global": "quantize_activations: global 1.0, the reference's is 0.0016 (a",
         "k_multiple_of_64": "K for GGUF NVFP4: expected a multiple of 64, found K = 32",
         "q8_nonfinite_block": "d of row 0, block 0: np.float16(inf), expected np.float16(nan)",
         "out_of_range_expert_id": "expert id -1 at row 0 is outside [0, 4): ...",
@@ -46,7 +47,7 @@ def test_every_pattern_classifies_a_message_of_its_own() -> None:
         "mlx_degenerate_global": "tensor 'a': global_scale at (): expected finite and > 0",
         "mlx_float16_encoder": "test_quantize_activations[float16_input] quantize_activations: "
         "block (1, 189) has scale byte 0x72, the reference's is 0x73",
-        "mlx_scale_byte_zero": "block (0, 0) has scale byte 0x00, the reference's is 0x38",
+        "scale_byte_zero": "block (0, 0) has scale byte 0x00, the reference's is 0x38",
         "mlx_nonfinite_block": "block (0, 1) holds NaN/Inf; it must get scale byte 0x7F and "
         "codes 0, found 0x7E and codes [0, 11, 10]",
     }

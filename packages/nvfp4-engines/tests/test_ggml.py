@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import weight
-from nvfp4 import get_backend, reference
+from nvfp4 import PlaneError, get_backend, reference
 from nvfp4.fusion import fuse, stack_experts
 from nvfp4.tolerances import tolerance
 
@@ -56,3 +56,13 @@ def test_gather_qmm_w4a8_in_range_and_refused_out_of_range(backend, rng) -> None
     assert _rel(y, ref) <= tolerance("w4a8", "float32")
     with pytest.raises(ValueError, match=r"expert id -1 at row 0 is outside \[0, 2\)"):
         backend.gather_qmm_w4a8(x[:1], p, np.array([-1], np.int32))
+
+
+def test_quantizer_is_ggmls_with_global_one(backend, rng) -> None:
+    x = rng.standard_normal((3, 128)).astype(np.float32)
+    got = backend.quantize_activations(x, input_scale=1.0)
+    ref = reference.quantize_activations(x, 1.0)
+    assert float(got.global_scale) == 1.0
+    assert np.array_equal(got.scales, ref.scales)  # normal data: the spec's scale bytes
+    with pytest.raises(PlaneError, match=r"'activation'.*multiple of 64.*K = 48"):
+        backend.quantize_activations(x[:, :48])

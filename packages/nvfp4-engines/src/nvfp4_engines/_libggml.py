@@ -136,6 +136,8 @@ def _declare(base: Any, cpu: Any) -> None:
         "ggml_new_graph": (vp, [vp]),
         "ggml_build_forward_expand": (None, [vp, vp]),
         "ggml_get_type_traits": (ctypes.POINTER(TypeTraits), [ci]),
+        "ggml_quantize_requires_imatrix": (ctypes.c_bool, [ci]),
+        "ggml_quantize_chunk": (sz, [ci, vp, vp, i64, i64, i64, vp]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(base, name)

@@ -48,7 +48,33 @@ base = ctypes.CDLL(glob.glob(lib + "/libggml-base.so")[0], mode=ctypes.RTLD_GLOB
 cpu = ctypes.CDLL(glob.glob(lib + "/libggml-cpu.so")[0], mode=ctypes.RTLD_GLOBAL)
 """
 
+_GGML_QUANTIZE = """\
+base.ggml_quantize_chunk.restype = ctypes.c_size_t
+base.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                     ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+"""
+
 DEVIATIONS: Final[tuple[Deviation, ...]] = (
+    Deviation(
+        key="ggml_no_global",
+        pattern=r"quantize_activations: global 1\.0, the reference's is",
+        rule="spec 1.0, Encoding, step 1 and Activations: the global is amax / 2688 over the "
+        "finite values (dynamic) or the given input scale (static)",
+        reading="ggml_quantize_chunk takes no global (GGUF's .scale is the converter's): it "
+        "encodes x as if the global were 1.0, so a block beyond 6 x 448 = 2688 saturates and "
+        "a small one loses its codes to the scale's floor",
+        reproducers={
+            "ggml": _GGML_LIBS
+            + _GGML_QUANTIZE
+            + """\
+x = (ctypes.c_float * 64)(*([10000.0] * 64))
+out = (ctypes.c_uint8 * 36)()
+base.ggml_quantize_chunk(40, x, out, 0, 1, 64, None)  # GGML_TYPE_NVFP4: no global argument
+if out[0] == 0x7E:  # scale 448, code 6: 10000.0 decodes to 2688.0
+    print("DEVIATION: 10000.0 quantized with scale byte 0x7e and no global: decodes to 2688")
+""",
+        },
+    ),
     Deviation(
         key="k_multiple_of_64",
         pattern=r"K for GGUF NVFP4: expected a multiple of 64",
@@ -243,13 +269,22 @@ if s[0, 0].item() != 0x7F:
         },
     ),
     Deviation(
-        key="mlx_scale_byte_zero",
+        key="scale_byte_zero",
         pattern=r"has scale byte 0x00, the reference's is 0x",
         rule="spec 1.0, Encoding, step 2: where the block scale is 0 it is 1.0, then it is "
         "clamped to [2^-9, 448]: every scale byte lies in 0x01..0x7E",
-        reading="mx.quantize writes scale byte 0x00 for an all-zero block and for a block "
+        reading="the engine writes scale byte 0x00 for an all-zero block and for a block "
         "whose scale is at most 2^-10, half the smallest E4M3 subnormal (no 1.0, no clamp)",
         reproducers={
+            "ggml": _GGML_LIBS
+            + _GGML_QUANTIZE
+            + """\
+x = (ctypes.c_float * 64)(*([0.0] * 16 + [6 * 2**-11] + [0.0] * 47))  # scales 0 and 2^-11
+out = (ctypes.c_uint8 * 36)()  # one super-block: 4 scale bytes, 32 code bytes
+base.ggml_quantize_chunk(40, x, out, 0, 1, 64, None)  # GGML_TYPE_NVFP4, global 1.0
+if 0 in list(out[:2]):  # spec: 0x38 (1.0) and 0x01 (2^-9)
+    print("DEVIATION: scale bytes of a zero block and of a block with scale 2^-11:", list(out[:2]))
+""",
             "mlx-native": """\
 import mlx.core as mx
 kw = {"group_size": 16, "bits": 4, "mode": "nvfp4", "global_scale": mx.array(2688.0)}

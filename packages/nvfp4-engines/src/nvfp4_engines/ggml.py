@@ -11,6 +11,12 @@ What the engine has, and the kernel each becomes:
   capability ``w4a8``), not W4A16: there is no ``qmm``;
 * the CPU type traits' ``from_float`` of that ``vec_dot_type`` (the quantizer ``mul_mat``
   runs) -> :meth:`quantize_activations_q8`;
+* ``ggml_quantize_chunk(GGML_TYPE_NVFP4, ...)``, the quantizer llama.cpp's tools write NVFP4
+  tensors with -> :meth:`quantize_activations` (the contract's only NVFP4 encoder: the
+  spec's encoder rule is the same for weights and activations). ggml's quantizer takes no
+  global (GGUF's ``.scale`` is the converter's business), so it encodes x as it is and the
+  planes carry global 1.0, what a GGUF reader takes for a tensor without ``.scale``;
+  ``input_scale`` has nowhere to go;
 * ``ggml_mul_mat_id(w, x, ids)``, llama.cpp's MoE matmul, then the expert's ``.scale`` ->
   :meth:`gather_qmm_w4a8`. ggml gives no result for an id outside ``[0, E)`` (its CPU
   kernel indexes with it unchecked), so such ids are refused here with a ``ValueError``
@@ -36,8 +42,9 @@ from nvfp4.activations import Q8Activations
 from nvfp4.backend import Backend
 from nvfp4.contract import Availability
 from nvfp4.dtypes import OUTPUT_DTYPES
-from nvfp4.planes import NVFP4Planes
-from nvfp4.spec import Q8_BLOCK_SIZE
+from nvfp4.layouts.gguf import from_gguf, gguf_row_bytes
+from nvfp4.planes import NVFP4Planes, PlaneError
+from nvfp4.spec import GGUF_SUPER_BLOCK, Q8_BLOCK_SIZE
 
 from . import _libggml as lib
 from ._common import adapter_info, numpy_in, numpy_out
@@ -118,14 +125,15 @@ class GgmlKernels:
         self.info = adapter_info(
             NAME,
             DISTRIBUTION,
-            frozenset({"dequantize", "fused_partitions", "w4a8"}),
+            frozenset({"dequantize", "fused_partitions", "quantize_activations", "w4a8"}),
             (
                 "ggml-cpu from llama-cpp-python's bundled libggml, through ctypes",
                 "dequantize: the NVFP4 type traits' to_float, times the tensor's .scale",
                 "W4A8: ggml_mul(ggml_mul_mat(w, x), scale), x quantized by ggml to Q8_0; "
                 "MoE: ggml_mul_mat_id, then the expert's .scale",
-                "absent: ggml-cpu has no W4A16 matmul (mul_mat always quantizes x) and no "
-                "NVFP4 activation encoder with a global",
+                "quantize_activations: ggml_quantize_chunk(GGML_TYPE_NVFP4), which takes no "
+                "global: the planes carry 1.0 and input_scale goes nowhere",
+                "absent: ggml-cpu has no W4A16 matmul (mul_mat always quantizes x to Q8_0)",
                 "ids outside [0, E) refused before ggml_mul_mat_id, which has no result for them",
             ),
         )
@@ -173,6 +181,23 @@ class GgmlKernels:
             scale = t.scale.reshape(-1, 1, 1) if w.gguf.num_experts is not None else t.scale[0]
             parts.append(v * scale)  # llama.cpp multiplies the .scale in, in float32
         return _cast(np.concatenate(parts, axis=-2), dtype)
+
+    # ------------------------------------------------------------------- encoder
+    def quantize_activations(self, x: npt.NDArray[Any], *, input_scale: float | None) -> Any:
+        g = _ggml()
+        x32 = _f32(x)
+        m, k = x32.shape
+        if k % GGUF_SUPER_BLOCK:  # ggml asserts (aborts) on a partial super-block
+            raise PlaneError(
+                "activation", "K for GGUF NVFP4", f"a multiple of {GGUF_SUPER_BLOCK}", f"K = {k}"
+            )
+        if g.base.ggml_quantize_requires_imatrix(lib.GGML_TYPE_NVFP4):
+            raise RuntimeError("this libggml's NVFP4 quantizer needs an importance matrix")
+        data = np.empty((m, gguf_row_bytes(k)), np.uint8)
+        g.base.ggml_quantize_chunk(
+            lib.GGML_TYPE_NVFP4, x32.ctypes.data, data.ctypes.data, 0, m, k, None
+        )
+        return from_gguf(data, None, name="activation")  # no .scale: global 1.0
 
     # ------------------------------------------------------------------- W4A8 int8
     def quantize_activations_q8(self, x: npt.NDArray[Any]) -> Q8Activations:

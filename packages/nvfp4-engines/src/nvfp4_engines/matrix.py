@@ -235,6 +235,8 @@ def render(certs: list[dict[str, Any]]) -> str:
                 lines += ["```python", code.rstrip(), "```", ""]
         for t in unclassified:
             msg = (t.get("message") or "").splitlines()[0][:300]
+            if msg.startswith("ExceptionGroup: Hypothesis found"):
+                msg += " (the certificate keeps only this line: run the test alone to see each)"
             lines += [f"- unclassified: `{t['nodeid']}`: {msg}", ""]
     return "\n".join(lines).rstrip() + "\n"
 
