@@ -14,9 +14,8 @@ Sessions:
                           through nvfp4-engines with its pinned release, write
                           ``reports/engines/<engine>.json`` and re-render ``docs/engines.md``;
 * ``fixtures``         - regenerate the golden fixtures and fail if they changed;
-* ``cpu-aarch64``      - nvfp4-cpu's tests on AArch64 (NEON) under qemu-user, cross-built
-                          (``packages/nvfp4-cpu/scripts/aarch64_emulated.sh``; ``-- --conformance``
-                          adds conformance T0-T5).
+* ``cpu-aarch64``      - nvfp4-cpu's tests and conformance T0-T5 on AArch64 (NEON) under
+                          qemu-user, cross-built (``packages/nvfp4-cpu/scripts/aarch64_emulated.sh``).
 
 Every session installs with constraints written from ``.ci/install_targets.py``: torch
 pinned (2.13.0, the CPU wheel this project's machines carry, unless ``NVFP4_TORCH_VERSION``
@@ -320,11 +319,12 @@ def build(session: nox.Session) -> None:
 
 @nox.session(name="cpu-aarch64", venv_backend="none")
 def cpu_aarch64(session: nox.Session) -> None:
-    """nvfp4-cpu's tests on AArch64 under qemu-user: the script cross-builds the library
-    (NEON + portable), prepares an AArch64 CPython with numpy and runs them; it fails, never
-    skips, when it cannot (see the script). Arguments go to the script (``--conformance``)."""
+    """nvfp4-cpu's tests on AArch64 under qemu-user, then conformance T0-T5 of the cpu backend
+    at its NEON level: the script cross-builds the library (NEON + portable), prepares an
+    AArch64 CPython with numpy and runs them; it fails, never skips, when it cannot (see the
+    script). Arguments replace the default ``--conformance`` (e.g. ``-- --fresh --conformance``)."""
     script = ROOT / "packages" / "nvfp4-cpu" / "scripts" / "aarch64_emulated.sh"
-    session.run("bash", str(script), *session.posargs, external=True)
+    session.run("bash", str(script), *(session.posargs or ["--conformance"]), external=True)
 
 
 @nox.session(name="bench-cpu")
