@@ -110,3 +110,58 @@ def test_an_unknown_schema_version_is_refused(cert: dict[str, Any]) -> None:
         validate(_broken(cert, ("schema_version",), 9))
     with pytest.raises(CertificateSchemaError, match=r"\$: expected a JSON object, found list"):
         validate([cert])
+
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+
+
+def _committed_certificates() -> list[Path]:
+    """Every certificate committed in the repository (the engines matrix's among them)."""
+    found = [*sorted((REPOSITORY / "reports").glob("**/*.json")), DATA]
+    return [p for p in found if p.is_file()]
+
+
+def test_every_committed_certificate_validates() -> None:
+    paths = _committed_certificates()
+    if (REPOSITORY / ".git").exists():  # a checkout: the engines' certificates are there
+        assert any(p.parent.name == "engines" for p in paths), paths
+    for path in paths:
+        validate(json.loads(path.read_text(encoding="utf-8")), str(path.relative_to(REPOSITORY)))
+
+
+def test_the_writer_refuses_a_certificate_its_schema_does_not_allow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """write_certificate checks the JSON before writing: a builder that produced a field the
+    schema does not know writes nothing."""
+    from nvfp4_conformance import certificate
+
+    real = certificate.build_certificate
+
+    def with_stray_field(run: Any) -> dict[str, Any]:
+        cert = real(run)
+        cert["stray"] = 1
+        return cert
+
+    monkeypatch.setattr(certificate, "build_certificate", with_stray_field)
+    run = _finished_reference_run()
+    out = tmp_path / "c.json"
+    with pytest.raises(CertificateSchemaError, match="Additional properties are not allowed"):
+        certificate.write_certificate(run, out)
+    assert not out.exists()
+    assert not out.with_suffix(".md").exists()
+
+
+def _finished_reference_run() -> Any:
+    """A ConformanceRun of the reference backend with no tests (enough to build a
+    certificate)."""
+    import time
+
+    import nvfp4
+    from nvfp4_conformance.recording import ConformanceRun
+
+    run = ConformanceRun(backend=nvfp4.get_backend("reference"), backend_name="reference")
+    run.spec_version = "1.1"
+    run.finished = time.time()
+    run.exit_status = 0
+    return run

@@ -35,7 +35,9 @@ __all__ = [
 #: The form of the certificate JSON. 2 added ``tiers`` (the per-tier summary), ``left_out``
 #: (what a partial run did not run, and why) and each test's ``hypothesis`` flag; version 1
 #: carried ``"certificate_format": 1`` in its place. 3 added ``t6.activation_quality``
-#: (per quantized activation mode: KL and top-1 agreement against W4A16 and float32).
+#: (per quantized activation mode: KL and top-1 agreement against W4A16 and float32),
+#: ``platform.cpu`` (the CPU model) and ``platform.emulation`` (qemu-user evidence or null).
+#: Each version has its JSON schema: :mod:`nvfp4_conformance.certificate_schema`.
 SCHEMA_VERSION = 3
 #: The T6 activation-quality figures averaged over the prompts, per mode.
 _QUALITY_FIGURES = (
@@ -101,6 +103,42 @@ def capability_status(run: ConformanceRun) -> dict[str, tuple[str, str]]:
 def _module_file(name: str) -> str:
     mod = sys.modules.get(name)
     return str(getattr(mod, "__file__", "") or "")
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name as the operating system reports it (Linux ``/proc/cpuinfo``'s
+    ``model name``, or its ``CPU implementer`` / ``CPU part`` on ARM; macOS'
+    ``machdep.cpu.brand_string``), or None. Under qemu-user this is the host's CPU
+    (``platform.emulation`` says so)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        text = ""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() not in fields:
+            fields[key.strip()] = value.strip()
+    for key in ("model name", "Model", "Hardware"):
+        if fields.get(key):
+            return fields[key]
+    if fields.get("CPU part"):
+        return f"ARM implementer {fields.get('CPU implementer', '?')} part {fields['CPU part']}"
+    if sys.platform == "darwin":
+        import subprocess
+
+        try:
+            out = subprocess.run(
+                ["sysctl", "-n", "machdep.cpu.brand_string"],
+                capture_output=True,
+                text=True,
+                timeout=5,
+                check=False,
+            ).stdout.strip()
+        except OSError:
+            out = ""
+        return out or None
+    return None
 
 
 def _versions() -> dict[str, str]:
@@ -347,6 +385,7 @@ def build_certificate(run: ConformanceRun) -> dict[str, Any]:
             "system": platform.system(),
             "machine": platform.machine(),
             "processor": platform.processor(),
+            "cpu": cpu_model(),
             # qemu-user evidence and the runner's word (nvfp4_conformance.emulation); null
             # for a native run
             "emulation": run.extra.get("emulation"),
@@ -531,6 +570,7 @@ def _details(cert: dict[str, Any]) -> list[str]:
         f"| device | {_fmt(cert['device'])} |",
         f"| platform | {cert['platform']['system']} {cert['platform']['machine']}"
         + (" (emulated)" if cert["platform"].get("emulation") else "")
+        + (f", CPU {cert['platform']['cpu']}" if cert["platform"].get("cpu") else "")
         + ", "
         + ", ".join(f"{k} {v}" for k, v in versions.items())
         + " |",
@@ -750,11 +790,16 @@ def render_markdown(cert: dict[str, Any]) -> str:
 
 
 def write_certificate(run: ConformanceRun, path: str | Path) -> tuple[Path, Path]:
-    """Write ``path`` (JSON) and ``path`` with suffix ``.md``; return both paths."""
+    """Write ``path`` (JSON) and ``path`` with suffix ``.md``; return both paths. The JSON is
+    checked against its schema first (:mod:`nvfp4_conformance.certificate_schema`): a
+    certificate this suite cannot vouch for is never written."""
+    from .certificate_schema import validate
+
     json_path = Path(path)
     md_path = json_path.with_suffix(".md")
     json_path.parent.mkdir(parents=True, exist_ok=True)
     cert = build_certificate(run)
+    validate(json.loads(json.dumps(cert)), str(json_path))
     json_path.write_text(json.dumps(cert, indent=2, sort_keys=False) + "\n", encoding="utf-8")
     md_path.write_text(render_markdown(cert), encoding="utf-8")
     return json_path, md_path
