@@ -38,10 +38,6 @@ __all__ = [
     "teacher_forced_logits",
 ]
 
-#: Tensors a quantized checkpoint may hold besides the weights, which W4A16 decoding
-#: does not use (activation and KV-cache scales).
-AUX_SUFFIXES = (".input_scale", ".k_scale", ".v_scale", ".output_scale", "_amax")
-
 
 def _torch() -> Any:
     try:
@@ -64,83 +60,24 @@ class LoadedModel:
     config: dict[str, Any]
 
 
-def _model_config(raw: dict[str, Any]) -> Any:
-    from transformers import AutoConfig
-
-    cfg = {k: v for k, v in raw.items() if k not in ("quantization_config", "transformers_version")}
-    model_type = cfg.pop("model_type", None)
-    if not model_type:
-        raise ValueError("config.json has no model_type; cannot build the model")
-    return AutoConfig.for_model(model_type, **cfg)
-
-
 def load_model(checkpoint: str | os.PathLike[str], backend: Any) -> LoadedModel:
     """Build the float32 model of a ModelOpt NVFP4 checkpoint with its NVFP4 linears on
-    ``backend`` (every quantized prefix must be a ``torch.nn.Linear`` of the model)."""
-    torch = _torch()
+    ``backend`` (every quantized prefix must be a ``torch.nn.Linear`` of the model): the
+    loading of :func:`nvfp4_checkpoints.torch_model.load_causal_lm`, with each linear an
+    :class:`NVFP4Linear` calling ``backend.qmm`` on ``backend.prepare(planes)``."""
+    _torch()
     from nvfp4_checkpoints import open_checkpoint
-    from transformers import AutoModelForCausalLM
+    from nvfp4_checkpoints.torch_model import load_causal_lm
 
     from .nvfp4_linear import NVFP4Linear
 
+    def make(prefix: str, planes: Any, bias: Any, _input_scale: float | None) -> Any:
+        return NVFP4Linear(backend, backend.prepare(planes), planes.k, planes.n, bias, prefix)
+
+    model = load_causal_lm(checkpoint, make=make, use_cache=True)
     with open_checkpoint(Path(checkpoint)) as ckpt:
         raw_config = dict(ckpt.config)
-        config = _model_config(raw_config)
-        config.use_cache = True
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
-        model = model.to(torch.float32).eval()
-
         quantized = list(ckpt.quantized_names())
-        modules = dict(model.named_modules())
-        for prefix in quantized:
-            old = modules.get(prefix)
-            if not isinstance(old, torch.nn.Linear):
-                raise ValueError(
-                    f"checkpoint tensor {prefix!r} is NVFP4 but the model has "
-                    f"{type(old).__name__ if old is not None else 'no module'} there"
-                )
-            planes = ckpt.planes(prefix)
-            if planes.num_experts is not None or planes.shape != (
-                old.out_features,
-                old.in_features,
-            ):
-                raise ValueError(
-                    f"{prefix}: NVFP4 planes of shape {planes.shape}, the model's Linear is "
-                    f"{(old.out_features, old.in_features)}"
-                )
-            bias_name = f"{prefix}.bias"
-            bias = None
-            if bias_name in ckpt.tensor_names():
-                bias = torch.from_numpy(np.asarray(ckpt.tensor(bias_name), dtype=np.float32).copy())
-            new = NVFP4Linear(
-                backend, backend.prepare(planes), old.in_features, old.out_features, bias, prefix
-            )
-            model.set_submodule(prefix, new)
-
-        state: dict[str, Any] = {}
-        for name in ckpt.tensor_names():
-            if name.endswith(AUX_SUFFIXES):
-                continue
-            if any(name == f"{p}.bias" for p in quantized):
-                continue
-            arr = np.asarray(ckpt.tensor(name))
-            state[name] = torch.from_numpy(arr.astype(np.float32, copy=True))
-    result = model.load_state_dict(state, strict=False)
-    tied = bool(getattr(config, "tie_word_embeddings", False))
-    missing = [
-        k
-        for k in result.missing_keys
-        if not (tied and k == "lm_head.weight") and not k.endswith(("rotary_emb.inv_freq",))
-    ]
-    if missing:
-        raise ValueError(f"checkpoint lacks tensors the model needs: {missing[:10]}")
-    if result.unexpected_keys:
-        raise ValueError(
-            f"checkpoint has tensors the model does not: {result.unexpected_keys[:10]}"
-        )
-    if tied:
-        model.tie_weights()
     return LoadedModel(model, backend, quantized, raw_config)
 
 

@@ -14,6 +14,7 @@ transformers (``pip install 'nvfp4-checkpoints[torch]'`` brings them).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ import numpy as np
 
 from .api import open_checkpoint
 
-__all__ = ["load_causal_lm", "swap_linears"]
+__all__ = ["LinearFactory", "load_causal_lm", "swap_linears"]
 
 #: Tensors a quantized checkpoint holds besides weights that a W4A16 model does not use.
 AUX_SUFFIXES = (".input_scale", ".k_scale", ".v_scale", ".output_scale", "_amax")
@@ -53,12 +54,24 @@ def _input_scale(ckpt: Any, prefix: str) -> float | None:
     return float(value.reshape(()))
 
 
-def swap_linears(model: Any, ckpt: Any, *, activations: str = "w4a16") -> list[str]:
+#: Makes the module that replaces a linear: ``make(prefix, planes, bias, input_scale)``.
+LinearFactory = Callable[[str, Any, Any, "float | None"], Any]
+
+
+def swap_linears(
+    model: Any, ckpt: Any, *, activations: str = "w4a16", make: LinearFactory | None = None
+) -> list[str]:
     """Replace the linears of ``model`` at every quantized prefix of the open checkpoint
-    ``ckpt`` (from :func:`nvfp4_checkpoints.open_checkpoint`) with ``NVFP4Linear``; returns
-    the prefixes. Each must be a ``torch.nn.Linear`` of the planes' shape; its bias (from the
+    ``ckpt`` (from :func:`nvfp4_checkpoints.open_checkpoint`) with ``NVFP4Linear`` (or what
+    ``make`` returns: the conformance suite puts its backend under test there); returns the
+    prefixes. Each must be a ``torch.nn.Linear`` of the planes' shape; its bias (from the
     checkpoint where it has one, else the module's) is kept."""
     torch, nvfp4_linear = _imports()
+    if make is None:
+
+        def make(prefix: str, planes: Any, bias: Any, scale: float | None) -> Any:
+            return nvfp4_linear(planes, bias, activations=activations, input_scale=scale)
+
     modules = dict(model.named_modules())
     names = set(ckpt.tensor_names())
     swapped = []
@@ -80,11 +93,13 @@ def swap_linears(model: Any, ckpt: Any, *, activations: str = "w4a16") -> list[s
         if f"{prefix}.bias" in names:
             arr = np.asarray(ckpt.tensor(f"{prefix}.bias"), dtype=np.float32)
             bias = torch.from_numpy(arr.copy())
-        elif old.bias is not None:
-            bias = old.bias.detach().to(torch.float32).clone()
+        elif old.bias is not None:  # the module's own bias is an untrained initial value
+            raise ValueError(
+                f"{ckpt.path}: tensor {prefix + '.bias'!r}: the model's Linear has a bias, "
+                "expected it in the checkpoint, found none"
+            )
         scale = _input_scale(ckpt, prefix) if activations in ("w4a4", "w4a8_fp8") else None
-        new = nvfp4_linear(planes, bias, activations=activations, input_scale=scale)
-        model.set_submodule(prefix, new)
+        model.set_submodule(prefix, make(prefix, planes, bias, scale))
         swapped.append(prefix)
     return swapped
 
@@ -101,18 +116,27 @@ def _model_config(raw: dict[str, Any], path: Path) -> Any:
     return AutoConfig.for_model(model_type, **cfg)
 
 
-def load_causal_lm(checkpoint: str | os.PathLike[str], *, activations: str = "w4a16") -> Any:
+def load_causal_lm(
+    checkpoint: str | os.PathLike[str],
+    *,
+    activations: str = "w4a16",
+    make: LinearFactory | None = None,
+    use_cache: bool | None = None,
+) -> Any:
     """The float32 causal LM of a quantized checkpoint folder, its NVFP4 linears swapped in
-    (:func:`swap_linears`) and every other tensor loaded; in eval mode."""
+    (:func:`swap_linears`, with ``make``) and every other tensor loaded; in eval mode.
+    ``use_cache`` overrides the config's."""
     torch, _ = _imports()
     from transformers import AutoModelForCausalLM
 
     path = Path(checkpoint)
     with open_checkpoint(path) as ckpt:
         config = _model_config(dict(ckpt.config), path)
+        if use_cache is not None:
+            config.use_cache = use_cache
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(config).to(torch.float32).eval()
-        quantized = swap_linears(model, ckpt, activations=activations)
+        quantized = swap_linears(model, ckpt, activations=activations, make=make)
         skip = {f"{p}.bias" for p in quantized}
         state = {
             name: torch.from_numpy(np.asarray(ckpt.tensor(name)).astype(np.float32, copy=True))
