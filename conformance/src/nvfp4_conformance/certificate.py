@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ._version import __version__
+from .certificate_schema import SCHEMA_VERSION, validate
 from .recording import ConformanceRun, TestOutcome, jsonable
 
 __all__ = [
@@ -32,13 +33,6 @@ __all__ = [
     "write_certificate",
 ]
 
-#: The form of the certificate JSON. 2 added ``tiers`` (the per-tier summary), ``left_out``
-#: (what a partial run did not run, and why) and each test's ``hypothesis`` flag; version 1
-#: carried ``"certificate_format": 1`` in its place. 3 added ``t6.activation_quality``
-#: (per quantized activation mode: KL and top-1 agreement against W4A16 and float32),
-#: ``platform.cpu`` (the CPU model) and ``platform.emulation`` (qemu-user evidence or null).
-#: Each version has its JSON schema: :mod:`nvfp4_conformance.certificate_schema`.
-SCHEMA_VERSION = 3
 #: The T6 activation-quality figures averaged over the prompts, per mode.
 _QUALITY_FIGURES = (
     "mean_kl_w4a16_to_mode",
@@ -793,8 +787,6 @@ def write_certificate(run: ConformanceRun, path: str | Path) -> tuple[Path, Path
     """Write ``path`` (JSON) and ``path`` with suffix ``.md``; return both paths. The JSON is
     checked against its schema first (:mod:`nvfp4_conformance.certificate_schema`): a
     certificate this suite cannot vouch for is never written."""
-    from .certificate_schema import validate
-
     json_path = Path(path)
     md_path = json_path.with_suffix(".md")
     json_path.parent.mkdir(parents=True, exist_ok=True)

@@ -21,10 +21,14 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from .certificate import SCHEMA_VERSION
+__all__ = ["SCHEMA_VERSION", "SCHEMA_VERSIONS", "CertificateSchemaError", "schema", "validate"]
 
-__all__ = ["SCHEMA_VERSIONS", "CertificateSchemaError", "schema", "validate"]
-
+#: The form of the certificate JSON. 2 added ``tiers`` (the per-tier summary), ``left_out``
+#: (what a partial run did not run, and why) and each test's ``hypothesis`` flag; version 1
+#: carried ``"certificate_format": 1`` in its place. 3 added ``t6.activation_quality``
+#: (per quantized activation mode: KL and top-1 agreement against W4A16 and float32),
+#: ``platform.cpu`` (the CPU model) and ``platform.emulation`` (qemu-user evidence or null).
+SCHEMA_VERSION = 3
 #: The schema versions this suite can check (each has a schema file).
 SCHEMA_VERSIONS = (2, 3)
 
