@@ -127,23 +127,38 @@ def gather_qmm(
     Sorted or not, the kernel groups rows by expert (a stable counting sort in C) and streams
     each expert's weights once for all its rows. An id outside ``[0, E)`` gives an exactly
     zero row and reads nothing."""
+    return cast_output(
+        gather_f32(native, "nvfp4cpu_gather_qmm", isa, threads, x, w, expert_ids), out_dtype
+    )
+
+
+def gather_f32(
+    native: Native,
+    entry: str,
+    isa: str,
+    threads: int,
+    x: npt.NDArray[Any],
+    w: PreparedWeight,
+    expert_ids: npt.NDArray[Any],
+) -> npt.NDArray[np.float32]:
+    """The float32 ``[M, N]`` result of a gather entry point of the library (``entry``:
+    ``nvfp4cpu_gather_qmm`` or ``nvfp4cpu_gather_qmm_w4a8``; same arguments)."""
     assert w.num_experts is not None  # core sends expert stacks only
     ids64 = np.ascontiguousarray(expert_ids, dtype=np.int64)
     a = np.ascontiguousarray(x, dtype=np.float32)
-    m = a.shape[0]
-    out = np.empty((m, w.n), dtype=np.float32)
-    rc = native.lib.nvfp4cpu_gather_qmm(
+    out = np.empty((a.shape[0], w.n), dtype=np.float32)
+    rc = getattr(native.lib, entry)(
         *weight_args(isa, threads, w),
         w.num_experts,
         w.n,
         w.k,
         ptr(a, ctypes.c_float),
-        m,
+        a.shape[0],
         ptr(ids64, ctypes.c_int64),
         ptr(out, ctypes.c_float),
     )
-    native.check(rc, f"gather_qmm({w.name!r})")
-    return cast_output(out, out_dtype)
+    native.check(rc, f"{entry.removeprefix('nvfp4cpu_')}({w.name!r})")
+    return out
 
 
 def dequantize(

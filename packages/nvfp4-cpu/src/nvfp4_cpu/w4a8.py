@@ -35,7 +35,7 @@ from nvfp4.spec import E4M3_MAX, E4M3_VALUES, Q8_BLOCK_SIZE
 
 from ._native import ISA_LEVELS, Native, ptr
 from .layout import PreparedWeight
-from .ops import cast_output, weight_args
+from .ops import cast_output, gather_f32, weight_args
 
 __all__ = [
     "gather_qmm_w4a8",
@@ -96,23 +96,9 @@ def gather_qmm_w4a8(
     """MoE W4A8 int8: row ``m`` of ``x`` times expert ``expert_ids[m]`` of ``w [E, N, K]``,
     sorted or not (a stable counting sort in C); an id outside ``[0, E)`` gives an exactly
     zero row and reads nothing."""
-    assert w.num_experts is not None  # core sends expert stacks only
-    ids64 = np.ascontiguousarray(expert_ids, dtype=np.int64)
-    a = np.ascontiguousarray(x, dtype=np.float32)
-    m = a.shape[0]
-    out = np.empty((m, w.n), dtype=np.float32)
-    rc = native.lib.nvfp4cpu_gather_qmm_w4a8(
-        *weight_args(isa, threads, w),
-        w.num_experts,
-        w.n,
-        w.k,
-        ptr(a, ctypes.c_float),
-        m,
-        ptr(ids64, ctypes.c_int64),
-        ptr(out, ctypes.c_float),
+    return cast_output(
+        gather_f32(native, "nvfp4cpu_gather_qmm_w4a8", isa, threads, x, w, expert_ids), out_dtype
     )
-    native.check(rc, f"gather_qmm_w4a8({w.name!r})")
-    return cast_output(out, out_dtype)
 
 
 def quantize_activations_fp8(
