@@ -12,8 +12,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
+import io
 import json
 import os
 import subprocess
@@ -227,3 +229,165 @@ def test_mismatch_message_names_prompt_position_tokens_and_margin() -> None:
     assert f"the reference's is {p['golden_ids'][7]}" in msg
     assert f"reference margin there {p['margins'][7]:.4f}" in msg
     assert "golden token 2.5000, its token 3.0000" in msg
+
+
+# ------------------------------------------------------------- generate for people
+def test_fused_products_are_the_separate_ones(tiny_checkpoint: Path) -> None:
+    """q/k/v and gate/up fused into one product each: 4 backend calls per layer instead of
+    7, and every logit bit for bit that of the separate calls, in every activation mode."""
+    import nvfp4
+    from nvfp4_conformance import llm
+    from nvfp4_conformance.generate import TimedBackend
+
+    backend = nvfp4.get_backend("reference")
+    separate = llm.load_model(tiny_checkpoint, backend)
+    timed = TimedBackend(backend)
+    fused = llm.load_model(tiny_checkpoint, timed, fuse=True)
+    assert (separate.products, fused.products) == (14, 8)
+    prompt, ids = [1, 5, 9, 2], [7, 3, 11, 40, 2, 6]
+    for mode in ("w4a16", "w4a8", "w4a4"):
+        with llm.activation_mode(separate.model, mode), llm.activation_mode(fused.model, mode):
+            timed.calls = 0
+            want = llm.teacher_forced_logits(separate.model, prompt, ids)
+            got = llm.teacher_forced_logits(fused.model, prompt, ids)
+        assert timed.calls == 8, mode
+        np.testing.assert_array_equal(got, want, err_msg=mode)
+
+
+def test_shared_product_is_reused_only_for_the_same_unmodified_input() -> None:
+    import nvfp4
+    import torch
+    from nvfp4.fusion import fuse
+    from nvfp4_conformance.generate import TimedBackend
+    from nvfp4_conformance.nvfp4_linear import SharedProduct
+
+    rng = np.random.default_rng(5)
+    parts = [nvfp4.quantize(rng.standard_normal((n, 32)).astype(np.float32)) for n in (8, 4)]
+    planes = fuse(parts, "qk")
+    backend = TimedBackend(nvfp4.get_backend("reference"))
+    product = SharedProduct(backend, backend.prepare(planes), 32, 12, "qk")
+    x = torch.from_numpy(rng.standard_normal((3, 32)).astype(np.float32))
+    first = product.output(x, "qmm")
+    assert product.output(x, "qmm") is first
+    assert backend.calls == 1
+    same_values = x.clone()
+    product.output(same_values, "qmm")  # another tensor: computed again
+    assert backend.calls == 2
+    same_values.mul_(2.0)  # modified in place: its version moved on
+    doubled = product.output(same_values, "qmm")
+    assert backend.calls == 3
+    np.testing.assert_allclose(doubled, 2 * first, rtol=1e-6)
+    product.output(same_values, "qmm_w4a8")  # another activation mode
+    assert backend.calls == 4
+
+
+def _golden_chat_prompt() -> dict[str, Any]:
+    return next(p for p in t6.load_golden()["prompts"] if p.get("chat"))
+
+
+def test_generate_prompt_prints_the_reply_and_its_speed(smollm2_checkpoint: Path) -> None:
+    """``--prompt TEXT``: the chat template gives the golden prompt's ids, the printed reply
+    is the golden tokens decoded, and stderr names the backend and the speed."""
+    from nvfp4_checkpoints.tokenizer import load_hf_tokenizer
+    from nvfp4_conformance import generate
+
+    p = _golden_chat_prompt()
+    tokenizer = load_hf_tokenizer(smollm2_checkpoint)
+    assert generate._encode(tokenizer, p["text"], raw=False) == (p["prompt_ids"], True)
+    proc = _cli(
+        "--checkpoint",
+        str(smollm2_checkpoint),
+        "--backend",
+        "reference",
+        "--prompt",
+        p["text"],
+        "--max-new-tokens",
+        "12",
+        "--ignore-eos",
+        "--profile",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    want = tokenizer.decode(p["golden_ids"][:12], skip_special_tokens=True)
+    assert proc.stdout.strip() == want.strip()
+    summary = proc.stderr
+    assert "backend reference" in summary
+    assert "(chat template)" in summary
+    assert "12 new tokens" in summary
+    assert "tokens/s" in summary
+    assert "s/token" in summary
+    assert "inside backend verbs" in summary
+    assert "q/k/v and gate/up fused" in summary
+
+
+def test_generate_stops_at_end_of_sequence(smollm2_checkpoint: Path) -> None:
+    """Without ``--ignore-eos`` the reply ends at the model's end-of-sequence token: the
+    shortest golden continuation that contains one stops there."""
+    import nvfp4
+    from nvfp4_checkpoints.tokenizer import load_hf_tokenizer
+    from nvfp4_conformance import generate, llm
+
+    tokenizer = load_hf_tokenizer(smollm2_checkpoint)
+    loaded = llm.load_model(smollm2_checkpoint, nvfp4.get_backend("reference"), fuse=True)
+    stop = generate._stop_ids(tokenizer, loaded.config)
+    assert tokenizer.eos_token_id in stop
+    p = _golden_chat_prompt()
+    seen: list[int] = []
+    eos = p["golden_ids"][3]  # pretend the 4th golden token ends the sequence
+    g = llm.greedy(loaded.model, p["prompt_ids"], 10, stop_ids={eos}, on_token=seen.append)
+    assert g.new_ids == seen == p["golden_ids"][: p["golden_ids"].index(eos) + 1]
+    assert g.logits.shape[0] == len(g.new_ids)
+    assert g.decode_seconds > 0
+
+
+@pytest.mark.parametrize("flavour", ["gguf", "mlx", "compressed-tensors"])
+def test_generate_reads_every_flavour(
+    smollm2_checkpoint: Path, tmp_path: Path, flavour: str
+) -> None:
+    """Our conversions of the T6 checkpoint generate the golden tokens, and ``--prompt``
+    finds each one's tokenizer (folder files, or the GGUF's metadata)."""
+    from nvfp4_checkpoints import open_checkpoint, write_checkpoint
+    from nvfp4_checkpoints.tokenizer import load_hf_tokenizer
+    from nvfp4_conformance.__main__ import main
+
+    dst = tmp_path / ("smollm2.gguf" if flavour == "gguf" else "smollm2")
+    with open_checkpoint(smollm2_checkpoint) as ckpt:
+        write_checkpoint(dst, ckpt, flavour=flavour)
+    p = min(t6.load_golden()["prompts"], key=lambda q: len(q["prompt_ids"]))
+    tokenizer = load_hf_tokenizer(dst)
+    assert tokenizer.decode(p["prompt_ids"]) == load_hf_tokenizer(smollm2_checkpoint).decode(
+        p["prompt_ids"]
+    )
+    out = io.StringIO()
+    args = ["generate", "--checkpoint", str(dst), "--backend", "reference"]
+    args += ["--prompt-ids", ",".join(map(str, p["prompt_ids"])), "--max-new-tokens", "5"]
+    with contextlib.redirect_stdout(out):
+        assert main(args) == 0
+    assert json.loads(out.getvalue()) == {"new_ids": p["golden_ids"][:5]}
+
+
+def test_generate_names_a_missing_requirement_before_loading() -> None:
+    """Without transformers, generate says so and how to install it, at once (the checkpoint
+    path does not even exist: nothing was loaded)."""
+    code = (
+        "import sys; sys.modules['transformers'] = None\n"
+        "from nvfp4_conformance.__main__ import main\n"
+        "raise SystemExit(main(['generate', '--checkpoint', '/nonexistent', '--prompt', 'hi']))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert "generate needs transformers (not installed)" in proc.stderr
+    assert "pip install 'nvfp4-conformance[parity]'" in proc.stderr
+
+
+def test_generate_prompt_says_why_there_is_no_tokenizer(
+    tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for f in tiny_checkpoint.iterdir():
+        if f.name in ("config.json", "hf_quant_config.json") or f.suffix == ".safetensors":
+            (bare / f.name).write_bytes(f.read_bytes())
+    proc = _cli("--checkpoint", str(bare), "--backend", "reference", "--prompt", "hi")
+    assert proc.returncode == 1
+    assert "needs the checkpoint's tokenizer" in proc.stderr
+    assert f"{bare}: no tokenizer files" in proc.stderr

@@ -5,22 +5,29 @@
     with the package's own pytest configuration, so the caller's ``pytest.ini`` or
     ``pyproject.toml`` cannot change the suite. Exit status is pytest's (0 = certified).
 
-``generate --checkpoint DIR --backend NAME --prompt-ids 1,2,3 [--max-new-tokens 40]``
-    Greedy decoding of a ModelOpt NVFP4 checkpoint (config.json + safetensors) of a
-    Llama-architecture model with every NVFP4 linear on the backend; prints
-    ``{"new_ids": [...]}`` as JSON on stdout. T6 certifies this code path.
+``generate --checkpoint PATH [--backend NAME] (--prompt TEXT | --prompt-ids 1,2,3)``
+    Greedy generation from an NVFP4 checkpoint (a ModelOpt, compressed-tensors or MLX
+    folder, or a GGUF file) of a transformers causal LM with every NVFP4 linear on the
+    backend: ``--prompt`` prints the reply (through the chat template) and the speed;
+    ``--prompt-ids`` prints ``{"new_ids": [...]}`` as JSON. T6 certifies this code path.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 __all__ = ["main"]
+
+
+def generate_doc() -> str:
+    """The generate module's docstring (its help), without importing torch."""
+    from . import generate
+
+    return generate.__doc__ or ""
 
 
 def _run(args: argparse.Namespace, extra: list[str]) -> int:
@@ -50,41 +57,9 @@ def _run(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    import nvfp4
-    from nvfp4.registry import BackendUnavailable
+    from . import generate
 
-    try:
-        ids = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
-    except ValueError:
-        print(
-            f"--prompt-ids: expected comma-separated integers, found {args.prompt_ids!r}",
-            file=sys.stderr,
-        )
-        return 2
-    if not ids:
-        print("--prompt-ids: at least one token id is needed", file=sys.stderr)
-        return 2
-    if args.max_new_tokens < 1:
-        print(f"--max-new-tokens: expected >= 1, found {args.max_new_tokens}", file=sys.stderr)
-        return 2
-    try:
-        backend = nvfp4.get_backend(args.backend)
-    except BackendUnavailable as exc:
-        print(str(exc), file=sys.stderr)
-        return 2
-    from . import llm
-
-    loaded = llm.load_model(args.checkpoint, backend)
-    vocab = int(getattr(loaded.model.config, "vocab_size", 0) or 0)
-    bad = [i for i in ids if i < 0 or (vocab and i >= vocab)]
-    if bad:
-        print(
-            f"--prompt-ids: ids {bad[:5]} are outside the vocabulary [0, {vocab})", file=sys.stderr
-        )
-        return 2
-    result = llm.greedy(loaded.model, ids, args.max_new_tokens)
-    print(json.dumps({"new_ids": result.new_ids}))
-    return 0
+    return generate.run(args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,13 +80,15 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--certificate", help="write the certificate JSON here (and a .md twin)")
     run.add_argument("--spec", help="spec version to certify (default: newest in common)")
 
-    gen = sub.add_parser("generate", help="greedy decoding of a ModelOpt NVFP4 checkpoint")
-    gen.add_argument(
-        "--checkpoint", required=True, type=Path, help="ModelOpt NVFP4 checkpoint directory"
+    gen = sub.add_parser(
+        "generate",
+        help="greedy generation from an NVFP4 checkpoint (any flavour) on a backend",
+        description=generate_doc(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    gen.add_argument("--backend", default=None, help="backend name (default: the best available)")
-    gen.add_argument("--prompt-ids", required=True, help="comma-separated prompt token ids")
-    gen.add_argument("--max-new-tokens", type=int, default=40)
+    from .generate import add_arguments
+
+    add_arguments(gen)
 
     args, extra = parser.parse_known_args(argv)
     if args.command == "run":

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,35 +59,53 @@ class LoadedModel:
     backend: Any
     quantized: list[str]
     config: dict[str, Any]
+    #: backend products per forward pass (fewer than ``quantized`` when fused)
+    products: int = 0
 
 
-def load_model(checkpoint: str | os.PathLike[str], backend: Any) -> LoadedModel:
-    """Build the float32 model of a ModelOpt NVFP4 checkpoint with its NVFP4 linears on
+def load_model(
+    checkpoint: str | os.PathLike[str], backend: Any, *, fuse: bool = False
+) -> LoadedModel:
+    """Build the float32 model of an NVFP4 checkpoint (any flavour nvfp4-checkpoints reads:
+    ModelOpt, compressed-tensors, MLX folders, GGUF files) with its NVFP4 linears on
     ``backend`` (every quantized prefix must be a ``torch.nn.Linear`` of the model): the
     loading of :func:`nvfp4_checkpoints.torch_model.load_causal_lm`, with each linear an
-    :class:`NVFP4Linear` calling ``backend.qmm`` on ``backend.prepare(planes)``."""
+    :class:`NVFP4Linear` calling ``backend.qmm`` on ``backend.prepare(planes)``. ``fuse``:
+    q/k/v and gate/up share one product each
+    (:func:`nvfp4_conformance.nvfp4_linear.attach_weights`); T6 certifies the unfused model,
+    one backend call per checkpoint tensor."""
     _torch()
     from nvfp4_checkpoints import open_checkpoint
     from nvfp4_checkpoints.torch_model import load_causal_lm
 
-    from .nvfp4_linear import NVFP4Linear
+    from .nvfp4_linear import NVFP4Linear, attach_weights
+
+    planes_of: dict[str, Any] = {}
+    modules: dict[str, NVFP4Linear] = {}
 
     def make(prefix: str, planes: Any, bias: Any, _input_scale: float | None) -> Any:
-        return NVFP4Linear(backend, backend.prepare(planes), planes.k, planes.n, bias, prefix)
+        planes_of[prefix] = planes
+        modules[prefix] = NVFP4Linear(backend, None, planes.k, planes.n, bias, prefix)
+        return modules[prefix]
 
     model = load_causal_lm(checkpoint, make=make, use_cache=True)
+    products = attach_weights(modules, planes_of, backend, fuse=fuse)
     with open_checkpoint(Path(checkpoint)) as ckpt:
         raw_config = dict(ckpt.config)
         quantized = list(ckpt.quantized_names())
-    return LoadedModel(model, backend, quantized, raw_config)
+    return LoadedModel(model, backend, quantized, raw_config, products)
 
 
 @dataclass
 class GreedyResult:
-    """``new_ids`` and the float32 logits ``[steps, vocab]`` each was chosen from."""
+    """``new_ids`` and the float32 logits ``[steps, vocab]`` each was chosen from, with the
+    wall time of the prompt's forward pass (``prefill_seconds``, which chose the first
+    token) and of the forward passes that chose the others (``decode_seconds``)."""
 
     new_ids: list[int]
     logits: npt.NDArray[np.float32]
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
 
 
 def _cache_argument(model: Any) -> str:
@@ -96,9 +115,18 @@ def _cache_argument(model: Any) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def greedy(model: Any, prompt_ids: Sequence[int], max_new_tokens: int) -> GreedyResult:
-    """Greedy decoding, batch 1, with the model's KV cache; exactly ``max_new_tokens``
-    steps (end-of-sequence tokens do not stop it). Ties pick the lowest token id."""
+def greedy(
+    model: Any,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    *,
+    stop_ids: Collection[int] = (),
+    on_token: Callable[[int], None] | None = None,
+) -> GreedyResult:
+    """Greedy decoding, batch 1, with the model's KV cache: ``max_new_tokens`` steps, or
+    fewer when a token of ``stop_ids`` is chosen (it is kept; T6 gives none, so
+    end-of-sequence tokens do not stop it). Ties pick the lowest token id. ``on_token`` is
+    called with each token as it is chosen."""
     torch = _torch()
     if not prompt_ids:
         raise ValueError("greedy: the prompt needs at least one token")
@@ -110,15 +138,20 @@ def greedy(model: Any, prompt_ids: Sequence[int], max_new_tokens: int) -> Greedy
     )
     new: list[int] = []
     steps: list[npt.NDArray[np.float32]] = []
+    stop = frozenset(stop_ids)
     with torch.no_grad():
         ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
+        start = time.perf_counter()
         out = model(input_ids=ids, use_cache=True, **keep)
+        prefill = time.perf_counter() - start
         for step in range(max_new_tokens):
             logits = out.logits[0, -1].to(torch.float32).numpy().copy()
             steps.append(logits)
             token = int(np.argmax(logits))
             new.append(token)
-            if step + 1 == max_new_tokens:
+            if on_token is not None:
+                on_token(token)
+            if step + 1 == max_new_tokens or token in stop:
                 break
             cache = getattr(out, cache_arg)
             out = model(
@@ -127,8 +160,14 @@ def greedy(model: Any, prompt_ids: Sequence[int], max_new_tokens: int) -> Greedy
                 **keep,
                 **{cache_arg: cache},
             )
+    decode = time.perf_counter() - start - prefill
     vocab = steps[0].shape[-1] if steps else 0
-    return GreedyResult(new, np.stack(steps) if steps else np.zeros((0, vocab), np.float32))
+    return GreedyResult(
+        new,
+        np.stack(steps) if steps else np.zeros((0, vocab), np.float32),
+        prefill_seconds=prefill,
+        decode_seconds=decode,
+    )
 
 
 def teacher_forced_logits(

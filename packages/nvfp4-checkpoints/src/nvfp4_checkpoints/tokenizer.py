@@ -26,6 +26,8 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final
 
@@ -42,7 +44,9 @@ __all__ = [
     "gguf_has_tokenizer",
     "hf_tokenizer_from_gguf",
     "is_gguf_file",
+    "load_hf_tokenizer",
     "output_tokenizer",
+    "tokenizer_folder",
 ]
 
 #: The files a Hugging Face tokenizer may consist of (those present are copied).
@@ -116,7 +120,7 @@ def _auto_tokenizer() -> Any:
         from transformers import AutoTokenizer
     except ImportError as exc:
         raise TokenizerUnavailable(
-            "building a Hugging Face tokenizer from a GGUF needs transformers "
+            "a Hugging Face tokenizer needs transformers "
             f"(pip install 'nvfp4-checkpoints[tokenizer]'): {exc}"
         ) from None
     return AutoTokenizer
@@ -219,3 +223,34 @@ def output_tokenizer(src: Source, out_dir: Path) -> list[str]:
     except TokenizerUnavailable as exc:
         return [f"nvfp4: note: the output has no tokenizer: {exc}"]
     return []
+
+
+@contextmanager
+def tokenizer_folder(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A folder holding the Hugging Face tokenizer files of the checkpoint at ``path``: the
+    checkpoint directory itself, or for a GGUF file a temporary folder (removed on exit)
+    with the tokenizer transformers builds from its metadata. Raises
+    :class:`TokenizerUnavailable` saying why there is none."""
+    p = Path(path)
+    if p.is_dir():
+        if not any((p / n).is_file() for n in ("tokenizer.json", "tokenizer.model")):
+            raise TokenizerUnavailable(
+                f"{p}: no tokenizer files (tokenizer.json or tokenizer.model expected)"
+            )
+        _refuse_links(p)
+        yield p
+    elif is_gguf_file(p):
+        with tempfile.TemporaryDirectory(prefix="nvfp4-tokenizer-") as tmp:
+            hf_tokenizer_from_gguf(p, Path(tmp))
+            yield Path(tmp)
+    else:
+        raise TokenizerUnavailable(f"{p}: neither a checkpoint directory nor a GGUF file")
+
+
+def load_hf_tokenizer(path: str | os.PathLike[str]) -> Any:
+    """The transformers tokenizer of a checkpoint directory (any flavour) or GGUF file (see
+    :func:`tokenizer_folder`); raises :class:`TokenizerUnavailable` saying why there is
+    none (no tokenizer files, no tokenizer metadata, transformers missing)."""
+    auto = _auto_tokenizer()
+    with tokenizer_folder(path) as folder:
+        return auto.from_pretrained(str(folder))

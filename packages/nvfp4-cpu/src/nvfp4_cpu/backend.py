@@ -8,6 +8,7 @@ thread count it would use. Arrays in and out are numpy (bfloat16 as ``ml_dtypes.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,8 @@ from nvfp4.spec import SUPPORTED_SPEC_VERSIONS
 
 from . import ops, w4a8
 from ._native import (
+    ISA_ENV,
+    THREADS_ENV,
     IsaUnavailable,
     Native,
     NativeUnavailable,
@@ -69,6 +72,7 @@ class CPUKernels:
     def __init__(self, isa: str | None = None, threads: int | None = None) -> None:
         self._isa = isa
         self._threads = threads
+        self._resolved: tuple[tuple[str | None, str | None], tuple[Native, str, int]] | None = None
         self.info = BackendInfo(
             name="cpu",
             spec_versions=SUPPORTED_SPEC_VERSIONS,
@@ -91,8 +95,18 @@ class CPUKernels:
 
     # ----------------------------------------------------------------- run-time facts
     def _config(self) -> tuple[Native, str, int]:
+        """The library, level and threads of a call. Resolved once per value of
+        ``$NVFP4_CPU_ISA`` / ``$NVFP4_CPU_THREADS`` (read on every call, so changing them
+        takes effect at once): resolving costs a system call and a few checks, which matter
+        at decode, where a model makes hundreds of small calls per token."""
+        key = (os.environ.get(ISA_ENV), os.environ.get(THREADS_ENV))
+        cached = self._resolved
+        if cached is not None and cached[0] == key:
+            return cached[1]
         native = load()
-        return native, resolve_isa(native, self._isa), resolve_threads(self._threads)
+        config = (native, resolve_isa(native, self._isa), resolve_threads(self._threads))
+        self._resolved = (key, config)
+        return config
 
     @property
     def isa(self) -> str:

@@ -40,7 +40,6 @@ says so.
 from __future__ import annotations
 
 import os
-import tempfile
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -57,12 +56,7 @@ from nvfp4.fusion import stack_experts
 
 try:
     from nvfp4_checkpoints import Checkpoint, CheckpointError, open_checkpoint
-    from nvfp4_checkpoints.tokenizer import (
-        HF_TOKENIZER_FILES,
-        TokenizerUnavailable,
-        hf_tokenizer_from_gguf,
-        is_gguf_file,
-    )
+    from nvfp4_checkpoints.tokenizer import TokenizerUnavailable, tokenizer_folder
 except ImportError as exc:
     raise ImportError(
         "nvfp4_metal.load reads checkpoints with nvfp4-checkpoints, which is not installed "
@@ -286,20 +280,11 @@ def load_tokenizer(path: str | os.PathLike[str], config: Mapping[str, Any]) -> A
     p = Path(path)
     utils = _require_mlx_lm()
     eos = config.get("eos_token_id")
-    if p.is_dir():
-        if any((p / f).is_file() for f in HF_TOKENIZER_FILES):
-            return utils.load_tokenizer(p, eos_token_ids=eos)
-        reason = f"{p}: no tokenizer files ({', '.join(HF_TOKENIZER_FILES[:2])}...)"
-    elif is_gguf_file(p):
-        with tempfile.TemporaryDirectory(prefix="nvfp4-metal-tokenizer-") as tmp:
-            try:
-                hf_tokenizer_from_gguf(p, Path(tmp))
-            except TokenizerUnavailable as exc:
-                reason = str(exc)
-            else:
-                return utils.load_tokenizer(Path(tmp), eos_token_ids=eos)
-    else:
-        reason = f"{p}: neither a directory nor a GGUF file"
+    try:
+        with tokenizer_folder(p) as folder:
+            return utils.load_tokenizer(folder, eos_token_ids=eos)
+    except TokenizerUnavailable as exc:
+        reason = str(exc)
     warnings.warn(
         f"nvfp4_metal.load: no tokenizer: {reason} (pass tokenizer=False to load the model alone)",
         NoTokenizerWarning,

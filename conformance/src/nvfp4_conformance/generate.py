@@ -1,0 +1,296 @@
+"""``python -m nvfp4_conformance generate``: greedy text generation from an NVFP4 checkpoint
+with every NVFP4 linear on a backend, for people (``--prompt``) and for scripts
+(``--prompt-ids``, JSON out).
+
+* The checkpoint is any flavour nvfp4-checkpoints reads: a ModelOpt, compressed-tensors or
+  MLX folder, or a GGUF file; its tokenizer comes from the folder's tokenizer files or the
+  GGUF's tokenizer metadata (:func:`nvfp4_checkpoints.tokenizer.load_hf_tokenizer`).
+* ``--prompt TEXT`` goes through the tokenizer's chat template when it has one (``--raw``:
+  the text as is); the reply is printed as it is generated, decoding stops at the model's
+  end-of-sequence token, and a summary line on stderr gives the backend, the prompt and
+  decode times and tokens per second.
+* ``--prompt-ids 1,2,3`` decodes exactly ``--max-new-tokens`` tokens and prints
+  ``{"new_ids": [...]}`` on stdout: the code path tier T6 certifies.
+* ``--profile`` adds the share of decode time spent inside the backend's verbs.
+* torch's own operations run on one thread (``--torch-threads``): at batch 1 they are tiny,
+  and torch's idle threads, spinning, take the cores from the backend's kernels (on a busy
+  2-core machine a step took 5 times as long with torch on 2 threads).
+* Decoding fuses q/k/v and gate/up into one product each
+  (:func:`nvfp4_conformance.nvfp4_linear.attach_weights`: the same numbers, fewer calls);
+  ``--no-fuse`` calls the backend once per checkpoint tensor, as T6 does.
+
+What generate needs (torch, transformers: the ``parity`` extra) is checked before anything is
+loaded, and a missing piece is named with the command that installs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+from nvfp4.contract import KERNELS
+
+__all__ = ["TimedBackend", "add_arguments", "missing_requirements", "run"]
+
+#: What generate imports, and the distribution each comes from.
+REQUIREMENTS = (
+    ("torch", "torch"),
+    ("transformers", "transformers"),
+    ("nvfp4_checkpoints", "nvfp4-checkpoints"),
+)
+INSTALL_HINT = "pip install 'nvfp4-conformance[parity]'"
+
+
+def missing_requirements() -> list[str]:
+    """The distributions generate needs that are not installed (found without importing)."""
+    return [dist for module, dist in REQUIREMENTS if importlib.util.find_spec(module) is None]
+
+
+def add_arguments(gen: argparse.ArgumentParser) -> None:
+    """The ``generate`` sub-command's arguments."""
+    gen.add_argument(
+        "--checkpoint",
+        required=True,
+        type=Path,
+        help="an NVFP4 checkpoint: a ModelOpt, compressed-tensors or MLX folder, or a .gguf file",
+    )
+    gen.add_argument("--backend", default=None, help="backend name (default: the best available)")
+    what = gen.add_mutually_exclusive_group(required=True)
+    what.add_argument("--prompt", help="text to answer (through the chat template, if any)")
+    what.add_argument(
+        "--prompt-ids",
+        help='comma-separated prompt token ids; prints {"new_ids": [...]} (exactly '
+        "--max-new-tokens of them) as JSON",
+    )
+    gen.add_argument("--max-new-tokens", type=int, default=40)
+    gen.add_argument(
+        "--raw", action="store_true", help="--prompt: tokenize the text as is, no chat template"
+    )
+    gen.add_argument(
+        "--ignore-eos", action="store_true", help="--prompt: do not stop at end-of-sequence"
+    )
+    gen.add_argument(
+        "--no-fuse",
+        action="store_true",
+        help="one backend call per checkpoint tensor (as T6), not q/k/v and gate/up fused",
+    )
+    gen.add_argument(
+        "--profile", action="store_true", help="report the share of decode time in backend verbs"
+    )
+    gen.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="threads for torch's own operations (attention, norms, the float lm_head); "
+        "default 1: at batch 1 they are too small to split, and torch's idle threads spin "
+        "against the backend's (the backend's kernels keep their own threads)",
+    )
+
+
+class TimedBackend:
+    """A backend whose verbs (:data:`nvfp4.contract.KERNELS`: ``qmm``, ``gather_qmm``,
+    ``dequantize``, the W4A4 / W4A8 ones) add their wall time to :attr:`seconds` and count their calls; every other attribute is
+    the wrapped backend's."""
+
+    VERBS = frozenset(KERNELS)
+
+    def __init__(self, backend: Any) -> None:
+        self._backend = backend
+        self.seconds = 0.0
+        self.calls = 0
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._backend, name)
+        if name not in self.VERBS:
+            return attr
+        return self._timed(attr)
+
+    def _timed(self, verb: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return verb(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+                self.calls += 1
+
+        return call
+
+
+def _parse_ids(text: str) -> list[int] | str:
+    """The ids of ``--prompt-ids``, or the error message."""
+    try:
+        ids = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        return f"--prompt-ids: expected comma-separated integers, found {text!r}"
+    if not ids:
+        return "--prompt-ids: at least one token id is needed"
+    return ids
+
+
+def _stop_ids(tokenizer: Any, config: dict[str, Any]) -> set[int]:
+    """End-of-sequence ids: the config's ``eos_token_id`` (an id or a list) and the
+    tokenizer's."""
+    found: set[int] = set()
+    eos = config.get("eos_token_id")
+    for value in eos if isinstance(eos, list) else [eos]:
+        if isinstance(value, int) and not isinstance(value, bool):
+            found.add(value)
+    tok_eos = getattr(tokenizer, "eos_token_id", None)
+    if isinstance(tok_eos, int):
+        found.add(tok_eos)
+    return found
+
+
+def _encode(tokenizer: Any, text: str, raw: bool) -> tuple[list[int], bool]:
+    """The prompt's ids and whether the chat template made them."""
+    if not raw and getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+        )
+        if isinstance(ids, dict) or hasattr(ids, "keys"):  # a BatchEncoding
+            ids = ids["input_ids"]
+        return [int(i) for i in ids], True
+    return [int(i) for i in tokenizer.encode(text)], False
+
+
+class _Streamer:
+    """Prints the decoded reply as tokens arrive: each time, the text decoded so far minus
+    what was printed (a token may complete a character only with the next one)."""
+
+    def __init__(self, tokenizer: Any, out: TextIO) -> None:
+        self.tokenizer = tokenizer
+        self.out = out
+        self.ids: list[int] = []
+        self.printed = ""
+
+    def __call__(self, token: int) -> None:
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the rest
+            return
+        if text.startswith(self.printed):
+            self.out.write(text[len(self.printed) :])
+        else:  # decoding is not prefix-stable here: print the rest on a new line
+            self.out.write("\n" + text)
+        self.printed = text
+        self.out.flush()
+
+
+def _backend_line(backend: Any) -> str:
+    """The backend's name, version and device (its availability's ``device``)."""
+    info = backend.info
+    device = getattr(backend.availability(), "device", "") or ""
+    version = f" {info.version}" if info.version else ""
+    return f"{info.name}{version}" + (f" ({device})" if device else "")
+
+
+def _rate(tokens: int, seconds: float) -> str:
+    return f"{tokens / seconds:.1f} tokens/s" if seconds > 0 else "- tokens/s"
+
+
+def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """The ``generate`` command, printing to ``out`` / ``err`` (default: ``sys.stdout`` /
+    ``sys.stderr`` at the time of the call); returns the exit status (2: bad arguments or a
+    missing requirement, 1: the checkpoint could not be used)."""
+    out = sys.stdout if out is None else out
+    err = sys.stderr if err is None else err
+    if args.max_new_tokens < 1:
+        print(f"--max-new-tokens: expected >= 1, found {args.max_new_tokens}", file=err)
+        return 2
+    if args.torch_threads < 1:
+        print(f"--torch-threads: expected >= 1, found {args.torch_threads}", file=err)
+        return 2
+    ids: list[int] | None = None
+    if args.prompt_ids is not None:
+        parsed = _parse_ids(args.prompt_ids)
+        if isinstance(parsed, str):
+            print(parsed, file=err)
+            return 2
+        ids = parsed
+    missing = missing_requirements()
+    if missing:
+        print(f"generate needs {', '.join(missing)} (not installed): {INSTALL_HINT}", file=err)
+        return 2
+
+    import nvfp4
+    import torch
+    from nvfp4.registry import BackendUnavailable
+    from nvfp4_checkpoints import CheckpointError
+    from nvfp4_checkpoints.tokenizer import TokenizerUnavailable, load_hf_tokenizer
+
+    from . import llm
+
+    try:
+        backend = nvfp4.get_backend(args.backend)
+    except BackendUnavailable as exc:
+        print(str(exc), file=err)
+        return 2
+    tokenizer = None
+    if ids is None:  # --prompt: the tokenizer first, before the model takes its time
+        try:
+            tokenizer = load_hf_tokenizer(args.checkpoint)
+        except TokenizerUnavailable as exc:
+            print(f"generate --prompt needs the checkpoint's tokenizer: {exc}", file=err)
+            return 1
+    torch.set_num_threads(args.torch_threads)
+    timed = TimedBackend(backend)
+    start = time.perf_counter()
+    try:
+        loaded = llm.load_model(args.checkpoint, timed, fuse=not args.no_fuse)
+    except (CheckpointError, ValueError, OSError) as exc:
+        print(f"generate: {exc}", file=err)
+        return 1
+    load_seconds = time.perf_counter() - start
+    vocab = int(getattr(loaded.model.config, "vocab_size", 0) or 0)
+    chat = False
+    if ids is None:
+        ids, chat = _encode(tokenizer, args.prompt, args.raw)
+    bad = [i for i in ids if i < 0 or (vocab and i >= vocab)]
+    if bad:
+        print(f"--prompt-ids: ids {bad[:5]} are outside the vocabulary [0, {vocab})", file=err)
+        return 2
+
+    stream = None if tokenizer is None else _Streamer(tokenizer, out)
+    stop = set() if tokenizer is None or args.ignore_eos else _stop_ids(tokenizer, loaded.config)
+    timed.seconds, timed.calls = 0.0, 0
+    at_first_token: list[tuple[float, int]] = []  # verb time and calls of the prompt's pass
+
+    def on_token(token: int) -> None:
+        if not at_first_token:
+            at_first_token.append((timed.seconds, timed.calls))
+        if stream is not None:
+            stream(token)
+
+    result = llm.greedy(loaded.model, ids, args.max_new_tokens, stop_ids=stop, on_token=on_token)
+    if stream is None:
+        print(json.dumps({"new_ids": result.new_ids}), file=out)
+    else:
+        out.write("\n")
+    steps = len(result.new_ids) - 1  # the first new token comes from the prompt's pass
+    fused = "" if args.no_fuse else f", q/k/v and gate/up fused: {loaded.products} products"
+    print(
+        f"generate: backend {_backend_line(backend)}{fused}; loaded in {load_seconds:.1f} s; "
+        f"prompt {len(ids)} tokens{' (chat template)' if chat else ''} in "
+        f"{result.prefill_seconds:.2f} s; {len(result.new_ids)} new tokens, decode "
+        f"{_rate(steps, result.decode_seconds)}"
+        + (f" ({result.decode_seconds / steps:.3f} s/token)" if steps else ""),
+        file=err,
+    )
+    if args.profile and steps:
+        verbs = timed.seconds - at_first_token[0][0]
+        calls = timed.calls - at_first_token[0][1]
+        share = verbs / result.decode_seconds if result.decode_seconds > 0 else 0.0
+        print(
+            f"generate: profile: decode {result.decode_seconds:.3f} s, of which "
+            f"{verbs:.3f} s ({100 * share:.0f}%) inside backend verbs "
+            f"({calls // steps} calls per token)",
+            file=err,
+        )
+    return 0
