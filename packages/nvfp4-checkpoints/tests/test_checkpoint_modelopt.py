@@ -173,7 +173,13 @@ def test_flavour_detection(modelopt_exports: dict[str, Path], tmp_path: Path) ->
     plain = tmp_path / "plain"
     plain.mkdir()
     (plain / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    with pytest.raises(CheckpointError, match="unknown flavour"):
+    with pytest.raises(CheckpointError, match=r"config\.json without an NVFP4 quantization"):
+        detect_flavour(plain)
+    (plain / "config.json").write_text("{}")
+    with pytest.raises(CheckpointError, match=r"config.json is an empty object \{\}"):
+        detect_flavour(plain)
+    (plain / "config.json").unlink()
+    with pytest.raises(CheckpointError, match=r"unknown flavour \(no config.json;"):
         detect_flavour(plain)
     ct_int = tmp_path / "ct_int"
     ct_int.mkdir()

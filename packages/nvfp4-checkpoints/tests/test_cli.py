@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -88,6 +89,32 @@ def test_inspect_text_and_json(
     assert "validation: 14/14 NVFP4 tensors valid" in text
 
 
+@pytest.mark.parametrize("flavour", ["modelopt", "compressed-tensors", "mlx", "gguf"])
+def test_our_outputs_record_their_spec_version(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flavour: str
+) -> None:
+    """Every flavour we write records the spec version of its planes (an ``nvfp4`` block in
+    the flavour's quantization config, GGUF's ``nvfp4.spec_version`` key): inspect reads it
+    back instead of assuming one; a ModelOpt folder without the block is read as 1.0, and
+    inspect says that is an assumption."""
+    rng = np.random.default_rng(4)
+    planes = {
+        "model.layers.0.mlp.down_proj": quantize(rng.standard_normal((32, 64)).astype(np.float32))
+    }
+    dst = tmp_path / ("ck.gguf" if flavour == "gguf" else "ck")
+    config = {"model_type": "llama", "num_hidden_layers": 1} if flavour == "gguf" else {}
+    out = write_checkpoint(dst, planes, flavour=flavour, tensors={}, config=config)
+    assert main(["inspect", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["spec_version"] == "1.0"
+    if flavour == "modelopt":
+        hq = json.loads((out / "hf_quant_config.json").read_text())
+        assert hq["nvfp4"]["spec_version"] == "1.0"
+        del hq["nvfp4"]
+        (out / "hf_quant_config.json").write_text(json.dumps(hq))
+        assert main(["inspect", str(out)]) == 0
+        assert "spec version: 1.0 (read as; the file records none)" in capsys.readouterr().out
+
+
 def test_fused_globals_that_differ_are_reported(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -127,6 +154,24 @@ def test_convert_progress_force_and_result(
     verify = _run("verify", str(modelopt_exports["llama"]), str(dst))
     assert verify.returncode == 0, verify.stdout
     assert verify.stdout.startswith("SAME"), verify.stdout
+
+
+def test_progress_bar_gives_the_time_left(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bar shows the time left at the rate so far, then the time it took."""
+    from nvfp4_checkpoints import cli
+
+    clock = iter([100.0, 130.0, 190.0])
+    monkeypatch.setattr(cli.time, "monotonic", lambda: next(clock))
+    out = io.StringIO()
+    bar = cli._Bar(out)  # starts at t = 100 s
+    bar(1, 4, 250 * 2**20, 1000 * 2**20)  # t = 130: a quarter in 30 s, 90 s to go
+    bar(4, 4, 1000 * 2**20, 1000 * 2**20)  # t = 190: done
+    first, last = out.getvalue().splitlines()
+    assert "1/4 tensors" in first
+    assert first.endswith("ETA 1:30")
+    assert last.endswith("1:30 elapsed")
+    assert cli._eta(0.5, 0, 10) == "?"
+    assert cli._clock(3725) == "1:02:05"
 
 
 # ---------------------------------------------------------------------- bad input: exit 2

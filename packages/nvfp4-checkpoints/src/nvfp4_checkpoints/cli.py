@@ -194,8 +194,22 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 # ============================================================================ convert
+def _clock(seconds: float) -> str:
+    """``m:ss`` (``h:mm:ss`` from an hour)."""
+    s = max(0, round(seconds))
+    h, rest = divmod(s, 3600)
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
+
+
+def _eta(elapsed: float, done_bytes: int, total_bytes: int) -> str:
+    """The time left at the rate so far, or ``?`` before any byte is written."""
+    if done_bytes <= 0 or total_bytes <= done_bytes:
+        return "?" if done_bytes <= 0 else _clock(0)
+    return _clock(elapsed * (total_bytes - done_bytes) / done_bytes)
+
+
 class _Bar:
-    """A progress bar with tensors and bytes on stderr (redrawn in place on a terminal,
+    """A progress bar with tensors, bytes, the rate and the time left on stderr (redrawn in place on a terminal,
     a line every second otherwise)."""
 
     def __init__(self, out: TextIO) -> None:
@@ -212,10 +226,16 @@ class _Bar:
         width = 30
         filled = width * done_bytes // total_bytes if total_bytes else width
         bar = "#" * filled + "-" * (width - filled)
-        rate = done_bytes / max(now - self.start, 1e-9)
+        elapsed = now - self.start
+        rate = done_bytes / max(elapsed, 1e-9)
         line = (
             f"[{bar}] {done}/{total} tensors  {_human(done_bytes)}/{_human(total_bytes)}"
-            f"  {_human(rate)}/s"
+            f"  {_human(rate)}/s  "
+            + (
+                f"{_clock(elapsed)} elapsed"
+                if final
+                else f"ETA {_eta(elapsed, done_bytes, total_bytes)}"
+            )
         )
         if self.tty:
             self.out.write("\r" + line + ("\n" if final else ""))

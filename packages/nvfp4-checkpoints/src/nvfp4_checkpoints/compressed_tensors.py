@@ -36,6 +36,7 @@ from .hf import (
     exclude_modules,
     leading_dims,
     packed_plane_entries,
+    spec_record,
     write_hf,
 )
 from .source import Plan, PlaneItem, Source, natural, plane_items
@@ -129,6 +130,7 @@ class CompressedTensorsFormat(HFFormat):
             "quant_method": "compressed-tensors",
             "quantization_status": "compressed",
             "producer": dict(PRODUCER),
+            "nvfp4": spec_record(),
         }
         return {"config.json": config}
 

@@ -94,6 +94,7 @@ def detect_flavour(path: str | os.PathLike[str]) -> Flavour:
     folder = CheckpointFolder(p)
     config = folder.fields("config.json")
     hf_quant = folder.fields("hf_quant_config.json")
+    has_config = config is not None
     if config is None:
         config = Fields({}, p / "config.json")
 
@@ -125,8 +126,10 @@ def detect_flavour(path: str | os.PathLike[str]) -> Flavour:
         found = f"quantization_config.quant_method {short(method)}"
     elif algo is not None:
         found = f"hf_quant_config.json quant_algo {short(algo)}"
-    elif not config.data and hf_quant is None:
+    elif not has_config and hf_quant is None:
         found = "no config.json"
+    elif not config.data:
+        found = "config.json is an empty object {}"
     else:
         found = "config.json without an NVFP4 quantization config"
     raise CheckpointError(

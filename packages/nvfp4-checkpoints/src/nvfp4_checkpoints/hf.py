@@ -30,7 +30,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 from nvfp4.planes import NVFP4Planes, PlaneError
-from nvfp4.spec import BLOCK_SIZE
+from nvfp4.spec import BLOCK_SIZE, WEIGHT_FORMAT_VERSION
 
 from ._version import __version__
 from .checkpoint import Checkpoint, PlaneShape, scalar
@@ -69,6 +69,15 @@ INDEX_FILE: Final = "model.safetensors.index.json"
 DEFAULT_MAX_SHARD_BYTES: Final = 5_000_000_000
 #: The ``producer`` block of the configs written.
 PRODUCER: Final = {"name": "nvfp4", "version": __version__}
+
+
+def spec_record() -> dict[str, Any]:
+    """What our writers record of the weight format, under an ``nvfp4`` key of the
+    flavour's quantization config (``nvfp4 inspect`` reads it back): the spec version the
+    planes follow and the producer. Readers of each flavour ignore keys they do not know."""
+    return {"spec_version": WEIGHT_FORMAT_VERSION, "producer": dict(PRODUCER)}
+
+
 _HF_CONFIG_FILES: Final = frozenset({"config.json", "hf_quant_config.json", INDEX_FILE})
 #: The mlx-lm model file of our MLX folders (:mod:`.mlx_lm_model`): written by the MLX
 #: writer, never copied from a source directory.

@@ -32,7 +32,7 @@ import numpy as np
 import numpy.typing as npt
 from nvfp4.layouts import MLXPlanes, from_mlx, to_mlx
 from nvfp4.planes import NVFP4Planes
-from nvfp4.spec import BLOCK_SIZE, WEIGHT_FORMAT_VERSION
+from nvfp4.spec import BLOCK_SIZE
 
 from .checkpoint import PlaneShape
 from .flavour_io import FlavourIO
@@ -40,12 +40,12 @@ from .flavours import CheckpointError
 from .folder import Fields, short
 from .hf import (
     MLX_LM_MODEL_FILE,
-    PRODUCER,
     Entry,
     HFCheckpoint,
     HFFormat,
     base_config,
     leading_dims,
+    spec_record,
     write_hf,
 )
 from .source import Plan, PlaneItem, Source
@@ -157,12 +157,11 @@ class MLXFormat(HFFormat):
         config["quantization"] = {"group_size": BLOCK_SIZE, "bits": 4, "mode": "nvfp4"}
         config["model_file"] = MLX_LM_MODEL_FILE
         config["nvfp4"] = {
-            "spec_version": WEIGHT_FORMAT_VERSION,
+            **spec_record(),
             "format": "mlx-nvfp4",
             "global_scale": "global_scale",
             "input_scale": "input_scale",
             "partitions": "partitions",
-            "producer": dict(PRODUCER),
         }
         return {"config.json": config}
 

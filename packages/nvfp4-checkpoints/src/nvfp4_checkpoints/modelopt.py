@@ -34,6 +34,7 @@ from .hf import (
     exclude_modules,
     leading_dims,
     packed_plane_entries,
+    spec_record,
     write_hf,
 )
 from .source import Plan, PlaneItem, Source, plane_items
@@ -144,7 +145,7 @@ class ModelOptFormat(HFFormat):
                     k: {"quant_algo": a, "group_size": BLOCK_SIZE} for k, a in per_layer.items()
                 },
             }
-        hf_quant = {"producer": dict(PRODUCER), "quantization": quant}
+        hf_quant = {"producer": dict(PRODUCER), "quantization": quant, "nvfp4": spec_record()}
         config = base_config(src.config)
         config["quantization_config"] = modelopt_config_json(hf_quant)
         return {"config.json": config, "hf_quant_config.json": hf_quant}
