@@ -36,6 +36,8 @@ from typing import Any, TextIO
 
 from nvfp4.contract import KERNELS
 
+from .llm import DECODE_TORCH_THREADS
+
 __all__ = ["TimedBackend", "add_arguments", "missing_requirements", "run"]
 
 #: What generate imports, and the distribution each comes from.
@@ -86,7 +88,7 @@ def add_arguments(gen: argparse.ArgumentParser) -> None:
     gen.add_argument(
         "--torch-threads",
         type=int,
-        default=1,
+        default=DECODE_TORCH_THREADS,
         help="threads for torch's own operations (attention, norms, the float lm_head); "
         "default 1: at batch 1 they are too small to split, and torch's idle threads spin "
         "against the backend's (the backend's kernels keep their own threads)",
@@ -239,7 +241,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         except TokenizerUnavailable as exc:
             print(f"generate --prompt needs the checkpoint's tokenizer: {exc}", file=err)
             return 1
-    torch.set_num_threads(args.torch_threads)
+    torch.set_num_threads(args.torch_threads)  # loading and the prompt's pass too
     timed = TimedBackend(backend)
     start = time.perf_counter()
     try:
@@ -268,7 +270,14 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         if stream is not None:
             stream(token)
 
-    result = llm.greedy(loaded.model, ids, args.max_new_tokens, stop_ids=stop, on_token=on_token)
+    result = llm.greedy(
+        loaded.model,
+        ids,
+        args.max_new_tokens,
+        stop_ids=stop,
+        on_token=on_token,
+        torch_threads=args.torch_threads,
+    )
     if stream is None:
         print(json.dumps({"new_ids": result.new_ids}), file=out)
     else:
