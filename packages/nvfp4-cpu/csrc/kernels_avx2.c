@@ -139,43 +139,23 @@ static void k256_one(const nv_weight *w, int64_t t, const nv_chunk *c) {
     nv256_store_rows(o + 8, _mm256_mul_ps(r1, _mm256_loadu_ps(w->rowg + n0 + 8)), w->n - n0 - 8);
 }
 
-/* MC >= 2 rows of x: decode into L1, then register-blocked FMAs.
+/* MC >= 2 rows of x: decode into L1 once, with register-blocked FMAs.
  *
  * The k range is cut into panels of NV_AVX2_KP consecutive k. A panel's weights are decoded
- * (bfloat16-pair decode) and multiplied by their block scale (exact) into
- * wbuf[kk][0..15] = the 16 rows' weights at k0 + kk, even rows in 0..7 and odd rows in
- * 8..15 (nv256_decode4's order). Each group of MB <= NV_AVX2_MB activation rows then runs over the
- * panel with 2 * MB accumulators in registers: per k, two weight loads, MB broadcasts and
- * 2 * MB FMAs. The accumulators live in acc[MC][16] (same row order) between panels, and
- * the epilogue puts the rows back in order. Two panel buffers alternate: panel p + 1 is
- * decoded before the FMAs of panel p run, so the two are independent and the core overlaps
- * the decode (shuffle units) with the FMAs. Every output is one float32 sum over k in
- * increasing k order. */
-#define NV_AVX2_KP 32 /* k per decoded panel (2 blocks, 2 KiB) */
+ * (bfloat16-pair decode) and multiplied by their block scale (exact: at most 6 significant
+ * bits) into wbuf[kk][0..15] = the 16 rows' weights at k0 + kk, even rows in 0..7 and odd
+ * rows in 8..15 (nv256_decode4's order). The first MB0 <= 4 activation rows take their FMAs
+ * in the decoding loop itself, straight from the registers (the decode's shuffles and these
+ * FMAs interleave in one instruction stream, so the core overlaps them); when MC <= 4 that
+ * is all, and nothing is stored. The other rows run over wbuf in groups of MB <= NV_AVX2_MB:
+ * per k, two weight loads, MB broadcasts and 2 * MB FMAs with 2 * MB accumulators in
+ * registers. Between panels the accumulators live in acc[MC][16] (same row order), and the
+ * epilogue puts the rows back in order. Every output is one float32 sum over k in
+ * increasing k order, whichever group its row is in. */
+#define NV_AVX2_KP 32 /* k per decoded panel: 2 blocks, wbuf 2 KiB */
 /* Rows per group: 2 * MB accumulators + 2 weights + 1 broadcast of the 16 ymm registers
  * (6 would leave too few for the addresses: the compiler spills accumulators). */
 #define NV_AVX2_MB 5
-
-/* Decode blocks b0 .. b0 + nb - 1 of the tile into wb (see above). */
-NV_INLINE void k256_decode_panel(const uint8_t *tc, const uint8_t *ts, int64_t b0, int nb,
-                                 __m256i tlo, __m256i thi, float *wb) {
-    for (int bb = 0; bb < nb; bb++) {
-        const int64_t b = b0 + bb;
-        __m256 se, so;
-        nv256_scales_eo(ts + b * NV_TILE, &se, &so);
-#pragma GCC unroll 4
-        for (int jj = 0; jj < NV_BLOCK / 4; jj++) { /* pairs 2jj, 2jj+1: k = 16b + 4jj + q */
-            __m256i wq[4];
-            nv256_decode4(tc + (b * (NV_BLOCK / 2) + 2 * jj) * NV_TILE, tlo, thi, wq);
-            float *o = wb + (bb * NV_BLOCK + 4 * jj) * NV_TILE;
-#pragma GCC unroll 4
-            for (int q = 0; q < 4; q++) {
-                _mm256_store_ps(o + q * NV_TILE, _mm256_mul_ps(nv256_even(wq[q]), se));
-                _mm256_store_ps(o + q * NV_TILE + 8, _mm256_mul_ps(nv256_odd(wq[q]), so));
-            }
-        }
-    }
-}
 
 /* Rows m0 .. m0 + MB - 1 of the chunk over the kn decoded k of wbuf (panel slice xp). */
 NV_INLINE void k256_rows(const float *wbuf, int kn, const float *xp, const int MC, const int m0,
@@ -205,38 +185,82 @@ NV_INLINE void k256_rows(const float *wbuf, int kn, const float *xp, const int M
     }
 }
 
+/* Decode blocks b0 .. b0 + nb - 1 into wb (when STORE) and, in the same pass, add their
+ * products into rows 0 .. MB0 - 1 of the chunk (panel slice xp): the decode and these FMAs
+ * interleave in one instruction stream. */
+NV_INLINE void k256_decode_rows(const uint8_t *tc, const uint8_t *ts, int64_t b0, int nb,
+                                __m256i tlo, __m256i thi, float *wb, const float *xp,
+                                const int MC, float *acc, const int MB0, const int STORE) {
+    __m256 a[4][2];
+#pragma GCC unroll 4
+    for (int i = 0; i < MB0; i++) {
+        a[i][0] = _mm256_load_ps(acc + i * NV_TILE);
+        a[i][1] = _mm256_load_ps(acc + i * NV_TILE + 8);
+    }
+    for (int bb = 0; bb < nb; bb++) {
+        const int64_t b = b0 + bb;
+        __m256 se, so;
+        nv256_scales_eo(ts + b * NV_TILE, &se, &so);
+#pragma GCC unroll 4
+        for (int jj = 0; jj < NV_BLOCK / 4; jj++) { /* pairs 2jj, 2jj+1: k = 16b + 4jj + q */
+            __m256i wq[4];
+            nv256_decode4(tc + (b * (NV_BLOCK / 2) + 2 * jj) * NV_TILE, tlo, thi, wq);
+            const int kk0 = bb * NV_BLOCK + 4 * jj; /* k0 + kk0: the first of the 4 k */
+#pragma GCC unroll 4
+            for (int q = 0; q < 4; q++) {
+                const __m256 we = _mm256_mul_ps(nv256_even(wq[q]), se);
+                const __m256 wo = _mm256_mul_ps(nv256_odd(wq[q]), so);
+                if (STORE) {
+                    _mm256_store_ps(wb + (kk0 + q) * NV_TILE, we);
+                    _mm256_store_ps(wb + (kk0 + q) * NV_TILE + 8, wo);
+                }
+                const float *x = xp + (kk0 + q) * MC; /* panel[k0 + kk0 + q][0] */
+#pragma GCC unroll 4
+                for (int i = 0; i < MB0; i++) {
+                    const __m256 xb = _mm256_broadcast_ss(x + i);
+                    a[i][0] = _mm256_fmadd_ps(we, xb, a[i][0]);
+                    a[i][1] = _mm256_fmadd_ps(wo, xb, a[i][1]);
+                }
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < MB0; i++) {
+        _mm256_store_ps(acc + i * NV_TILE, a[i][0]);
+        _mm256_store_ps(acc + i * NV_TILE + 8, a[i][1]);
+    }
+}
+
 NV_INLINE void k256_buf(const nv_weight *w, int64_t t, const nv_chunk *c, const int MC) {
     const int64_t k = w->k;
     const uint8_t *tc = w->codes + t * nv_tile_code_bytes(k);
     const uint8_t *ts = w->scales + t * nv_tile_scale_bytes(k);
     __m256i tlo, thi;
     nv256_bf16_tables(&tlo, &thi);
-    float wbuf[2][NV_AVX2_KP * NV_TILE] __attribute__((aligned(32)));
+    float wbuf[NV_AVX2_KP * NV_TILE] __attribute__((aligned(32)));
     float acc[NV_AVX2_MC_MAX * NV_TILE] __attribute__((aligned(32)));
 #pragma GCC unroll 48
     for (int i = 0; i < MC * 2; i++) _mm256_store_ps(acc + 8 * i, _mm256_setzero_ps());
-    /* row groups, fixed by MC: as few as possible of at most NV_AVX2_MB rows, sizes within one */
-    const int ng = (MC + NV_AVX2_MB - 1) / NV_AVX2_MB, g_small = MC / ng, g_big = ng - MC % ng; /* groups of g_small */
-    const int64_t np = (k + NV_AVX2_KP - 1) / NV_AVX2_KP;
-#define NV_KN(p) ((k - (p) * NV_AVX2_KP) < NV_AVX2_KP ? (int)(k - (p) * NV_AVX2_KP) : NV_AVX2_KP)
-    k256_decode_panel(tc, ts, 0, NV_KN(0) / NV_BLOCK, tlo, thi, wbuf[0]);
-    for (int64_t p = 0; p < np; p++) {
-        if (p + 1 < np) /* the next panel first: independent of this panel's FMAs */
-            k256_decode_panel(tc, ts, (p + 1) * (NV_AVX2_KP / NV_BLOCK), NV_KN(p + 1) / NV_BLOCK,
-                              tlo, thi, wbuf[(p + 1) & 1]);
-        const int kn = NV_KN(p); /* a multiple of 16 */
-        const float *xp = c->panel + p * NV_AVX2_KP * MC; /* panel[k0][0] */
-        const float *wb = wbuf[p & 1];
-#pragma GCC unroll 4
+    /* rows 0 .. MB0 - 1 run with the decode; the rest, in groups of at most NV_AVX2_MB rows
+     * (as few as possible, sizes within one), from wbuf */
+    const int MB0 = MC <= 4 ? MC : MC == 5 ? 2 : 3;
+    const int rest = MC - MB0;
+    const int ng = (rest + NV_AVX2_MB - 1) / NV_AVX2_MB;
+    const int g_small = ng ? rest / ng : 0, g_big = ng ? ng - rest % ng : 0;
+    for (int64_t k0 = 0; k0 < k; k0 += NV_AVX2_KP) {
+        const int kn = (k - k0) < NV_AVX2_KP ? (int)(k - k0) : NV_AVX2_KP; /* a multiple of 16 */
+        const float *xp = c->panel + k0 * MC; /* panel[k0][0] */
+        k256_decode_rows(tc, ts, k0 / NV_BLOCK, kn / NV_BLOCK, tlo, thi, wbuf, xp, MC, acc, MB0,
+                         rest > 0);
+#pragma GCC unroll 5
         for (int g = 0; g < ng; g++) {
-            const int m0 = g < g_big ? g * g_small : g_big * g_small + (g - g_big) * (g_small + 1);
+            const int m0 = MB0 + (g < g_big ? g * g_small : g_big * g_small + (g - g_big) * (g_small + 1));
             if (g < g_big)
-                k256_rows(wb, kn, xp, MC, m0, acc, g_small);
+                k256_rows(wbuf, kn, xp, MC, m0, acc, g_small);
             else
-                k256_rows(wb, kn, xp, MC, m0, acc, g_small + 1);
+                k256_rows(wbuf, kn, xp, MC, m0, acc, g_small + 1);
         }
     }
-#undef NV_KN
     const int64_t n0 = t * NV_TILE;
     const __m256 g0 = _mm256_loadu_ps(w->rowg + n0), g1 = _mm256_loadu_ps(w->rowg + n0 + 8);
 #pragma GCC unroll 24
