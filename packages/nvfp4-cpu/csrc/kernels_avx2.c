@@ -70,8 +70,8 @@ NV_INLINE __m256 nv256_odd(__m256i w) {
 /* The 16 scale bytes of one block (rows 0..15) -> scales of the even rows (*se) and of the
  * odd rows (*so), in nv256_decode4's lane order. */
 NV_INLINE void nv256_scales_eo(const uint8_t *p, __m256 *se, __m256 *so) {
-    const __m128i eo = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)p),
-                                        _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
+    const __m128i even_odd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    const __m128i eo = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)p), even_odd);
     const __m256i h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(eo), 7); /* float16 patterns */
     const __m256 f256 = _mm256_set1_ps(256.0f);
     *se = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), f256);
@@ -161,7 +161,7 @@ static void k256_one(const nv_weight *w, int64_t t, const nv_chunk *c) {
 NV_INLINE void k256_rows(const float *wbuf, int kn, const float *xp, const int MC, const int m0,
                          float *acc, const int MB) {
     __m256 a[NV_AVX2_MB][2];
-#pragma GCC unroll 6
+#pragma GCC unroll 5
     for (int i = 0; i < MB; i++) {
         a[i][0] = _mm256_load_ps(acc + (m0 + i) * NV_TILE);
         a[i][1] = _mm256_load_ps(acc + (m0 + i) * NV_TILE + 8);
@@ -171,14 +171,14 @@ NV_INLINE void k256_rows(const float *wbuf, int kn, const float *xp, const int M
         const __m256 we = _mm256_load_ps(wbuf + kk * NV_TILE);     /* even rows at k0 + kk */
         const __m256 wo = _mm256_load_ps(wbuf + kk * NV_TILE + 8); /* odd rows */
         const float *x = xp + kk * MC + m0;                         /* panel[k0 + kk][m0] */
-#pragma GCC unroll 6
+#pragma GCC unroll 5
         for (int i = 0; i < MB; i++) {
             const __m256 xb = _mm256_broadcast_ss(x + i);
             a[i][0] = _mm256_fmadd_ps(we, xb, a[i][0]);
             a[i][1] = _mm256_fmadd_ps(wo, xb, a[i][1]);
         }
     }
-#pragma GCC unroll 6
+#pragma GCC unroll 5
     for (int i = 0; i < MB; i++) {
         _mm256_store_ps(acc + (m0 + i) * NV_TILE, a[i][0]);
         _mm256_store_ps(acc + (m0 + i) * NV_TILE + 8, a[i][1]);
@@ -231,6 +231,7 @@ NV_INLINE void k256_decode_rows(const uint8_t *tc, const uint8_t *ts, int64_t b0
     }
 }
 
+/* Tile t of w times the MC rows of chunk c (see above). */
 NV_INLINE void k256_buf(const nv_weight *w, int64_t t, const nv_chunk *c, const int MC) {
     const int64_t k = w->k;
     const uint8_t *tc = w->codes + t * nv_tile_code_bytes(k);
@@ -254,7 +255,9 @@ NV_INLINE void k256_buf(const nv_weight *w, int64_t t, const nv_chunk *c, const 
                          rest > 0);
 #pragma GCC unroll 5
         for (int g = 0; g < ng; g++) {
-            const int m0 = MB0 + (g < g_big ? g * g_small : g_big * g_small + (g - g_big) * (g_small + 1));
+            /* g_big groups of g_small rows, then groups of g_small + 1 */
+            const int m0 =
+                MB0 + (g < g_big ? g * g_small : g_big * g_small + (g - g_big) * (g_small + 1));
             if (g < g_big)
                 k256_rows(wbuf, kn, xp, MC, m0, acc, g_small);
             else
@@ -304,8 +307,11 @@ NV_BUF(23)
 NV_BUF(24)
 
 typedef void (*k256_fn)(const nv_weight *, int64_t, const nv_chunk *);
-static const k256_fn k256_by_mc[NV_AVX2_MC_MAX + 1] = {
-    0, k256_one, k256_buf_2, k256_buf_3, k256_buf_4, k256_buf_5, k256_buf_6, k256_buf_7, k256_buf_8, k256_buf_9, k256_buf_10, k256_buf_11, k256_buf_12, k256_buf_13, k256_buf_14, k256_buf_15, k256_buf_16, k256_buf_17, k256_buf_18, k256_buf_19, k256_buf_20, k256_buf_21, k256_buf_22, k256_buf_23, k256_buf_24,
+static const k256_fn k256_by_mc[NV_AVX2_MC_MAX + 1] = { /* by chunk size MC */
+    0, k256_one, k256_buf_2, k256_buf_3, k256_buf_4, k256_buf_5, k256_buf_6, k256_buf_7, k256_buf_8,
+    k256_buf_9, k256_buf_10, k256_buf_11, k256_buf_12, k256_buf_13, k256_buf_14, k256_buf_15,
+    k256_buf_16, k256_buf_17, k256_buf_18, k256_buf_19, k256_buf_20, k256_buf_21, k256_buf_22,
+    k256_buf_23, k256_buf_24,
 };
 
 static void k256_qmm_tiles(const nv_weight *w, int64_t t0, int64_t nt, const nv_chunk *c) {
