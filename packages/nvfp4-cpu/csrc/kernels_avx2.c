@@ -14,9 +14,9 @@
  * E4M3 decode: the float16 trick of the AVX-512 level (see kernels_avx512.c) with F16C.
  *
  * Summation order (per output, fixed by the chunk size alone, so every thread count gives
- * the same bits): MC = 1 sums each block's 16 products in two chains (even / odd k, in
- * increasing k) and adds (even + odd) * scale to the running sum; MC >= 2 adds each scaled
- * weight times x in increasing k order.
+ * the same bits): each block's 16 products x * e2m1 are summed in registers, in increasing k
+ * (in two chains, even and odd k, at MC = 1 and in small row groups), and the block's sum
+ * times its scale is added to the running sum; the row global multiplies at the end.
  */
 #include <immintrin.h>
 
@@ -165,66 +165,83 @@ static void k256_one(const nv_weight *w, int64_t t, const nv_chunk *c) {
 /* MC >= 2 rows of x: decode into L1 once, with register-blocked FMAs.
  *
  * The k range is cut into panels of NV_AVX2_KP consecutive k. A panel's weights are decoded
- * (bfloat16-pair decode) and multiplied by their block scale (exact: at most 6 significant
- * bits) into wbuf[kk][0..15] = the 16 rows' weights at k0 + kk, even rows in 0..7 and odd
- * rows in 8..15 (nv256_decode4's order). The first MB0 <= 4 activation rows take their FMAs
- * in the decoding loop itself, straight from the registers (the decode's shuffles and these
- * FMAs interleave in one instruction stream, so the core overlaps them); when MC <= 4 that
- * is all, and nothing is stored. The other rows run over wbuf in groups of MB <= NV_AVX2_MB:
- * per k, two weight loads, MB broadcasts and 2 * MB FMAs with 2 * MB accumulators in
- * registers. Between panels the accumulators live in acc[MC][16] (same row order), and the
- * epilogue puts the rows back in order. Every output is one float32 sum over k in
- * increasing k order, whichever group its row is in. */
+ * (bfloat16-pair decode, unscaled E2M1 values) into wbuf[kk][0..15] = the 16 rows' weights
+ * at k0 + kk, even rows in 0..7 and odd rows in 8..15 (nv256_decode4's order), and its block
+ * scales into sbuf[block][0..15] (same order). The first MB0 <= 4 activation rows take their
+ * FMAs in the decoding loop itself, straight from the registers (the decode's shuffles and
+ * these FMAs interleave in one instruction stream, so the core overlaps them); when MC <= 4
+ * that is all, and nothing is stored. The other rows run over wbuf in groups of
+ * MB <= NV_AVX2_MB: per k, two weight loads, MB broadcasts and 2 * MB FMAs into partial
+ * sums in registers. Every row sums each block's 16 products in registers (two chains, even
+ * and odd k, where a group is too small to hide the FMA latency otherwise), then adds
+ * partial * scale to its running sum acc[m][16] (same row order): one scale multiply per
+ * block instead of one per weight, as at MC = 1. The epilogue puts the rows back in order.
+ * The grouping depends on MC alone, so the result does not depend on the thread count. */
 #define NV_AVX2_KP 32 /* k per decoded panel: 2 blocks, wbuf 2 KiB */
-/* Rows per group: 2 * MB accumulators + 2 weights + 1 broadcast of the 16 ymm registers
- * (6 would leave too few for the addresses: the compiler spills accumulators). */
+/* Rows per group: 2 * MB partial sums (4 * MB when split, MB <= 3) + 2 weights + 1
+ * broadcast of the 16 ymm registers (6 would leave too few for the addresses: the compiler
+ * spills partial sums). */
 #define NV_AVX2_MB 5
 
-/* Rows m0 .. m0 + MB - 1 of the chunk over the kn decoded k of wbuf (panel slice xp). */
-NV_INLINE void k256_rows(const float *wbuf, int kn, const float *xp, const int MC, const int m0,
-                         float *acc, const int MB) {
-    __m256 a[NV_AVX2_MB][2];
+/* acc[16 m .. 16 m + 15] += (pe | po) * (se | so): one block's partial sums of row m, scaled. */
+NV_INLINE void k256_acc_block(float *acc, int m, __m256 pe, __m256 po, __m256 se, __m256 so) {
+    float *a = acc + m * NV_TILE;
+    _mm256_store_ps(a, _mm256_fmadd_ps(pe, se, _mm256_load_ps(a)));
+    _mm256_store_ps(a + 8, _mm256_fmadd_ps(po, so, _mm256_load_ps(a + 8)));
+}
+
+/* Rows m0 .. m0 + MB - 1 of the chunk over the nb decoded blocks of wbuf (panel slice xp,
+ * block scales sbuf): per block, partial sums in registers (SPLIT: separate ones for even
+ * and odd k, so that small groups still have enough independent FMA chains), then one
+ * scaled add into acc. */
+NV_INLINE void k256_rows(const float *wbuf, const float *sbuf, int nb, const float *xp,
+                         const int MC, const int m0, float *acc, const int MB, const int SPLIT) {
+    for (int bb = 0; bb < nb; bb++) {
+        __m256 p[NV_AVX2_MB][2][2]; /* [row][even / odd rows][k parity, SPLIT only] */
+#pragma GCC unroll 16
+        for (int kk = 0; kk < NV_BLOCK; kk++) {
+            const float *wk = wbuf + (bb * NV_BLOCK + kk) * NV_TILE;
+            const __m256 we = _mm256_load_ps(wk);     /* even rows at k0 + 16 bb + kk */
+            const __m256 wo = _mm256_load_ps(wk + 8); /* odd rows */
+            const float *x = xp + (bb * NV_BLOCK + kk) * MC + m0; /* panel[k0 + 16bb + kk][m0] */
+            const int par = SPLIT ? (kk & 1) : 0;
 #pragma GCC unroll 5
-    for (int i = 0; i < MB; i++) {
-        a[i][0] = _mm256_load_ps(acc + (m0 + i) * NV_TILE);
-        a[i][1] = _mm256_load_ps(acc + (m0 + i) * NV_TILE + 8);
-    }
-#pragma GCC unroll 4
-    for (int kk = 0; kk < kn; kk++) {
-        const __m256 we = _mm256_load_ps(wbuf + kk * NV_TILE);     /* even rows at k0 + kk */
-        const __m256 wo = _mm256_load_ps(wbuf + kk * NV_TILE + 8); /* odd rows */
-        const float *x = xp + kk * MC + m0;                         /* panel[k0 + kk][m0] */
+            for (int i = 0; i < MB; i++) {
+                const __m256 xb = _mm256_broadcast_ss(x + i);
+                if (kk < (SPLIT ? 2 : 1)) {
+                    p[i][0][par] = _mm256_mul_ps(we, xb);
+                    p[i][1][par] = _mm256_mul_ps(wo, xb);
+                } else {
+                    p[i][0][par] = _mm256_fmadd_ps(we, xb, p[i][0][par]);
+                    p[i][1][par] = _mm256_fmadd_ps(wo, xb, p[i][1][par]);
+                }
+            }
+        }
+        const __m256 se = _mm256_load_ps(sbuf + bb * NV_TILE);    /* even rows' scales */
+        const __m256 so = _mm256_load_ps(sbuf + bb * NV_TILE + 8); /* odd rows' */
 #pragma GCC unroll 5
         for (int i = 0; i < MB; i++) {
-            const __m256 xb = _mm256_broadcast_ss(x + i);
-            a[i][0] = _mm256_fmadd_ps(we, xb, a[i][0]);
-            a[i][1] = _mm256_fmadd_ps(wo, xb, a[i][1]);
+            __m256 pe = p[i][0][0], po = p[i][1][0];
+            if (SPLIT) {
+                pe = _mm256_add_ps(pe, p[i][0][1]);
+                po = _mm256_add_ps(po, p[i][1][1]);
+            }
+            k256_acc_block(acc, m0 + i, pe, po, se, so);
         }
-    }
-#pragma GCC unroll 5
-    for (int i = 0; i < MB; i++) {
-        _mm256_store_ps(acc + (m0 + i) * NV_TILE, a[i][0]);
-        _mm256_store_ps(acc + (m0 + i) * NV_TILE + 8, a[i][1]);
     }
 }
 
-/* Decode blocks b0 .. b0 + nb - 1 into wb (when STORE) and, in the same pass, add their
- * products into rows 0 .. MB0 - 1 of the chunk (panel slice xp): the decode and these FMAs
- * interleave in one instruction stream. */
+/* Decode blocks b0 .. b0 + nb - 1: unscaled weights into wbuf and scales into sbuf (when
+ * STORE) and, in the same pass, the products of rows 0 .. MB0 - 1 of the chunk (panel slice
+ * xp), per block in partial sums (even / odd k apart), then scaled into acc. */
 NV_INLINE void k256_decode_rows(const uint8_t *tc, const uint8_t *ts, int64_t left, int64_t b0,
-                                int nb, __m256i tlo, __m256i thi, float *wb, const float *xp,
-                                const int MC, float *acc, const int MB0, const int STORE) {
-    __m256 a[4][2];
-#pragma GCC unroll 4
-    for (int i = 0; i < MB0; i++) {
-        a[i][0] = _mm256_load_ps(acc + i * NV_TILE);
-        a[i][1] = _mm256_load_ps(acc + i * NV_TILE + 8);
-    }
+                                int nb, __m256i tlo, __m256i thi, float *wbuf, float *sbuf,
+                                const float *xp, const int MC, float *acc, const int MB0,
+                                const int SPLIT, const int STORE) {
     for (int bb = 0; bb < nb; bb++) {
         const int64_t b = b0 + bb;
         nv256_prefetch_codes(tc, b, left);
-        __m256 se, so;
-        nv256_scales_eo(ts + b * NV_TILE, &se, &so);
+        __m256 p[4][2][2]; /* [row][even / odd rows][k parity, SPLIT only] */
 #pragma GCC unroll 4
         for (int jj = 0; jj < NV_BLOCK / 4; jj++) { /* pairs 2jj, 2jj+1: k = 16b + 4jj + q */
             __m256i wq[4];
@@ -232,26 +249,41 @@ NV_INLINE void k256_decode_rows(const uint8_t *tc, const uint8_t *ts, int64_t le
             const int kk0 = bb * NV_BLOCK + 4 * jj; /* k0 + kk0: the first of the 4 k */
 #pragma GCC unroll 4
             for (int q = 0; q < 4; q++) {
-                const __m256 we = _mm256_mul_ps(nv256_even(wq[q]), se);
-                const __m256 wo = _mm256_mul_ps(nv256_odd(wq[q]), so);
+                const __m256 we = nv256_even(wq[q]), wo = nv256_odd(wq[q]);
                 if (STORE) {
-                    _mm256_store_ps(wb + (kk0 + q) * NV_TILE, we);
-                    _mm256_store_ps(wb + (kk0 + q) * NV_TILE + 8, wo);
+                    _mm256_store_ps(wbuf + (kk0 + q) * NV_TILE, we);
+                    _mm256_store_ps(wbuf + (kk0 + q) * NV_TILE + 8, wo);
                 }
                 const float *x = xp + (kk0 + q) * MC; /* panel[k0 + kk0 + q][0] */
 #pragma GCC unroll 4
                 for (int i = 0; i < MB0; i++) {
                     const __m256 xb = _mm256_broadcast_ss(x + i);
-                    a[i][0] = _mm256_fmadd_ps(we, xb, a[i][0]);
-                    a[i][1] = _mm256_fmadd_ps(wo, xb, a[i][1]);
+                    const int par = SPLIT ? (q & 1) : 0;
+                    if (jj == 0 && q < (SPLIT ? 2 : 1)) {
+                        p[i][0][par] = _mm256_mul_ps(we, xb);
+                        p[i][1][par] = _mm256_mul_ps(wo, xb);
+                    } else {
+                        p[i][0][par] = _mm256_fmadd_ps(we, xb, p[i][0][par]);
+                        p[i][1][par] = _mm256_fmadd_ps(wo, xb, p[i][1][par]);
+                    }
                 }
             }
         }
-    }
+        __m256 se, so;
+        nv256_scales_eo(ts + b * NV_TILE, &se, &so);
+        if (STORE) {
+            _mm256_store_ps(sbuf + bb * NV_TILE, se);
+            _mm256_store_ps(sbuf + bb * NV_TILE + 8, so);
+        }
 #pragma GCC unroll 4
-    for (int i = 0; i < MB0; i++) {
-        _mm256_store_ps(acc + i * NV_TILE, a[i][0]);
-        _mm256_store_ps(acc + i * NV_TILE + 8, a[i][1]);
+        for (int i = 0; i < MB0; i++) {
+            __m256 pe = p[i][0][0], po = p[i][1][0];
+            if (SPLIT) {
+                pe = _mm256_add_ps(pe, p[i][0][1]);
+                po = _mm256_add_ps(po, p[i][1][1]);
+            }
+            k256_acc_block(acc, i, pe, po, se, so);
+        }
     }
 }
 
@@ -264,6 +296,7 @@ NV_INLINE void k256_buf(const nv_weight *w, int64_t t, const nv_chunk *c, const 
     __m256i tlo, thi;
     nv256_bf16_tables(&tlo, &thi);
     float wbuf[NV_AVX2_KP * NV_TILE] __attribute__((aligned(32)));
+    float sbuf[NV_AVX2_KP / NV_BLOCK * NV_TILE] __attribute__((aligned(32)));
     float acc[NV_AVX2_MC_MAX * NV_TILE] __attribute__((aligned(32)));
 #pragma GCC unroll 48
     for (int i = 0; i < MC * 2; i++) _mm256_store_ps(acc + 8 * i, _mm256_setzero_ps());
@@ -276,17 +309,18 @@ NV_INLINE void k256_buf(const nv_weight *w, int64_t t, const nv_chunk *c, const 
     for (int64_t k0 = 0; k0 < k; k0 += NV_AVX2_KP) {
         const int kn = (k - k0) < NV_AVX2_KP ? (int)(k - k0) : NV_AVX2_KP; /* a multiple of 16 */
         const float *xp = c->panel + k0 * MC; /* panel[k0][0] */
-        k256_decode_rows(tc, ts, left, k0 / NV_BLOCK, kn / NV_BLOCK, tlo, thi, wbuf, xp, MC, acc,
-                         MB0, rest > 0);
+        k256_decode_rows(tc, ts, left, k0 / NV_BLOCK, kn / NV_BLOCK, tlo, thi, wbuf, sbuf, xp, MC,
+                         acc, MB0, MB0 <= 2, rest > 0);
 #pragma GCC unroll 5
         for (int g = 0; g < ng; g++) {
             /* g_big groups of g_small rows, then groups of g_small + 1 */
             const int m0 =
                 MB0 + (g < g_big ? g * g_small : g_big * g_small + (g - g_big) * (g_small + 1));
             if (g < g_big)
-                k256_rows(wbuf, kn, xp, MC, m0, acc, g_small);
+                k256_rows(wbuf, sbuf, kn / NV_BLOCK, xp, MC, m0, acc, g_small, g_small <= 3);
             else
-                k256_rows(wbuf, kn, xp, MC, m0, acc, g_small + 1);
+                k256_rows(wbuf, sbuf, kn / NV_BLOCK, xp, MC, m0, acc, g_small + 1,
+                          g_small + 1 <= 3);
         }
     }
     const int64_t n0 = t * NV_TILE;
