@@ -156,12 +156,12 @@ NV_API int nvfp4cpu_isa_compiled(int isa) {
     }
 }
 
-/* E2M1 is sign-magnitude: code 8 + i is value i with the sign bit set (the AVX2 decoder
- * relies on it). */
-static int nv_e2m1_sign_magnitude(void) {
-    for (int i = 0; i < 8; i++) {
-        union { float f; uint32_t u; } a = {nv_e2m1_lut[i]}, b = {nv_e2m1_lut[i + 8]};
-        if ((a.u ^ 0x80000000u) != b.u) return 0;
+/* Every E2M1 value is a bfloat16: the low 16 bits of its float32 pattern are zero (the AVX2
+ * decoder looks up the two high bytes). */
+static int nv_e2m1_avx2_decodable(void) {
+    for (int i = 0; i < 16; i++) {
+        union { float f; uint32_t u; } a = {nv_e2m1_lut[i]};
+        if ((a.u & 0xFFFFu) != 0) return 0;
     }
     return 1;
 }
@@ -174,7 +174,7 @@ NV_API int nvfp4cpu_isa_supported(int isa) {
     case NV_ISA_PORTABLE: return 1;
     case NV_ISA_AVX2: {
         const unsigned need = NV_F_AVX2 | NV_F_FMA | NV_F_F16C;
-        return (f & need) == need && nv_e2m1_sign_magnitude();
+        return (f & need) == need && nv_e2m1_avx2_decodable();
     }
     case NV_ISA_AVX512: {
         const unsigned need = NV_F_AVX512F | NV_F_AVX512BW | NV_F_AVX512VL | NV_F_FMA | NV_F_F16C;

@@ -1,45 +1,89 @@
 /* The AVX2 level (AVX2 + FMA + F16C): compiled with -mavx2 -mfma -mf16c and called only after
  * the dispatcher has checked the CPU.
  *
- * A tile (16 rows) is two ymm halves: rows 0..7 from code bytes 0..7 of a pair, rows 8..15
- * from bytes 8..15.
- *
- * E2M1 decode: vpermps (_mm256_permutevar8x32_ps) has 8 entries, so it looks up the
- *   magnitude (code bits 2:0) and the sign (code bit 3) is xored in. The table is stored
- *   pre-xored with (i << 28): shifting the code left by 28 puts bits 2:0 on bits 30:28 (which
- *   cancel that pre-xor) and bit 3 on bit 31 (the sign), so lookup-xor-shift needs no mask:
- *   value bits = (lut[i] ^ (i << 28)) ^ (code << 28) = lut[i] ^ (sign << 31). It relies on
- *   E2M1 being sign-magnitude (code 8 + i = -value i), which the dispatcher checks.
+ * E2M1 decode, "bfloat16 pairs" (nv256_decode4): every E2M1 value is a bfloat16 (its
+ *   float32 pattern has 16 low zero bits; the dispatcher checks it), so two 16-entry byte
+ *   tables (the low and the high byte of that bfloat16, by code) looked up with vpshufb
+ *   decode 32 codes per instruction. Interleaving the two bytes (vpunpck*bw) gives 32-bit
+ *   lanes holding the bfloat16s of two adjacent rows, row 2i in the low half and row 2i+1 in
+ *   the high half; then lane << 16 is row 2i's exact float32 and lane & 0xFFFF0000 row
+ *   2i+1's: 14 shuffle-unit and 6 logic instructions per 64 weights (a vpermps lookup with
+ *   the sign xored in took 24 and 8). The 16 rows of a tile thus come out as an "even"
+ *   vector (rows 0,2,4,6 | 8,10,12,14) and an "odd" vector (rows 1,3,5,7 | 9,11,13,15);
+ *   scales and accumulators use the same order, and the epilogue interleaves them back.
  * E4M3 decode: the float16 trick of the AVX-512 level (see kernels_avx512.c) with F16C.
+ *
+ * Summation order (per output, fixed by the chunk size alone, so every thread count gives
+ * the same bits): each block's 16 products x * e2m1 are summed in registers, in increasing k
+ * (in two chains, even and odd k, at MC = 1 and in small row groups), and the block's sum
+ * times its scale is added to the running sum; the row global multiplies at the end.
  */
 #include <immintrin.h>
 
 #include "kernels_generic.h"
 
-#define NV_AVX2_MC_MAX 8
+#define NV_AVX2_MC_MAX 24
 
-/* 8 scale bytes (rows 8h .. 8h+7 of a block) -> 8 exact float32 scales. */
-NV_INLINE __m256 nv256_scales(const uint8_t *p) {
-    const __m128i h = _mm_slli_epi16(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p)), 7);
-    return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
+/* ------------------------------------------------------------- bfloat16-pair decode */
+
+/* The two vpshufb tables, in both 128-bit lanes: byte c of *lo / *hi is the low / high byte
+ * of the bfloat16 of E2M1 code c (bits 23:16 / 31:24 of its float32 pattern). */
+NV_INLINE void nv256_bf16_tables(__m256i *lo, __m256i *hi) {
+    uint8_t l[16], h[16];
+    for (int c = 0; c < 16; c++) {
+        uint32_t u;
+        memcpy(&u, &nv_e2m1_lut[c], sizeof(u));
+        l[c] = (uint8_t)(u >> 16);
+        h[c] = (uint8_t)(u >> 24);
+    }
+    *lo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)l));
+    *hi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)h));
 }
 
-/* The 8-entry magnitude table, pre-xored with (i << 28) (see above). */
-NV_INLINE __m256 nv256_lut(void) {
-    const __m256i pre = _mm256_setr_epi32(0 << 28, 1 << 28, 2 << 28, 3 << 28, 4 << 28, 5 << 28,
-                                          6 << 28, 7 << 28);
-    return _mm256_castsi256_ps(_mm256_xor_si256(_mm256_castps_si256(_mm256_loadu_ps(nv_e2m1_lut)), pre));
+/* The 32 code bytes at p (element pairs j and j + 1 of the 16 rows: bytes 0..15 = pair j,
+ * rows 0..15; bytes 16..31 = pair j + 1) -> w[q], q = 0..3, the bfloat16 pairs of element
+ * k = 2j + q of all 16 rows: 32-bit lane i < 4 holds rows 2i (low half) and 2i + 1, lane
+ * 4 + i rows 8 + 2i and 9 + 2i. */
+NV_INLINE void nv256_decode4(const uint8_t *p, __m256i tlo, __m256i thi, __m256i w[4]) {
+    /* qwords (pair j rows 0..7, pair j rows 8..15, pair j+1 rows 0..7, pair j+1 rows 8..15)
+     * reordered to (0, 2 | 1, 3): 128-bit lane 0 holds rows 0..7 of both pairs, lane 1 rows
+     * 8..15, so that the in-lane unpacks below give rows 0..7 | 8..15 of one element */
+    const __m256i v = _mm256_permute4x64_epi64(_mm256_loadu_si256((const __m256i *)p), 0xD8);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i e = _mm256_and_si256(v, m4);                        /* codes of k = 2j, 2j+2 */
+    const __m256i o = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4); /* k = 2j+1, 2j+3 */
+    const __m256i el = _mm256_shuffle_epi8(tlo, e), eh = _mm256_shuffle_epi8(thi, e);
+    const __m256i ol = _mm256_shuffle_epi8(tlo, o), oh = _mm256_shuffle_epi8(thi, o);
+    w[0] = _mm256_unpacklo_epi8(el, eh); /* bytes 0..7 of each lane: pair j */
+    w[1] = _mm256_unpacklo_epi8(ol, oh);
+    w[2] = _mm256_unpackhi_epi8(el, eh); /* bytes 8..15 of each lane: pair j + 1 */
+    w[3] = _mm256_unpackhi_epi8(ol, oh);
 }
 
-/* 8 code bytes at p (element pair j of 8 rows) -> element 2j (*lo) and 2j+1 (*hi). */
-NV_INLINE void nv256_decode(const uint8_t *p, __m256 lutx, __m256 *lo, __m256 *hi) {
-    const __m256i d = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)); /* byte per lane */
-    const __m256i dh = _mm256_srli_epi32(d, 4);                                   /* high nibble */
-    /* d << 28 keeps only the low nibble (bits 4..7 shift out of the 32-bit lane) */
-    *lo = _mm256_castsi256_ps(_mm256_xor_si256(
-        _mm256_castps_si256(_mm256_permutevar8x32_ps(lutx, d)), _mm256_slli_epi32(d, 28)));
-    *hi = _mm256_castsi256_ps(_mm256_xor_si256(
-        _mm256_castps_si256(_mm256_permutevar8x32_ps(lutx, dh)), _mm256_slli_epi32(dh, 28)));
+/* The exact float32 weights of the even rows (0,2,4,6 | 8,10,12,14) and odd rows of a pair
+ * vector of nv256_decode4. */
+NV_INLINE __m256 nv256_even(__m256i w) { return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)); }
+NV_INLINE __m256 nv256_odd(__m256i w) {
+    return _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32((int)0xFFFF0000u)));
+}
+
+/* The 16 scale bytes of one block (rows 0..15) -> scales of the even rows (*se) and of the
+ * odd rows (*so), in nv256_decode4's lane order. */
+NV_INLINE void nv256_scales_eo(const uint8_t *p, __m256 *se, __m256 *so) {
+    const __m128i even_odd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    const __m128i eo = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)p), even_odd);
+    const __m256i h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(eo), 7); /* float16 patterns */
+    const __m256 f256 = _mm256_set1_ps(256.0f);
+    *se = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), f256);
+    *so = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), f256);
+}
+
+/* Even / odd-row vectors -> rows 0..7 (*r0) and 8..15 (*r1) in order. */
+NV_INLINE void nv256_interleave(__m256 e, __m256 o, __m256 *r0, __m256 *r1) {
+    const __m256 lo = _mm256_unpacklo_ps(e, o); /* rows 0,1,2,3 | 8,9,10,11 */
+    const __m256 hi = _mm256_unpackhi_ps(e, o); /* rows 4,5,6,7 | 12,13,14,15 */
+    *r0 = _mm256_permute2f128_ps(lo, hi, 0x20);
+    *r1 = _mm256_permute2f128_ps(lo, hi, 0x31);
 }
 
 /* Stores v (8 rows starting at n0 + 8h) into o, only the rows below n. */
@@ -53,145 +97,280 @@ NV_INLINE void nv256_store_rows(float *o, __m256 v, int64_t live) {
     }
 }
 
-/* One row of x (MC = 1): per block, even / odd partial sums of x * e2m1, then one multiply
- * by the block scale (as in the AVX-512 small kernel). */
+/* Software prefetch distance of the code stream (4 KiB: 32 blocks, a few hundred
+ * nanoseconds ahead). Single-threaded on a weight that is not in cache: 1.09x at MC = 1,
+ * 1.14x at MC = 2, 1.08x at MC = 4. */
+#define NV_AVX2_PREFETCH 4096
+
+/* Prefetch the 128 code bytes (2 lines) that block b of the tile at tc will need
+ * NV_AVX2_PREFETCH bytes later; the stream runs on into the next tile, whose codes follow.
+ * left = the bytes of this matrix's codes from tc on: prefetches stay inside them. */
+NV_INLINE void nv256_prefetch_codes(const uint8_t *tc, int64_t b, int64_t left) {
+    const int64_t off = b * (NV_BLOCK / 2) * NV_TILE + NV_AVX2_PREFETCH;
+    if (off + 128 <= left) {
+        _mm_prefetch((const char *)(tc + off), _MM_HINT_T0);
+        _mm_prefetch((const char *)(tc + off + 64), _MM_HINT_T0);
+    }
+}
+
+/* The bytes of w's codes from tile t's on. */
+NV_INLINE int64_t nv256_codes_left(const nv_weight *w, int64_t t) {
+    return (nv_tiles(w->n) - t) * nv_tile_code_bytes(w->k);
+}
+
+/* One row of x (MC = 1), the memory-bound GEMV: the bfloat16-pair decode, per block
+ * four partial sums (even / odd rows x even / odd k: independent FMA chains), then one
+ * multiply-add by the block scale into the running sums. */
 static void k256_one(const nv_weight *w, int64_t t, const nv_chunk *c) {
     const int64_t k = w->k, nblocks = k / NV_BLOCK;
     const uint8_t *tc = w->codes + t * nv_tile_code_bytes(k);
     const uint8_t *ts = w->scales + t * nv_tile_scale_bytes(k);
-    const __m256 lutx = nv256_lut();
-    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    const int64_t left = nv256_codes_left(w, t);
+    __m256i tlo, thi;
+    nv256_bf16_tables(&tlo, &thi);
+    __m256 acc_e = _mm256_setzero_ps(), acc_o = _mm256_setzero_ps();
     for (int64_t b = 0; b < nblocks; b++) {
-        const float *xb = c->panel + b * NV_BLOCK;
-        __m256 be[2], bo[2];
-#pragma GCC unroll 8
-        for (int j = 0; j < NV_BLOCK / 2; j++) {
-            const __m256 xe = _mm256_set1_ps(xb[2 * j]), xo = _mm256_set1_ps(xb[2 * j + 1]);
-#pragma GCC unroll 2
-            for (int h = 0; h < 2; h++) {
-                __m256 wl, wh;
-                nv256_decode(tc + (b * (NV_BLOCK / 2) + j) * NV_TILE + 8 * h, lutx, &wl, &wh);
-                if (j == 0) {
-                    be[h] = _mm256_mul_ps(wl, xe);
-                    bo[h] = _mm256_mul_ps(wh, xo);
+        const float *xb = c->panel + b * NV_BLOCK; /* x[16b] */
+        __m256 pe[2], po[2];                       /* [k parity] */
+        nv256_prefetch_codes(tc, b, left);
+#pragma GCC unroll 4
+        for (int jj = 0; jj < NV_BLOCK / 4; jj++) { /* pairs 2jj, 2jj+1: k = 16b + 4jj + q */
+            __m256i wq[4];
+            nv256_decode4(tc + (b * (NV_BLOCK / 2) + 2 * jj) * NV_TILE, tlo, thi, wq);
+#pragma GCC unroll 4
+            for (int q = 0; q < 4; q++) {
+                const __m256 x = _mm256_broadcast_ss(xb + 4 * jj + q);
+                if (jj == 0 && q < 2) {
+                    pe[q] = _mm256_mul_ps(nv256_even(wq[q]), x);
+                    po[q] = _mm256_mul_ps(nv256_odd(wq[q]), x);
                 } else {
-                    be[h] = _mm256_fmadd_ps(wl, xe, be[h]);
-                    bo[h] = _mm256_fmadd_ps(wh, xo, bo[h]);
+                    pe[q & 1] = _mm256_fmadd_ps(nv256_even(wq[q]), x, pe[q & 1]);
+                    po[q & 1] = _mm256_fmadd_ps(nv256_odd(wq[q]), x, po[q & 1]);
                 }
             }
         }
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; h++)
-            acc[h] = _mm256_fmadd_ps(_mm256_add_ps(be[h], bo[h]),
-                                     nv256_scales(ts + b * NV_TILE + 8 * h), acc[h]);
+        __m256 se, so;
+        nv256_scales_eo(ts + b * NV_TILE, &se, &so);
+        acc_e = _mm256_fmadd_ps(_mm256_add_ps(pe[0], pe[1]), se, acc_e);
+        acc_o = _mm256_fmadd_ps(_mm256_add_ps(po[0], po[1]), so, acc_o);
     }
     const int64_t n0 = t * NV_TILE;
+    __m256 r0, r1;
+    nv256_interleave(acc_e, acc_o, &r0, &r1);
     float *o = c->out + c->out_rows[0] * c->ldo + n0;
-    for (int h = 0; h < 2; h++)
-        nv256_store_rows(o + 8 * h, _mm256_mul_ps(acc[h], _mm256_loadu_ps(w->rowg + n0 + 8 * h)),
-                         w->n - n0 - 8 * h);
+    nv256_store_rows(o, _mm256_mul_ps(r0, _mm256_loadu_ps(w->rowg + n0)), w->n - n0);
+    nv256_store_rows(o + 8, _mm256_mul_ps(r1, _mm256_loadu_ps(w->rowg + n0 + 8)), w->n - n0 - 8);
 }
 
-/* 2 <= MC <= 4 rows of x, both halves of the tile at once (2 * MC independent accumulator
- * chains hide the FMA latency): the decoded pair times its block scale (exact), then 4 * MC
- * FMAs with broadcast activations. */
-NV_INLINE void k256_pair(const nv_weight *w, int64_t t, const nv_chunk *c, const int MC) {
-    const int64_t k = w->k, nblocks = k / NV_BLOCK;
-    const uint8_t *tc = w->codes + t * nv_tile_code_bytes(k);
-    const uint8_t *ts = w->scales + t * nv_tile_scale_bytes(k);
-    const __m256 lutx = nv256_lut();
-    __m256 acc[4][2];
-#pragma GCC unroll 4
-    for (int m = 0; m < MC; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nblocks; b++) {
-        const float *xb = c->panel + b * NV_BLOCK * MC;
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; h++) {
-            const __m256 s = nv256_scales(ts + b * NV_TILE + 8 * h);
-#pragma GCC unroll 8
-            for (int j = 0; j < NV_BLOCK / 2; j++) {
-                __m256 wl, wh;
-                nv256_decode(tc + (b * (NV_BLOCK / 2) + j) * NV_TILE + 8 * h, lutx, &wl, &wh);
-                wl = _mm256_mul_ps(wl, s);
-                wh = _mm256_mul_ps(wh, s);
-                const float *x0 = xb + (2 * j) * MC, *x1 = x0 + MC;
-#pragma GCC unroll 4
-                for (int m = 0; m < MC; m++) {
-                    acc[m][h] = _mm256_fmadd_ps(wl, _mm256_set1_ps(x0[m]), acc[m][h]);
-                    acc[m][h] = _mm256_fmadd_ps(wh, _mm256_set1_ps(x1[m]), acc[m][h]);
+/* MC >= 2 rows of x: decode into L1 once, with register-blocked FMAs.
+ *
+ * The k range is cut into panels of NV_AVX2_KP consecutive k. A panel's weights are decoded
+ * (bfloat16-pair decode, unscaled E2M1 values) into wbuf[kk][0..15] = the 16 rows' weights
+ * at k0 + kk, even rows in 0..7 and odd rows in 8..15 (nv256_decode4's order), and its block
+ * scales into sbuf[block][0..15] (same order). The first MB0 <= 4 activation rows take their
+ * FMAs in the decoding loop itself, straight from the registers (the decode's shuffles and
+ * these FMAs interleave in one instruction stream, so the core overlaps them); when MC <= 4
+ * that is all, and nothing is stored. The other rows run over wbuf in groups of
+ * MB <= NV_AVX2_MB: per k, two weight loads, MB broadcasts and 2 * MB FMAs into partial
+ * sums in registers. Every row sums each block's 16 products in registers (two chains, even
+ * and odd k, where a group is too small to hide the FMA latency otherwise), then adds
+ * partial * scale to its running sum acc[m][16] (same row order): one scale multiply per
+ * block instead of one per weight, as at MC = 1. The epilogue puts the rows back in order.
+ * The grouping depends on MC alone, so the result does not depend on the thread count. */
+#define NV_AVX2_KP 32 /* k per decoded panel: 2 blocks, wbuf 2 KiB */
+/* Rows per group: 2 * MB partial sums (4 * MB when split, MB <= 3) + 2 weights + 1
+ * broadcast of the 16 ymm registers (6 would leave too few for the addresses: the compiler
+ * spills partial sums). */
+#define NV_AVX2_MB 5
+
+/* acc[16 m .. 16 m + 15] += (pe | po) * (se | so): one block's partial sums of row m, scaled. */
+NV_INLINE void k256_acc_block(float *acc, int m, __m256 pe, __m256 po, __m256 se, __m256 so) {
+    float *a = acc + m * NV_TILE;
+    _mm256_store_ps(a, _mm256_fmadd_ps(pe, se, _mm256_load_ps(a)));
+    _mm256_store_ps(a + 8, _mm256_fmadd_ps(po, so, _mm256_load_ps(a + 8)));
+}
+
+/* Rows m0 .. m0 + MB - 1 of the chunk over the nb decoded blocks of wbuf (panel slice xp,
+ * block scales sbuf): per block, partial sums in registers (SPLIT: separate ones for even
+ * and odd k, so that small groups still have enough independent FMA chains), then one
+ * scaled add into acc. */
+NV_INLINE void k256_rows(const float *wbuf, const float *sbuf, int nb, const float *xp,
+                         const int MC, const int m0, float *acc, const int MB, const int SPLIT) {
+    for (int bb = 0; bb < nb; bb++) {
+        __m256 p[NV_AVX2_MB][2][2]; /* [row][even / odd rows][k parity, SPLIT only] */
+#pragma GCC unroll 16
+        for (int kk = 0; kk < NV_BLOCK; kk++) {
+            const float *wk = wbuf + (bb * NV_BLOCK + kk) * NV_TILE;
+            const __m256 we = _mm256_load_ps(wk);     /* even rows at k0 + 16 bb + kk */
+            const __m256 wo = _mm256_load_ps(wk + 8); /* odd rows */
+            const float *x = xp + (bb * NV_BLOCK + kk) * MC + m0; /* panel[k0 + 16bb + kk][m0] */
+            const int par = SPLIT ? (kk & 1) : 0;
+#pragma GCC unroll 5
+            for (int i = 0; i < MB; i++) {
+                const __m256 xb = _mm256_broadcast_ss(x + i);
+                if (kk < (SPLIT ? 2 : 1)) {
+                    p[i][0][par] = _mm256_mul_ps(we, xb);
+                    p[i][1][par] = _mm256_mul_ps(wo, xb);
+                } else {
+                    p[i][0][par] = _mm256_fmadd_ps(we, xb, p[i][0][par]);
+                    p[i][1][par] = _mm256_fmadd_ps(wo, xb, p[i][1][par]);
                 }
             }
         }
+        const __m256 se = _mm256_load_ps(sbuf + bb * NV_TILE);    /* even rows' scales */
+        const __m256 so = _mm256_load_ps(sbuf + bb * NV_TILE + 8); /* odd rows' */
+#pragma GCC unroll 5
+        for (int i = 0; i < MB; i++) {
+            __m256 pe = p[i][0][0], po = p[i][1][0];
+            if (SPLIT) {
+                pe = _mm256_add_ps(pe, p[i][0][1]);
+                po = _mm256_add_ps(po, p[i][1][1]);
+            }
+            k256_acc_block(acc, m0 + i, pe, po, se, so);
+        }
+    }
+}
+
+/* Decode blocks b0 .. b0 + nb - 1: unscaled weights into wbuf and scales into sbuf (when
+ * STORE) and, in the same pass, the products of rows 0 .. MB0 - 1 of the chunk (panel slice
+ * xp), per block in partial sums (even / odd k apart), then scaled into acc. */
+NV_INLINE void k256_decode_rows(const uint8_t *tc, const uint8_t *ts, int64_t left, int64_t b0,
+                                int nb, __m256i tlo, __m256i thi, float *wbuf, float *sbuf,
+                                const float *xp, const int MC, float *acc, const int MB0,
+                                const int SPLIT, const int STORE) {
+    for (int bb = 0; bb < nb; bb++) {
+        const int64_t b = b0 + bb;
+        nv256_prefetch_codes(tc, b, left);
+        __m256 p[4][2][2]; /* [row][even / odd rows][k parity, SPLIT only] */
+#pragma GCC unroll 4
+        for (int jj = 0; jj < NV_BLOCK / 4; jj++) { /* pairs 2jj, 2jj+1: k = 16b + 4jj + q */
+            __m256i wq[4];
+            nv256_decode4(tc + (b * (NV_BLOCK / 2) + 2 * jj) * NV_TILE, tlo, thi, wq);
+            const int kk0 = bb * NV_BLOCK + 4 * jj; /* k0 + kk0: the first of the 4 k */
+#pragma GCC unroll 4
+            for (int q = 0; q < 4; q++) {
+                const __m256 we = nv256_even(wq[q]), wo = nv256_odd(wq[q]);
+                if (STORE) {
+                    _mm256_store_ps(wbuf + (kk0 + q) * NV_TILE, we);
+                    _mm256_store_ps(wbuf + (kk0 + q) * NV_TILE + 8, wo);
+                }
+                const float *x = xp + (kk0 + q) * MC; /* panel[k0 + kk0 + q][0] */
+#pragma GCC unroll 4
+                for (int i = 0; i < MB0; i++) {
+                    const __m256 xb = _mm256_broadcast_ss(x + i);
+                    const int par = SPLIT ? (q & 1) : 0;
+                    if (jj == 0 && q < (SPLIT ? 2 : 1)) {
+                        p[i][0][par] = _mm256_mul_ps(we, xb);
+                        p[i][1][par] = _mm256_mul_ps(wo, xb);
+                    } else {
+                        p[i][0][par] = _mm256_fmadd_ps(we, xb, p[i][0][par]);
+                        p[i][1][par] = _mm256_fmadd_ps(wo, xb, p[i][1][par]);
+                    }
+                }
+            }
+        }
+        __m256 se, so;
+        nv256_scales_eo(ts + b * NV_TILE, &se, &so);
+        if (STORE) {
+            _mm256_store_ps(sbuf + bb * NV_TILE, se);
+            _mm256_store_ps(sbuf + bb * NV_TILE + 8, so);
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < MB0; i++) {
+            __m256 pe = p[i][0][0], po = p[i][1][0];
+            if (SPLIT) {
+                pe = _mm256_add_ps(pe, p[i][0][1]);
+                po = _mm256_add_ps(po, p[i][1][1]);
+            }
+            k256_acc_block(acc, i, pe, po, se, so);
+        }
+    }
+}
+
+/* Tile t of w times the MC rows of chunk c (see above). */
+NV_INLINE void k256_buf(const nv_weight *w, int64_t t, const nv_chunk *c, const int MC) {
+    const int64_t k = w->k;
+    const uint8_t *tc = w->codes + t * nv_tile_code_bytes(k);
+    const uint8_t *ts = w->scales + t * nv_tile_scale_bytes(k);
+    const int64_t left = nv256_codes_left(w, t);
+    __m256i tlo, thi;
+    nv256_bf16_tables(&tlo, &thi);
+    float wbuf[NV_AVX2_KP * NV_TILE] __attribute__((aligned(32)));
+    float sbuf[NV_AVX2_KP / NV_BLOCK * NV_TILE] __attribute__((aligned(32)));
+    float acc[NV_AVX2_MC_MAX * NV_TILE] __attribute__((aligned(32)));
+#pragma GCC unroll 48
+    for (int i = 0; i < MC * 2; i++) _mm256_store_ps(acc + 8 * i, _mm256_setzero_ps());
+    /* rows 0 .. MB0 - 1 run with the decode; the rest, in groups of at most NV_AVX2_MB rows
+     * (as few as possible, sizes within one), from wbuf */
+    const int MB0 = MC <= 4 ? MC : MC == 5 ? 2 : 3;
+    const int rest = MC - MB0;
+    const int ng = (rest + NV_AVX2_MB - 1) / NV_AVX2_MB;
+    const int g_small = ng ? rest / ng : 0, g_big = ng ? ng - rest % ng : 0;
+    for (int64_t k0 = 0; k0 < k; k0 += NV_AVX2_KP) {
+        const int kn = (k - k0) < NV_AVX2_KP ? (int)(k - k0) : NV_AVX2_KP; /* a multiple of 16 */
+        const float *xp = c->panel + k0 * MC; /* panel[k0][0] */
+        k256_decode_rows(tc, ts, left, k0 / NV_BLOCK, kn / NV_BLOCK, tlo, thi, wbuf, sbuf, xp, MC,
+                         acc, MB0, MB0 <= 2, rest > 0);
+#pragma GCC unroll 5
+        for (int g = 0; g < ng; g++) {
+            /* g_big groups of g_small rows, then groups of g_small + 1 */
+            const int m0 =
+                MB0 + (g < g_big ? g * g_small : g_big * g_small + (g - g_big) * (g_small + 1));
+            if (g < g_big)
+                k256_rows(wbuf, sbuf, kn / NV_BLOCK, xp, MC, m0, acc, g_small, g_small <= 3);
+            else
+                k256_rows(wbuf, sbuf, kn / NV_BLOCK, xp, MC, m0, acc, g_small + 1,
+                          g_small + 1 <= 3);
+        }
     }
     const int64_t n0 = t * NV_TILE;
-#pragma GCC unroll 4
+    const __m256 g0 = _mm256_loadu_ps(w->rowg + n0), g1 = _mm256_loadu_ps(w->rowg + n0 + 8);
+#pragma GCC unroll 24
     for (int m = 0; m < MC; m++) {
+        __m256 r0, r1;
+        nv256_interleave(_mm256_load_ps(acc + m * NV_TILE), _mm256_load_ps(acc + m * NV_TILE + 8),
+                         &r0, &r1);
         float *o = c->out + c->out_rows[m] * c->ldo + n0;
-        for (int h = 0; h < 2; h++)
-            nv256_store_rows(o + 8 * h, _mm256_mul_ps(acc[m][h], _mm256_loadu_ps(w->rowg + n0 + 8 * h)),
-                             w->n - n0 - 8 * h);
+        nv256_store_rows(o, _mm256_mul_ps(r0, g0), w->n - n0);
+        nv256_store_rows(o + 8, _mm256_mul_ps(r1, g1), w->n - n0 - 8);
     }
 }
 
-/* 5 <= MC <= 8 rows of x, one 8-row half of the tile at a time (so MC accumulators fit in
- * the 16 ymm registers): the decoded pair times its block scale (exact), then 2 * MC FMAs
- * with broadcast activations. */
-NV_INLINE void k256_multi(const nv_weight *w, int64_t t, const nv_chunk *c, const int MC) {
-    const int64_t k = w->k, nblocks = k / NV_BLOCK;
-    const uint8_t *tc = w->codes + t * nv_tile_code_bytes(k);
-    const uint8_t *ts = w->scales + t * nv_tile_scale_bytes(k);
-    const __m256 lutx = nv256_lut();
-    const int64_t n0 = t * NV_TILE;
-    for (int h = 0; h < 2; h++) { /* rows n0 + 8h .. n0 + 8h + 7: code bytes 8h .. 8h + 7 */
-        __m256 acc[NV_AVX2_MC_MAX];
-#pragma GCC unroll 8
-        for (int m = 0; m < MC; m++) acc[m] = _mm256_setzero_ps();
-        for (int64_t b = 0; b < nblocks; b++) {
-            const float *xb = c->panel + b * NV_BLOCK * MC;
-            const __m256 s = nv256_scales(ts + b * NV_TILE + 8 * h);
-#pragma GCC unroll 8
-            for (int j = 0; j < NV_BLOCK / 2; j++) {
-                __m256 wl, wh;
-                nv256_decode(tc + (b * (NV_BLOCK / 2) + j) * NV_TILE + 8 * h, lutx, &wl, &wh);
-                wl = _mm256_mul_ps(wl, s);
-                wh = _mm256_mul_ps(wh, s);
-                const float *x0 = xb + (2 * j) * MC, *x1 = x0 + MC;
-#pragma GCC unroll 8
-                for (int m = 0; m < MC; m++) {
-                    acc[m] = _mm256_fmadd_ps(wl, _mm256_set1_ps(x0[m]), acc[m]);
-                    acc[m] = _mm256_fmadd_ps(wh, _mm256_set1_ps(x1[m]), acc[m]);
-                }
-            }
-        }
-        const __m256 g = _mm256_loadu_ps(w->rowg + n0 + 8 * h);
-#pragma GCC unroll 8
-        for (int m = 0; m < MC; m++)
-            nv256_store_rows(c->out + c->out_rows[m] * c->ldo + n0 + 8 * h, _mm256_mul_ps(acc[m], g),
-                             w->n - n0 - 8 * h);
+#define NV_BUF(MC)                                                                            \
+    static __attribute__((noinline)) void k256_buf_##MC(const nv_weight *w, int64_t t,         \
+                                                        const nv_chunk *c) {                  \
+        k256_buf(w, t, c, MC);                                                                \
     }
-}
-
-#define NV_PAIR(MC)                                                                           \
-    static __attribute__((noinline)) void k256_pair_##MC(const nv_weight *w, int64_t t,        \
-                                                         const nv_chunk *c) {                 \
-        k256_pair(w, t, c, MC);                                                               \
-    }
-#define NV_MULTI(MC)                                                                          \
-    static __attribute__((noinline)) void k256_multi_##MC(const nv_weight *w, int64_t t,       \
-                                                          const nv_chunk *c) {                \
-        k256_multi(w, t, c, MC);                                                              \
-    }
-NV_PAIR(2)
-NV_PAIR(3)
-NV_PAIR(4)
-NV_MULTI(5)
-NV_MULTI(6)
-NV_MULTI(7)
-NV_MULTI(8)
+NV_BUF(2)
+NV_BUF(3)
+NV_BUF(4)
+NV_BUF(5)
+NV_BUF(6)
+NV_BUF(7)
+NV_BUF(8)
+NV_BUF(9)
+NV_BUF(10)
+NV_BUF(11)
+NV_BUF(12)
+NV_BUF(13)
+NV_BUF(14)
+NV_BUF(15)
+NV_BUF(16)
+NV_BUF(17)
+NV_BUF(18)
+NV_BUF(19)
+NV_BUF(20)
+NV_BUF(21)
+NV_BUF(22)
+NV_BUF(23)
+NV_BUF(24)
 
 typedef void (*k256_fn)(const nv_weight *, int64_t, const nv_chunk *);
-static const k256_fn k256_by_mc[NV_AVX2_MC_MAX + 1] = {
-    0, k256_one, k256_pair_2, k256_pair_3, k256_pair_4, k256_multi_5, k256_multi_6, k256_multi_7, k256_multi_8,
+static const k256_fn k256_by_mc[NV_AVX2_MC_MAX + 1] = { /* by chunk size MC */
+    0, k256_one, k256_buf_2, k256_buf_3, k256_buf_4, k256_buf_5, k256_buf_6, k256_buf_7, k256_buf_8,
+    k256_buf_9, k256_buf_10, k256_buf_11, k256_buf_12, k256_buf_13, k256_buf_14, k256_buf_15,
+    k256_buf_16, k256_buf_17, k256_buf_18, k256_buf_19, k256_buf_20, k256_buf_21, k256_buf_22,
+    k256_buf_23, k256_buf_24,
 };
 
 static void k256_qmm_tiles(const nv_weight *w, int64_t t0, int64_t nt, const nv_chunk *c) {
