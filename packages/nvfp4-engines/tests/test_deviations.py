@@ -50,6 +50,10 @@ def test_every_pattern_classifies_a_message_of_its_own() -> None:
         "scale_byte_zero": "block (0, 0) has scale byte 0x00, the reference's is 0x38",
         "mlx_nonfinite_block": "block (0, 1) holds NaN/Inf; it must get scale byte 0x7F and "
         "codes 0, found 0x7E and codes [0, 11, 10]",
+        "scale_times_global_first": "T3 dequantize random_2d -> float32: 761 of 8976 elements "
+        "differ (exact match required)",
+        "ct_bfloat16_decompress": "T3 dequantize random_2d -> float16: 52 of 8976 elements "
+        "differ (exact match required)",
     }
     assert sorted(messages) == sorted(d.key for d in DEVIATIONS)
     for key, message in messages.items():
@@ -57,3 +61,10 @@ def test_every_pattern_classifies_a_message_of_its_own() -> None:
         assert found is not None, key
         assert found.key == key, (key, found.key)
     assert classify("something else entirely") is None
+
+
+def test_an_engine_gets_only_its_own_deviations() -> None:
+    message = "T3 dequantize random_2d -> float32: 761 of 8976 elements differ"
+    assert classify(message, engine="torchao").key == "scale_times_global_first"
+    assert classify(message, engine="compressed-tensors").key == "ct_bfloat16_decompress"
+    assert classify(message, engine="gguf-py") is None

@@ -17,8 +17,7 @@ from nvfp4.fusion import unfuse, unstack_experts
 from nvfp4.layouts.compressed_tensors import (
     WEIGHT_GLOBAL_SCALE,
     WEIGHT_PACKED,
-    WEIGHT_SCALE,
-    from_compressed_tensors,
+    decode_global,
     input_global_scale_from_input_scale,
     to_compressed_tensors,
 )
@@ -27,6 +26,7 @@ from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import BLOCK_SIZE, swizzled_scale_shape
 
 from . import _torch
+from ._common import activation_planes as canonical_activations
 
 __all__ = ["SwizzledPart", "SwizzledWeight", "activation_planes", "input_encode_global", "prepare"]
 
@@ -85,16 +85,14 @@ def input_encode_global(input_scale: float) -> Any:
 
 def activation_planes(codes: Any, swizzled: Any, encode: Any, m: int, k: int) -> NVFP4Planes:
     """An engine's quantized activations (codes, swizzled scales, ENCODE global) back to
-    planes: the scales unswizzled, the global its reciprocal."""
+    planes (:func:`nvfp4_engines._common.activation_planes`): the scales unswizzled, the global its reciprocal."""
     buf: npt.NDArray[Any] = _torch.to_numpy(
         swizzled.contiguous().view(-1).view(_torch.torch().uint8)
     )
     scales = unswizzle_scales(buf, m, k // BLOCK_SIZE, "activation")
-    return from_compressed_tensors(
-        {
-            WEIGHT_PACKED: _torch.to_numpy(codes.view(_torch.torch().uint8)),
-            WEIGHT_SCALE: scales,
-            WEIGHT_GLOBAL_SCALE: np.asarray(_torch.to_numpy(encode.float()), np.float32).reshape(1),
-        },
-        name="activation",
+    enc = np.asarray(_torch.to_numpy(encode.float()), np.float32).reshape(1)
+    return canonical_activations(
+        _torch.to_numpy(codes.view(_torch.torch().uint8)),
+        scales,
+        decode_global(enc, "activation").reshape(()),
     )

@@ -43,7 +43,7 @@ from nvfp4.layouts.compressed_tensors import (
     WEIGHT_GLOBAL_SCALE,
     WEIGHT_PACKED,
     WEIGHT_SCALE,
-    from_compressed_tensors,
+    decode_global,
     input_global_scale_from_input_scale,
     to_compressed_tensors,
 )
@@ -51,7 +51,7 @@ from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import BLOCK_SIZE
 
 from . import _torch
-from ._common import adapter_info, dist_version
+from ._common import activation_planes, adapter_info, dist_version
 
 __all__ = ["DISTRIBUTION", "NAME", "CompressedTensorsKernels", "CtWeight", "backend"]
 
@@ -147,13 +147,12 @@ def _quantize(e: _Engine, x: Any, input_scale: float | None) -> NVFP4Planes:
         },
         e.scheme,
     )
-    return from_compressed_tensors(
-        {
-            WEIGHT_PACKED: _torch.to_numpy(sd[WEIGHT_PACKED]),
-            WEIGHT_SCALE: _torch.to_numpy(sd[WEIGHT_SCALE]),
-            WEIGHT_GLOBAL_SCALE: _torch.to_numpy(sd[WEIGHT_GLOBAL_SCALE]),
-        },
-        name="activation",
+    # the codes and scale bytes are the canonical ones; the decode global is the ENCODE
+    # global's reciprocal (the layout's one conversion)
+    return activation_planes(
+        _torch.to_numpy(sd[WEIGHT_PACKED]),
+        _torch.to_numpy(sd[WEIGHT_SCALE]),
+        decode_global(_torch.to_numpy(sd[WEIGHT_GLOBAL_SCALE]), "activation").reshape(()),
     )
 
 

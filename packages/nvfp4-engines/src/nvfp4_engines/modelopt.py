@@ -34,12 +34,12 @@ import numpy.typing as npt
 from nvfp4.backend import Backend
 from nvfp4.contract import Availability
 from nvfp4.fusion import unfuse
-from nvfp4.layouts.modelopt import WEIGHT, WEIGHT_SCALE, WEIGHT_SCALE_2, from_modelopt, to_modelopt
+from nvfp4.layouts.modelopt import WEIGHT, WEIGHT_SCALE, WEIGHT_SCALE_2, to_modelopt
 from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import BLOCK_SIZE
 
 from . import _torch
-from ._common import adapter_info, dist_version
+from ._common import activation_planes, adapter_info, dist_version
 
 __all__ = ["DISTRIBUTION", "NAME", "ModeloptKernels", "ModeloptWeight", "backend"]
 
@@ -150,13 +150,11 @@ class ModeloptKernels:
         cls = _qtensor_class()
         g = None if input_scale is None else _torch.tensor(input_scale)
         q, scale, scale_2 = cls.quantize(x, BLOCK_SIZE, weights_scaling_factor_2=g)
-        return from_modelopt(
-            {
-                WEIGHT: _torch.to_numpy(q._quantized_data),
-                WEIGHT_SCALE: _torch.to_numpy(scale),
-                WEIGHT_SCALE_2: _torch.to_numpy(scale_2.float()),
-            },
-            name="activation",
+        # ModelOpt's export layout is the canonical one: its bytes as they are
+        return activation_planes(
+            _torch.to_numpy(q._quantized_data),
+            _torch.to_numpy(scale),
+            _torch.to_numpy(scale_2.float()),
         )
 
     def from_numpy(self, a: npt.NDArray[Any]) -> Any:

@@ -38,12 +38,12 @@ import numpy.typing as npt
 from nvfp4.backend import Backend
 from nvfp4.contract import Availability
 from nvfp4.fusion import unfuse
-from nvfp4.layouts.modelopt import WEIGHT, WEIGHT_SCALE, WEIGHT_SCALE_2, from_modelopt, to_modelopt
+from nvfp4.layouts.modelopt import WEIGHT, WEIGHT_SCALE, WEIGHT_SCALE_2, to_modelopt
 from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import BLOCK_SIZE
 
 from . import _torch
-from ._common import adapter_info, dist_version
+from ._common import activation_planes, adapter_info, dist_version
 
 __all__ = ["DISTRIBUTION", "NAME", "TorchaoKernels", "TorchaoWeight", "backend"]
 
@@ -151,13 +151,11 @@ class TorchaoKernels:
         else:
             g = _torch.tensor(input_scale)
         q = m.NVFP4Tensor.to_nvfp4(x, BLOCK_SIZE, per_tensor_scale=g)
-        return from_modelopt(
-            {
-                WEIGHT: _torch.to_numpy(q.qdata),
-                WEIGHT_SCALE: _torch.to_numpy(q.scale),
-                WEIGHT_SCALE_2: _torch.to_numpy(q.per_tensor_scale.float()),
-            },
-            name="activation",
+        # qdata and the linear scale are the canonical bytes, per_tensor_scale the decode global
+        return activation_planes(
+            _torch.to_numpy(q.qdata),
+            _torch.to_numpy(q.scale),
+            _torch.to_numpy(q.per_tensor_scale.float()),
         )
 
     def from_numpy(self, a: npt.NDArray[Any]) -> Any:

@@ -27,13 +27,12 @@ import numpy as np
 import numpy.typing as npt
 from nvfp4.backend import Backend
 from nvfp4.contract import Availability
-from nvfp4.layouts.modelopt import WEIGHT, WEIGHT_SCALE, WEIGHT_SCALE_2, from_modelopt
 from nvfp4.layouts.swizzle import unswizzle_scales
 from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import BLOCK_SIZE, GLOBAL_AMAX_DIVISOR
 
 from . import _torch
-from ._common import adapter_info
+from ._common import activation_planes, adapter_info
 from ._cuda import probe
 
 __all__ = ["DISTRIBUTION", "NAME", "TransformerEngineKernels", "backend"]
@@ -98,13 +97,10 @@ class TransformerEngineKernels:
         else:
             scales = np.ascontiguousarray(padded[:m, :cols])
         amax = _torch.to_numpy(q._amax_rowwise.float()).reshape(())
-        return from_modelopt(
-            {
-                WEIGHT: _torch.to_numpy(q._rowwise_data.view(_torch.torch().uint8)),
-                WEIGHT_SCALE: scales,
-                WEIGHT_SCALE_2: np.float32(amax / np.float32(GLOBAL_AMAX_DIVISOR)),
-            },
-            name="activation",
+        return activation_planes(
+            _torch.to_numpy(q._rowwise_data.view(_torch.torch().uint8)),
+            scales,
+            np.float32(amax / np.float32(GLOBAL_AMAX_DIVISOR)),
         )
 
     def from_numpy(self, a: npt.NDArray[Any]) -> Any:
