@@ -54,10 +54,19 @@ def test_every_pattern_classifies_a_message_of_its_own() -> None:
         "differ (exact match required)",
         "ct_bfloat16_decompress": "T3 dequantize random_2d -> float16: 52 of 8976 elements "
         "differ (exact match required)",
+        "modelopt_zero_global": "quantize_activations: global 0.0, the reference's is 1.0 (a",
+        "modelopt_nonfinite_global": "quantize_activations: global nan, the reference's is "
+        "0.000372",
+        "ct_nonfinite_global_one": "quantize_activations: global 1.0, the reference's is 0.0013",
+        "ct_encode_global": "quantize_activations: global 0.0016233766, the reference's is "
+        "0.0016276041",
+        "ct_zero_scale_eps": "quantize_activations: block (0, 0) has scale byte 0x20, the "
+        "reference's is 0x38; the unrounded scale 1.0 is not within",
     }
     assert sorted(messages) == sorted(d.key for d in DEVIATIONS)
+    engine_of = {d.key: next(iter(d.reproducers)) for d in DEVIATIONS}
     for key, message in messages.items():
-        found = classify(message)
+        found = classify(message, engine=engine_of[key])
         assert found is not None, key
         assert found.key == key, (key, found.key)
     assert classify("something else entirely") is None

@@ -5,8 +5,8 @@ engine's own API (no nvfp4 code).
 The engines matrix (:mod:`nvfp4_engines.matrix`) files every failed test of a certificate
 under the first deviation of that engine (one with a reproducer for it) whose ``pattern``
 matches the test's message; a failure no deviation matches is listed as "unclassified" with
-its message. Each reading ends by saying what it touches: real checkpoints, or malformed
-(degenerate) input only. The package's tests run
+its message. A reading ends, where it is not plain, by saying whether real checkpoints meet
+the deviation or only malformed (degenerate) input does. The package's tests run
 every reproducer and check that it still shows what it describes: when an engine fixes one,
 that test fails and the entry must go.
 """
@@ -339,7 +339,7 @@ if s16 != s32:  # E4M3 0x33 = 0.6875, 0x34 = 0.75
         "product exact, the multiplication by the global one float32 rounding",
         reading="the engine multiplies the block scale by the global first (one float32 "
         "rounding), then by the code (a second): about 1 in 12 float32 values is 1 ulp off "
-        "(codes 1.5 and 3); bfloat16 / float16 outputs mostly hide it. Real checkpoints.",
+        "(codes 1.5 and 3); bfloat16 / float16 outputs mostly hide it. Real checkpoints",
         reproducers={
             "modelopt": _TORCH_BLOCK
             + """\
@@ -363,7 +363,7 @@ v = NVFP4Tensor(codes, scale, 16, torch.float32, g).dequantize(torch.float32)[0,
         "float32; float16 output is that float32 value converted with RNE",
         reading="NVFP4PackedCompressor.decompress unpacks to bfloat16 (unpack_fp4_from_uint8's "
         "default) and returns a bfloat16 weight whatever the checkpoint's dtype: float32 "
-        "and float16 reads keep only bfloat16's 8 significant bits. Real checkpoints.",
+        "and float16 reads keep only bfloat16's 8 significant bits. Real checkpoints",
         reproducers={
             "compressed-tensors": _TORCH_BLOCK
             + """\
@@ -373,6 +373,114 @@ sd = {"weight_packed": codes, "weight_scale": scale, "weight_global_scale": 1 / 
 w = NVFP4PackedCompressor.decompress(sd, preset_name_to_scheme("NVFP4", ["Linear"]))["weight"]
 if w.dtype != torch.float32 and w[0, 0].float() != spec:
     print(f"DEVIATION: decompressed as {w.dtype}: {w[0, 0].item()!r}; float32 spec: {spec.item()!r}")
+""",
+        },
+    ),
+    Deviation(
+        key="modelopt_zero_global",
+        pattern=r"global 0\.0, the reference's is 1\.0",
+        rule="spec 1.0, Encoding, step 1 and its erratum: the dynamic global is amax / 2688, "
+        "1.0 where that quotient is 0; step 2: a block scale of 0 is 1.0",
+        reading="NVFP4QTensor.quantize takes weights_scaling_factor_2 = amax / 2688 with no "
+        "1.0 for a zero quotient: an all-zero tensor (or one whose amax / 2688 underflows) "
+        "gets global 0, block scales 0 / 0 = NaN (scale byte 0xFF) and codes 0x7 (6.0). "
+        "Malformed input only (an all-zero or subnormal tensor)",
+        reproducers={
+            "modelopt": """\
+import torch
+from modelopt.torch.quantization.qtensor import NVFP4QTensor
+q, scale, g = NVFP4QTensor.quantize(torch.zeros((1, 16)), 16)  # the global left to ModelOpt
+byte = scale.view(torch.uint8).item()
+if g.item() == 0.0 or byte > 0x7E:  # spec: global 1.0, scale byte 0x38 (1.0), codes 0
+    print(f"DEVIATION: an all-zero block: global {g.item()}, scale byte {byte:#x}")
+""",
+        },
+    ),
+    Deviation(
+        key="modelopt_nonfinite_global",
+        pattern=r"global nan, the reference's is",
+        rule="spec 1.0, Encoding, step 1 and Activations: the dynamic global is amax / 2688 "
+        "over the finite values; a block holding NaN or Inf gets scale byte 0x7F and codes 0",
+        reading="NVFP4QTensor.quantize takes the amax with torch.max over every value: one "
+        "NaN makes the global NaN, every block's scale byte 0x7F and every code 0x7, so the "
+        "whole tensor decodes to NaN, not only the NaN's block. Malformed input only (a "
+        "tensor holding NaN)",
+        reproducers={
+            "modelopt": """\
+import torch
+from modelopt.torch.quantization.qtensor import NVFP4QTensor
+x = torch.tensor([[float("nan")] + [1.0] * 31])  # block 0 holds the NaN, block 1 is finite
+q, scale, g = NVFP4QTensor.quantize(x, 16)
+if g.isnan().item():  # spec: global 1 / 2688, block 1 scale byte 0x7E, codes 0x2
+    print(f"DEVIATION: global {g.item()}, scale bytes {scale.view(torch.uint8).tolist()}")
+""",
+        },
+    ),
+    Deviation(
+        key="ct_nonfinite_global_one",
+        pattern=r"global 1\.0, the reference's is",
+        rule="spec 1.0, Encoding, step 1 and Activations: the dynamic global is amax / 2688 "
+        "over the finite values (1.0 only where that quotient is 0)",
+        reading="generate_gparam takes min / max over every value and replaces a NaN or "
+        "infinite ENCODE global by 1.0: a tensor holding NaN / Inf, or one whose 2688 / amax "
+        "overflows, is encoded with global 1.0 and its finite blocks lose their range. "
+        "Malformed input only (non-finite or subnormal tensors)",
+        reproducers={
+            "compressed-tensors": """\
+import torch
+from compressed_tensors.quantization.utils import generate_gparam
+x = torch.tensor([float("nan"), 1.0, -2.0])
+lo, hi = torch.aminmax(x)  # the observer's min / max
+gs = generate_gparam(lo, hi)  # the ENCODE global
+if gs.item() == 1.0:  # spec: decode 2 / 2688, ENCODE 1344
+    print(f"DEVIATION: ENCODE global of [nan, 1, -2]: {gs.item()} (spec: 1344)")
+""",
+        },
+    ),
+    Deviation(
+        key="ct_encode_global",
+        pattern=r"global [-+0-9.e]+, the reference's is",
+        rule="spec 1.0, Encoding, step 1: the dynamic global is amax / 2688 in float32, "
+        "bit-identical",
+        reading="compressed-tensors keeps the ENCODE global 2688 / amax (generate_gparam, "
+        "computed in x's dtype) and decodes with its reciprocal: the decode global is 1 "
+        "float32 ulp off for float32 x and carries bfloat16 / float16 rounding (up to 0.4 %) "
+        "for narrow x; a static input scale's reciprocal round trip is 1 ulp off. Real "
+        "checkpoints",
+        reproducers={
+            "compressed-tensors": """\
+import torch
+from compressed_tensors.quantization.utils import generate_gparam
+amax = torch.tensor(1.1015625, dtype=torch.bfloat16)  # max |x| of a bfloat16 tensor
+gs = generate_gparam(-amax, amax)  # the ENCODE global, what llm-compressor stores
+decode = torch.tensor(1.0) / gs  # what a reader decodes with
+spec = torch.tensor(1.1015625) / 2688  # amax / 2688 in float32
+if decode.item() != spec.item():
+    print(f"DEVIATION: amax 1.1015625 (bfloat16): decode global {decode.item()!r}, "
+          f"spec {spec.item()!r}")
+""",
+        },
+    ),
+    Deviation(
+        key="ct_zero_scale_eps",
+        pattern=r"has scale byte 0x20, the reference's is 0x(38|01)",
+        rule="spec 1.0, Encoding, step 2: a block scale of 0 is 1.0, then every block scale "
+        "is clamped to [2^-9, 448] before rounding to E4M3",
+        reading="calculate_qparams rounds the block scale to E4M3 and replaces a 0 by "
+        "E4M3's epsilon 0.125 (byte 0x20): an all-zero block gets 0x20, not 0x38, and a "
+        "block whose scale is below 2^-10 gets 0x20, not 0x01, so its values quantize to 0. "
+        "Real checkpoints (zero blocks decode to 0 either way; tiny blocks are lost)",
+        reproducers={
+            "compressed-tensors": """\
+import torch
+from compressed_tensors.quantization import preset_name_to_scheme
+from compressed_tensors.quantization.utils import compute_dynamic_scales_and_zp
+args = preset_name_to_scheme("NVFP4", ["Linear"]).input_activations
+scale, _ = compute_dynamic_scales_and_zp(
+    torch.zeros((1, 16)), args, module=None, global_scale=torch.tensor([1.0]))
+byte = scale.to(torch.float8_e4m3fn).view(torch.uint8).item()
+if byte != 0x38:
+    print(f"DEVIATION: an all-zero block gets scale {scale.item()} (byte {byte:#x}); spec 0x38")
 """,
         },
     ),

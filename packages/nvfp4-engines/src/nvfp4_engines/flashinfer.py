@@ -48,9 +48,17 @@ INSTALL: Final = "pip install 'flashinfer-python>=0.7.2'"
 
 
 def _fi() -> Any:
-    import flashinfer
+    """FlashInfer's three NVFP4 entry points, from the modules its docs name."""
+    from types import SimpleNamespace
 
-    return flashinfer
+    from flashinfer.fp4_quantization import e2m1_and_ufp8sf_scale_to_float, fp4_quantize
+    from flashinfer.gemm import mm_fp4
+
+    return SimpleNamespace(
+        fp4_quantize=fp4_quantize,
+        mm_fp4=mm_fp4,
+        e2m1_and_ufp8sf_scale_to_float=e2m1_and_ufp8sf_scale_to_float,
+    )
 
 
 def _check() -> None:
