@@ -30,7 +30,7 @@ def from_numpy(a: npt.NDArray[Any], device: str = "cpu") -> Any:
     """A numpy array as a contiguous tensor on ``device`` (bfloat16 and float8_e4m3fn
     from ``ml_dtypes`` by their bits)."""
     t = torch()
-    a = np.ascontiguousarray(a)
+    a = np.ascontiguousarray(a).reshape(np.shape(a))  # a 0-d array stays 0-d
     if a.dtype.name == "bfloat16":
         return t.from_numpy(a.view(np.int16)).view(t.bfloat16).to(device)
     if a.dtype.name == "float8_e4m3fn":

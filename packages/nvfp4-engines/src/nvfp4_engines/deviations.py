@@ -377,14 +377,15 @@ if w.dtype != torch.float32 and w[0, 0].float() != spec:
         },
     ),
     Deviation(
-        key="modelopt_zero_global",
+        key="zero_amax_global",
         pattern=r"global 0\.0, the reference's is 1\.0",
         rule="spec 1.0, Encoding, step 1 and its erratum: the dynamic global is amax / 2688, "
         "1.0 where that quotient is 0; step 2: a block scale of 0 is 1.0",
-        reading="NVFP4QTensor.quantize takes weights_scaling_factor_2 = amax / 2688 with no "
-        "1.0 for a zero quotient: an all-zero tensor (or one whose amax / 2688 underflows) "
-        "gets global 0, block scales 0 / 0 = NaN (scale byte 0xFF) and codes 0x7 (6.0). "
-        "Malformed input only (an all-zero or subnormal tensor)",
+        reading="the engine's global is amax / 2688 with no 1.0 for a zero quotient "
+        "(ModelOpt's weights_scaling_factor_2, torchao's per_tensor_amax_to_scale): an "
+        "all-zero tensor (or one whose amax / 2688 underflows) gets global 0 and block scales "
+        "0 / 0 = NaN (ModelOpt: scale byte 0xFF and codes 0x7). Malformed input only (an "
+        "all-zero or subnormal tensor)",
         reproducers={
             "modelopt": """\
 import torch
@@ -394,17 +395,26 @@ byte = scale.view(torch.uint8).item()
 if g.item() == 0.0 or byte > 0x7E:  # spec: global 1.0, scale byte 0x38 (1.0), codes 0
     print(f"DEVIATION: an all-zero block: global {g.item()}, scale byte {byte:#x}")
 """,
+            "torchao": """\
+import torch
+from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor, per_tensor_amax_to_scale
+x = torch.zeros((1, 16))
+g = per_tensor_amax_to_scale(torch.max(torch.abs(x)))  # as torchao's nvfp4_linear takes it
+byte = NVFP4Tensor.to_nvfp4(x, 16, per_tensor_scale=g).scale.view(torch.uint8).item()
+if g.item() == 0.0 or byte > 0x7E:  # spec: global 1.0, scale byte 0x38 (1.0), codes 0
+    print(f"DEVIATION: an all-zero block: global {g.item()}, scale byte {byte:#x}")
+""",
         },
     ),
     Deviation(
-        key="modelopt_nonfinite_global",
+        key="nonfinite_amax_global",
         pattern=r"global nan, the reference's is",
         rule="spec 1.0, Encoding, step 1 and Activations: the dynamic global is amax / 2688 "
         "over the finite values; a block holding NaN or Inf gets scale byte 0x7F and codes 0",
-        reading="NVFP4QTensor.quantize takes the amax with torch.max over every value: one "
-        "NaN makes the global NaN, every block's scale byte 0x7F and every code 0x7, so the "
-        "whole tensor decodes to NaN, not only the NaN's block. Malformed input only (a "
-        "tensor holding NaN)",
+        reading="the engine takes the amax with torch.max over every value (ModelOpt's "
+        "reduce_amax, torchao's nvfp4_linear): one NaN makes the global NaN and every block's "
+        "scale NaN, so the whole tensor decodes to NaN, not only the NaN's block. Malformed "
+        "input only (a tensor holding NaN)",
         reproducers={
             "modelopt": """\
 import torch
@@ -413,6 +423,14 @@ x = torch.tensor([[float("nan")] + [1.0] * 31])  # block 0 holds the NaN, block 
 q, scale, g = NVFP4QTensor.quantize(x, 16)
 if g.isnan().item():  # spec: global 1 / 2688, block 1 scale byte 0x7E, codes 0x2
     print(f"DEVIATION: global {g.item()}, scale bytes {scale.view(torch.uint8).tolist()}")
+""",
+            "torchao": """\
+import torch
+from torchao.prototype.mx_formats.nvfp4_tensor import per_tensor_amax_to_scale
+x = torch.tensor([[float("nan")] + [1.0] * 31])  # block 0 holds the NaN, block 1 is finite
+g = per_tensor_amax_to_scale(torch.max(torch.abs(x)))  # as torchao's nvfp4_linear takes it
+if g.isnan().item():  # spec: 1 / 2688, the amax of the finite values over 2688
+    print(f"DEVIATION: global of a tensor holding one NaN: {g.item()}")
 """,
         },
     ),
@@ -481,6 +499,72 @@ scale, _ = compute_dynamic_scales_and_zp(
 byte = scale.to(torch.float8_e4m3fn).view(torch.uint8).item()
 if byte != 0x38:
     print(f"DEVIATION: an all-zero block gets scale {scale.item()} (byte {byte:#x}); spec 0x38")
+""",
+        },
+    ),
+    Deviation(
+        key="torchao_no_float16",
+        pattern=r"torch\.float16 not supported",
+        rule="spec 1.0, Activations: the encoder takes x in float32, float16 or bfloat16 "
+        "(narrow inputs widen exactly to float32)",
+        reading="NVFP4Tensor.to_nvfp4 asserts that x is bfloat16 or float32: float16 "
+        "activations and weights cannot be quantized. Real models (float16 ones)",
+        reproducers={
+            "torchao": """\
+import torch
+from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor
+try:
+    NVFP4Tensor.to_nvfp4(torch.ones((1, 16), dtype=torch.float16))
+except AssertionError as exc:
+    print("DEVIATION: float16 x refused:", exc)
+""",
+        },
+    ),
+    Deviation(
+        key="torchao_scale_floor",
+        pattern=r"has scale byte 0x08, the reference's is 0x",
+        rule="spec 1.0, Encoding, step 2: a block scale of 0 is 1.0, then every block scale "
+        "is clamped to [2^-9, 448] before rounding to E4M3",
+        reading="nvfp4_quantize clamps block scales to [finfo(float8_e4m3fn).tiny = 2^-6, "
+        "448] with no 1.0 for zero: an all-zero block gets 0x08 (spec 0x38) and a block whose "
+        "scale lies in [0, 2^-6) gets 0x08, not its subnormal byte, so its codes are coarser. "
+        "Real checkpoints (blocks 3 x 10^4 below the tensor's amax; zero blocks decode to 0 "
+        "either way)",
+        reproducers={
+            "torchao": """\
+import torch
+from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor
+x = torch.zeros((1, 32))
+x[0, 16] = 6.0  # block 0 all zero, block 1 amax 6: scale 1.0 under global 1
+q = NVFP4Tensor.to_nvfp4(x, 16, per_tensor_scale=torch.tensor(1.0))
+b = q.scale.view(torch.uint8)[0].tolist()
+if b[0] != 0x38:
+    print(f"DEVIATION: scale bytes {[hex(v) for v in b]}; spec 0x38 for the zero block")
+""",
+        },
+    ),
+    Deviation(
+        key="torchao_reciprocal_scale",
+        pattern=r"subnormal_amax_global_2\^-149\].*not a boundary disagreement",
+        rule="spec 1.0, Encoding, step 3: the code is x / (e4m3(scale) * global) rounded to "
+        "E2M1 nearest-even",
+        reading="nvfp4_quantize multiplies x by (1 / per_tensor_scale) / scale instead of "
+        "dividing by scale * global: with a subnormal global the reciprocal loses bits and "
+        "codes land off the spec's rounding. Malformed input only (subnormal globals)",
+        reproducers={
+            "torchao": """\
+import torch
+from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor
+x = torch.tensor([[1.471363387541058e-42, -1.4531465075048353e-42, -1.6451243971173352e-42,
+                   -1.793662034335766e-42, 1.615697129366514e-42, 3.5032461608120427e-43,
+                   2.3541814200656927e-43, 9.234556879900544e-43, 1.6913672464400542e-42,
+                   1.1911036946760945e-42, -1.554039996936222e-42, -1.0355595651360398e-42,
+                   1.678755560261131e-42, -1.6507295909746345e-42, 4.8064537326341226e-43,
+                   -1.793662034335766e-42]])
+q = NVFP4Tensor.to_nvfp4(x, 16, per_tensor_scale=torch.tensor(2.0**-149))  # scale byte 0x75
+code = q.qdata[0, 0].item() >> 4  # element 1
+if code != 14:  # x / (e4m3(0x75) * 2^-149) = -4.24...: spec code 14 (-4.0)
+    print(f"DEVIATION: element 1 gets code {code}; spec 14 (-4.0)")
 """,
         },
     ),
