@@ -464,7 +464,9 @@ def engines(session: nox.Session, engine: str) -> None:
     wheels of the suite and nvfp4-engines: a failing engine is a result (its certificate
     records every failure), so only a run that writes no certificate fails. The certificate
     goes to reports/engines/, docs/engines.md is re-rendered from every certificate there,
-    and the adapter's tests run with its engine required. Not part of the default sessions."""
+    and the adapter's tests run with its engine required. The GPU-only engines
+    (:data:`GPU_ENGINES`) install for the ``cuda`` target, so their sessions need a machine
+    with an NVIDIA GPU. Not part of the default sessions."""
     chosen = _plan(session, "cuda", interpret=False) if engine in GPU_ENGINES else _plan(session)
     _install(session, chosen, "pip", "hatchling>=1.24", "wheel")
     wheels = _build_wheels(session, *_local_deps(SUITE), SUITE, ENGINES)
