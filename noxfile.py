@@ -440,7 +440,19 @@ ENGINE_PINS: dict[str, tuple[str, ...]] = {
     # No wheel on PyPI for most platforms: pip builds libggml from source (about 18 min);
     # point PIP_FIND_LINKS at a folder holding a built wheel to skip that.
     "ggml": ("llama-cpp-python==0.3.36",),
+    # The torch engines: torch itself is pinned by the session's constraints (2.13.0, the
+    # CPU build on a machine without a GPU), so none of them can bring another torch.
+    "modelopt": ("nvidia-modelopt==0.47.0",),
+    "compressed-tensors": ("compressed-tensors==0.20.1",),
+    "torchao": ("torchao==0.18.0",),
+    # GPU only: installed for the cuda target (torch's CUDA build); on a machine without an
+    # NVIDIA GPU their session stops at the install plan.
+    "flashinfer": ("flashinfer-python==0.7.2.post1",),
+    "vllm": ("vllm==0.33.0",),
+    "transformer-engine": ("transformer-engine[pytorch]==2.20.2",),
 }
+#: The engines whose kernels need an NVIDIA GPU (their adapters say "needs CUDA" elsewhere).
+GPU_ENGINES = ("flashinfer", "vllm", "transformer-engine")
 #: The spec the engines are certified against (1.1: ggml's matmul is W4A8).
 ENGINE_SPEC = "1.1"
 
@@ -452,8 +464,10 @@ def engines(session: nox.Session, engine: str) -> None:
     wheels of the suite and nvfp4-engines: a failing engine is a result (its certificate
     records every failure), so only a run that writes no certificate fails. The certificate
     goes to reports/engines/, docs/engines.md is re-rendered from every certificate there,
-    and the adapter's tests run with its engine required. Not part of the default sessions."""
-    chosen = _plan(session)
+    and the adapter's tests run with its engine required. The GPU-only engines
+    (:data:`GPU_ENGINES`) install for the ``cuda`` target, so their sessions need a machine
+    with an NVIDIA GPU. Not part of the default sessions."""
+    chosen = _plan(session, "cuda", interpret=False) if engine in GPU_ENGINES else _plan(session)
     _install(session, chosen, "pip", "hatchling>=1.24", "wheel")
     wheels = _build_wheels(session, *_local_deps(SUITE), SUITE, ENGINES)
     _install(session, chosen, *wheels, *PARITY, *ENGINE_PINS[engine], "pytest>=8")

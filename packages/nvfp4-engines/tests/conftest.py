@@ -1,5 +1,6 @@
 """Shared helpers. A test module of an engine that is not installed is not collected (CI
-cannot build llama-cpp-python); ``NVFP4_REQUIRE_ENGINES`` (adapter names, comma-separated,
+cannot build llama-cpp-python; the torch engines and the GPU-only ones are installed by the
+``engines`` nox session only); ``NVFP4_REQUIRE_ENGINES`` (adapter names, comma-separated,
 or ``all``; the nox ``engines`` session sets its engine) makes a missing engine an error."""
 
 from __future__ import annotations
@@ -17,6 +18,12 @@ ENGINES = {
     "gguf-py": ("test_gguf_py.py", "gguf"),
     "mlx-native": ("test_mlx_native.py", "mlx"),
     "ggml": ("test_ggml.py", "llama_cpp"),
+    "modelopt": ("test_modelopt.py", "modelopt"),
+    "compressed-tensors": ("test_compressed_tensors.py", "compressed_tensors"),
+    "torchao": ("test_torchao.py", "torchao"),
+    "flashinfer": ("test_flashinfer.py", "flashinfer"),
+    "vllm": ("test_vllm.py", "vllm"),
+    "transformer-engine": ("test_transformer_engine.py", "transformer_engine"),
 }
 _required = os.environ.get("NVFP4_REQUIRE_ENGINES", "")
 REQUIRED = set(ENGINES) if _required == "all" else {n for n in _required.split(",") if n}

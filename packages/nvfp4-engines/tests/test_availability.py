@@ -8,10 +8,39 @@ import subprocess
 import sys
 
 import pytest
-from nvfp4_engines import ADAPTERS, _libggml, gguf_py, mlx_native
+from conftest import weight
+from nvfp4_engines import (
+    ADAPTERS,
+    GPU_ONLY,
+    _cuda,
+    _libggml,
+    compressed_tensors,
+    gguf_py,
+    mlx_native,
+    modelopt,
+    torchao,
+)
 from nvfp4_engines import ggml as ggml_adapter
 
-ENGINE_MODULES = ("gguf", "mlx", "mlx.core", "llama_cpp")
+ENGINE_MODULES = (
+    "gguf",
+    "mlx",
+    "mlx.core",
+    "llama_cpp",
+    "torch",
+    "modelopt",
+    "compressed_tensors",
+    "torchao",
+    "flashinfer",
+    "vllm",
+    "transformer_engine",
+)
+#: GPU-only adapter -> what its reason names to install.
+GPU_INSTALL = {
+    "flashinfer": "pip install 'flashinfer-python>=0.7.2'",
+    "vllm": "pip install 'vllm>=0.33'",
+    "transformer-engine": "pip install 'transformer-engine[pytorch]>=2.20'",
+}
 
 
 def test_factories_import_no_engine() -> None:
@@ -69,3 +98,50 @@ def test_ggml_missing(monkeypatch: pytest.MonkeyPatch) -> None:
         _libggml.load.cache_clear()
     assert not a.ok
     assert "llama-cpp-python>=0.3.36" in a.reason
+
+
+@pytest.mark.parametrize(
+    ("module", "install"),
+    [
+        (modelopt, "nvidia-modelopt>=0.47"),
+        (compressed_tensors, "compressed-tensors>=0.20"),
+        (torchao, "torchao>=0.18"),
+    ],
+)
+def test_torch_engine_missing(monkeypatch: pytest.MonkeyPatch, module, install: str) -> None:
+    monkeypatch.setattr(module, "dist_version", lambda _: "")
+    module._probe.cache_clear()
+    try:
+        a = module.backend().availability()
+    finally:
+        module._probe.cache_clear()
+    assert not a.ok
+    assert f"pip install '{install}'" in a.reason
+
+
+def test_gpu_only_adapters_say_needs_cuda_on_this_machine() -> None:
+    assert sorted(GPU_ONLY) == sorted(GPU_INSTALL)
+    assert _cuda.cuda_device() == "", "this test is for machines without a CUDA device"
+    for name in GPU_ONLY:
+        b = importlib.import_module(ADAPTERS[name]).backend()
+        a = b.availability()
+        assert not a.ok
+        assert a.reason.startswith("needs CUDA: "), a.reason
+        assert GPU_INSTALL[name] in a.reason or "is installed" in a.reason, a.reason
+        with pytest.raises(RuntimeError, match=rf"{name!r} cannot run here: needs CUDA"):
+            b.prepare(weight(4, 64, 0))
+
+
+@pytest.mark.parametrize("installed", ["", "1.0"])
+def test_gpu_only_reason_names_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, installed: str
+) -> None:
+    monkeypatch.setattr(_cuda, "cuda_device", lambda: "")
+    monkeypatch.setattr(_cuda, "dist_version", lambda _: installed)
+    for name, install in GPU_INSTALL.items():
+        module = importlib.import_module(ADAPTERS[name])
+        a = module.backend().availability()
+        assert not a.ok
+        assert a.reason.startswith("needs CUDA: ")
+        expected = f"{module.DISTRIBUTION} 1.0 is installed" if installed else install
+        assert a.reason.endswith(expected), a.reason

@@ -50,10 +50,35 @@ def test_every_pattern_classifies_a_message_of_its_own() -> None:
         "scale_byte_zero": "block (0, 0) has scale byte 0x00, the reference's is 0x38",
         "mlx_nonfinite_block": "block (0, 1) holds NaN/Inf; it must get scale byte 0x7F and "
         "codes 0, found 0x7E and codes [0, 11, 10]",
+        "scale_times_global_first": "T3 dequantize random_2d -> float32: 761 of 8976 elements "
+        "differ (exact match required)",
+        "ct_bfloat16_decompress": "T3 dequantize random_2d -> float16: 52 of 8976 elements "
+        "differ (exact match required)",
+        "zero_amax_global": "quantize_activations: global 0.0, the reference's is 1.0 (a",
+        "nonfinite_amax_global": "quantize_activations: global nan, the reference's is 0.000372",
+        "ct_nonfinite_global_one": "quantize_activations: global 1.0, the reference's is 0.0013",
+        "ct_encode_global": "quantize_activations: global 0.0016233766, the reference's is "
+        "0.0016276041",
+        "ct_zero_scale_eps": "quantize_activations: block (0, 0) has scale byte 0x20, the "
+        "reference's is 0x38; the unrounded scale 1.0 is not within",
+        "torchao_no_float16": "AssertionError: torch.float16 not supported",
+        "torchao_scale_floor": "quantize_activations: block (0, 0) has scale byte 0x08, the "
+        "reference's is 0x38; the unrounded scale 1.0 is not within",
+        "torchao_reciprocal_scale": "test_quantize_activations[subnormal_amax_global_2^-149] "
+        "quantize_activations: element (row 0, col 1) x = -1.45e-42, scaled value -4.98: code "
+        "15, the reference gives 14; not a boundary disagreement",
     }
     assert sorted(messages) == sorted(d.key for d in DEVIATIONS)
+    engine_of = {d.key: next(iter(d.reproducers)) for d in DEVIATIONS}
     for key, message in messages.items():
-        found = classify(message)
+        found = classify(message, engine=engine_of[key])
         assert found is not None, key
         assert found.key == key, (key, found.key)
     assert classify("something else entirely") is None
+
+
+def test_an_engine_gets_only_its_own_deviations() -> None:
+    message = "T3 dequantize random_2d -> float32: 761 of 8976 elements differ"
+    assert classify(message, engine="torchao").key == "scale_times_global_first"
+    assert classify(message, engine="compressed-tensors").key == "ct_bfloat16_decompress"
+    assert classify(message, engine="gguf-py") is None

@@ -12,6 +12,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 from nvfp4.contract import BackendInfo
+from nvfp4.planes import NVFP4Planes, validate
 from nvfp4.spec import SUPPORTED_SPEC_VERSIONS
 
 from ._version import __version__
@@ -19,6 +20,7 @@ from ._version import __version__
 __all__ = [
     "ENGINE_NOTE",
     "PRIORITY",
+    "activation_planes",
     "adapter_info",
     "dist_version",
     "engine_note",
@@ -71,3 +73,18 @@ def numpy_in(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
 def numpy_out(a: Any) -> npt.NDArray[Any]:
     """Back to numpy (dtype preserved)."""
     return np.asarray(a)
+
+
+def activation_planes(codes: Any, scales: Any, decode_global: Any) -> NVFP4Planes:
+    """An engine's quantized activations in the canonical layout (codes ``[M, K/2]``, E4M3
+    scale bytes ``[M, K/16]``, the decode global) as planes named ``activation``, bytes
+    unchanged. Only the structure is checked: the content (a NaN block's scale byte 0x7F,
+    a zero or non-finite global) is the engine's answer, for the suite to judge against
+    the reference, not for the transcoder to refuse."""
+    planes = NVFP4Planes(
+        codes=np.ascontiguousarray(codes, dtype=np.uint8),
+        scales=np.ascontiguousarray(np.asarray(scales).view(np.uint8)),
+        global_scale=np.asarray(decode_global, dtype=np.float32).reshape(()),
+        name="activation",
+    )
+    return validate(planes)

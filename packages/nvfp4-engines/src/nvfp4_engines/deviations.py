@@ -3,8 +3,10 @@ breaks, a one-line reading and, per engine, a minimal reproducer that uses only 
 engine's own API (no nvfp4 code).
 
 The engines matrix (:mod:`nvfp4_engines.matrix`) files every failed test of a certificate
-under the first deviation whose ``pattern`` matches the test's message; a failure no
-deviation matches is listed as "unclassified" with its message. The package's tests run
+under the first deviation of that engine (one with a reproducer for it) whose ``pattern``
+matches the test's message; a failure no deviation matches is listed as "unclassified" with
+its message. A reading ends, where it is not plain, by saying whether real checkpoints meet
+the deviation or only malformed (degenerate) input does. The package's tests run
 every reproducer and check that it still shows what it describes: when an engine fixes one,
 that test fails and the entry must go.
 """
@@ -52,6 +54,19 @@ _GGML_QUANTIZE = """\
 base.ggml_quantize_chunk.restype = ctypes.c_size_t
 base.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                                      ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+"""
+
+_TORCH_BLOCK = """\
+import torch
+codes = torch.full((1, 8), 0x33, dtype=torch.uint8)  # 16 codes 0x3: e2m1 1.5
+scale = torch.tensor([[0x33]], dtype=torch.uint8).view(torch.float8_e4m3fn)  # E4M3 0.6875
+g = torch.tensor(0.1)  # the decode global, float32
+spec = (torch.tensor(1.5) * torch.tensor(0.6875)) * g  # code x scale is exact: one rounding
+"""
+
+_ONE_ROUNDING = """\
+if v != spec:
+    print(f"DEVIATION: 1.5 x 0.6875 x 0.1 decodes to {v.item()!r}; spec: {spec.item()!r}")
 """
 
 DEVIATIONS: Final[tuple[Deviation, ...]] = (
@@ -317,14 +332,254 @@ if s16 != s32:  # E4M3 0x33 = 0.6875, 0x34 = 0.75
 """,
         },
     ),
+    Deviation(
+        key="scale_times_global_first",
+        pattern=r"dequantize.* -> (dequant_)?float32: \d+ of \d+ elements differ",
+        rule="spec 1.0, Decoding: value = (e2m1(code) * e4m3(scale)) * global, the first "
+        "product exact, the multiplication by the global one float32 rounding",
+        reading="the engine multiplies the block scale by the global first (one float32 "
+        "rounding), then by the code (a second): about 1 in 12 float32 values is 1 ulp off "
+        "(codes 1.5 and 3); bfloat16 / float16 outputs mostly hide it. Real checkpoints",
+        reproducers={
+            "modelopt": _TORCH_BLOCK
+            + """\
+from modelopt.torch.quantization.qtensor import NVFP4QTensor
+q = NVFP4QTensor(torch.Size([1, 16]), torch.float32, codes)
+v = q.dequantize(torch.float32, scale=scale, double_scale=g, block_sizes={-1: 16})[0, 0]
+"""
+            + _ONE_ROUNDING,
+            "torchao": _TORCH_BLOCK
+            + """\
+from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor
+v = NVFP4Tensor(codes, scale, 16, torch.float32, g).dequantize(torch.float32)[0, 0]
+"""
+            + _ONE_ROUNDING,
+        },
+    ),
+    Deviation(
+        key="ct_bfloat16_decompress",
+        pattern=r"dequantize.* -> (dequant_)?float(32|16): \d+ of \d+ elements differ",
+        rule="spec 1.0, Decoding: float32 output is the exact product rounded once to "
+        "float32; float16 output is that float32 value converted with RNE",
+        reading="NVFP4PackedCompressor.decompress unpacks to bfloat16 (unpack_fp4_from_uint8's "
+        "default) and returns a bfloat16 weight whatever the checkpoint's dtype: float32 "
+        "and float16 reads keep only bfloat16's 8 significant bits. Real checkpoints",
+        reproducers={
+            "compressed-tensors": _TORCH_BLOCK
+            + """\
+from compressed_tensors.compressors.nvfp4 import NVFP4PackedCompressor
+from compressed_tensors.quantization import preset_name_to_scheme
+sd = {"weight_packed": codes, "weight_scale": scale, "weight_global_scale": 1 / g.reshape(1)}
+w = NVFP4PackedCompressor.decompress(sd, preset_name_to_scheme("NVFP4", ["Linear"]))["weight"]
+if w.dtype != torch.float32 and w[0, 0].float() != spec:
+    print(f"DEVIATION: decompressed as {w.dtype}: {w[0, 0].item()!r}; float32 spec: {spec.item()!r}")
+""",
+        },
+    ),
+    Deviation(
+        key="zero_amax_global",
+        pattern=r"global 0\.0, the reference's is 1\.0",
+        rule="spec 1.0, Encoding, step 1 and its erratum: the dynamic global is amax / 2688, "
+        "1.0 where that quotient is 0; step 2: a block scale of 0 is 1.0",
+        reading="the engine's global is amax / 2688 with no 1.0 for a zero quotient "
+        "(ModelOpt's weights_scaling_factor_2, torchao's per_tensor_amax_to_scale): an "
+        "all-zero tensor (or one whose amax / 2688 underflows) gets global 0 and block scales "
+        "0 / 0 = NaN (ModelOpt: scale byte 0xFF and codes 0x7). Malformed input only (an "
+        "all-zero or subnormal tensor)",
+        reproducers={
+            "modelopt": """\
+import torch
+from modelopt.torch.quantization.qtensor import NVFP4QTensor
+q, scale, g = NVFP4QTensor.quantize(torch.zeros((1, 16)), 16)  # the global left to ModelOpt
+byte = scale.view(torch.uint8).item()
+if g.item() == 0.0 or byte > 0x7E:  # spec: global 1.0, scale byte 0x38 (1.0), codes 0
+    print(f"DEVIATION: an all-zero block: global {g.item()}, scale byte {byte:#x}")
+""",
+            "torchao": """\
+import torch
+from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor, per_tensor_amax_to_scale
+x = torch.zeros((1, 16))
+g = per_tensor_amax_to_scale(torch.max(torch.abs(x)))  # as torchao's nvfp4_linear takes it
+byte = NVFP4Tensor.to_nvfp4(x, 16, per_tensor_scale=g).scale.view(torch.uint8).item()
+if g.item() == 0.0 or byte > 0x7E:  # spec: global 1.0, scale byte 0x38 (1.0), codes 0
+    print(f"DEVIATION: an all-zero block: global {g.item()}, scale byte {byte:#x}")
+""",
+        },
+    ),
+    Deviation(
+        key="nonfinite_amax_global",
+        pattern=r"global nan, the reference's is",
+        rule="spec 1.0, Encoding, step 1 and Activations: the dynamic global is amax / 2688 "
+        "over the finite values; a block holding NaN or Inf gets scale byte 0x7F and codes 0",
+        reading="the engine takes the amax with torch.max over every value (ModelOpt's "
+        "reduce_amax, torchao's nvfp4_linear): one NaN makes the global NaN and every block's "
+        "scale NaN, so the whole tensor decodes to NaN, not only the NaN's block. Malformed "
+        "input only (a tensor holding NaN)",
+        reproducers={
+            "modelopt": """\
+import torch
+from modelopt.torch.quantization.qtensor import NVFP4QTensor
+x = torch.tensor([[float("nan")] + [1.0] * 31])  # block 0 holds the NaN, block 1 is finite
+q, scale, g = NVFP4QTensor.quantize(x, 16)
+if g.isnan().item():  # spec: global 1 / 2688, block 1 scale byte 0x7E, codes 0x2
+    print(f"DEVIATION: global {g.item()}, scale bytes {scale.view(torch.uint8).tolist()}")
+""",
+            "torchao": """\
+import torch
+from torchao.prototype.mx_formats.nvfp4_tensor import per_tensor_amax_to_scale
+x = torch.tensor([[float("nan")] + [1.0] * 31])  # block 0 holds the NaN, block 1 is finite
+g = per_tensor_amax_to_scale(torch.max(torch.abs(x)))  # as torchao's nvfp4_linear takes it
+if g.isnan().item():  # spec: 1 / 2688, the amax of the finite values over 2688
+    print(f"DEVIATION: global of a tensor holding one NaN: {g.item()}")
+""",
+        },
+    ),
+    Deviation(
+        key="ct_nonfinite_global_one",
+        pattern=r"global 1\.0, the reference's is",
+        rule="spec 1.0, Encoding, step 1 and Activations: the dynamic global is amax / 2688 "
+        "over the finite values (1.0 only where that quotient is 0)",
+        reading="generate_gparam takes min / max over every value and replaces a NaN or "
+        "infinite ENCODE global by 1.0: a tensor holding NaN / Inf, or one whose 2688 / amax "
+        "overflows, is encoded with global 1.0 and its finite blocks lose their range. "
+        "Malformed input only (non-finite or subnormal tensors)",
+        reproducers={
+            "compressed-tensors": """\
+import torch
+from compressed_tensors.quantization.utils import generate_gparam
+x = torch.tensor([float("nan"), 1.0, -2.0])
+lo, hi = torch.aminmax(x)  # the observer's min / max
+gs = generate_gparam(lo, hi)  # the ENCODE global
+if gs.item() == 1.0:  # spec: decode 2 / 2688, ENCODE 1344
+    print(f"DEVIATION: ENCODE global of [nan, 1, -2]: {gs.item()} (spec: 1344)")
+""",
+        },
+    ),
+    Deviation(
+        key="ct_encode_global",
+        pattern=r"global [-+0-9.e]+, the reference's is",
+        rule="spec 1.0, Encoding, step 1: the dynamic global is amax / 2688 in float32, "
+        "bit-identical",
+        reading="compressed-tensors keeps the ENCODE global 2688 / amax (generate_gparam, "
+        "computed in x's dtype) and decodes with its reciprocal: the decode global is 1 "
+        "float32 ulp off for float32 x and carries bfloat16 / float16 rounding (up to 0.4 %) "
+        "for narrow x; a static input scale's reciprocal round trip is 1 ulp off. Real "
+        "checkpoints",
+        reproducers={
+            "compressed-tensors": """\
+import torch
+from compressed_tensors.quantization.utils import generate_gparam
+amax = torch.tensor(1.1015625, dtype=torch.bfloat16)  # max |x| of a bfloat16 tensor
+gs = generate_gparam(-amax, amax)  # the ENCODE global, what llm-compressor stores
+decode = torch.tensor(1.0) / gs  # what a reader decodes with
+spec = torch.tensor(1.1015625) / 2688  # amax / 2688 in float32
+if decode.item() != spec.item():
+    print(f"DEVIATION: amax 1.1015625 (bfloat16): decode global {decode.item()!r}, "
+          f"spec {spec.item()!r}")
+""",
+        },
+    ),
+    Deviation(
+        key="ct_zero_scale_eps",
+        pattern=r"has scale byte 0x20, the reference's is 0x(38|01)",
+        rule="spec 1.0, Encoding, step 2: a block scale of 0 is 1.0, then every block scale "
+        "is clamped to [2^-9, 448] before rounding to E4M3",
+        reading="calculate_qparams rounds the block scale to E4M3 and replaces a 0 by "
+        "E4M3's epsilon 0.125 (byte 0x20): an all-zero block gets 0x20, not 0x38, and a "
+        "block whose scale is below 2^-10 gets 0x20, not 0x01, so its values quantize to 0. "
+        "Real checkpoints (zero blocks decode to 0 either way; tiny blocks are lost)",
+        reproducers={
+            "compressed-tensors": """\
+import torch
+from compressed_tensors.quantization import preset_name_to_scheme
+from compressed_tensors.quantization.utils import compute_dynamic_scales_and_zp
+args = preset_name_to_scheme("NVFP4", ["Linear"]).input_activations
+scale, _ = compute_dynamic_scales_and_zp(
+    torch.zeros((1, 16)), args, module=None, global_scale=torch.tensor([1.0]))
+byte = scale.to(torch.float8_e4m3fn).view(torch.uint8).item()
+if byte != 0x38:
+    print(f"DEVIATION: an all-zero block gets scale {scale.item()} (byte {byte:#x}); spec 0x38")
+""",
+        },
+    ),
+    Deviation(
+        key="torchao_no_float16",
+        pattern=r"torch\.float16 not supported",
+        rule="spec 1.0, Activations: the encoder takes x in float32, float16 or bfloat16 "
+        "(narrow inputs widen exactly to float32)",
+        reading="NVFP4Tensor.to_nvfp4 asserts that x is bfloat16 or float32: float16 "
+        "activations and weights cannot be quantized. Real models (float16 ones)",
+        reproducers={
+            "torchao": """\
+import torch
+from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor
+try:
+    NVFP4Tensor.to_nvfp4(torch.ones((1, 16), dtype=torch.float16))
+except AssertionError as exc:
+    print("DEVIATION: float16 x refused:", exc)
+""",
+        },
+    ),
+    Deviation(
+        key="torchao_scale_floor",
+        pattern=r"has scale byte 0x08, the reference's is 0x",
+        rule="spec 1.0, Encoding, step 2: a block scale of 0 is 1.0, then every block scale "
+        "is clamped to [2^-9, 448] before rounding to E4M3",
+        reading="nvfp4_quantize clamps block scales to [finfo(float8_e4m3fn).tiny = 2^-6, "
+        "448] with no 1.0 for zero: an all-zero block gets 0x08 (spec 0x38) and a block whose "
+        "scale lies in [0, 2^-6) gets 0x08, not its subnormal byte, so its codes are coarser. "
+        "Real checkpoints (blocks 3 x 10^4 below the tensor's amax; zero blocks decode to 0 "
+        "either way)",
+        reproducers={
+            "torchao": """\
+import torch
+from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor
+x = torch.zeros((1, 32))
+x[0, 16] = 6.0  # block 0 all zero, block 1 amax 6: scale 1.0 under global 1
+q = NVFP4Tensor.to_nvfp4(x, 16, per_tensor_scale=torch.tensor(1.0))
+b = q.scale.view(torch.uint8)[0].tolist()
+if b[0] != 0x38:
+    print(f"DEVIATION: scale bytes {[hex(v) for v in b]}; spec 0x38 for the zero block")
+""",
+        },
+    ),
+    Deviation(
+        key="torchao_reciprocal_scale",
+        pattern=r"subnormal_amax_global_2\^-149\].*not a boundary disagreement",
+        rule="spec 1.0, Encoding, step 3: the code is x / (e4m3(scale) * global) rounded to "
+        "E2M1 nearest-even",
+        reading="nvfp4_quantize multiplies x by (1 / per_tensor_scale) / scale instead of "
+        "dividing by scale * global: with a subnormal global the reciprocal loses bits and "
+        "codes land off the spec's rounding. Malformed input only (subnormal globals)",
+        reproducers={
+            "torchao": """\
+import torch
+from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor
+x = torch.tensor([[1.471363387541058e-42, -1.4531465075048353e-42, -1.6451243971173352e-42,
+                   -1.793662034335766e-42, 1.615697129366514e-42, 3.5032461608120427e-43,
+                   2.3541814200656927e-43, 9.234556879900544e-43, 1.6913672464400542e-42,
+                   1.1911036946760945e-42, -1.554039996936222e-42, -1.0355595651360398e-42,
+                   1.678755560261131e-42, -1.6507295909746345e-42, 4.8064537326341226e-43,
+                   -1.793662034335766e-42]])
+q = NVFP4Tensor.to_nvfp4(x, 16, per_tensor_scale=torch.tensor(2.0**-149))  # scale byte 0x75
+code = q.qdata[0, 0].item() >> 4  # element 1
+if code != 14:  # x / (e4m3(0x75) * 2^-149) = -4.24...: spec code 14 (-4.0)
+    print(f"DEVIATION: element 1 gets code {code}; spec 14 (-4.0)")
+""",
+        },
+    ),
 )
 
 
-def classify(message: str, nodeid: str = "") -> Deviation | None:
+def classify(message: str, nodeid: str = "", engine: str = "") -> Deviation | None:
     """The first deviation whose pattern matches ``"<nodeid> <message>"`` of a failed test
-    (a pattern may name the case), or ``None``."""
+    (a pattern may name the case), or ``None``. With ``engine`` (an adapter name), only the
+    deviations with a reproducer for that engine count: one engine's failure is never filed
+    under another engine's reading."""
     text = f"{nodeid} {message or ''}"
     for d in DEVIATIONS:
+        if engine and engine not in d.reproducers:
+            continue
         if re.search(d.pattern, text):
             return d
     return None

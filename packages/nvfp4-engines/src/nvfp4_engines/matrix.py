@@ -153,7 +153,7 @@ def _deviations(cert: dict[str, Any]) -> tuple[list[tuple[Deviation, list[Test]]
     found: dict[str, tuple[Deviation, list[Test]]] = {}
     unclassified: list[Test] = []
     for t in _failed(cert):
-        d = classify(t.get("message") or "", t["nodeid"])
+        d = classify(t.get("message") or "", t["nodeid"], cert["backend"]["name"])
         if d is None:
             unclassified.append(t)
         else:

@@ -1,0 +1,59 @@
+"""What the adapters over torch engines (ModelOpt, compressed-tensors, torchao and the
+GPU-only ones) share: torch imported lazily, numpy <-> ``torch.Tensor`` conversion with
+bfloat16 (``ml_dtypes``) and float8 kept bit for bit, and the spec dtype names as torch
+dtypes. Nothing here quantizes or decodes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["from_numpy", "tensor", "to_numpy", "torch", "torch_dtype"]
+
+
+def torch() -> Any:
+    """The ``torch`` module (imported on first use)."""
+    import torch as _torch
+
+    return _torch
+
+
+def torch_dtype(name: str) -> Any:
+    """A spec dtype name (``"float32"``, ``"float16"``, ``"bfloat16"``) as a torch dtype."""
+    t = torch()
+    return {"float32": t.float32, "float16": t.float16, "bfloat16": t.bfloat16}[name]
+
+
+def from_numpy(a: npt.NDArray[Any], device: str = "cpu") -> Any:
+    """A numpy array as a contiguous tensor on ``device`` (bfloat16 and float8_e4m3fn
+    from ``ml_dtypes`` by their bits)."""
+    t = torch()
+    a = np.ascontiguousarray(a).reshape(np.shape(a))  # a 0-d array stays 0-d
+    if a.dtype.name == "bfloat16":
+        return t.from_numpy(a.view(np.int16)).view(t.bfloat16).to(device)
+    if a.dtype.name == "float8_e4m3fn":
+        return t.from_numpy(a.view(np.uint8)).view(t.float8_e4m3fn).to(device)
+    return t.from_numpy(a).to(device)
+
+
+def tensor(value: Any, device: str = "cpu") -> Any:
+    """A float32 tensor of ``value`` (a number or an array) on ``device``."""
+    return from_numpy(np.asarray(value, dtype=np.float32), device)
+
+
+def to_numpy(a: Any) -> npt.NDArray[Any]:
+    """A tensor back to numpy, dtype preserved (bfloat16 as ``ml_dtypes.bfloat16``,
+    float8_e4m3fn as its uint8 bytes); a numpy array as it is."""
+    t = torch()
+    if not isinstance(a, t.Tensor):
+        return np.asarray(a)
+    a = a.detach().cpu().contiguous()
+    if a.dtype == t.bfloat16:
+        import ml_dtypes
+
+        return np.asarray(a.view(t.int16).numpy()).view(ml_dtypes.bfloat16)
+    if a.dtype == t.float8_e4m3fn:
+        return np.asarray(a.view(t.uint8).numpy())
+    return np.asarray(a.numpy())

@@ -1,0 +1,165 @@
+"""``flashinfer``: FlashInfer's NVFP4 kernels (``flashinfer.fp4_quantize``, ``mm_fp4``,
+``e2m1_and_ufp8sf_scale_to_float``), as vLLM and SGLang call them. GPU only: without a CUDA
+device :meth:`availability` says "needs CUDA" and what to install, and nothing of
+FlashInfer is imported.
+
+What the engine has, and the kernel each becomes:
+
+* ``fp4_quantize(x, global_scale, sf_vec_size=16, sf_use_ue8m0=False,
+  is_sf_swizzled_layout=True)`` -> :meth:`quantize_activations`. FlashInfer takes the
+  ENCODE global ``448 * 6 / amax``: dynamic, it is ``(448 * 6) /
+  x.float().abs().nan_to_num().max()``, the global FlashInfer's own tests and benchmarks
+  compute; static, the input scale's reciprocal (``input_global_scale``). The scales come
+  back swizzled (128x4) and are unswizzled by the lossless transcoder;
+* ``mm_fp4(a, b.T, a_sf, b_sf.T, alpha, out_dtype, block_size=16)`` on the output of
+  ``fp4_quantize`` -> :meth:`qmm_w4a4`, with ``alpha = 1 / (input_global_scale *
+  weight_global_scale)`` as vLLM passes it; one call per partition (one global each);
+* ``e2m1_and_ufp8sf_scale_to_float(codes, scales, decode_global, 16, 1,
+  is_sf_swizzled_layout=False)`` -> :meth:`dequantize` (float32, then cast), one partition
+  and one expert at a time; FlashInfer's tests pass it the decode global ``1 / global_sf``
+  and CPU tensors.
+
+``mm_fp4`` returns bfloat16 or float16 only: a float32 ``out_dtype`` is handed to it as
+asked and FlashInfer's answer is the result. There is no W4A16 ``qmm`` (``mm_bf16_fp4``
+needs backend-specific weight preparation) and no ``gather_qmm``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import numpy.typing as npt
+from nvfp4.backend import Backend
+from nvfp4.contract import Availability
+from nvfp4.layouts.compressed_tensors import decode_global
+from nvfp4.planes import NVFP4Planes
+from nvfp4.spec import BLOCK_SIZE, E2M1_MAX, E4M3_MAX
+
+from . import _swizzled, _torch
+from ._common import adapter_info
+from ._cuda import probe
+from ._swizzled import SwizzledPart, SwizzledWeight
+
+__all__ = ["DISTRIBUTION", "NAME", "FlashinferKernels", "backend"]
+
+NAME: Final = "flashinfer"
+DISTRIBUTION: Final = "flashinfer-python"
+INSTALL: Final = "pip install 'flashinfer-python>=0.7.2'"
+
+
+def _fi() -> Any:
+    """FlashInfer's three NVFP4 entry points, from the modules its docs name."""
+    from types import SimpleNamespace
+
+    from flashinfer.fp4_quantization import e2m1_and_ufp8sf_scale_to_float, fp4_quantize
+    from flashinfer.gemm import mm_fp4
+
+    return SimpleNamespace(
+        fp4_quantize=fp4_quantize,
+        mm_fp4=mm_fp4,
+        e2m1_and_ufp8sf_scale_to_float=e2m1_and_ufp8sf_scale_to_float,
+    )
+
+
+def _check() -> None:
+    torch = _torch.torch()
+    x = torch.ones((1, BLOCK_SIZE), dtype=torch.bfloat16, device="cuda")
+    _fi().fp4_quantize(x, torch.ones(1, device="cuda"), BLOCK_SIZE, False, True)
+
+
+def _ready() -> Any:
+    a = probe("FlashInfer", DISTRIBUTION, INSTALL, _check)
+    if not a.ok:
+        raise RuntimeError(f"NVFP4 backend {NAME!r} cannot run here: {a.reason}")
+    return _fi()
+
+
+def _encode_global(x: Any, input_scale: float | None) -> Any:
+    if input_scale is not None:
+        return _swizzled.input_encode_global(input_scale)
+    return (E4M3_MAX * E2M1_MAX) / x.float().abs().nan_to_num().max().reshape(1)
+
+
+class FlashinferKernels:
+    """The kernel contract over FlashInfer's NVFP4 kernels (CUDA ``torch.Tensor``)."""
+
+    def __init__(self) -> None:
+        self.info = adapter_info(
+            NAME,
+            DISTRIBUTION,
+            frozenset({"dequantize", "fused_partitions", "quantize_activations", "w4a4"}),
+            (
+                "GPU only: needs a CUDA device",
+                "quantize_activations: fp4_quantize(x, 448 * 6 / max|x| or 1 / input_scale), "
+                "swizzled scales unswizzled",
+                "w4a4: fp4_quantize then mm_fp4 with alpha = 1 / (input_gs * weight_gs), "
+                "one call per partition",
+                "dequantize: e2m1_and_ufp8sf_scale_to_float(codes, linear scales, decode "
+                "global), float32, then cast",
+            ),
+        )
+
+    def availability(self) -> Availability:
+        return probe("FlashInfer", DISTRIBUTION, INSTALL, _check)
+
+    def prepare(self, planes: NVFP4Planes) -> SwizzledWeight:
+        _ready()
+        return _swizzled.prepare(planes)
+
+    def dequantize(self, w: SwizzledWeight, *, dtype: str) -> Any:
+        fi = _ready()
+        torch = _torch.torch()
+
+        def one(p: SwizzledPart) -> Any:
+            g = _torch.tensor(decode_global(_torch.to_numpy(p.encode)).reshape(1))
+            return fi.e2m1_and_ufp8sf_scale_to_float(
+                p.codes.cpu(), p.scales.cpu(), g, BLOCK_SIZE, 1, False
+            ).reshape(p.n, p.k)
+
+        rows = [
+            torch.stack([one(p) for p in mats]) if w.experts is not None else one(mats[0])
+            for mats in w.parts
+        ]
+        out = torch.cat(rows, dim=-2) if len(rows) > 1 else rows[0]
+        return out.to(_torch.torch_dtype(dtype))
+
+    def quantize_activations(self, x: Any, *, input_scale: float | None) -> NVFP4Planes:
+        fi = _ready()
+        gs = _encode_global(x, input_scale)
+        q, sf = fi.fp4_quantize(x, gs, BLOCK_SIZE, False, True)
+        return _swizzled.activation_planes(q, sf, gs, int(x.shape[0]), int(x.shape[1]))
+
+    def qmm_w4a4(
+        self, x: Any, w: SwizzledWeight, *, input_scale: float | None, out_dtype: str
+    ) -> Any:
+        fi = _ready()
+        torch = _torch.torch()
+        gs = _encode_global(x, input_scale)
+        a, a_sf = fi.fp4_quantize(x, gs, BLOCK_SIZE, False, True)
+        ys = []
+        for (p,) in w.parts:
+            alpha = 1.0 / (gs * p.encode)
+            ys.append(
+                fi.mm_fp4(
+                    a,
+                    p.codes.t(),
+                    a_sf,
+                    p.swizzled.t(),
+                    alpha,
+                    _torch.torch_dtype(out_dtype),
+                    block_size=BLOCK_SIZE,
+                )
+            )
+        return torch.cat(ys, dim=-1) if len(ys) > 1 else ys[0]
+
+    def from_numpy(self, a: npt.NDArray[Any]) -> Any:
+        return _torch.from_numpy(a, _swizzled.DEVICE)
+
+    def to_numpy(self, a: Any) -> npt.NDArray[Any]:
+        return _torch.to_numpy(a)
+
+
+def backend() -> Backend:
+    """Entry-point factory (``flashinfer = "nvfp4_engines.flashinfer:backend"``): cheap,
+    never raises."""
+    return Backend(FlashinferKernels())

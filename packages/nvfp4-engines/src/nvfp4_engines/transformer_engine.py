@@ -1,0 +1,116 @@
+"""``transformer-engine``: Transformer Engine's NVFP4 quantizer
+(``transformer_engine.pytorch.NVFP4Quantizer``, the recipe ``NVFP4BlockScaling`` quantizes
+with). GPU only: without a CUDA device :meth:`availability` says "needs CUDA" and what to
+install, and nothing of Transformer Engine is imported.
+
+What the engine has, and the kernel it becomes:
+
+* ``NVFP4Quantizer(rowwise=True, columnwise=False, with_rht=False,
+  stochastic_rounding=False)(x)`` -> :meth:`quantize_activations`: TE takes the global
+  from the tensor itself (its ``amax``: decode global ``amax / (6 * 448)``), as its
+  recipe does for every operand; a static ``input_scale`` has nowhere to go in TE, so it
+  is not used and the planes carry TE's global. The row-wise data ``[M, K/2]`` is the
+  canonical codes and the row-wise ``scale_inv`` holds the E4M3 block scales, padded to
+  128 rows and 4 columns (swizzled for the GEMM where TE says so; unswizzled by the
+  lossless transcoder then).
+
+What it lacks as a callable on our planes is absent: TE's GEMMs take its own quantized
+tensors from high-precision weights (``te.Linear`` under ``fp8_autocast``), not given
+NVFP4 planes, so there is no ``dequantize`` / ``qmm`` / ``qmm_w4a4`` here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+from nvfp4.backend import Backend
+from nvfp4.contract import Availability
+from nvfp4.layouts.swizzle import unswizzle_scales
+from nvfp4.planes import NVFP4Planes
+from nvfp4.spec import BLOCK_SIZE, GLOBAL_AMAX_DIVISOR
+
+from . import _torch
+from ._common import activation_planes, adapter_info
+from ._cuda import probe
+
+__all__ = ["DISTRIBUTION", "NAME", "TransformerEngineKernels", "backend"]
+
+NAME: Final = "transformer-engine"
+DISTRIBUTION: Final = "transformer-engine"
+INSTALL: Final = "pip install 'transformer-engine[pytorch]>=2.20'"
+DEVICE: Final = "cuda"
+
+
+def _quantizer() -> Any:
+    from transformer_engine.pytorch import NVFP4Quantizer
+
+    return NVFP4Quantizer(rowwise=True, columnwise=False, with_rht=False, stochastic_rounding=False)
+
+
+def _check() -> None:
+    import transformer_engine.pytorch as te
+
+    ok, reason = te.is_nvfp4_available(return_reason=True)
+    if not ok:
+        raise RuntimeError(reason)
+
+
+def _ready() -> None:
+    a = probe("Transformer Engine", DISTRIBUTION, INSTALL, _check)
+    if not a.ok:
+        raise RuntimeError(f"NVFP4 backend {NAME!r} cannot run here: {a.reason}")
+
+
+class TransformerEngineKernels:
+    """The kernel contract over Transformer Engine's ``NVFP4Quantizer`` (CUDA tensors)."""
+
+    def __init__(self) -> None:
+        self.info = adapter_info(
+            NAME,
+            DISTRIBUTION,
+            frozenset({"quantize_activations"}),
+            (
+                "GPU only: needs a CUDA device",
+                "quantize_activations: NVFP4Quantizer(rowwise, no RHT, no stochastic "
+                "rounding)(x); TE's global from amax(x), input_scale not used",
+                "absent: TE's GEMMs quantize high-precision operands themselves",
+            ),
+        )
+
+    def availability(self) -> Availability:
+        return probe("Transformer Engine", DISTRIBUTION, INSTALL, _check)
+
+    def prepare(self, planes: NVFP4Planes) -> NVFP4Planes:
+        _ready()
+        return planes
+
+    def quantize_activations(self, x: Any, *, input_scale: float | None) -> NVFP4Planes:
+        _ready()
+        q = _quantizer()(x)
+        m, k = int(x.shape[0]), int(x.shape[1])
+        cols = k // BLOCK_SIZE
+        padded = _torch.to_numpy(q._rowwise_scale_inv.view(_torch.torch().uint8))
+        if getattr(q, "_with_gemm_swizzled_scales", False):
+            scales = unswizzle_scales(padded.reshape(-1), m, cols, "activation")
+        else:
+            scales = np.ascontiguousarray(padded[:m, :cols])
+        amax = _torch.to_numpy(q._amax_rowwise.float()).reshape(())
+        return activation_planes(
+            _torch.to_numpy(q._rowwise_data.view(_torch.torch().uint8)),
+            scales,
+            np.float32(amax / np.float32(GLOBAL_AMAX_DIVISOR)),
+        )
+
+    def from_numpy(self, a: npt.NDArray[Any]) -> Any:
+        return _torch.from_numpy(a, DEVICE)
+
+    def to_numpy(self, a: Any) -> npt.NDArray[Any]:
+        return _torch.to_numpy(a)
+
+
+def backend() -> Backend:
+    """Entry-point factory (``transformer-engine =
+    "nvfp4_engines.transformer_engine:backend"``): cheap, never raises."""
+    return Backend(TransformerEngineKernels())

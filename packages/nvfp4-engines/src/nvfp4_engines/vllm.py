@@ -1,0 +1,128 @@
+"""``vllm``: vLLM's NVFP4 CUDA kernels (``vllm._custom_ops.scaled_fp4_quant`` and
+``cutlass_scaled_fp4_mm``), as its ModelOpt / compressed-tensors NVFP4 linear method calls
+them. GPU only: without a CUDA device :meth:`availability` says "needs CUDA" and what to
+install, and nothing of vLLM is imported.
+
+What the engine has, and the kernel each becomes:
+
+* ``scaled_fp4_quant(x, input_global_scale)`` -> :meth:`quantize_activations`: vLLM takes
+  the ENCODE global ``448 * 6 / amax`` that a checkpoint's ``input_scale`` gives (its
+  reciprocal, as vLLM's loader computes it): a static input scale goes in that way;
+  dynamic, the global is ``(448 * 6) / max|x|`` of x, the static global a calibration
+  would give for this x (vLLM's NVFP4 linear has no dynamic global of its own). The
+  scales come back swizzled (128x4) and are unswizzled by the lossless transcoder;
+* ``cutlass_scaled_fp4_mm(a, b, a_sf, b_sf, alpha, out_dtype)`` on the output of
+  ``scaled_fp4_quant`` -> :meth:`qmm_w4a4`, with ``alpha = 1 / (input_global_scale *
+  weight_global_scale)`` as vLLM's ``process_weights_after_loading`` sets it; one call per
+  partition (vLLM requires one global per fused layer; the adapter keeps each
+  partition's own).
+
+What it lacks as separate kernels is absent: vLLM has no NVFP4 dequantize op (its W4A16
+path is Marlin, with its own repacked layout), so no ``dequantize`` / ``qmm`` here, and
+its MoE kernels take routing, not expert ids, so no ``gather_qmm``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import numpy.typing as npt
+from nvfp4.backend import Backend
+from nvfp4.contract import Availability
+from nvfp4.planes import NVFP4Planes
+from nvfp4.spec import BLOCK_SIZE, E2M1_MAX, E4M3_MAX
+
+from . import _swizzled, _torch
+from ._common import adapter_info
+from ._cuda import probe
+from ._swizzled import SwizzledWeight
+
+__all__ = ["DISTRIBUTION", "NAME", "VllmKernels", "backend"]
+
+NAME: Final = "vllm"
+DISTRIBUTION: Final = "vllm"
+INSTALL: Final = "pip install 'vllm>=0.33'"
+
+
+def _ops() -> Any:
+    from vllm import _custom_ops
+
+    return _custom_ops
+
+
+def _check() -> None:
+    torch = _torch.torch()
+    x = torch.ones((1, BLOCK_SIZE), dtype=torch.bfloat16, device="cuda")
+    _ops().scaled_fp4_quant(x, torch.ones(1, device="cuda"))
+
+
+def _ready() -> Any:
+    a = probe("vLLM", DISTRIBUTION, INSTALL, _check)
+    if not a.ok:
+        raise RuntimeError(f"NVFP4 backend {NAME!r} cannot run here: {a.reason}")
+    return _ops()
+
+
+def _encode_global(x: Any, input_scale: float | None) -> Any:
+    if input_scale is not None:
+        return _swizzled.input_encode_global(input_scale)
+    return (E4M3_MAX * E2M1_MAX) / x.float().abs().max().reshape(1)
+
+
+class VllmKernels:
+    """The kernel contract over vLLM's NVFP4 custom ops (CUDA ``torch.Tensor``)."""
+
+    def __init__(self) -> None:
+        self.info = adapter_info(
+            NAME,
+            DISTRIBUTION,
+            frozenset({"fused_partitions", "quantize_activations", "w4a4"}),
+            (
+                "GPU only: needs a CUDA device",
+                "quantize_activations: scaled_fp4_quant(x, 448 * 6 / max|x| or "
+                "1 / input_scale), swizzled scales unswizzled",
+                "w4a4: scaled_fp4_quant then cutlass_scaled_fp4_mm with alpha = "
+                "1 / (input_gs * weight_gs), one call per partition",
+                "absent: no NVFP4 dequantize op (W4A16 is Marlin's repacked layout), no "
+                "expert-id gather",
+            ),
+        )
+
+    def availability(self) -> Availability:
+        return probe("vLLM", DISTRIBUTION, INSTALL, _check)
+
+    def prepare(self, planes: NVFP4Planes) -> SwizzledWeight:
+        _ready()
+        return _swizzled.prepare(planes)
+
+    def quantize_activations(self, x: Any, *, input_scale: float | None) -> NVFP4Planes:
+        ops = _ready()
+        gs = _encode_global(x, input_scale)
+        q, sf = ops.scaled_fp4_quant(x, gs)
+        return _swizzled.activation_planes(q, sf, gs, int(x.shape[0]), int(x.shape[1]))
+
+    def qmm_w4a4(
+        self, x: Any, w: SwizzledWeight, *, input_scale: float | None, out_dtype: str
+    ) -> Any:
+        ops = _ready()
+        torch = _torch.torch()
+        gs = _encode_global(x, input_scale)
+        a, a_sf = ops.scaled_fp4_quant(x, gs)
+        ys = [
+            ops.cutlass_scaled_fp4_mm(
+                a, p.codes, a_sf, p.swizzled, 1.0 / (gs * p.encode), _torch.torch_dtype(out_dtype)
+            )
+            for (p,) in w.parts
+        ]
+        return torch.cat(ys, dim=-1) if len(ys) > 1 else ys[0]
+
+    def from_numpy(self, a: npt.NDArray[Any]) -> Any:
+        return _torch.from_numpy(a, _swizzled.DEVICE)
+
+    def to_numpy(self, a: Any) -> npt.NDArray[Any]:
+        return _torch.to_numpy(a)
+
+
+def backend() -> Backend:
+    """Entry-point factory (``vllm = "nvfp4_engines.vllm:backend"``): cheap, never raises."""
+    return Backend(VllmKernels())
