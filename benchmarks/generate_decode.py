@@ -204,7 +204,7 @@ def run(backends: list[str], tokens: int, rounds: int) -> dict[str, Any]:
             {
                 "id": "G2",
                 "goal": "cpu: share of generate's decode time inside backend verbs",
-                "value": gen["verbs_share"],
+                "value": round(gen["verbs_share"], 2),
                 "target": ">= 0.60",
                 "met": gen["verbs_share"] >= 0.60,
             },
