@@ -74,7 +74,7 @@ class LlamaCpp:
     def __init__(self, path: Path) -> None:
         from llama_cpp import Llama
 
-        self.llm = Llama(
+        self.llm: Any = Llama(
             str(path),
             n_ctx=N_CTX,
             logits_all=True,
@@ -115,7 +115,8 @@ class MlxLm:
     def __init__(self, path: Path) -> None:
         import mlx_lm
 
-        self.model, self.tokenizer = mlx_lm.load(str(path), trust_remote_code=True)
+        loaded: Any = mlx_lm.load(str(path), trust_remote_code=True)
+        self.model, self.tokenizer = loaded[0], loaded[1]
 
     def greedy(self, prompt_ids: Sequence[int], n: int) -> tuple[list[int], Logits]:
         import mlx.core as mx
