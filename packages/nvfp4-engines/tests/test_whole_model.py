@@ -175,6 +175,16 @@ def test_markdown_names_every_engine_and_its_divergences() -> None:
     text = "\n".join(results.markdown([doc]))
     assert "| toy (toy 1.0) | `ggml` | gguf | W4A8 | 12 of 40 | diverged at near ties |" in text
     assert "p3 step 12 (reference margin 0.010, near tie)" in text
+    # a divergence above the threshold but within twice the engine's logit difference
+    ref, logits = _reference(seed=5)
+    tf = logits + np.float32(0.8) * (np.arange(VOCAB) % 2)
+    row = compare_prompt(ref, *_engine(logits, flip=2), logits, tf, THRESHOLD)
+    text = "\n".join(results.markdown([_doc([row])]))
+    assert (
+        "p5 step 2 (reference margin 1.200, above the threshold, within 2 x the engine's " in text
+    )
+    row = compare_prompt(ref, *_engine(logits, flip=2), logits, logits, THRESHOLD)
+    assert "p5 step 2 (reference margin 1.200, clear)" in "\n".join(results.markdown([_doc([row])]))
     assert results.markdown([]) == []
 
 
