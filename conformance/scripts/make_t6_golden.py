@@ -21,7 +21,18 @@ Steps:
    information, the logit change of a backend at the edge of the float32 qmm tolerance
    (random noise of that size on every output) is measured and recorded too.
 5. Re-run the kept prompts with the real ``reference`` backend from ``nvfp4.get_backend``
-   and require identical tokens and logits, then write the JSON.
+   and require identical tokens and logits.
+6. For every activation mode of :data:`MODES` (spec 1.1's ``w4a8``: int8 Q8_0 activations,
+   what ggml's matmul computes), the kept prompts' 40 greedy tokens and margins with every
+   NVFP4 linear of the cached reference in that mode (``llm.activation_mode``), re-run with
+   the real ``reference`` backend and required bit for bit too; then write the JSON. These
+   are additive keys (``activation_modes``, top level and per prompt): the prompts are the
+   W4A16 ones, so a mode's margins are recorded, not bounded (its near-tie steps counted).
+
+``--extend`` runs step 6 alone on the golden file at ``--out``, after re-deriving its W4A16
+tokens (equal required; margins and top-1 logits within twice the measured logit change):
+every key it has stays byte for byte (a full run re-measures every float32 figure, whose
+last digits depend on the machine's torch and BLAS).
 """
 
 from __future__ import annotations
@@ -42,11 +53,16 @@ from nvfp4 import reference
 from nvfp4.backend import Availability, BackendInfo
 from nvfp4.planes import NVFP4Planes, validate
 from nvfp4_conformance import __version__, llm, smollm2, t6
+from nvfp4_conformance.nvfp4_linear import ACTIVATION_VERBS
 
 FLOOR = 0.05
 SAFETY = 10.0
 KEEP = 4
 MAX_NEW = t6.NEW_TOKENS
+#: Quantized activation modes whose reference greedy tokens the golden file also holds:
+#: mode -> the spec version that defines it (engines whose matmul computes in that mode
+#: are compared with these tokens).
+MODES = {"w4a8": "1.1"}
 
 #: (name, chat?, text). Interleaved chat and plain continuations.
 CANDIDATES: list[tuple[str, bool, str]] = [
@@ -106,6 +122,14 @@ class CachedReference:
         y *= g
         return y.astype(np.float32)
 
+    def qmm_w4a8(self, x: Any, w: Any, *, out_dtype: Any = None) -> npt.NDArray[np.float32]:
+        """``reference.qmm_w4a8``'s arithmetic (Q8_0 activations decoded exactly, float64
+        products and sums, the row global after accumulation) on the cached weight."""
+        wd, g = w
+        xq = reference.quantize_activations_q8_2d(np.asarray(x, dtype=np.float32))
+        y: npt.NDArray[np.float64] = (xq.decoded() @ wd.T) * g
+        return y.astype(np.float32)
+
     def from_numpy(self, a: Any) -> Any:
         return np.asarray(a)
 
@@ -161,6 +185,31 @@ def prompt_ids(tok: Any, chat: bool, text: str) -> list[int]:
     return [int(i) for i in tok(text, add_special_tokens=False)["input_ids"]]
 
 
+def mode_row(
+    model: Any, tok: Any, row: dict[str, Any], mode: str, threshold: float
+) -> dict[str, Any]:
+    """The greedy tokens of ``row``'s prompt with every NVFP4 linear of ``model`` in
+    activation mode ``mode``, their margins and where they leave the W4A16 tokens."""
+    with llm.activation_mode(model, mode) as switched:
+        if not switched:
+            raise RuntimeError(f"{mode}: the model has no NVFP4 linear to switch")
+        g = llm.greedy(model, row["prompt_ids"], MAX_NEW)
+    m = llm.margins(g.logits)
+    steps = np.arange(len(g.new_ids))
+    return {
+        "golden_ids": g.new_ids,
+        "golden_text": tok.decode(g.new_ids),
+        "margins": [round(float(v), 6) for v in m],
+        "top1_logits": [round(float(v), 6) for v in g.logits[steps, g.new_ids]],
+        "top2_ids": [int(v) for v in np.argsort(g.logits, axis=-1)[:, -2]],
+        "min_margin": float(m.min()),
+        "argmin_step": int(m.argmin()),
+        "near_tie_steps": [int(i) for i in np.flatnonzero(m < threshold)],
+        "first_divergence_from_w4a16": t6.first_mismatch(g.new_ids, row["golden_ids"]),
+        "greedy_logits": g.logits,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -174,7 +223,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=default_out)
     parser.add_argument("--keep", type=int, default=KEEP)
+    parser.add_argument(
+        "--extend",
+        action="store_true",
+        help="add the activation modes to the golden file at --out, keeping its other keys",
+    )
     args = parser.parse_args(argv)
+    if args.extend:
+        return extend(args.out)
     t_start = time.time()
 
     import torch
@@ -268,6 +324,9 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
         print("reference backend reproduces the kept prompts bit for bit", flush=True)
 
+        if add_modes(kept, fast, ref_model, tok, threshold):
+            return 1
+
     src = smollm2.model_source()
     golden = {
         "format": 1,
@@ -330,12 +389,128 @@ def main(argv: list[str] | None = None) -> int:
             }
             for r in rows
         ],
-        "prompts": [{k: v for k, v in r.items() if k not in ("greedy_logits",)} for r in kept],
+        "prompts": [_prompt_entry(r) for r in kept],
+        "activation_modes": modes_block(kept),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(golden, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {args.out} in {time.time() - t_start:.0f} s")
     return 0
+
+
+def add_modes(
+    rows: list[dict[str, Any]], fast: Any, ref_model: Any, tok: Any, threshold: float
+) -> int:
+    """Give every row its ``activation_modes`` (:func:`mode_row` on the cached reference),
+    each required bit for bit from the real reference backend; 1 when one differs."""
+    for mode in MODES:
+        for r in rows:
+            mr = mode_row(fast, tok, r, mode, threshold)
+            r.setdefault("activation_modes", {})[mode] = mr
+            print(
+                f"{mode} {r['name']:24s} min margin {mr['min_margin']:.4f} at step "
+                f"{mr['argmin_step']:2d}  near ties {mr['near_tie_steps']}  leaves W4A16 at "
+                f"{mr['first_divergence_from_w4a16']}  {mr['golden_text']!r}",
+                flush=True,
+            )
+            with llm.activation_mode(ref_model, mode):
+                g = llm.greedy(ref_model, r["prompt_ids"], MAX_NEW)
+            if g.new_ids != mr["golden_ids"] or not np.array_equal(g.logits, mr["greedy_logits"]):
+                print(
+                    f"{mode} {r['name']}: the reference backend differs from the cached reference",
+                    file=sys.stderr,
+                )
+                return 1
+        print(f"reference backend reproduces the {mode} tokens bit for bit", flush=True)
+    return 0
+
+
+def modes_block(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The top-level ``activation_modes`` entry: per mode, what its per-prompt keys hold."""
+    return {
+        mode: {
+            "spec_version": since,
+            "verb": ACTIVATION_VERBS[mode],
+            "near_tie_steps": sum(len(r["activation_modes"][mode]["near_tie_steps"]) for r in rows),
+            "note": f"per prompt, activation_modes.{mode}: the reference backend's greedy "
+            f"tokens with every NVFP4 linear computing {ACTIVATION_VERBS[mode]} (dynamic "
+            "per-call activation scales), for engines whose matmul computes in this mode; "
+            "the prompts are the W4A16 ones, so steps below near_tie_threshold are "
+            "counted (near_tie_steps), not excluded",
+        }
+        for mode, since in MODES.items()
+    }
+
+
+def extend(path: Path) -> int:
+    """``--extend``: add the activation modes to the golden file at ``path`` and keep every
+    key it has byte for byte. Its prompts' W4A16 greedy tokens are re-derived first with
+    the cached reference and must equal the file's, their margins and top-1 logits within
+    twice the file's measured logit change (the candidate search and its measured logit
+    changes are not re-run: torch's and the BLAS's float32 rounding depends on the
+    machine, so a full run rewrites those figures in their last digits)."""
+    golden = json.loads(path.read_text(encoding="utf-8"))
+    fp32 = smollm2.load_float32_model()
+    tok = smollm2.load_tokenizer()
+    q = smollm2.quantize_model(fp32)
+    fingerprint = smollm2.planes_fingerprint(q.planes, q.tensors)
+    if fingerprint != golden["model"]["quantized_model_sha256"]:
+        print(f"{path}: quantized model sha256 {fingerprint} is not the file's", file=sys.stderr)
+        return 1
+    rows = golden["prompts"]
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = smollm2.write_nvfp4_checkpoint(q, Path(tmp) / "smollm2-nvfp4")
+        fast = llm.load_model(ckpt, CachedReference()).model
+        # torch's own float32 ops (norms, attention, lm_head) round differently on another
+        # machine: the tokens must be equal, the margins and top-1 logits within twice the
+        # logit change the file measured (a margin is the difference of two logits)
+        bound = 2.0 * float(golden["threshold_basis"]["max_abs_logit_change"])
+        worst = 0.0
+        for r in rows:
+            g = llm.greedy(fast, r["prompt_ids"], MAX_NEW)
+            if g.new_ids != r["golden_ids"]:
+                print(f"{path}: prompt {r['name']}: golden_ids not reproduced", file=sys.stderr)
+                return 1
+            steps = np.arange(len(g.new_ids))
+            for key, value in (
+                ("margins", llm.margins(g.logits)),
+                ("top1_logits", g.logits[steps, g.new_ids]),
+            ):
+                change = float(np.abs(np.asarray(r[key]) - value.astype(np.float64)).max())
+                worst = max(worst, change)
+                if change > bound:
+                    print(
+                        f"{path}: prompt {r['name']}: {key} differ by {change:.3e}, more than "
+                        f"{bound:.3e}",
+                        file=sys.stderr,
+                    )
+                    return 1
+        print(
+            f"the file's W4A16 tokens are reproduced; margins and top-1 logits within "
+            f"{worst:.2e} (bound {bound:.2e})",
+            flush=True,
+        )
+        ref_model = llm.load_model(ckpt, nvfp4.get_backend("reference")).model
+        if add_modes(rows, fast, ref_model, tok, float(golden["near_tie_threshold"])):
+            return 1
+    for r in rows:
+        for mr in r["activation_modes"].values():
+            mr.pop("greedy_logits")
+    golden["activation_modes"] = modes_block(rows)
+    path.write_text(json.dumps(golden, indent=1) + "\n", encoding="utf-8")
+    print(f"extended {path}")
+    return 0
+
+
+def _prompt_entry(r: dict[str, Any]) -> dict[str, Any]:
+    """A kept prompt as the JSON holds it: without the logits (the W4A16 keys first, in the
+    order the golden file has always had, then each activation mode's)."""
+    entry = {k: v for k, v in r.items() if k not in ("greedy_logits", "activation_modes")}
+    entry["activation_modes"] = {
+        mode: {k: v for k, v in mr.items() if k != "greedy_logits"}
+        for mode, mr in r["activation_modes"].items()
+    }
+    return entry
 
 
 if __name__ == "__main__":

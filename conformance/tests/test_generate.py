@@ -51,6 +51,26 @@ def test_committed_golden_passes_self_check() -> None:
         assert min(p["margins"]) >= golden["near_tie_threshold"]
 
 
+def test_committed_golden_holds_the_w4a8_reference_tokens() -> None:
+    golden = t6.load_golden()
+    assert golden["activation_modes"]["w4a8"]["spec_version"] == "1.1"
+    for p in golden["prompts"]:
+        w4a8 = p["activation_modes"]["w4a8"]
+        assert len(w4a8["golden_ids"]) == t6.NEW_TOKENS == len(w4a8["margins"])
+        assert w4a8["min_margin"] == pytest.approx(min(w4a8["margins"]), abs=1e-6)
+        near = [i for i, m in enumerate(w4a8["margins"]) if m < golden["near_tie_threshold"]]
+        assert w4a8["near_tie_steps"] == near
+        assert w4a8["first_divergence_from_w4a16"] == t6.first_mismatch(
+            w4a8["golden_ids"], p["golden_ids"]
+        )
+    broken = copy.deepcopy(golden)
+    del broken["prompts"][2]["activation_modes"]["w4a8"]["margins"][-1]
+    (problem,) = t6.check_golden(broken)
+    assert problem == (
+        f"prompt {golden['prompts'][2]['name']} w4a8: 40 tokens and 39 margins, 40 of each required"
+    )
+
+
 def test_self_check_catches_a_near_tie() -> None:
     golden = copy.deepcopy(t6.load_golden())
     golden["prompts"][1]["margins"][5] = golden["near_tie_threshold"] / 2

@@ -7,7 +7,11 @@ SmolLM2-135M-Instruct quantized as :mod:`nvfp4_conformance.smollm2` describes:
 * ``near_tie_threshold`` and how it was derived (the largest logit change measured between
   the reference backend and a float32-accumulating matmul, and the safety factor);
 * at least four prompts: token ids, the reference backend's 40 greedy tokens and the
-  top-1/top-2 logit margin of every step.
+  top-1/top-2 logit margin of every step;
+* per prompt, ``activation_modes.<mode>`` (spec 1.1's ``w4a8``): the reference backend's 40
+  greedy tokens and margins with every NVFP4 linear computing in that activation mode, for
+  engines whose matmul does (ggml's is W4A8). Those prompts were chosen for W4A16, so a
+  mode's steps below the threshold are counted (``near_tie_steps``), not refused.
 
 A backend must reproduce every token; :func:`check_golden` fails the fixture itself when
 a step's margin is a near tie, since parity there would be a coin toss.
@@ -79,6 +83,13 @@ def check_golden(golden: dict[str, Any]) -> list[str]:
                 problems.append(
                     f"prompt {name} step {step}: margin {m} < near-tie threshold {threshold} "
                     f"(token {ids[step] if step < len(ids) else '?'})"
+                )
+        for mode, entry in p.get("activation_modes", {}).items():
+            mode_ids, mode_margins = entry.get("golden_ids", []), entry.get("margins", [])
+            if len(mode_ids) != len(ids) or len(mode_margins) != len(mode_ids):
+                problems.append(
+                    f"prompt {name} {mode}: {len(mode_ids)} tokens and {len(mode_margins)} "
+                    f"margins, {len(ids)} of each required"
                 )
     return problems
 

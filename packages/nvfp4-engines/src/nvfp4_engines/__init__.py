@@ -14,7 +14,8 @@ implementations, each registered under the entry-point group ``nvfp4.backends``:
 Each adapter calls only its engine's functions for the kernels the engine has; what it
 lacks is absent. Importing this package or calling a factory imports no engine;
 ``availability()`` says what to install when one is missing. :mod:`nvfp4_engines.matrix`
-turns the certificates into ``docs/engines.md``.
+turns the certificates into ``docs/engines.md``; :mod:`nvfp4_engines.whole_model` runs T6
+on engines that run a whole model (llama.cpp, mlx-lm) and adds their results there.
 """
 
 from ._version import __version__

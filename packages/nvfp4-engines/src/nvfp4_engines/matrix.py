@@ -13,7 +13,8 @@ version: the tiers, then the capabilities, each "certified", "failed" with the f
 test, or "absent" (nothing the engine has was tested there); then every deviation found,
 with its spec rule, a one-line reading and a reproducer that uses only that engine's API
 (:mod:`nvfp4_engines.deviations`). ``render --check`` fails when the document on disk is
-not what the certificates give.
+not what the certificates give. The whole-model results of
+``reports/engines/whole-model/`` (:mod:`nvfp4_engines.whole_model`) get their own section.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 
 from ._common import ENGINE_NOTE
 from .deviations import Deviation, classify
+from .whole_model import results as whole_model
 
 __all__ = ["engine_of", "load_certificates", "main", "record", "render", "sanitize"]
 
@@ -161,8 +163,9 @@ def _deviations(cert: dict[str, Any]) -> tuple[list[tuple[Deviation, list[Test]]
     return list(found.values()), unclassified
 
 
-def render(certs: list[dict[str, Any]]) -> str:
-    """The Markdown of ``docs/engines.md`` for these certificates."""
+def render(certs: list[dict[str, Any]], whole: list[dict[str, Any]] | None = None) -> str:
+    """The Markdown of ``docs/engines.md`` for these certificates and the whole-model
+    results ``whole`` (:mod:`.whole_model.results`: a section after the runs)."""
     lines = [
         "# NVFP4 engines: conformance matrix",
         "",
@@ -214,6 +217,8 @@ def render(certs: list[dict[str, Any]]) -> str:
         for c in certs
     ]
     lines += _table(["adapter", "device", "tests", "time", "left out"], rows)
+    if whole:
+        lines += ["", *whole_model.markdown(whole)]
     lines += ["", "## Deviations found", ""]
     for c in certs:
         name = c["backend"]["name"]
@@ -257,7 +262,9 @@ def main(argv: list[str] | None = None) -> int:
         for p in record(args.certificates, args.out, args.root.resolve()):
             print(f"recorded {p}")
         return 0
-    text = render(load_certificates(args.reports))
+    text = render(
+        load_certificates(args.reports), whole_model.load_all(args.reports / whole_model.FOLDER)
+    )
     if args.check:
         if not args.out.is_file() or args.out.read_text() != text:
             print(f"{args.out} is not what {args.reports} gives: re-run render", file=sys.stderr)
