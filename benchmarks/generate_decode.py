@@ -8,13 +8,18 @@ configurations, so a busy machine slows them alike):
 * ``t6-before``: one backend call per checkpoint tensor (210 a token), torch's own
   operations on every core (torch's default): the path as it was;
 * ``unfused-1thread``: the same calls, torch on one thread (llm.DECODE_TORCH_THREADS);
-* ``generate``: q/k/v and gate/up fused (120 calls a token), torch on one thread: what
-  ``generate`` and T6 now do (T6 unfused).
+* ``generate-transformers``: q/k/v and gate/up fused (120 calls a token), torch on one
+  thread, the transformers forward (``generate --forward transformers``; T6 runs this
+  forward unfused);
+* ``generate``: the same products on the lean batch-1 decoder
+  (:class:`nvfp4_conformance.lean_decoder.LeanDecoder`): what ``generate`` runs.
 
 For each: decode seconds per token (the median over rounds of each round's mean; the first
 token, chosen by the prompt's pass, is not a decode step), the time inside backend verbs
 (:class:`nvfp4_conformance.generate.TimedBackend`), inside the float32 ``lm_head`` (forward
-hooks) and the rest (transformers' attention, norms, rotary embeddings, Python).
+hooks; the lean decoder's own clock) and the rest (attention, norms, rotary embeddings,
+Python). The bytes each token reads (the NVFP4 weights' codes and scales, the float32 head)
+put the verbs' share in context: the head is most of SmolLM2-135M's bytes.
 
 Goals (from the tools issue): ``generate`` at least 3x fewer seconds per token than
 ``t6-before`` on the cpu backend, and at least 60% of its decode time inside backend verbs.
@@ -42,6 +47,7 @@ import nvfp4
 import torch
 from nvfp4_conformance import llm, smollm2, t6
 from nvfp4_conformance.generate import TimedBackend
+from nvfp4_conformance.lean_decoder import LeanDecoder
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plotting import pyplot
@@ -50,11 +56,12 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "generate_decode.json"
 REPORT = ROOT / "docs" / "benchmark_results" / "generate_decode.md"
 
-#: name -> (fuse, torch threads during decoding; None: torch's default)
-CONFIGS: dict[str, tuple[bool, int | None]] = {
-    "t6-before": (False, None),
-    "unfused-1thread": (False, 1),
-    "generate": (True, 1),
+#: name -> (fuse, torch threads during decoding (None: torch's default), lean decoder)
+CONFIGS: dict[str, tuple[bool, int | None, bool]] = {
+    "t6-before": (False, None, False),
+    "unfused-1thread": (False, 1, False),
+    "generate-transformers": (True, 1, False),
+    "generate": (True, 1, True),
 }
 #: The figure the tools issue measured before (cpu backend, 40 tokens): 0.76 s/token.
 ISSUE_BASELINE_S_PER_TOKEN = 0.76
@@ -77,20 +84,41 @@ def machine() -> dict[str, Any]:
 
 
 class HeadTimer:
-    """Wall time inside the model's ``lm_head`` (forward pre / post hooks)."""
+    """Wall time inside the model's ``lm_head`` (forward pre / post hooks), or inside the
+    lean decoder's when it has one."""
 
-    def __init__(self, model: Any) -> None:
-        self.seconds = 0.0
+    def __init__(self, model: Any, lean: LeanDecoder | None = None) -> None:
+        self._seconds = 0.0
         self._t0 = 0.0
+        self.lean = lean
         head = model.get_output_embeddings()
         head.register_forward_pre_hook(lambda *_: self._start())
         head.register_forward_hook(lambda *_: self._stop())
+
+    @property
+    def seconds(self) -> float:
+        return self._seconds + (0.0 if self.lean is None else self.lean.head_seconds)
 
     def _start(self) -> None:
         self._t0 = time.perf_counter()
 
     def _stop(self) -> None:
-        self.seconds += time.perf_counter() - self._t0
+        self._seconds += time.perf_counter() - self._t0
+
+
+def bytes_per_token(model: Any) -> dict[str, int]:
+    """What one decode step reads: the NVFP4 weights' codes and scales (and globals) and
+    the float32 lm_head."""
+    from nvfp4_conformance.nvfp4_linear import NVFP4Linear
+
+    nvfp4_bytes = 0
+    for m in model.modules():
+        if isinstance(m, NVFP4Linear):
+            # 4-bit codes, one E4M3 byte per 16 values, one float32 global
+            nvfp4_bytes += m.out_features * m.in_features // 2
+            nvfp4_bytes += m.out_features * m.in_features // 16 + 4
+    head = model.get_output_embeddings().weight
+    return {"nvfp4_weights": nvfp4_bytes, "lm_head_float32": int(head.numel()) * 4}
 
 
 def decode_round(
@@ -108,8 +136,10 @@ def decode_round(
         if not marks:
             marks.append((timed.seconds, head.seconds))
 
-    timed.seconds = head.seconds = 0.0
-    g = llm.greedy(loaded.model, prompt, tokens, on_token=first, torch_threads=threads)
+    timed.seconds = 0.0
+    g = llm.greedy(
+        loaded.model, prompt, tokens, on_token=first, torch_threads=threads, lean=head.lean
+    )
     steps = len(g.new_ids) - 1
     verbs = timed.seconds - marks[0][0]
     lm_head = head.seconds - marks[0][1]
@@ -136,10 +166,13 @@ def run(backends: list[str], tokens: int, rounds: int) -> dict[str, Any]:
         )
         models: dict[tuple[str, str], tuple[Any, TimedBackend, HeadTimer]] = {}
         for b in backends:
-            for name, (fuse, _threads) in CONFIGS.items():
+            for name, (fuse, _threads, lean) in CONFIGS.items():
                 timed = TimedBackend(nvfp4.get_backend(b))
                 loaded = llm.load_model(ckpt, timed, fuse=fuse)
-                models[b, name] = (loaded, timed, HeadTimer(loaded.model))
+                decoder = LeanDecoder(loaded.model, len(prompt["prompt_ids"]) + tokens)
+                head = HeadTimer(loaded.model, decoder if lean else None)
+                models[b, name] = (loaded, timed, head)
+        nbytes = bytes_per_token(loaded.model)
         samples: dict[tuple[str, str], list[dict[str, Any]]] = {k: [] for k in models}
         for _ in range(rounds):
             for (b, name), (loaded, timed, head) in models.items():
@@ -155,6 +188,7 @@ def run(backends: list[str], tokens: int, rounds: int) -> dict[str, Any]:
         "loadavg_start": [round(x, 2) for x in load0],
         "loadavg_end": [round(x, 2) for x in os.getloadavg()],
         "run_seconds": round(time.time() - t0, 1),
+        "bytes_per_token": nbytes,
         "backends": {},
     }
     for b in backends:
@@ -182,6 +216,10 @@ def run(backends: list[str], tokens: int, rounds: int) -> dict[str, Any]:
         per["speedup_generate_vs_before"] = round(
             c["t6-before"]["s_per_token"] / c["generate"]["s_per_token"], 2
         )
+        for conf in c.values():  # the two memory-bound parts together
+            conf["verbs_and_head_share"] = round(
+                (conf["verbs_s_per_token"] + conf["lm_head_s_per_token"]) / conf["s_per_token"], 3
+            )
         out["backends"][b] = per
     cpu = out["backends"].get("cpu")
     if cpu is not None:
@@ -220,13 +258,25 @@ def report(data: dict[str, Any]) -> str:
         "Produced by `benchmarks/generate_decode.py` (raw figures: `benchmarks/results/generate_decode.json`). "
         f"{data['tokens']} greedy tokens of the golden prompt `{data['prompt']}`, {data['rounds']} rounds interleaving the configurations; "
         "figures are medians over rounds. `t6-before`: one backend call per checkpoint tensor, torch on its default threads (the path before); "
-        "`unfused-1thread`: the same calls, torch on one thread; `generate`: q/k/v and gate/up fused, torch on one thread (what generate runs; T6 runs unfused on one thread).",
+        "`unfused-1thread`: the same calls, torch on one thread; `generate-transformers`: q/k/v and gate/up fused, torch on one thread, the transformers forward (T6's forward, which T6 runs unfused); "
+        "`generate`: the same products on the lean batch-1 decoder (what generate runs; its logits are the transformers forward's bit for bit in the tests).",
         "",
         f"- machine: {m.get('cpu', '?')}, {m['cpus']} CPUs; SIMD flags: {' '.join(m.get('simd_flags', []))}; torch {m['torch']} (default threads {m['torch_default_threads']})",
         f"- load average at start / end: {', '.join(map(str, data['loadavg_start']))} / {', '.join(map(str, data['loadavg_end']))} (a shared machine: the run's own threads count in these)",
         f"- run time: {data['run_seconds']} s",
         "",
     ]
+    nb = data.get("bytes_per_token")
+    if nb:
+        total = nb["nvfp4_weights"] + nb["lm_head_float32"]
+        lines += [
+            f"Each decoded token reads {nb['nvfp4_weights'] / 1e6:.1f} MB of NVFP4 weights (codes, scales, globals) "
+            f"and {nb['lm_head_float32'] / 1e6:.1f} MB of float32 lm_head (SmolLM2's tied embedding): the head is "
+            f"{100 * nb['lm_head_float32'] / total:.0f}% of the bytes, so at equal bandwidth the verbs' share of decode time "
+            f"cannot pass {100 * nb['nvfp4_weights'] / total:.0f}% on this model even with nothing else in the step; "
+            "the `verbs + head` column is the share of the two memory-bound parts.",
+            "",
+        ]
     if "goals" in data:
         lines += ["## Goals", "", "| id | goal | value | target | met |", "|---|---|---:|---|---|"]
         for g in data["goals"]:
@@ -241,12 +291,12 @@ def report(data: dict[str, Any]) -> str:
             f"Same tokens in every configuration: {'yes' if per['same_tokens_in_every_config'] else 'NO'}; equal to the golden tokens: {'yes' if per['tokens_equal_golden'] else 'NO'}. "
             f"generate vs t6-before: {per['speedup_generate_vs_before']}x fewer seconds per token.",
             "",
-            "| configuration | s/token (median) | best | in backend verbs | lm_head (float32) | rest | verbs share | prompt pass (s) |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|",
+            "| configuration | s/token (median) | best | in backend verbs | lm_head (float32) | rest | verbs share | verbs + head | prompt pass (s) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for name, c in per["configs"].items():
             lines.append(
-                f"| {name} | {c['s_per_token']:.4f} | {c['min_s_per_token']:.4f} | {c['verbs_s_per_token']:.4f} | {c['lm_head_s_per_token']:.4f} | {c['rest_s_per_token']:.4f} | {100 * c['verbs_share']:.0f}% | {c['prefill_s']:.2f} |"
+                f"| {name} | {c['s_per_token']:.4f} | {c['min_s_per_token']:.4f} | {c['verbs_s_per_token']:.4f} | {c['lm_head_s_per_token']:.4f} | {c['rest_s_per_token']:.4f} | {100 * c['verbs_share']:.0f}% | {100 * c['verbs_and_head_share']:.0f}% | {c['prefill_s']:.2f} |"
             )
         lines.append("")
     return "\n".join(lines) + "\n"

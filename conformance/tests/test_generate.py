@@ -336,7 +336,42 @@ def test_generate_prompt_prints_the_reply_and_its_speed(smollm2_checkpoint: Path
     assert "tokens/s" in summary
     assert "s/token" in summary
     assert "inside backend verbs" in summary
+    assert "in the float lm_head" in summary
     assert "q/k/v and gate/up fused" in summary
+    assert "lean forward" in summary
+
+
+def test_generate_transformers_forward_prints_the_same_reply(smollm2_checkpoint: Path) -> None:
+    """``--forward transformers`` (the forward T6 certifies) gives the same reply."""
+    p = _golden_chat_prompt()
+    args = ["--checkpoint", str(smollm2_checkpoint), "--backend", "cpu", "--prompt", p["text"]]
+    args += ["--max-new-tokens", "8", "--ignore-eos", "--profile"]
+    lean = _cli(*args)
+    plain = _cli(*args, "--forward", "transformers")
+    assert lean.returncode == plain.returncode == 0, (lean.stderr + plain.stderr)[-3000:]
+    assert lean.stdout == plain.stdout != ""
+    assert "lean forward" in lean.stderr
+    assert "transformers forward" in plain.stderr
+    assert "lm_head" not in plain.stderr  # only the lean forward times it
+
+
+def test_lean_decoder_is_the_transformers_forward_on_smollm2(smollm2_checkpoint: Path) -> None:
+    """On the T6 model and every golden prompt, the lean decoder's 40 greedy steps have the
+    transformers forward's logits bit for bit (fused products, the cpu backend), hence the
+    golden tokens."""
+    import nvfp4
+    from nvfp4_conformance import llm
+    from nvfp4_conformance.lean_decoder import LeanDecoder
+
+    loaded = llm.load_model(smollm2_checkpoint, nvfp4.get_backend("cpu"), fuse=True)
+    golden = t6.load_golden()
+    lean = LeanDecoder(loaded.model, 256)
+    for p in golden["prompts"]:
+        n = len(p["golden_ids"])
+        want = llm.greedy(loaded.model, p["prompt_ids"], n)
+        got = llm.greedy(loaded.model, p["prompt_ids"], n, lean=lean)
+        assert got.new_ids == p["golden_ids"], p["name"]
+        np.testing.assert_array_equal(got.logits, want.logits, err_msg=p["name"])
 
 
 def test_generate_stops_at_end_of_sequence(smollm2_checkpoint: Path) -> None:

@@ -10,7 +10,8 @@ with every NVFP4 linear on a backend, for people (``--prompt``) and for scripts
   end-of-sequence token, and a summary line on stderr gives the backend, the prompt and
   decode times and tokens per second.
 * ``--prompt-ids 1,2,3`` decodes exactly ``--max-new-tokens`` tokens and prints
-  ``{"new_ids": [...]}`` on stdout: the code path tier T6 certifies.
+  ``{"new_ids": [...]}`` on stdout (with ``--forward transformers --no-fuse``: the code path
+  tier T6 certifies).
 * ``--profile`` adds the share of decode time spent inside the backend's verbs.
 * torch's own operations run on one thread (``--torch-threads``): at batch 1 they are tiny,
   and torch's idle threads, spinning, take the cores from the backend's kernels (on a busy
@@ -18,6 +19,10 @@ with every NVFP4 linear on a backend, for people (``--prompt``) and for scripts
 * Decoding fuses q/k/v and gate/up into one product each
   (:func:`nvfp4_conformance.nvfp4_linear.attach_weights`: the same numbers, fewer calls);
   ``--no-fuse`` calls the backend once per checkpoint tensor, as T6 does.
+* Llama-family models decode on :class:`nvfp4_conformance.lean_decoder.LeanDecoder` (the
+  transformers model's weights and NVFP4 linears, a few torch operations a layer, the same
+  logits bit for bit in the tests); ``--forward transformers`` runs the transformers forward
+  as T6 does; other architectures always do.
 
 What generate needs (torch, transformers: the ``parity`` extra) is checked before anything is
 loaded, and a missing piece is named with the command that installs it.
@@ -47,6 +52,8 @@ REQUIREMENTS = (
     ("nvfp4_checkpoints", "nvfp4-checkpoints"),
 )
 INSTALL_HINT = "pip install 'nvfp4-conformance[parity]'"
+#: ``--forward`` choices.
+FORWARDS = ("lean", "transformers")
 
 
 def missing_requirements() -> list[str]:
@@ -83,7 +90,16 @@ def add_arguments(gen: argparse.ArgumentParser) -> None:
         help="one backend call per checkpoint tensor (as T6), not q/k/v and gate/up fused",
     )
     gen.add_argument(
-        "--profile", action="store_true", help="report the share of decode time in backend verbs"
+        "--forward",
+        choices=FORWARDS,
+        default="lean",
+        help="lean: a batch-1 decoder for Llama-family models (others fall back to "
+        "transformers); transformers: the transformers forward, as T6 runs",
+    )
+    gen.add_argument(
+        "--profile",
+        action="store_true",
+        help="report where decode time goes: backend verbs, the float lm_head (lean), the rest",
     )
     gen.add_argument(
         "--torch-threads",
@@ -259,14 +275,28 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         print(f"--prompt-ids: ids {bad[:5]} are outside the vocabulary [0, {vocab})", file=err)
         return 2
 
+    lean = None
+    forward = "transformers"
+    if args.forward == "lean":
+        from .lean_decoder import LeanDecoder, unsupported
+
+        why = unsupported(loaded.model)
+        if why is None:
+            lean = LeanDecoder(loaded.model, len(ids) + args.max_new_tokens)
+            forward = "lean"
+        else:
+            print(f"generate: the transformers forward ({why})", file=err)
+
     stream = None if tokenizer is None else _Streamer(tokenizer, out)
     stop = set() if tokenizer is None or args.ignore_eos else _stop_ids(tokenizer, loaded.config)
     timed.seconds, timed.calls = 0.0, 0
-    at_first_token: list[tuple[float, int]] = []  # verb time and calls of the prompt's pass
+    # verb time and calls, lm_head time, at the end of the prompt's pass
+    at_first_token: list[tuple[float, int, float]] = []
 
     def on_token(token: int) -> None:
         if not at_first_token:
-            at_first_token.append((timed.seconds, timed.calls))
+            head_s = 0.0 if lean is None else lean.head_seconds
+            at_first_token.append((timed.seconds, timed.calls, head_s))
         if stream is not None:
             stream(token)
 
@@ -277,6 +307,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         stop_ids=stop,
         on_token=on_token,
         torch_threads=args.torch_threads,
+        lean=lean,
     )
     if stream is None:
         print(json.dumps({"new_ids": result.new_ids}), file=out)
@@ -285,7 +316,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     steps = len(result.new_ids) - 1  # the first new token comes from the prompt's pass
     fused = "" if args.no_fuse else f", q/k/v and gate/up fused: {loaded.products} products"
     print(
-        f"generate: backend {_backend_line(backend)}{fused}; loaded in {load_seconds:.1f} s; "
+        f"generate: backend {_backend_line(backend)}{fused}, {forward} forward; "
+        f"loaded in {load_seconds:.1f} s; "
         f"prompt {len(ids)} tokens{' (chat template)' if chat else ''} in "
         f"{result.prefill_seconds:.2f} s; {len(result.new_ids)} new tokens, decode "
         f"{_rate(steps, result.decode_seconds)}"
@@ -295,11 +327,16 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     if args.profile and steps:
         verbs = timed.seconds - at_first_token[0][0]
         calls = timed.calls - at_first_token[0][1]
-        share = verbs / result.decode_seconds if result.decode_seconds > 0 else 0.0
+        total = result.decode_seconds
+        share = verbs / total if total > 0 else 0.0
+        head = ""
+        if lean is not None:
+            head_s = lean.head_seconds - at_first_token[0][2]
+            head = f", {head_s:.3f} s ({100 * head_s / total:.0f}%) in the float lm_head"
         print(
-            f"generate: profile: decode {result.decode_seconds:.3f} s, of which "
+            f"generate: profile: decode {total:.3f} s, of which "
             f"{verbs:.3f} s ({100 * share:.0f}%) inside backend verbs "
-            f"({calls // steps} calls per token)",
+            f"({calls // steps} calls per token){head}",
             file=err,
         )
     return 0

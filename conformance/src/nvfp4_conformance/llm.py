@@ -131,15 +131,24 @@ def greedy(
     stop_ids: Collection[int] = (),
     on_token: Callable[[int], None] | None = None,
     torch_threads: int | None = DECODE_TORCH_THREADS,
+    lean: Any = None,
 ) -> GreedyResult:
     """Greedy decoding, batch 1, with the model's KV cache: ``max_new_tokens`` steps, or
     fewer when a token of ``stop_ids`` is chosen (it is kept; T6 gives none, so
     end-of-sequence tokens do not stop it). Ties pick the lowest token id. ``on_token`` is
     called with each token as it is chosen. torch's own operations run on ``torch_threads``
-    threads for the duration (``None``: as they are); see :data:`DECODE_TORCH_THREADS`."""
+    threads for the duration (``None``: as they are); see :data:`DECODE_TORCH_THREADS`.
+    ``lean``: a :class:`nvfp4_conformance.lean_decoder.LeanDecoder` of ``model`` to run
+    instead of the transformers forward (its cache must hold the prompt and the new
+    tokens)."""
     torch = _torch()
     if not prompt_ids:
         raise ValueError("greedy: the prompt needs at least one token")
+    if lean is not None and len(prompt_ids) + max_new_tokens > lean.capacity:
+        raise ValueError(
+            f"greedy: {len(prompt_ids)} prompt and {max_new_tokens} new tokens exceed the "
+            f"lean decoder's cache of {lean.capacity} positions"
+        )
     cache_arg = _cache_argument(model)
     keep = (
         {"logits_to_keep": 1}
@@ -151,6 +160,8 @@ def greedy(
     if torch_threads is not None:
         torch.set_num_threads(torch_threads)
     try:
+        if lean is not None:
+            return _lean_loop(torch, lean, prompt_ids, max_new_tokens, stop, on_token)
         return _greedy_loop(
             torch, model, prompt_ids, max_new_tokens, stop, on_token, cache_arg, keep
         )
@@ -200,6 +211,36 @@ def _greedy_loop(
         prefill_seconds=prefill,
         decode_seconds=decode,
     )
+
+
+def _lean_loop(
+    torch: Any,
+    lean: Any,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    stop: frozenset[int],
+    on_token: Callable[[int], None] | None,
+) -> GreedyResult:
+    """:func:`greedy`'s loop on a lean decoder."""
+    new: list[int] = []
+    steps: list[npt.NDArray[np.float32]] = []
+    lean.reset()
+    with torch.no_grad():
+        start = time.perf_counter()
+        logits_t = lean.forward(list(prompt_ids))
+        prefill = time.perf_counter() - start
+        for step in range(max_new_tokens):
+            logits = logits_t.numpy().copy()
+            steps.append(logits)
+            token = int(np.argmax(logits))
+            new.append(token)
+            if on_token is not None:
+                on_token(token)
+            if step + 1 == max_new_tokens or token in stop:
+                break
+            logits_t = lean.forward([token])
+    decode = time.perf_counter() - start - prefill
+    return GreedyResult(new, np.stack(steps), prefill_seconds=prefill, decode_seconds=decode)
 
 
 def teacher_forced_logits(
