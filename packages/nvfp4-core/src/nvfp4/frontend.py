@@ -14,6 +14,7 @@ float32; the default output is then float64, widened from the float32 result).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -51,9 +52,21 @@ _INTEGER_DTYPES = frozenset(
 Convert = Callable[[npt.NDArray[Any]], Any]
 
 
+#: dtype object -> plain name, filled as dtypes are met (a numpy dtype's ``str`` runs Python
+#: code in numpy, a cost every verb call paid at decode).
+_DTYPE_NAMES: dict[Any, str] = {}
+
+
 def array_dtype_name(a: Any) -> str:
     """The dtype of a numpy, torch or MLX array by its plain name (``"bfloat16"``)."""
-    return str(a.dtype).rsplit(".", 1)[-1]
+    dt = a.dtype
+    try:
+        return _DTYPE_NAMES[dt]
+    except KeyError:
+        name = _DTYPE_NAMES[dt] = str(dt).rsplit(".", 1)[-1]
+        return name
+    except TypeError:  # an unhashable dtype object
+        return str(dt).rsplit(".", 1)[-1]
 
 
 def _shape(a: Any) -> tuple[int, ...]:
@@ -121,7 +134,7 @@ def matmul_input(
     if rows and len(shape) != 2:
         raise ValueError(f"{what}: x must be [M, K], found shape {shape}")
     lead = shape[:-1]
-    a = _contiguous(a.reshape(int(np.prod(lead, dtype=np.int64)), k))
+    a = _contiguous(a.reshape(math.prod(lead), k))
     if convert is not None and isinstance(a, np.ndarray):
         a = convert(a)
     return MatmulInput(a, lead, name)

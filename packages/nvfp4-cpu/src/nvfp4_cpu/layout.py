@@ -18,6 +18,8 @@ canonical planes too): :meth:`PreparedWeight.to_planes` rebuilds those byte for 
 
 from __future__ import annotations
 
+import ctypes
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +69,13 @@ class PreparedWeight:
     codes: npt.NDArray[np.uint8]
     scales: npt.NDArray[np.uint8]
     row_global: npt.NDArray[np.float32]
+
+    @functools.cached_property
+    def pointers(self) -> tuple[int, int, int]:
+        """The addresses of :attr:`codes`, :attr:`scales` and :attr:`row_global` (uint8,
+        uint8, float32), as every weight kernel takes them; computed once (the arrays are
+        owned by this frozen weight and never reallocated)."""
+        return (ptr(self.codes), ptr(self.scales), ptr(self.row_global, ctypes.c_float))
 
     def __post_init__(self) -> None:
         """O(1) structural checks, so the C kernels can trust every size they are given

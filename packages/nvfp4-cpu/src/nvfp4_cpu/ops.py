@@ -50,13 +50,7 @@ def cast_output(y: npt.NDArray[np.float32], out_dtype: str) -> npt.NDArray[Any]:
 def weight_args(isa: str, threads: int, w: PreparedWeight) -> tuple[Any, ...]:
     """The arguments every weight kernel starts with: the instruction-set level, the thread
     count, then the weight's codes, scale bytes and per-row globals."""
-    return (
-        ISA_LEVELS.index(isa),
-        threads,
-        ptr(w.codes),
-        ptr(w.scales),
-        ptr(w.row_global, ctypes.c_float),
-    )
+    return (ISA_LEVELS.index(isa), threads, *w.pointers)
 
 
 def qmm_f32(
