@@ -22,24 +22,11 @@ pytest_plugins = ["pytester"]
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer Llama (hidden 64, K of every linear a multiple of 32) with every decoder
     linear NVFP4, written as a ModelOpt checkpoint the way T6 writes SmolLM2."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
     from nvfp4_conformance import smollm2
+    from tiny_models import tiny_model
 
-    config = transformers.LlamaConfig(
-        vocab_size=96,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(3)
-    model = transformers.LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():  # weights large enough to move the logits
-            p.normal_(0.0, 0.2)
+    model = tiny_model("llama", seed=3)
     q = smollm2.quantize_model(model)
     return smollm2.write_nvfp4_checkpoint(q, tmp_path_factory.mktemp("tiny") / "ckpt")

@@ -6,45 +6,16 @@ backends."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
+from tiny_models import KINDS, tiny_model
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
 
-ARCHITECTURES = ("llama", "mistral", "qwen2")
+
 PROMPT = [1, 5, 9, 2, 17, 4]
-
-
-def _tiny_model(kind: str) -> Any:
-    """A 2-layer random model of ``kind`` (grouped KV heads; qwen2 with q/k/v biases)."""
-    common: dict[str, Any] = dict(
-        vocab_size=96,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=kind != "mistral",
-    )
-    if kind == "llama":
-        config = transformers.LlamaConfig(**common)
-        model_cls = transformers.LlamaForCausalLM
-    elif kind == "mistral":
-        config = transformers.MistralConfig(**common, sliding_window=None)
-        model_cls = transformers.MistralForCausalLM
-    else:
-        config = transformers.Qwen2Config(**common, use_sliding_window=False)
-        model_cls = transformers.Qwen2ForCausalLM
-    torch.manual_seed(11)
-    model = model_cls(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():  # weights large enough to move the logits
-            p.normal_(0.0, 0.2)
-    return model
 
 
 @pytest.fixture(scope="module")
@@ -53,12 +24,14 @@ def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
 
     root = tmp_path_factory.mktemp("lean")
     return {
-        kind: smollm2.write_nvfp4_checkpoint(smollm2.quantize_model(_tiny_model(kind)), root / kind)
-        for kind in ARCHITECTURES
+        kind: smollm2.write_nvfp4_checkpoint(
+            smollm2.quantize_model(tiny_model(kind, seed=11)), root / kind
+        )
+        for kind in KINDS
     }
 
 
-@pytest.mark.parametrize("kind", ARCHITECTURES)
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("backend_name", ["reference", "cpu"])
 @pytest.mark.parametrize("fuse", [False, True])
 def test_lean_decoding_is_the_transformers_forward_bit_for_bit(

@@ -160,87 +160,70 @@ def greedy(
     if torch_threads is not None:
         torch.set_num_threads(torch_threads)
     try:
-        if lean is not None:
-            return _lean_loop(torch, lean, prompt_ids, max_new_tokens, stop, on_token)
-        return _greedy_loop(
-            torch, model, prompt_ids, max_new_tokens, stop, on_token, cache_arg, keep
+        step = (
+            _transformers_steps(torch, model, cache_arg, keep)
+            if lean is None
+            else _lean_steps(lean)
         )
+        return _greedy_loop(torch, step, prompt_ids, max_new_tokens, stop, on_token)
     finally:
         torch.set_num_threads(threads_before)
 
 
+def _transformers_steps(
+    torch: Any, model: Any, cache_arg: str, keep: dict[str, Any]
+) -> Callable[[Sequence[int]], Any]:
+    """A step function on the transformers forward: the prompt's ids first, then one token
+    at a time; each call returns the last position's logits and keeps the KV cache."""
+    state: dict[str, Any] = {}
+
+    def step(ids: Sequence[int]) -> Any:
+        cache = {cache_arg: getattr(state["out"], cache_arg)} if state else {}
+        state["out"] = model(
+            input_ids=torch.tensor([list(ids)], dtype=torch.long),
+            use_cache=True,
+            **keep,
+            **cache,
+        )
+        return state["out"].logits[0, -1]
+
+    return step
+
+
+def _lean_steps(lean: Any) -> Callable[[Sequence[int]], Any]:
+    """The same on a lean decoder (its cache emptied first)."""
+    lean.reset()
+    return lambda ids: lean.forward(list(ids))
+
+
 def _greedy_loop(
     torch: Any,
-    model: Any,
-    prompt_ids: Sequence[int],
-    max_new_tokens: int,
-    stop: frozenset[int],
-    on_token: Callable[[int], None] | None,
-    cache_arg: str,
-    keep: dict[str, Any],
-) -> GreedyResult:
-    """:func:`greedy`'s loop, its arguments checked."""
-    new: list[int] = []
-    steps: list[npt.NDArray[np.float32]] = []
-    with torch.no_grad():
-        ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
-        start = time.perf_counter()
-        out = model(input_ids=ids, use_cache=True, **keep)
-        prefill = time.perf_counter() - start
-        for step in range(max_new_tokens):
-            logits = out.logits[0, -1].to(torch.float32).numpy().copy()
-            steps.append(logits)
-            token = int(np.argmax(logits))
-            new.append(token)
-            if on_token is not None:
-                on_token(token)
-            if step + 1 == max_new_tokens or token in stop:
-                break
-            cache = getattr(out, cache_arg)
-            out = model(
-                input_ids=torch.tensor([[token]], dtype=torch.long),
-                use_cache=True,
-                **keep,
-                **{cache_arg: cache},
-            )
-    decode = time.perf_counter() - start - prefill
-    vocab = steps[0].shape[-1] if steps else 0
-    return GreedyResult(
-        new,
-        np.stack(steps) if steps else np.zeros((0, vocab), np.float32),
-        prefill_seconds=prefill,
-        decode_seconds=decode,
-    )
-
-
-def _lean_loop(
-    torch: Any,
-    lean: Any,
+    step: Callable[[Sequence[int]], Any],
     prompt_ids: Sequence[int],
     max_new_tokens: int,
     stop: frozenset[int],
     on_token: Callable[[int], None] | None,
 ) -> GreedyResult:
-    """:func:`greedy`'s loop on a lean decoder."""
+    """:func:`greedy`'s loop, its arguments checked, on a step function."""
     new: list[int] = []
     steps: list[npt.NDArray[np.float32]] = []
-    lean.reset()
     with torch.no_grad():
         start = time.perf_counter()
-        logits_t = lean.forward(list(prompt_ids))
+        logits_t = step(prompt_ids)
         prefill = time.perf_counter() - start
-        for step in range(max_new_tokens):
-            logits = logits_t.numpy().copy()
+        for i in range(max_new_tokens):
+            logits = logits_t.to(torch.float32).numpy().copy()
             steps.append(logits)
             token = int(np.argmax(logits))
             new.append(token)
             if on_token is not None:
                 on_token(token)
-            if step + 1 == max_new_tokens or token in stop:
+            if i + 1 == max_new_tokens or token in stop:
                 break
-            logits_t = lean.forward([token])
+            logits_t = step([token])
     decode = time.perf_counter() - start - prefill
-    return GreedyResult(new, np.stack(steps), prefill_seconds=prefill, decode_seconds=decode)
+    logits_all = np.stack(steps) if steps else np.zeros((0, logits_t.shape[-1]), np.float32)
+    return GreedyResult(new, logits_all, prefill_seconds=prefill, decode_seconds=decode)
 
 
 def teacher_forced_logits(
