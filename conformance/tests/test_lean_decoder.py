@@ -56,6 +56,33 @@ def test_lean_decoding_is_the_transformers_forward_bit_for_bit(
         assert np.abs(np.diff(want.logits, axis=0)).max(axis=1).min() > 1e-3, mode
 
 
+@pytest.mark.parametrize("fuse", [False, True])
+def test_lean_decoding_with_unquantized_linears(
+    tiny_checkpoints: dict[str, Path], fuse: bool
+) -> None:
+    """A mixed model (some linears left in float, as mixed-precision checkpoints have them)
+    decodes the same on both forwards: plain ``torch.nn.Linear`` modules are called as
+    they are, fused siblings of a float linear included."""
+    import nvfp4
+    import torch
+    from nvfp4_conformance import llm
+    from nvfp4_conformance.lean_decoder import LeanDecoder
+
+    loaded = llm.load_model(tiny_checkpoints["llama"], nvfp4.get_backend("cpu"), fuse=fuse)
+    torch.manual_seed(5)
+    layer = loaded.model.model.layers[1]
+    for owner, name in ((layer.mlp, "down_proj"), (layer.self_attn, "k_proj")):
+        old = getattr(owner, name)
+        plain = torch.nn.Linear(old.in_features, old.out_features, bias=False)
+        torch.nn.init.normal_(plain.weight, 0.0, 0.2)
+        setattr(owner, name, plain)
+    lean = LeanDecoder(loaded.model, len(PROMPT) + 8)
+    want = llm.greedy(loaded.model, PROMPT, 8)
+    got = llm.greedy(loaded.model, PROMPT, 8, lean=lean)
+    assert got.new_ids == want.new_ids
+    np.testing.assert_array_equal(got.logits, want.logits)
+
+
 def test_lean_decoder_refuses_what_it_does_not_cover(tiny_checkpoints: dict[str, Path]) -> None:
     import nvfp4
     from nvfp4_conformance import llm

@@ -102,11 +102,13 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> tor
 
 
 def _project(linears: tuple[Any, ...], x: torch.Tensor) -> list[torch.Tensor]:
-    """The outputs ``[t, n]`` of sibling NVFP4 linears on one input ``x [t, K]``: one backend
-    call when they share a fused product (each output a column view of it), else one call
-    each; each in the linear's activation mode, with its bias."""
-    product = linears[0].shared
-    if product is None or any(m.shared is None or m.shared[0] is not product[0] for m in linears):
+    """The outputs ``[t, n]`` of sibling linears on one input ``x [t, K]``: one backend call
+    when they are NVFP4 linears sharing a fused product (each output a column view of it),
+    else each module called (an unquantized ``torch.nn.Linear`` of a mixed checkpoint
+    too); each in the linear's activation mode, with its bias."""
+    shared = [getattr(m, "shared", None) for m in linears]  # None: unfused, or not NVFP4
+    product = shared[0]
+    if product is None or any(s is None or s[0] is not product[0] for s in shared):
         return [m(x) for m in linears]
     verb = ACTIVATION_VERBS[linears[0].activations]
     if any(ACTIVATION_VERBS[m.activations] != verb for m in linears):
