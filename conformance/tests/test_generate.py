@@ -344,7 +344,8 @@ def test_generate_prompt_prints_the_reply_and_its_speed(smollm2_checkpoint: Path
 def test_generate_transformers_forward_prints_the_same_reply(smollm2_checkpoint: Path) -> None:
     """``--forward transformers`` (the forward T6 certifies) gives the same reply."""
     p = _golden_chat_prompt()
-    args = ["--checkpoint", str(smollm2_checkpoint), "--backend", "cpu", "--prompt", p["text"]]
+    args = ["--checkpoint", str(smollm2_checkpoint), "--backend", "reference"]
+    args += ["--prompt", p["text"]]
     args += ["--max-new-tokens", "8", "--ignore-eos", "--profile"]
     lean = _cli(*args)
     plain = _cli(*args, "--forward", "transformers")
@@ -357,13 +358,12 @@ def test_generate_transformers_forward_prints_the_same_reply(smollm2_checkpoint:
 
 def test_lean_decoder_is_the_transformers_forward_on_smollm2(smollm2_checkpoint: Path) -> None:
     """On the T6 model and every golden prompt, the lean decoder's 40 greedy steps have the
-    transformers forward's logits bit for bit (fused products, the cpu backend), hence the
-    golden tokens."""
+    transformers forward's logits bit for bit (fused products), hence the golden tokens."""
     import nvfp4
     from nvfp4_conformance import llm
     from nvfp4_conformance.lean_decoder import LeanDecoder
 
-    loaded = llm.load_model(smollm2_checkpoint, nvfp4.get_backend("cpu"), fuse=True)
+    loaded = llm.load_model(smollm2_checkpoint, nvfp4.get_backend("reference"), fuse=True)
     golden = t6.load_golden()
     lean = LeanDecoder(loaded.model, 256)
     for p in golden["prompts"]:
