@@ -184,11 +184,11 @@ static void k256_one(const nv_weight *w, int64_t t, const nv_chunk *c) {
 
 /* The row grouping of a chunk of MC rows: MB0 rows in the decoding loop, the others in
  * groups of at most mb rows (as few groups as possible, sizes within one). Chosen per MC by
- * measurement (one thread, a weight in L2, Zen 4): the register allocation of some
- * (MB0, group) combinations spills (groups of 6 after MB0 = 3 at MC = 15, 20, 32: 1.2-1.4x
- * slower), so MB0 = 3 with groups of at most 5 where that measured best, MB0 = 2 with
- * groups of at most 6 elsewhere (0.93x the cycles of MB0 = 3 / groups of 5 at MC = 14,
- * 0.77x at MC = 9 and 0.94-0.98x from MC = 19 on). */
+ * measurement (one thread, a weight in L2, Zen 4), against MB0 = 3 with groups of at most 5
+ * (the default): MC = 9 takes MB0 = 3 and one group of 6 (0.77x the cycles), MC = 10, 14
+ * and >= 19 take MB0 = 2 and groups of at most 6 (0.95x, 0.93x, 0.94-0.98x). Some
+ * combinations spill partial sums (groups of 6 after MB0 = 3 at MC = 15, 20, 32: 1.2-1.4x
+ * slower), hence the table rather than one rule. */
 NV_INLINE int k256_mb0(const int MC) {
     if (MC <= 4) return MC;
     return (MC == 5 || MC == 10 || MC == 14 || MC >= 19) ? 2 : 3;
