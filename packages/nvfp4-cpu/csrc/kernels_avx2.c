@@ -22,7 +22,7 @@
 
 #include "kernels_generic.h"
 
-#define NV_AVX2_MC_MAX 24
+#define NV_AVX2_MC_MAX 32
 
 /* ------------------------------------------------------------- bfloat16-pair decode */
 
@@ -178,10 +178,22 @@ static void k256_one(const nv_weight *w, int64_t t, const nv_chunk *c) {
  * block instead of one per weight, as at MC = 1. The epilogue puts the rows back in order.
  * The grouping depends on MC alone, so the result does not depend on the thread count. */
 #define NV_AVX2_KP 32 /* k per decoded panel: 2 blocks, wbuf 2 KiB */
-/* Rows per group: 2 * MB partial sums (4 * MB when split, MB <= 3) + 2 weights + 1
- * broadcast of the 16 ymm registers (6 would leave too few for the addresses: the compiler
- * spills partial sums). */
-#define NV_AVX2_MB 5
+/* The largest row group: 2 * MB partial sums (4 * MB when split, MB <= 3) + 2 weights + 1
+ * broadcast of the 16 ymm registers. */
+#define NV_AVX2_MB 6
+
+/* The row grouping of a chunk of MC rows: MB0 rows in the decoding loop, the others in
+ * groups of at most mb rows (as few groups as possible, sizes within one). Chosen per MC by
+ * measurement (one thread, a weight in L2, Zen 4), against MB0 = 3 with groups of at most 5
+ * (the default): MC = 9 takes MB0 = 3 and one group of 6 (0.77x the cycles), MC = 10, 14
+ * and >= 19 take MB0 = 2 and groups of at most 6 (0.95x, 0.93x, 0.94-0.98x). Some
+ * combinations spill partial sums (groups of 6 after MB0 = 3 at MC = 15, 20, 32: 1.2-1.4x
+ * slower), hence the table rather than one rule. */
+NV_INLINE int k256_mb0(const int MC) {
+    if (MC <= 4) return MC;
+    return (MC == 5 || MC == 10 || MC == 14 || MC >= 19) ? 2 : 3;
+}
+NV_INLINE int k256_mb(const int MC) { return (MC == 9 || MC == 10 || MC == 14 || MC >= 19) ? 6 : 5; }
 
 /* acc[16 m .. 16 m + 15] += (pe | po) * (se | so): one block's partial sums of row m, scaled. */
 NV_INLINE void k256_acc_block(float *acc, int m, __m256 pe, __m256 po, __m256 se, __m256 so) {
@@ -205,7 +217,7 @@ NV_INLINE void k256_rows(const float *wbuf, const float *sbuf, int nb, const flo
             const __m256 wo = _mm256_load_ps(wk + 8); /* odd rows */
             const float *x = xp + (bb * NV_BLOCK + kk) * MC + m0; /* panel[k0 + 16bb + kk][m0] */
             const int par = SPLIT ? (kk & 1) : 0;
-#pragma GCC unroll 5
+#pragma GCC unroll 6
             for (int i = 0; i < MB; i++) {
                 const __m256 xb = _mm256_broadcast_ss(x + i);
                 if (kk < (SPLIT ? 2 : 1)) {
@@ -219,7 +231,7 @@ NV_INLINE void k256_rows(const float *wbuf, const float *sbuf, int nb, const flo
         }
         const __m256 se = _mm256_load_ps(sbuf + bb * NV_TILE);    /* even rows' scales */
         const __m256 so = _mm256_load_ps(sbuf + bb * NV_TILE + 8); /* odd rows' */
-#pragma GCC unroll 5
+#pragma GCC unroll 6
         for (int i = 0; i < MB; i++) {
             __m256 pe = p[i][0][0], po = p[i][1][0];
             if (SPLIT) {
@@ -298,20 +310,20 @@ NV_INLINE void k256_buf(const nv_weight *w, int64_t t, const nv_chunk *c, const 
     float wbuf[NV_AVX2_KP * NV_TILE] __attribute__((aligned(32)));
     float sbuf[NV_AVX2_KP / NV_BLOCK * NV_TILE] __attribute__((aligned(32)));
     float acc[NV_AVX2_MC_MAX * NV_TILE] __attribute__((aligned(32)));
-#pragma GCC unroll 48
+#pragma GCC unroll 64
     for (int i = 0; i < MC * 2; i++) _mm256_store_ps(acc + 8 * i, _mm256_setzero_ps());
-    /* rows 0 .. MB0 - 1 run with the decode; the rest, in groups of at most NV_AVX2_MB rows
+    /* rows 0 .. MB0 - 1 run with the decode; the rest, in groups of at most k256_mb(MC) rows
      * (as few as possible, sizes within one), from wbuf */
-    const int MB0 = MC <= 4 ? MC : MC == 5 ? 2 : 3;
+    const int MB0 = k256_mb0(MC), mb = k256_mb(MC);
     const int rest = MC - MB0;
-    const int ng = (rest + NV_AVX2_MB - 1) / NV_AVX2_MB;
+    const int ng = (rest + mb - 1) / mb;
     const int g_small = ng ? rest / ng : 0, g_big = ng ? ng - rest % ng : 0;
     for (int64_t k0 = 0; k0 < k; k0 += NV_AVX2_KP) {
         const int kn = (k - k0) < NV_AVX2_KP ? (int)(k - k0) : NV_AVX2_KP; /* a multiple of 16 */
         const float *xp = c->panel + k0 * MC; /* panel[k0][0] */
         k256_decode_rows(tc, ts, left, k0 / NV_BLOCK, kn / NV_BLOCK, tlo, thi, wbuf, sbuf, xp, MC,
                          acc, MB0, MB0 <= 2, rest > 0);
-#pragma GCC unroll 5
+#pragma GCC unroll 8
         for (int g = 0; g < ng; g++) {
             /* g_big groups of g_small rows, then groups of g_small + 1 */
             const int m0 =
@@ -325,7 +337,7 @@ NV_INLINE void k256_buf(const nv_weight *w, int64_t t, const nv_chunk *c, const 
     }
     const int64_t n0 = t * NV_TILE;
     const __m256 g0 = _mm256_loadu_ps(w->rowg + n0), g1 = _mm256_loadu_ps(w->rowg + n0 + 8);
-#pragma GCC unroll 24
+#pragma GCC unroll 32
     for (int m = 0; m < MC; m++) {
         __m256 r0, r1;
         nv256_interleave(_mm256_load_ps(acc + m * NV_TILE), _mm256_load_ps(acc + m * NV_TILE + 8),
@@ -364,13 +376,22 @@ NV_BUF(21)
 NV_BUF(22)
 NV_BUF(23)
 NV_BUF(24)
+NV_BUF(25)
+NV_BUF(26)
+NV_BUF(27)
+NV_BUF(28)
+NV_BUF(29)
+NV_BUF(30)
+NV_BUF(31)
+NV_BUF(32)
 
 typedef void (*k256_fn)(const nv_weight *, int64_t, const nv_chunk *);
 static const k256_fn k256_by_mc[NV_AVX2_MC_MAX + 1] = { /* by chunk size MC */
     0, k256_one, k256_buf_2, k256_buf_3, k256_buf_4, k256_buf_5, k256_buf_6, k256_buf_7, k256_buf_8,
     k256_buf_9, k256_buf_10, k256_buf_11, k256_buf_12, k256_buf_13, k256_buf_14, k256_buf_15,
     k256_buf_16, k256_buf_17, k256_buf_18, k256_buf_19, k256_buf_20, k256_buf_21, k256_buf_22,
-    k256_buf_23, k256_buf_24,
+    k256_buf_23, k256_buf_24, k256_buf_25, k256_buf_26, k256_buf_27, k256_buf_28, k256_buf_29,
+    k256_buf_30, k256_buf_31, k256_buf_32,
 };
 
 static void k256_qmm_tiles(const nv_weight *w, int64_t t0, int64_t nt, const nv_chunk *c) {

@@ -17,6 +17,8 @@
 
 #include "kernels_generic.h"
 
+#define NV_AVX512_MC_MAX 24 /* the largest row chunk (k512_large) */
+
 /* The 16 scale bytes of one block of one tile -> 16 float32 scales (exact). */
 NV_INLINE __m512 nv512_scales(const uint8_t *p) {
     const __m256i h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p)), 7);
@@ -112,7 +114,7 @@ NV_INLINE void k512_large(const nv_weight *w, int64_t t, const nv_chunk *c, cons
     const uint8_t *tc = w->codes + t * nv_tile_code_bytes(k);
     const uint8_t *ts = w->scales + t * nv_tile_scale_bytes(k);
     const __m512 lut = _mm512_loadu_ps(nv_e2m1_lut);
-    __m512 acc[NV_MC_LIMIT], acc2[8];
+    __m512 acc[NV_AVX512_MC_MAX], acc2[8];
 #pragma GCC unroll 24
     for (int m = 0; m < MC; m++) acc[m] = _mm512_setzero_ps();
     if (SPLIT) {
@@ -190,7 +192,7 @@ NV_LARGE(24, 0)
 
 typedef void (*k512_fn)(const nv_weight *, int64_t, const nv_chunk *);
 
-static const k512_fn k512_large_by_mc[NV_MC_LIMIT + 1] = {
+static const k512_fn k512_large_by_mc[NV_AVX512_MC_MAX + 1] = {
     0, 0, 0, 0, 0,
     k512_large_5, k512_large_6, k512_large_7, k512_large_8, k512_large_9, k512_large_10,
     k512_large_11, k512_large_12, k512_large_13, k512_large_14, k512_large_15, k512_large_16,
@@ -289,7 +291,7 @@ static void k512_dequant_tiles(const nv_weight *w, int64_t t0, int64_t nt, void 
 
 const nv_isa_kernels nv_kernels_avx512 = {
     "avx512",
-    NV_MC_LIMIT,
+    NV_AVX512_MC_MAX,
     k512_qmm_tiles,
     k512_dequant_tiles,
 };

@@ -40,7 +40,7 @@
 
 #define NV_TILE 16  /* output rows per tile (one 512-bit vector of float32) */
 #define NV_BLOCK 16 /* elements per E4M3 scale block, spec 1.0 */
-#define NV_MC_LIMIT 24 /* the largest row chunk any ISA kernel takes */
+#define NV_MC_LIMIT 32 /* the largest row chunk any ISA kernel takes */
 
 #if defined(__GNUC__)
 #define NV_API __attribute__((visibility("default")))

@@ -160,12 +160,13 @@ def test_qmm_into_preallocated_output(isa: str, native: Native) -> None:
 
 
 def test_qmm_every_chunk_kernel(isa: str) -> None:
-    """M = 1 .. 26 reaches every specialised kernel (one per chunk size, up to 24 rows)."""
+    """M = 1 .. 34 reaches every specialised kernel (one per chunk size, up to 24 rows at
+    AVX-512, 32 at AVX2) and the split of M into balanced chunks past each level's largest."""
     p = _weight(33, 48)
     b = CPUBackend(isa=isa, threads=2)
     pw = b.prepare(p)
     rng = np.random.default_rng(21)
-    for m in range(1, 27):
+    for m in range(1, 35):
         x = rng.standard_normal((m, 48)).astype(np.float32)
         check_close(
             "qmm", "float32", b.qmm(x, pw), reference.qmm(x, p, out_dtype=None), f"{isa} M={m}"
