@@ -569,17 +569,25 @@ def arm_ggml(c: ShapeCtx, ggml: Ggml) -> tuple[list[Case], GgmlMatmuls, dict[str
 #: pool still spinning would take one of the capped cores from the next arm.
 SETTLE_S = 0.2
 
+#: Untimed rounds over a point's arms before its timed rounds. The first arm of a point
+#: used to pay for what building the arms left behind (the kernel still settling gigabytes
+#: of fresh pages): three runs on the 2-vCPU EPYC timed the first arm of the first point,
+#: ours AVX-512 at S, M = 1, at 0.71 and 0.84 ms while a lone loop right after measured
+#: 0.44 ms.
+WARMUP_ROUNDS = 1
+
 
 def run_point(cases: list[Case], rounds: int, warmup: int = 1) -> dict[int, list[float]]:
     """Time the arms of one (shape, M) point back to back, ``rounds`` times over: in each
     round every arm gets a :data:`SETTLE_S` pause, ``warmup`` untimed calls, then its timed
-    calls in one burst; an arm's times are all its rounds' calls. (Interleaving single calls
+    calls in one burst; an arm's times are all its rounds' calls, after
+    :data:`WARMUP_ROUNDS` untimed rounds. (Interleaving single calls
     across arms was tried: the thread pools then fight, e.g. torch's OpenMP workers still spin
     when our call starts, which no real program does.) Rounds matter on this shared VM: a
     slow spell (the second vCPU not running for milliseconds, so a 2-thread call takes its
     1-thread time) can last a whole burst, and was seen to halve one arm's figure."""
     times: dict[int, list[float]] = {id(case): [] for case in cases}
-    for _ in range(rounds):
+    for r in range(WARMUP_ROUNDS + rounds):
         for case in cases:
             time.sleep(SETTLE_S)
             for i in range(warmup):
@@ -587,7 +595,8 @@ def run_point(cases: list[Case], rounds: int, warmup: int = 1) -> dict[int, list
             for i in range(warmup, warmup + case.calls):  # a cold case's next sets
                 t0 = time.perf_counter()
                 case.fn(i)
-                times[id(case)].append(time.perf_counter() - t0)
+                if r >= WARMUP_ROUNDS:
+                    times[id(case)].append(time.perf_counter() - t0)
     return times
 
 
@@ -815,6 +824,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "reps": reps,
         "rounds": args.rounds,
         "settle_s": SETTLE_S,
+        "warmup_rounds": WARMUP_ROUNDS,
         "isa": isa,
         "isas": isa_info,
         "ms": list(ms),
@@ -1102,7 +1112,8 @@ def markdown(data: dict[str, Any], png: str | None) -> str:
         "Produced by `benchmarks/cpu_kernels.py` (raw figures: "
         f"`benchmarks/results/{'cpu_kernels_quick' if data['quick'] else 'cpu_kernels'}.json`). "
         "Every arm ran in the same process with the same thread cap. The arms of one (shape, M) "
-        f"point ran back to back in {data.get('rounds', 1)} round(s); in each round every arm had "
+        f"point ran back to back in {data.get('rounds', 1)} timed round(s), after "
+        f"{data.get('warmup_rounds', 0)} untimed one(s); in each round every arm had "
         f"a {data.get('settle_s', 0)} s idle pause, a warm-up call, then {data['reps']} timed calls "
         "(cold variants: at least two passes over their weight sets). Each figure is the median "
         "over all rounds' calls. Ratios are within this run.",
