@@ -206,6 +206,9 @@ class _InitParams(ctypes.Structure):
     ]
 
 
+GGML_LIB_DIR_ENV = "NVFP4_GGML_LIB_DIR"
+
+
 class Ggml:
     """ggml-cpu through llama-cpp-python's bundled libggml-base / libggml-cpu (ctypes).
 
@@ -213,13 +216,19 @@ class Ggml:
     this libggml has no NVFP4 type."""
 
     def __init__(self) -> None:
-        spec = importlib.util.find_spec("llama_cpp")
-        if spec is None or spec.origin is None:
-            raise RuntimeError(
-                "llama-cpp-python is not installed (it builds from source in ~18 min; install it "
-                "and cache the wheel to run this arm)"
-            )
-        pkg = Path(spec.origin).parent
+        lib_dir = os.environ.get(GGML_LIB_DIR_ENV)
+        if lib_dir:
+            # ggml's own two libraries, built from llama.cpp's source (see the README)
+            pkg = Path(lib_dir)
+        else:
+            spec = importlib.util.find_spec("llama_cpp")
+            if spec is None or spec.origin is None:
+                raise RuntimeError(
+                    "llama-cpp-python is not installed (it builds from source in ~18 min; install "
+                    f"it and cache the wheel, or set {GGML_LIB_DIR_ENV} to a folder holding "
+                    "libggml-base.so / libggml-cpu.so, to run this arm)"
+                )
+            pkg = Path(spec.origin).parent
         base = sorted(glob.glob(str(pkg / "**" / "libggml-base.so*"), recursive=True))
         cpu = sorted(glob.glob(str(pkg / "**" / "libggml-cpu.so*"), recursive=True))
         if not base or not cpu:
@@ -227,6 +236,15 @@ class Ggml:
         self.base = ctypes.CDLL(base[0], mode=ctypes.RTLD_GLOBAL)
         self.cpu = ctypes.CDLL(cpu[0], mode=ctypes.RTLD_GLOBAL)
         self.paths = tuple(str(Path(f).relative_to(pkg.parent)) for f in (base[0], cpu[0]))
+        # where the libraries come from, for the summary: the wheel's version, or ggml's own
+        # version from the versioned file name (libggml-base.so.0.25.3) of a source build
+        versioned = [f for f in base if Path(f).name.count(".") > 2]
+        self.source = (
+            f"ggml {Path(versioned[-1]).name.split('.so.', 1)[1] if versioned else '?'}, built "
+            "from llama-cpp-python's vendored llama.cpp (ggml targets only)"
+            if lib_dir
+            else f"llama-cpp-python {_dist_version('llama_cpp_python')}'s bundled libraries"
+        )
         vp, i64, sz, ci = ctypes.c_void_p, ctypes.c_int64, ctypes.c_size_t, ctypes.c_int
         sigs: dict[str, tuple[Any, list[Any]]] = {
             "ggml_init": (vp, [_InitParams]),
@@ -841,7 +859,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "skipped": skipped,
         "ggml": None
         if ggml is None
-        else {"libraries": list(ggml.paths), "compiled_features": ggml.features},
+        else {
+            "libraries": list(ggml.paths),
+            "compiled_features": ggml.features,
+            "source": ggml.source,
+        },
         "ggml_check": ggml_checks,
         "w4a8_check": w4a8_checks,
         "goals": goals(results, probe, isa, isas, native),
@@ -1039,11 +1061,13 @@ def ggml_section(data: dict[str, Any]) -> list[str]:
     if not checks:
         return []
     lib = data.get("ggml") or {}
+    wheel = data["machine"]["versions"].get("llama_cpp_python")
+    source = lib.get("source") or f"llama-cpp-python {wheel}'s bundled libraries"
     lines = [
         "",
         "## The ggml-cpu arm",
         "",
-        f"llama-cpp-python {data['machine']['versions'].get('llama_cpp_python')}'s bundled "
+        f"{source}: "
         "`libggml-base.so` / `libggml-cpu.so` (built from source; an OpenMP build; compiled "
         f"features: {', '.join(lib.get('compiled_features', [])) or '?'}), called with ctypes: one context per shape holding the NVFP4 weight (type 40; its bytes are "
         "`nvfp4.layouts.gguf.to_gguf` of the same planes the other arms use) and its `.scale` "

@@ -264,3 +264,94 @@ def test_concurrent_callers_share_the_pool_safely(native: Native) -> None:
     for t in threads:
         t.join()
     assert not errors, errors[:5]
+
+
+#: Run in a child with a fresh pool: calls with sleeps between them (each wakes the sleeping
+#: workers, the path where a worker may find itself on its caller's CPU and move off it by
+#: narrowing its own affinity mask for a moment), then prints, as JSON, whether every result
+#: matched the one-thread bits and every thread's CPU mask afterwards.
+_AFFINITY_CHILD = """
+import json, os, sys, time
+import numpy as np, nvfp4
+from nvfp4_cpu import CPUBackend
+cpus = json.loads(sys.argv[1])
+os.sched_setaffinity(0, cpus)  # this thread, before the pool's workers exist: they inherit it
+rng = np.random.default_rng(5)
+p = nvfp4.quantize(rng.standard_normal((512, 1024)).astype(np.float32))
+x = rng.standard_normal((1, 1024)).astype(np.float32)
+want = CPUBackend(threads=1).qmm(x, p)
+others = set(os.listdir("/proc/self/task")) - {str(os.getpid())}  # e.g. a BLAS's threads
+b = CPUBackend(threads=3)
+pw = b.prepare(p)
+same = True
+for i in range(120):
+    if i % 4 == 0:
+        time.sleep(0.002)  # past the workers' 0.2 ms spin: they sleep, the next call wakes them
+    same &= bool(np.array_equal(b.qmm(x, pw).view(np.uint32), want.view(np.uint32)))
+ours = set(os.listdir("/proc/self/task")) - others  # the caller and the pool's workers
+masks = {t: sorted(os.sched_getaffinity(int(t))) for t in ours}
+print(json.dumps({"same": same, "masks": masks}))
+"""
+
+
+@pytest.mark.parametrize("narrow", [False, True], ids=["process-mask", "one-cpu"])
+def test_pool_workers_keep_their_cpu_mask(native: Native, narrow: bool) -> None:
+    """The pool's workers end every job with the CPU mask they started with (the caller's
+    at the pool's creation), whether they had other CPUs to move to or only one, and the
+    results are the one-thread bits."""
+    import json
+
+    allowed = sorted(os.sched_getaffinity(0))
+    cpus = allowed[:1] if narrow else allowed
+    out = _run_isolated(_AFFINITY_CHILD.replace("sys.argv[1]", repr(json.dumps(cpus))))
+    got = json.loads(out.splitlines()[-1])
+    assert got["same"]
+    assert len(got["masks"]) >= 3  # the caller and its two workers at least
+    assert all(mask == cpus for mask in got["masks"].values()), got["masks"]
+
+
+#: Put a spinning worker on its caller's CPU (a mask of that CPU alone moves a running thread
+#: at once; widening the mask again leaves it there), then give it a job long enough that
+#: the scheduler lets it run beside the caller: it must move itself to the other CPU and end
+#: with its own mask. Prints, per try, the worker's last CPU and its mask, as JSON.
+_MIGRATION_CHILD = """
+import json, os, sys
+import numpy as np, nvfp4
+from nvfp4_cpu import CPUBackend
+c0, c1 = json.loads(sys.argv[1])
+os.sched_setaffinity(0, {c0, c1})
+rng = np.random.default_rng(6)
+p = nvfp4.quantize(rng.standard_normal((2048, 2048)).astype(np.float32))
+x = rng.standard_normal((128, 2048)).astype(np.float32)  # about 10 ms on one thread
+others = set(os.listdir("/proc/self/task"))
+b = CPUBackend(threads=2)
+pw = b.prepare(p)
+want = b.qmm(x, pw)  # creates the worker
+worker = int(next(iter(set(os.listdir("/proc/self/task")) - others)))
+os.sched_setaffinity(0, {c0})  # the caller stays on c0
+tries = []
+for _ in range(5):
+    b.qmm(x[:1], pw)  # the worker spins for 0.2 ms after this
+    os.sched_setaffinity(worker, {c0})  # now on c0, beside the caller
+    os.sched_setaffinity(worker, {c0, c1})  # free to go, but still on c0
+    same = bool(np.array_equal(b.qmm(x, pw), want))
+    with open(f"/proc/self/task/{worker}/stat") as f:
+        last_cpu = int(f.read().rsplit(")", 1)[1].split()[36])  # field 39, processor
+    tries.append({"same": same, "cpu": last_cpu, "mask": sorted(os.sched_getaffinity(worker))})
+print(json.dumps(tries))
+"""
+
+
+def test_a_worker_on_its_callers_cpu_moves_off_it(native: Native) -> None:
+    """A pool worker that joins a job on the CPU its caller runs on moves to another CPU
+    of its mask (instead of time-sharing one CPU with its caller) and keeps its mask."""
+    import json
+
+    allowed = sorted(os.sched_getaffinity(0))
+    assert len(allowed) >= 2, "this check needs two CPUs (CI runners have them)"
+    c0, c1 = allowed[:2]
+    out = _run_isolated(_MIGRATION_CHILD.replace("sys.argv[1]", repr(json.dumps([c0, c1]))))
+    tries = json.loads(out.splitlines()[-1])
+    assert all(t["same"] for t in tries)
+    assert all(t["mask"] == [c0, c1] for t in tries), tries
+    assert all(t["cpu"] == c1 for t in tries), tries
