@@ -587,11 +587,11 @@ def arm_ggml(c: ShapeCtx, ggml: Ggml) -> tuple[list[Case], GgmlMatmuls, dict[str
 #: pool still spinning would take one of the capped cores from the next arm.
 SETTLE_S = 0.2
 
-#: Untimed rounds over a point's arms before its timed rounds. The first arm of a point
-#: used to pay for what building the arms left behind (the kernel still settling gigabytes
-#: of fresh pages): three runs on the 2-vCPU EPYC timed the first arm of the first point,
-#: ours AVX-512 at S, M = 1, at 0.71 and 0.84 ms while a lone loop right after measured
-#: 0.44 ms.
+#: Untimed rounds over a point's arms before its timed rounds (pages, caches and thread
+#: pools settled before anything counts). Whole bursts of our 4096 x 4096 arms used to run
+#: at one-thread speed (ours AVX-512 at S, M = 1: 0.27 ms against 0.14 ms): not a warm-up
+#: effect but the kernel waking our sleeping pool worker on the caller's CPU, which
+#: nvfp4-cpu's pool now corrects (see its CHANGELOG).
 WARMUP_ROUNDS = 1
 
 
