@@ -360,6 +360,7 @@ static void nv_atfork_child(void) {
     pthread_mutex_init(&nv_pool.mtx, NULL);
     pthread_cond_init(&nv_pool.cv, NULL);
     nv_pool.nworkers = 0;
+    nv_pool.sleepers = 0;
     atomic_store(&nv_pool.open, 0);
     atomic_store(&nv_pool.active, 0);
     atomic_store(&nv_pool.helpers, 0);
