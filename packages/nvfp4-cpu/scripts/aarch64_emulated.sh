@@ -9,8 +9,8 @@
 #   nox -s cpu-aarch64 [-- --conformance]          (the same script)
 #
 # Needs: an x86-64 Debian (or derivative with Debian's arm64 archive) machine, root for the
-# one-time `apt-get install gcc-aarch64-linux-gnu qemu-user` (skipped when both are there),
-# and the package indexes (Debian's archive for the arm64 Python, PyPI for numpy & co.).
+# one-time `apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user` (skipped
+# when they are there), and the package indexes (Debian's archive for the arm64 Python, PyPI for numpy & co.).
 # The AArch64 Python comes from Debian's arm64 packages, downloaded with a private apt
 # configuration (this machine's dpkg architectures are left alone) and unpacked with
 # dpkg-deb into a sysroot; numpy / ml_dtypes / pytest / hypothesis are PyPI's aarch64
@@ -63,7 +63,17 @@ command -v python3 >/dev/null || die "no python3 on PATH (the host builds the wh
 
 # ------------------------------------------------------------------ 1. toolchain
 missing=()
-command -v aarch64-linux-gnu-gcc >/dev/null || missing+=(gcc-aarch64-linux-gnu)
+# A cross gcc installed without its recommends has no AArch64 C library headers: it then
+# falls back to the host's /usr/include and fails on <bits/...>. Probe a real compile.
+cross_libc_ok() {
+    printf '#include <string.h>\n#include <pthread.h>\nint f(void) { return (int)strlen(""); }\n' |
+        aarch64-linux-gnu-gcc -x c -c - -o /dev/null >/dev/null 2>&1
+}
+if ! command -v aarch64-linux-gnu-gcc >/dev/null; then
+    missing+=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
+elif ! cross_libc_ok; then
+    missing+=(libc6-dev-arm64-cross)
+fi
 command -v qemu-aarch64 >/dev/null || missing+=(qemu-user)
 command -v dpkg-deb >/dev/null || missing+=(dpkg)
 if [ ${#missing[@]} -gt 0 ]; then
@@ -74,6 +84,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null ||
         die "apt-get install ${missing[*]} failed"
 fi
+cross_libc_ok || die "aarch64-linux-gnu-gcc cannot compile against the AArch64 C library (install libc6-dev-arm64-cross)"
 QEMU_VERSION=$(qemu-aarch64 --version | head -n1 | sed -n 's/.*version \([^ ]*\).*/\1/p')
 log "toolchain: $(aarch64-linux-gnu-gcc -dumpversion) (aarch64-linux-gnu-gcc), qemu-aarch64 $QEMU_VERSION"
 
