@@ -7,6 +7,7 @@ version (the wheel is tagged for the platform, see ``build_data`` below).
 Translation units, one per instruction-set level (runtime dispatch picks one per call):
 
 * ``api.c``               - entry points, dispatch, thread pool; baseline flags only;
+* ``route.c``             - the matmul drivers' work plan (rows by expert, chunks, items);
 * ``kernels_portable.c``  - plain C, every architecture;
 * ``kernels_avx2.c``      - x86-64 only, ``-mavx2 -mfma -mf16c``;
 * ``kernels_avx512.c``    - x86-64 only, ``-mavx512f -mavx512bw -mavx512vl`` (+ AVX2/FMA/F16C);
@@ -77,7 +78,7 @@ AARCH64_UNITS = {
     "kernels_neon.c": ([], "NVFP4CPU_HAVE_NEON"),
 }
 #: Units every build needs (plain C): a failure to compile them fails the build.
-REQUIRED_UNITS = ("kernels_portable.c", "w4a8_portable.c", "w4a8_fp8.c")
+REQUIRED_UNITS = ("route.c", "kernels_portable.c", "w4a8_portable.c", "w4a8_fp8.c")
 #: Baseline units that get the defines of the SIMD units linked in.
 DISPATCH_UNITS = ("api.c", "w4a8_api.c")
 

@@ -21,6 +21,7 @@
 #include <time.h>
 
 #include "nvfp4cpu.h"
+#include "route.h"
 
 #if defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h> /* getauxval(AT_HWCAP): the NEON level's CPU check */
@@ -35,10 +36,7 @@
 #include <sys/sysctl.h>
 #endif
 
-#define NV_EINVAL (-1)  /* bad argument (dimension, ISA level, not initialised) */
-#define NV_ENOMEM (-2)  /* scratch allocation failed */
 #define NV_MAX_THREADS 256
-#define NV_GROUP 4      /* tiles per work item */
 
 float nv_e2m1_lut[16];
 float nv_e4m3_lut[256];
@@ -432,57 +430,23 @@ int nv_threads_for(int nth, int64_t items, int64_t work) {
 }
 
 /* --------------------------------------------------------------------------- matmul */
-/* Work: the rows of x are grouped by expert (one group for qmm), each group cut into chunks
- * of at most mc_max rows with their activation panel built once; a work item is (chunk,
- * group of NV_GROUP tiles). Items are numbered expert by expert, tile group by tile group,
- * and inside a tile group chunk by chunk, so a thread's contiguous range of items streams
- * its tiles once and reuses each from cache for every chunk of rows. */
-
-typedef struct {
-    const float *panel;
-    const int64_t *rows; /* output (= input) row indices of the chunk */
-    int mc;
-} nv_chunkdesc;
+/* Work: the plan of route.h (rows grouped by expert, chunks of at most mc_max rows, items
+ * (chunk, tile group)); each chunk's activation panel (nvfp4cpu.h) is built once, before the
+ * items run. */
 
 typedef struct {
     const nv_isa_kernels *kern;
-    const uint8_t *codes, *scales;
-    const float *rowg;
-    int64_t n, k, tiles, groups;
-    int64_t nact;              /* experts that have rows */
-    const int64_t *act_expert; /* [nact] */
-    const int64_t *act_chunk0; /* [nact + 1] first chunk of each */
-    const int64_t *act_item0;  /* [nact + 1] first item of each */
-    const nv_chunkdesc *chunks;
+    const nv_route *route;
+    const float *panels; /* chunk c's panel at panels + c.first * k */
+    int64_t k;
     float *out;
 } nv_mm_job;
 
-static void nv_mm_task(void *ctx, int64_t lo, int64_t hi) {
+static void nv_mm_item(const void *ctx, const nv_weight *w, int64_t t0, int64_t nt, int64_t ci) {
     const nv_mm_job *j = (const nv_mm_job *)ctx;
-    int64_t a = 0; /* the active expert holding item lo (binary search) */
-    for (int64_t l = 0, h = j->nact - 1; l <= h;) {
-        const int64_t mid = (l + h) / 2;
-        if (j->act_item0[mid] <= lo) { a = mid; l = mid + 1; } else { h = mid - 1; }
-    }
-    const int64_t tcb = nv_tile_code_bytes(j->k), tsb = nv_tile_scale_bytes(j->k);
-    for (int64_t i = lo; i < hi; i++) {
-        while (i >= j->act_item0[a + 1]) a++;
-        const int64_t e = j->act_expert[a];
-        const int64_t nch = j->act_chunk0[a + 1] - j->act_chunk0[a];
-        const int64_t local = i - j->act_item0[a];
-        const int64_t group = local / nch, ci = local % nch;
-        nv_weight w;
-        w.codes = j->codes + e * j->tiles * tcb;  /* expert e's first tile */
-        w.scales = j->scales + e * j->tiles * tsb;
-        w.rowg = j->rowg + e * j->tiles * NV_TILE;
-        w.n = j->n;
-        w.k = j->k;
-        const nv_chunkdesc *cd = &j->chunks[j->act_chunk0[a] + ci];
-        nv_chunk c = {cd->panel, cd->mc, j->out, j->n, cd->rows};
-        const int64_t t0 = group * NV_GROUP;
-        const int64_t nt = (j->tiles - t0) < NV_GROUP ? (j->tiles - t0) : NV_GROUP;
-        j->kern->qmm_tiles(&w, t0, nt, &c);
-    }
+    const nv_route_chunk *cd = &j->route->chunks[ci];
+    const nv_chunk c = {j->panels + cd->first * j->k, cd->mc, j->out, w->n, cd->rows};
+    j->kern->qmm_tiles(w, t0, nt, &c);
 }
 
 void *nv_aligned_alloc(size_t bytes) {
@@ -499,82 +463,24 @@ static int nv_mm(int isa, int nth, const uint8_t *codes, const uint8_t *scales, 
     const nv_isa_kernels *kern = nv_kernels_for(isa);
     if (!kern || e < 1 || n < 1 || k < NV_BLOCK || k % NV_BLOCK || m < 0) return NV_EINVAL;
     if (m == 0) return 0;
-    const int64_t mc_max = kern->mc_max;
-    /* scratch: order[m], count[e + 1], act arrays, chunks, then 64-byte aligned panels */
-    int64_t *count = (int64_t *)calloc((size_t)(e + 1), sizeof(int64_t));
-    int64_t *order = (int64_t *)malloc((size_t)m * sizeof(int64_t));
-    if (!count || !order) { free(count); free(order); return NV_ENOMEM; }
-    int64_t valid = 0;
-    for (int64_t r = 0; r < m; r++) {
-        const int64_t id = ids ? ids[r] : 0;
-        if (id >= 0 && id < e) { count[id + 1]++; valid++; }
-        else memset(out + r * n, 0, (size_t)n * sizeof(float)); /* out-of-range id: zero row */
+    nv_route r;
+    if (nv_route_plan(&r, ids, m, e, n, kern->mc_max, out)) return NV_ENOMEM;
+    float *panels = (float *)nv_aligned_alloc((size_t)(r.valid * k) * sizeof(float));
+    if (!panels) { nv_route_free(&r); return NV_ENOMEM; }
+    for (int64_t ci = 0; ci < r.nchunks; ci++) {
+        const nv_route_chunk *cd = &r.chunks[ci];
+        float *panel = panels + cd->first * k;
+        /* panel[kk][ii] = x[rows[ii]][kk] */
+        for (int64_t kk = 0; kk < k; kk++)
+            for (int ii = 0; ii < cd->mc; ii++) panel[kk * cd->mc + ii] = x[cd->rows[ii] * k + kk];
     }
-    for (int64_t i = 0; i < e; i++) count[i + 1] += count[i]; /* count[i] = first slot of i */
-    {
-        int64_t *fill = (int64_t *)malloc((size_t)(e + 1) * sizeof(int64_t));
-        if (!fill) { free(count); free(order); return NV_ENOMEM; }
-        memcpy(fill, count, (size_t)(e + 1) * sizeof(int64_t));
-        for (int64_t r = 0; r < m; r++) { /* stable counting sort of the valid rows by expert */
-            const int64_t id = ids ? ids[r] : 0;
-            if (id >= 0 && id < e) order[fill[id]++] = r;
-        }
-        free(fill);
-    }
-    int64_t nact = 0, nchunks = 0;
-    for (int64_t i = 0; i < e; i++) {
-        const int64_t rows = count[i + 1] - count[i];
-        if (rows) { nact++; nchunks += (rows + mc_max - 1) / mc_max; }
-    }
-    int rc = 0;
-    int64_t *act = (int64_t *)malloc((size_t)(3 * (nact + 1)) * sizeof(int64_t));
-    nv_chunkdesc *chunks = (nv_chunkdesc *)malloc((size_t)(nchunks + 1) * sizeof(nv_chunkdesc));
-    float *panels = (float *)nv_aligned_alloc((size_t)(valid * k) * sizeof(float));
-    if (!act || !chunks || !panels) { rc = NV_ENOMEM; goto done; }
-    {
-        int64_t *act_expert = act, *act_chunk0 = act + (nact + 1), *act_item0 = act + 2 * (nact + 1);
-        const int64_t tiles = nv_tiles(n), groups = (tiles + NV_GROUP - 1) / NV_GROUP;
-        int64_t a = 0, ci = 0, item = 0;
-        float *panel = panels;
-        for (int64_t i = 0; i < e; i++) {
-            const int64_t first = count[i], rows = count[i + 1] - count[i];
-            if (!rows) continue;
-            const int64_t nch = (rows + mc_max - 1) / mc_max;
-            act_expert[a] = i;
-            act_chunk0[a] = ci;
-            act_item0[a] = item;
-            /* balanced chunks: the first rows % nch get one row more */
-            int64_t r0 = first;
-            for (int64_t q = 0; q < nch; q++) {
-                const int mc = (int)(rows / nch + (q < rows % nch ? 1 : 0));
-                /* panel[kk][ii] = x[order[r0 + ii]][kk] */
-                for (int64_t kk = 0; kk < k; kk++)
-                    for (int ii = 0; ii < mc; ii++) panel[kk * mc + ii] = x[order[r0 + ii] * k + kk];
-                chunks[ci].panel = panel;
-                chunks[ci].rows = order + r0;
-                chunks[ci].mc = mc;
-                panel += (int64_t)mc * k;
-                r0 += mc;
-                ci++;
-            }
-            item += groups * nch;
-            a++;
-        }
-        act_chunk0[nact] = ci;
-        act_item0[nact] = item;
-        nv_mm_job job = {kern, codes, scales, rowg, n, k, tiles, groups, nact,
-                         act_expert, act_chunk0, act_item0, chunks, out};
-        /* work: multiply-adds, counting each expert's weights at least once (M = 1 streams) */
-        const int64_t work = (valid + nact) * tiles * NV_TILE * k;
-        if (nact) nv_parallel(nv_mm_task, &job, item, 1, nv_threads_for(nth, item, work));
-    }
-done:
-    free(act);
-    free(chunks);
+    const nv_mm_job job = {kern, &r, panels, k, out};
+    /* work: multiply-adds, counting each expert's weights at least once (M = 1 streams) */
+    nv_route_run(&r, codes, scales, rowg, n, k, nv_mm_item, &job, nth,
+                 (r.valid + r.nact) * r.tiles * NV_TILE * k);
     free(panels);
-    free(count);
-    free(order);
-    return rc;
+    nv_route_free(&r);
+    return 0;
 }
 
 /* W4A16 y = x @ w^T: codes/scales tiled (see nvfp4cpu.h), rowg [tiles * 16], x [m][k]

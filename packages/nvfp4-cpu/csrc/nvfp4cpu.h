@@ -42,6 +42,10 @@
 #define NV_BLOCK 16 /* elements per E4M3 scale block, spec 1.0 */
 #define NV_MC_LIMIT 32 /* the largest row chunk any ISA kernel takes */
 
+/* Error codes of the entry points (part of the ABI; every function returns 0 or one). */
+#define NV_EINVAL (-1) /* bad argument (dimension, ISA level, not initialised) */
+#define NV_ENOMEM (-2) /* scratch allocation failed */
+
 #if defined(__GNUC__)
 #define NV_API __attribute__((visibility("default")))
 #define NV_INLINE static inline __attribute__((always_inline))

@@ -9,11 +9,9 @@
 #define _GNU_SOURCE
 #include <stdlib.h>
 
+#include "route.h"
 #include "w4a8.h"
 
-#define NV_EINVAL (-1)
-#define NV_ENOMEM (-2)
-#define NV_Q8_GROUP 4 /* tiles per work item */
 
 int nvfp4cpu_isa_supported(int isa);
 unsigned nvfp4cpu_cpu_features(void);
@@ -89,35 +87,33 @@ NV_API int nvfp4cpu_quantize_q8(int isa, int nth, const float *x, int64_t m, int
 }
 
 /* --------------------------------------------------------------------- matmul */
-/* As api.c's W4A16 nv_mm: the valid rows grouped by expert (a stable counting sort), each
- * group cut into balanced chunks of at most mc_max rows; a work item is (chunk, group of
- * NV_Q8_GROUP tiles), numbered expert by expert, tile group by tile group, chunk by chunk,
- * so a thread's contiguous items reuse their tiles from cache for every chunk. The panels
- * are built first, in parallel over chunks (each row quantized once, rows of
- * out-of-range ids never read). */
-
-typedef struct {
-    const uint8_t *panel;
-    const int64_t *rows; /* output (= input) row indices of the chunk */
-    int mc;
-} nv_q8_chunkdesc;
+/* The plan of route.h, as api.c's W4A16 matmul: rows grouped by expert, chunks of at most
+ * mc_max rows, items (chunk, tile group). The panels are built first, in parallel over
+ * chunks (each row quantized once, rows of out-of-range ids never read). */
 
 typedef struct {
     const nv_w4a8_kernels *kern;
+    const nv_route *route;
+    uint8_t *panels; /* chunk c's panel at panels + c.first * (K / 32) * NV_Q8_REC(1) */
     const float *x;
     int64_t k;
-    nv_q8_chunkdesc *chunks;
-} nv_q8_panel_job;
+    float *out;
+} nv_q8_job;
+
+/* Chunk ci's panel: records are 44 * mc bytes, so every row takes the same bytes. */
+NV_INLINE uint8_t *nv_q8_panel(const nv_q8_job *j, const nv_route_chunk *cd) {
+    return j->panels + cd->first * (j->k / NV_Q8_BLOCK) * NV_Q8_REC(1);
+}
 
 /* Quantizes the rows of chunks [lo, hi) and writes their panels (layout in w4a8.h). */
 static void nv_q8_panel_task(void *ctx, int64_t lo, int64_t hi) {
-    const nv_q8_panel_job *j = (const nv_q8_panel_job *)ctx;
+    const nv_q8_job *j = (const nv_q8_job *)ctx;
     const int64_t k = j->k, nb = k / NV_Q8_BLOCK;
     int8_t *codes = (int8_t *)malloc((size_t)k + (size_t)nb * sizeof(uint16_t));
     if (!codes) { /* cannot happen in practice (K bytes); make the rows NaN, not garbage */
         for (int64_t ci = lo; ci < hi; ci++) {
-            const nv_q8_chunkdesc *cd = &j->chunks[ci];
-            uint8_t *panel = (uint8_t *)cd->panel;
+            const nv_route_chunk *cd = &j->route->chunks[ci];
+            uint8_t *panel = nv_q8_panel(j, cd);
             const int64_t rec = NV_Q8_REC(cd->mc);
             for (int64_t b = 0; b < nb; b++) {
                 memset(panel + b * rec, 0, (size_t)rec);
@@ -129,10 +125,10 @@ static void nv_q8_panel_task(void *ctx, int64_t lo, int64_t hi) {
     }
     uint16_t *d16 = (uint16_t *)(codes + k);
     for (int64_t ci = lo; ci < hi; ci++) {
-        const nv_q8_chunkdesc *cd = &j->chunks[ci];
+        const nv_route_chunk *cd = &j->route->chunks[ci];
         const int mc = cd->mc;
         const int64_t rec = NV_Q8_REC(mc);
-        uint8_t *panel = (uint8_t *)cd->panel;
+        uint8_t *panel = nv_q8_panel(j, cd);
         for (int i = 0; i < mc; i++) {
             j->kern->quant_rows(j->x + cd->rows[i] * k, 1, k, codes, d16);
             for (int64_t b = 0; b < nb; b++) {
@@ -153,45 +149,11 @@ static void nv_q8_panel_task(void *ctx, int64_t lo, int64_t hi) {
     free(codes);
 }
 
-typedef struct {
-    const nv_w4a8_kernels *kern;
-    const uint8_t *codes, *scales;
-    const float *rowg;
-    int64_t n, k, tiles, groups;
-    int64_t nact;              /* experts that have rows */
-    const int64_t *act_expert; /* [nact] */
-    const int64_t *act_chunk0; /* [nact + 1] first chunk of each */
-    const int64_t *act_item0;  /* [nact + 1] first item of each */
-    const nv_q8_chunkdesc *chunks;
-    float *out;
-} nv_q8_mm_job;
-
-static void nv_q8_mm_task(void *ctx, int64_t lo, int64_t hi) {
-    const nv_q8_mm_job *j = (const nv_q8_mm_job *)ctx;
-    int64_t a = 0; /* the active expert holding item lo (binary search) */
-    for (int64_t l = 0, h = j->nact - 1; l <= h;) {
-        const int64_t mid = (l + h) / 2;
-        if (j->act_item0[mid] <= lo) { a = mid; l = mid + 1; } else { h = mid - 1; }
-    }
-    const int64_t tcb = nv_tile_code_bytes(j->k), tsb = nv_tile_scale_bytes(j->k);
-    for (int64_t i = lo; i < hi; i++) {
-        while (i >= j->act_item0[a + 1]) a++;
-        const int64_t e = j->act_expert[a];
-        const int64_t nch = j->act_chunk0[a + 1] - j->act_chunk0[a];
-        const int64_t local = i - j->act_item0[a];
-        const int64_t group = local / nch, ci = local % nch;
-        nv_weight w;
-        w.codes = j->codes + e * j->tiles * tcb; /* expert e's first tile */
-        w.scales = j->scales + e * j->tiles * tsb;
-        w.rowg = j->rowg + e * j->tiles * NV_TILE;
-        w.n = j->n;
-        w.k = j->k;
-        const nv_q8_chunkdesc *cd = &j->chunks[j->act_chunk0[a] + ci];
-        nv_q8_chunk c = {cd->panel, cd->mc, j->out, j->n, cd->rows};
-        const int64_t t0 = group * NV_Q8_GROUP;
-        const int64_t nt = (j->tiles - t0) < NV_Q8_GROUP ? (j->tiles - t0) : NV_Q8_GROUP;
-        j->kern->qmm_tiles(&w, t0, nt, &c);
-    }
+static void nv_q8_mm_item(const void *ctx, const nv_weight *w, int64_t t0, int64_t nt, int64_t ci) {
+    const nv_q8_job *j = (const nv_q8_job *)ctx;
+    const nv_route_chunk *cd = &j->route->chunks[ci];
+    const nv_q8_chunk c = {nv_q8_panel(j, cd), cd->mc, j->out, w->n, cd->rows};
+    j->kern->qmm_tiles(w, t0, nt, &c);
 }
 
 /* out[m][n] = W4A8 of row m of x with expert ids[m] (ids NULL: one matrix). Rows whose id
@@ -202,83 +164,22 @@ static int nv_q8_mm(int isa, int nth, const uint8_t *codes, const uint8_t *scale
     const nv_w4a8_kernels *kern = nv_w4a8_for(isa);
     if (!kern || e < 1 || n < 1 || k < NV_Q8_BLOCK || k % NV_Q8_BLOCK || m < 0) return NV_EINVAL;
     if (m == 0) return 0;
-    const int64_t mc_max = kern->mc_max, nb = k / NV_Q8_BLOCK;
-    int64_t *count = (int64_t *)calloc((size_t)(e + 1), sizeof(int64_t));
-    int64_t *order = (int64_t *)malloc((size_t)m * sizeof(int64_t));
-    if (!count || !order) { free(count); free(order); return NV_ENOMEM; }
-    int64_t valid = 0;
-    for (int64_t r = 0; r < m; r++) {
-        const int64_t id = ids ? ids[r] : 0;
-        if (id >= 0 && id < e) { count[id + 1]++; valid++; }
-        else memset(out + r * n, 0, (size_t)n * sizeof(float)); /* out-of-range id: zero row */
-    }
-    for (int64_t i = 0; i < e; i++) count[i + 1] += count[i]; /* count[i] = first slot of i */
-    {
-        int64_t *fill = (int64_t *)malloc((size_t)(e + 1) * sizeof(int64_t));
-        if (!fill) { free(count); free(order); return NV_ENOMEM; }
-        memcpy(fill, count, (size_t)(e + 1) * sizeof(int64_t));
-        for (int64_t r = 0; r < m; r++) { /* stable counting sort of the valid rows by expert */
-            const int64_t id = ids ? ids[r] : 0;
-            if (id >= 0 && id < e) order[fill[id]++] = r;
-        }
-        free(fill);
-    }
-    int64_t nact = 0, nchunks = 0;
-    for (int64_t i = 0; i < e; i++) {
-        const int64_t rows = count[i + 1] - count[i];
-        if (rows) { nact++; nchunks += (rows + mc_max - 1) / mc_max; }
-    }
-    int rc = 0;
-    int64_t *act = (int64_t *)malloc((size_t)(3 * (nact + 1)) * sizeof(int64_t));
-    nv_q8_chunkdesc *chunks = (nv_q8_chunkdesc *)malloc((size_t)(nchunks + 1) * sizeof(nv_q8_chunkdesc));
+    nv_route r;
+    if (nv_route_plan(&r, ids, m, e, n, kern->mc_max, out)) return NV_ENOMEM;
     /* panels: each chunk's K/32 records; a record of mc rows is 44 * mc bytes, so chunk
      * panels start on 4-byte boundaries (the whole is 64-byte aligned) */
-    uint8_t *panels = (uint8_t *)nv_aligned_alloc((size_t)(valid * nb * NV_Q8_REC(1)));
-    if (!act || !chunks || !panels) { rc = NV_ENOMEM; goto done; }
-    {
-        int64_t *act_expert = act, *act_chunk0 = act + (nact + 1), *act_item0 = act + 2 * (nact + 1);
-        const int64_t tiles = nv_tiles(n), groups = (tiles + NV_Q8_GROUP - 1) / NV_Q8_GROUP;
-        int64_t a = 0, ci = 0, item = 0;
-        uint8_t *panel = panels;
-        for (int64_t i = 0; i < e; i++) {
-            const int64_t first = count[i], rows = count[i + 1] - count[i];
-            if (!rows) continue;
-            const int64_t nch = (rows + mc_max - 1) / mc_max;
-            act_expert[a] = i;
-            act_chunk0[a] = ci;
-            act_item0[a] = item;
-            int64_t r0 = first; /* balanced chunks: the first rows % nch get one row more */
-            for (int64_t q = 0; q < nch; q++) {
-                const int mc = (int)(rows / nch + (q < rows % nch ? 1 : 0));
-                chunks[ci].panel = panel;
-                chunks[ci].rows = order + r0;
-                chunks[ci].mc = mc;
-                panel += nb * NV_Q8_REC(mc);
-                r0 += mc;
-                ci++;
-            }
-            item += groups * nch;
-            a++;
-        }
-        act_chunk0[nact] = ci;
-        act_item0[nact] = item;
-        if (nact) {
-            nv_q8_panel_job pj = {kern, x, k, chunks};
-            nv_parallel(nv_q8_panel_task, &pj, nchunks, 1,
-                        nv_threads_for(nth, nchunks, 8 * valid * k)); /* ~8 ops per element */
-            nv_q8_mm_job job = {kern, codes, scales, rowg, n, k, tiles, groups, nact,
-                                act_expert, act_chunk0, act_item0, chunks, out};
-            const int64_t work = (valid + nact) * tiles * NV_TILE * k / 2; /* int8 is ~2x */
-            nv_parallel(nv_q8_mm_task, &job, item, 1, nv_threads_for(nth, item, work));
-        }
+    uint8_t *panels = (uint8_t *)nv_aligned_alloc((size_t)(r.valid * (k / NV_Q8_BLOCK) * NV_Q8_REC(1)));
+    if (!panels) { nv_route_free(&r); return NV_ENOMEM; }
+    const nv_q8_job job = {kern, &r, panels, x, k, out};
+    if (r.nact) {
+        nv_parallel(nv_q8_panel_task, (void *)&job, r.nchunks, 1,
+                    nv_threads_for(nth, r.nchunks, 8 * r.valid * k)); /* ~8 ops per element */
+        nv_route_run(&r, codes, scales, rowg, n, k, nv_q8_mm_item, &job, nth,
+                     (r.valid + r.nact) * r.tiles * NV_TILE * k / 2); /* int8 is ~2x */
     }
-done:
-    free(act);
-    free(chunks);
     free(panels);
-    free(count);
-    free(order);
-    return rc;
+    nv_route_free(&r);
+    return 0;
 }
 
 /* W4A8 y = q8(x) @ w^T: codes/scales tiled (nvfp4cpu.h), rowg [tiles * 16], x [m][k]

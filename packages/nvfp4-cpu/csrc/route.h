@@ -1,0 +1,58 @@
+/* The work plan of a matmul driver, shared by the W4A16 (api.c) and W4A8 (w4a8_api.c)
+ * matmuls, with one matrix or a stack of experts.
+ *
+ * The rows of x whose expert id is in [0, E) are grouped by expert (a stable counting sort:
+ * within an expert the rows keep their order), and each expert's rows are cut into balanced
+ * chunks of at most mc_max rows (the first rows % nch chunks get one row more). A work item
+ * is (chunk, group of NV_GROUP tiles of that expert's matrix). Items are numbered expert by
+ * expert, tile group by tile group, and inside a tile group chunk by chunk, so a thread's
+ * contiguous range of items streams its tiles once and reuses each from cache for every
+ * chunk of rows. The plan depends on the ids and mc_max alone, never on the thread count.
+ *
+ * Each chunk's rows are consecutive in `order`, so a driver that gives every row the same
+ * number of panel bytes places chunk c's panel at (c's first slot in `order`) * bytes per row.
+ */
+#ifndef NVFP4CPU_ROUTE_H
+#define NVFP4CPU_ROUTE_H
+
+#include "nvfp4cpu.h"
+
+#define NV_GROUP 4 /* tiles per work item */
+
+typedef struct {
+    const int64_t *rows; /* the chunk's row indices of x (= of out): a slice of order */
+    int64_t first;       /* rows - order: the chunk's first slot in order */
+    int mc;              /* rows in the chunk, 1 .. mc_max */
+} nv_route_chunk;
+
+typedef struct {
+    int64_t valid;          /* rows whose id is in [0, E) */
+    int64_t nact;           /* experts that have rows */
+    int64_t nchunks;        /* chunks over all experts */
+    int64_t items;          /* work items over all experts */
+    int64_t tiles, groups;  /* tiles per matrix, and groups of NV_GROUP of them */
+    int64_t *order;         /* [m]: the valid rows, stable-sorted by expert */
+    int64_t *act_expert;    /* [nact]: the active experts, increasing */
+    int64_t *act_chunk0;    /* [nact + 1]: each one's first chunk */
+    int64_t *act_item0;     /* [nact + 1]: each one's first item */
+    nv_route_chunk *chunks; /* [nchunks] */
+} nv_route;
+
+/* Plans the rows of x [m] with expert ids (NULL: one matrix, every row valid) over e
+ * matrices of n rows. A row whose id is outside [0, e) gets out[r][0 .. n) = 0 here, and no
+ * chunk. Returns 0, or NV_ENOMEM with nothing left allocated. */
+int nv_route_plan(nv_route *r, const int64_t *ids, int64_t m, int64_t e, int64_t n,
+                  int64_t mc_max, float *out);
+void nv_route_free(nv_route *r);
+
+/* One work item: the tiles [t0, t0 + nt) of expert `expert`'s matrix w, times chunk `chunk`. */
+typedef void (*nv_route_fn)(const void *ctx, const nv_weight *w, int64_t t0, int64_t nt,
+                            int64_t chunk);
+
+/* Runs every item of plan r on nth threads (nv_parallel): w's codes, scales and row globals
+ * are those of the whole stack, tiled as in nvfp4cpu.h; work estimates the multiply-adds. */
+void nv_route_run(const nv_route *r, const uint8_t *codes, const uint8_t *scales,
+                  const float *rowg, int64_t n, int64_t k, nv_route_fn fn, const void *ctx,
+                  int nth, int64_t work);
+
+#endif /* NVFP4CPU_ROUTE_H */
