@@ -335,10 +335,19 @@ def bench_cpu(session: nox.Session) -> None:
     """The CPU kernel benchmark (every arm in one process; JSON under benchmarks/results/,
     summary and plot under docs/benchmark_results/). Pass --quick for a smoke run."""
     cpu = ROOT / "packages" / "nvfp4-cpu"
+    engines = ROOT / "packages" / "nvfp4-engines"  # its ctypes bindings drive the ggml arm
     chosen = _plan(session)
     for dep in _local_deps(cpu):
         _install(session, chosen, str(dep))
-    _install(session, chosen, str(cpu), "torch", "mlx[cpu]; sys_platform == 'linux'", "matplotlib")
+    _install(
+        session,
+        chosen,
+        str(cpu),
+        str(engines),
+        "torch",
+        "mlx[cpu]; sys_platform == 'linux'",
+        "matplotlib",
+    )
     session.run("python", str(ROOT / "benchmarks" / "cpu_kernels.py"), *session.posargs)
 
 

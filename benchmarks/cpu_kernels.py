@@ -64,7 +64,6 @@ os.environ["NVFP4_CPU_THREADS"] = str(_THREADS)
 
 import ctypes  # noqa: E402
 import dataclasses  # noqa: E402
-import glob  # noqa: E402
 import importlib.metadata  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
@@ -182,110 +181,29 @@ GGML_TYPE_F32 = 0
 GGML_W4A8_BOUND = 2e-2
 
 
-class _Cplan(ctypes.Structure):
-    """``struct ggml_cplan`` (ggml-cpu.h)."""
-
-    _fields_ = [
-        ("work_size", ctypes.c_size_t),
-        ("work_data", ctypes.c_void_p),
-        ("n_threads", ctypes.c_int),
-        ("threadpool", ctypes.c_void_p),
-        ("abort_callback", ctypes.c_void_p),
-        ("abort_callback_data", ctypes.c_void_p),
-        ("use_ref", ctypes.c_bool),
-    ]
-
-
-class _InitParams(ctypes.Structure):
-    """``struct ggml_init_params`` (ggml.h)."""
-
-    _fields_ = [
-        ("mem_size", ctypes.c_size_t),
-        ("mem_buffer", ctypes.c_void_p),
-        ("no_alloc", ctypes.c_bool),
-    ]
-
-
-GGML_LIB_DIR_ENV = "NVFP4_GGML_LIB_DIR"
-
-
 class Ggml:
-    """ggml-cpu through llama-cpp-python's bundled libggml-base / libggml-cpu (ctypes).
-
-    Raises RuntimeError with a reason when the package or its libraries are absent, or when
-    this libggml has no NVFP4 type."""
+    """ggml-cpu through nvfp4-engines' ctypes bindings (:mod:`nvfp4_engines._libggml`):
+    llama-cpp-python's bundled libggml-base / libggml-cpu, or a source build's in the folder
+    ``$NVFP4_GGML_LIB_DIR`` (see the README). Raises RuntimeError with a reason when neither
+    is there, or when this libggml has no NVFP4 type."""
 
     def __init__(self) -> None:
-        lib_dir = os.environ.get(GGML_LIB_DIR_ENV)
-        if lib_dir:
-            # ggml's own two libraries, built from llama.cpp's source (see the README)
-            pkg = Path(lib_dir)
-        else:
-            spec = importlib.util.find_spec("llama_cpp")
-            if spec is None or spec.origin is None:
-                raise RuntimeError(
-                    "llama-cpp-python is not installed (it builds from source in ~18 min; install "
-                    f"it and cache the wheel, or set {GGML_LIB_DIR_ENV} to a folder holding "
-                    "libggml-base.so / libggml-cpu.so, to run this arm)"
-                )
-            pkg = Path(spec.origin).parent
-        base = sorted(glob.glob(str(pkg / "**" / "libggml-base.so*"), recursive=True))
-        cpu = sorted(glob.glob(str(pkg / "**" / "libggml-cpu.so*"), recursive=True))
-        if not base or not cpu:
-            raise RuntimeError(f"libggml-base / libggml-cpu not found under {pkg}")
-        self.base = ctypes.CDLL(base[0], mode=ctypes.RTLD_GLOBAL)
-        self.cpu = ctypes.CDLL(cpu[0], mode=ctypes.RTLD_GLOBAL)
-        self.paths = tuple(str(Path(f).relative_to(pkg.parent)) for f in (base[0], cpu[0]))
-        # where the libraries come from, for the summary: the wheel's version, or ggml's own
-        # version from the versioned file name (libggml-base.so.0.25.3) of a source build
-        versioned = [f for f in base if Path(f).name.count(".") > 2]
+        try:
+            from nvfp4_engines import _libggml
+        except ImportError as exc:
+            raise RuntimeError(
+                f"nvfp4-engines is not installed ({exc}): it holds the ggml bindings"
+            ) from exc
+        g = _libggml.load()
+        self.base, self.cpu = g.base, g.cpu
+        self.paths, self.features = g.paths, list(g.features)
         self.source = (
-            f"ggml {Path(versioned[-1]).name.split('.so.', 1)[1] if versioned else '?'}, built "
-            "from llama-cpp-python's vendored llama.cpp (ggml targets only)"
-            if lib_dir
-            else f"llama-cpp-python {_dist_version('llama_cpp_python')}'s bundled libraries"
+            f"{g.source.removesuffix(' (source build)')}, built from llama-cpp-python's "
+            "vendored llama.cpp (ggml targets only)"
+            if g.source.endswith("(source build)")
+            else f"{g.source}'s bundled libraries"
         )
-        vp, i64, sz, ci = ctypes.c_void_p, ctypes.c_int64, ctypes.c_size_t, ctypes.c_int
-        sigs: dict[str, tuple[Any, list[Any]]] = {
-            "ggml_init": (vp, [_InitParams]),
-            "ggml_free": (None, [vp]),
-            "ggml_type_name": (ctypes.c_char_p, [ci]),
-            "ggml_tensor_overhead": (sz, []),
-            "ggml_graph_overhead": (sz, []),
-            "ggml_new_tensor_1d": (vp, [vp, ci, i64]),
-            "ggml_new_tensor_2d": (vp, [vp, ci, i64, i64]),
-            "ggml_get_data": (vp, [vp]),
-            "ggml_nbytes": (sz, [vp]),
-            "ggml_mul_mat": (vp, [vp, vp, vp]),
-            "ggml_mul": (vp, [vp, vp, vp]),
-            "ggml_new_graph": (vp, [vp]),
-            "ggml_build_forward_expand": (None, [vp, vp]),
-        }
-        for name, (res, args) in sigs.items():
-            fn = getattr(self.base, name)
-            fn.restype, fn.argtypes = res, args
-        c = self.cpu
-        c.ggml_cpu_init.restype, c.ggml_cpu_init.argtypes = None, []
-        c.ggml_graph_plan.restype, c.ggml_graph_plan.argtypes = _Cplan, [vp, ci, vp]
-        c.ggml_graph_compute.restype = ci
-        c.ggml_graph_compute.argtypes = [vp, ctypes.POINTER(_Cplan)]
-        c.ggml_cpu_init()
-        self.features = [
-            f
-            for f in (
-                "avx2",
-                "fma",
-                "avx512",
-                "avx512_vnni",
-                "avx512_bf16",
-                "amx_int8",
-                "llamafile",
-            )
-            if getattr(c, f"ggml_cpu_has_{f}")()
-        ]
-        name = self.base.ggml_type_name(GGUF_TYPE_NVFP4)
-        if name is None or name.decode().lower() != "nvfp4":
-            raise RuntimeError(f"this libggml's type {GGUF_TYPE_NVFP4} is {name!r}, not nvfp4")
+        self.init_params = _libggml.InitParams
 
     def matmuls(self, planes: nvfp4.NVFP4Planes, xs: dict[int, np.ndarray], threads: int) -> Any:
         """A :class:`GgmlMatmuls` computing ``(x @ W.T) * scale`` for each ``x`` of ``xs``."""
@@ -313,7 +231,7 @@ class GgmlMatmuls:
             + len(xs) * b.ggml_graph_overhead()
             + (1 << 20)
         )
-        self.ctx = b.ggml_init(_InitParams(mem, None, False))
+        self.ctx = b.ggml_init(g.init_params(mem, None, False))
         if not self.ctx:
             raise RuntimeError(f"ggml_init({mem} bytes) failed")
         wt = b.ggml_new_tensor_2d(self.ctx, GGUF_TYPE_NVFP4, k, n)
@@ -325,7 +243,7 @@ class GgmlMatmuls:
         ctypes.memmove(b.ggml_get_data(wt), data.ctypes.data, data.nbytes)
         st = b.ggml_new_tensor_1d(self.ctx, GGML_TYPE_F32, 1)
         ctypes.memmove(b.ggml_get_data(st), scale.ctypes.data, 4)
-        self.graphs: dict[int, tuple[int, _Cplan, np.ndarray]] = {}
+        self.graphs: dict[int, tuple[int, Any, np.ndarray]] = {}
         self.outs: dict[int, np.ndarray] = {}
         for m, x in xs.items():
             xt = b.ggml_new_tensor_2d(self.ctx, GGML_TYPE_F32, k, m)

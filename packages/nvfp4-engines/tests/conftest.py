@@ -1,6 +1,7 @@
 """Shared helpers. A test module of an engine that is not installed is not collected (CI
 cannot build llama-cpp-python; the torch engines and the GPU-only ones are installed by the
-``engines`` nox session only), nor a whole-model engine's without its engine, torch or the
+``engines`` nox session only; ``NVFP4_GGML_LIB_DIR`` stands in for llama-cpp-python for
+the ggml adapter), nor a whole-model engine's without its engine, torch or the
 T6 model; ``NVFP4_REQUIRE_ENGINES`` (adapter or whole-model engine names, comma-separated,
 or ``all``; the nox ``engines`` and ``engines_t6`` sessions set theirs) makes a missing one
 an error."""
@@ -43,9 +44,19 @@ if REQUIRED - set(_known):
         f"from {sorted(_known)} or 'all'"
     )
 
+
+def _installed(module: str, engine: str) -> bool:
+    """The engine's module is importable; for the ggml adapter, a folder of ggml's own
+    libraries named by NVFP4_GGML_LIB_DIR stands in for llama_cpp (the adapter loads those
+    then; the llama.cpp whole-model engine needs the package itself)."""
+    if engine == "ggml" and os.environ.get("NVFP4_GGML_LIB_DIR"):
+        return True
+    return importlib.util.find_spec(module) is not None
+
+
 collect_ignore = []
 for _name, (_file, _modules) in _known.items():
-    _missing = [m for m in _modules if importlib.util.find_spec(m) is None]
+    _missing = [m for m in _modules if not _installed(m, _name)]
     if _missing:
         if _name in REQUIRED:
             raise RuntimeError(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import weight
@@ -86,18 +87,35 @@ def test_mlx_native_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "mlx[cpu]>=0.30" in a.reason
 
 
-def test_ggml_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "case", ["no llama-cpp-python", "not a folder", "no cpu library", "not ELF"]
+)
+def test_ggml_unavailable_says_why(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, case: str
+) -> None:
     real = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda n, *a: None if n == "llama_cpp" else real(n, *a)
-    )
+    monkeypatch.delenv(_libggml.LIB_DIR_ENV, raising=False)
+    if case == "no llama-cpp-python":
+        monkeypatch.setattr(
+            importlib.util, "find_spec", lambda n, *a: None if n == "llama_cpp" else real(n, *a)
+        )
+        want = "llama-cpp-python>=0.3.36"
+    elif case == "not a folder":
+        monkeypatch.setenv(_libggml.LIB_DIR_ENV, str(tmp_path / "absent"))
+        want = f"{_libggml.LIB_DIR_ENV}={tmp_path / 'absent'}: not a folder"
+    else:  # a source-build folder holding libggml-base.so and a broken or no libggml-cpu.so
+        (tmp_path / "libggml-base.so").write_bytes(b"")
+        if case == "not ELF":
+            (tmp_path / "libggml-cpu.so").write_bytes(b"not an ELF file")
+        monkeypatch.setenv(_libggml.LIB_DIR_ENV, str(tmp_path))
+        want = "libggml does not load" if case == "not ELF" else "libggml-cpu not found under"
     _libggml.load.cache_clear()
     try:
         a = ggml_adapter.GgmlKernels().availability()
     finally:
         _libggml.load.cache_clear()
     assert not a.ok
-    assert "llama-cpp-python>=0.3.36" in a.reason
+    assert want in a.reason
 
 
 @pytest.mark.parametrize(

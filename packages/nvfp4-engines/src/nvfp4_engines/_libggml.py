@@ -1,8 +1,15 @@
-"""ggml-cpu through ctypes: llama-cpp-python's bundled ``libggml-base`` / ``libggml-cpu``.
+"""ggml-cpu through ctypes: llama-cpp-python's bundled ``libggml-base`` / ``libggml-cpu``,
+or the two libraries of a ggml built from source (a folder named by ``NVFP4_GGML_LIB_DIR``).
 
-Only what the ``ggml`` adapter calls is declared here, with the C signatures of ``ggml.h``
-and ``ggml-cpu.h``. Nothing is loaded at import: :func:`load` finds and opens the libraries
-once and raises :class:`GgmlUnavailable` with what to install when it cannot.
+Only what the ``ggml`` adapter and ``benchmarks/cpu_kernels.py`` call is declared here, with
+the C signatures of ``ggml.h`` and ``ggml-cpu.h``. Nothing is loaded at import: :func:`load`
+finds and opens the libraries once and raises :class:`GgmlUnavailable` with what to install
+when it cannot.
+
+Building only ggml's two CPU libraries from llama-cpp-python's source distribution takes a
+couple of minutes (the whole wheel takes 18 minutes or more): in its ``vendor/llama.cpp``,
+``cmake -S . -B build -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=ON -DLLAMA_CURL=OFF`` then
+``cmake --build build --target ggml-base ggml-cpu``, and set ``NVFP4_GGML_LIB_DIR=build/bin``.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ import ctypes
 import functools
 import glob
 import importlib.util
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -23,6 +31,7 @@ __all__ = [
     "GGML_TYPE_NVFP4",
     "GGML_TYPE_Q8_0",
     "INSTALL",
+    "LIB_DIR_ENV",
     "Cplan",
     "Ggml",
     "GgmlUnavailable",
@@ -34,9 +43,13 @@ GGML_TYPE_F32: Final = 0
 GGML_TYPE_Q8_0: Final = 8
 GGML_TYPE_I32: Final = 26
 GGML_TYPE_NVFP4: Final = GGUF_TYPE_NVFP4
+#: A folder holding ggml's own ``libggml-base.so`` / ``libggml-cpu.so``, used instead of
+#: llama-cpp-python's bundled copies when set.
+LIB_DIR_ENV: Final = "NVFP4_GGML_LIB_DIR"
 INSTALL: Final = (
     "pip install 'llama-cpp-python>=0.3.36' (its wheel bundles libggml-base and libggml-cpu "
-    "with the NVFP4 type; it builds from source where no wheel fits)"
+    f"with the NVFP4 type; it builds from source where no wheel fits), or set {LIB_DIR_ENV} "
+    "to a folder holding a source build's libggml-base.so / libggml-cpu.so"
 )
 
 
@@ -100,11 +113,15 @@ class TypeTraitsCpu(ctypes.Structure):
 
 @dataclass(frozen=True)
 class Ggml:
-    """The opened libraries and the facts the adapter reports."""
+    """The opened libraries and the facts the adapter and the benchmark report."""
 
     base: Any
     cpu: Any
-    version: str
+    #: where the libraries come from: "llama-cpp-python 0.3.36" or "ggml 0.25.3 (source build)"
+    source: str
+    #: the two files, relative to the folder above the package or build folder (no machine path)
+    paths: tuple[str, str]
+    #: the CPU features this libggml was compiled with (``ggml_cpu_has_*``)
     features: tuple[str, ...]
 
     def traits(self, ggml_type: int) -> TypeTraits:
@@ -150,17 +167,44 @@ def _declare(base: Any, cpu: Any) -> None:
     cpu.ggml_get_type_traits_cpu.argtypes = [ci]
 
 
-@functools.lru_cache(maxsize=1)
-def load() -> Ggml:
-    """Open llama-cpp-python's libggml once (cached), or raise :class:`GgmlUnavailable`."""
+def _library_folder(lib_dir: str | None) -> tuple[Path, str]:
+    """The folder to search and what it is: ``lib_dir``, else ``$NVFP4_GGML_LIB_DIR``, else
+    the installed llama_cpp package."""
+    chosen = lib_dir or os.environ.get(LIB_DIR_ENV)
+    if chosen:
+        folder = Path(chosen)
+        if not folder.is_dir():
+            raise GgmlUnavailable(f"{LIB_DIR_ENV}={chosen}: not a folder: {INSTALL}")
+        return folder, "source build"
     spec = importlib.util.find_spec("llama_cpp")
     if spec is None or spec.origin is None:
         raise GgmlUnavailable(f"llama-cpp-python is not installed: {INSTALL}")
-    pkg = Path(spec.origin).parent
-    base_so = sorted(glob.glob(str(pkg / "**" / "libggml-base.so*"), recursive=True))
-    cpu_so = sorted(glob.glob(str(pkg / "**" / "libggml-cpu.so*"), recursive=True))
+    return Path(spec.origin).parent, "llama-cpp-python"
+
+
+def _source(kind: str, base_files: list[str]) -> str:
+    if kind == "llama-cpp-python":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return f"llama-cpp-python {version('llama-cpp-python')}"
+        except PackageNotFoundError:
+            return "llama-cpp-python (version unknown)"
+    # a source build's versioned file names carry ggml's version: libggml-base.so.0.25.3
+    versioned = [f for f in base_files if Path(f).name.count(".") > 2]
+    ggml_version = Path(versioned[-1]).name.split(".so.", 1)[1] if versioned else "version unknown"
+    return f"ggml {ggml_version} (source build)"
+
+
+@functools.lru_cache(maxsize=4)
+def load(lib_dir: str | None = None) -> Ggml:
+    """Open libggml once per folder (cached), or raise :class:`GgmlUnavailable`: from
+    ``lib_dir``, else ``$NVFP4_GGML_LIB_DIR``, else llama-cpp-python's bundled copies."""
+    folder, kind = _library_folder(lib_dir)
+    base_so = sorted(glob.glob(str(folder / "**" / "libggml-base.so*"), recursive=True))
+    cpu_so = sorted(glob.glob(str(folder / "**" / "libggml-cpu.so*"), recursive=True))
     if not base_so or not cpu_so:
-        raise GgmlUnavailable(f"libggml-base / libggml-cpu not found in llama_cpp: {INSTALL}")
+        raise GgmlUnavailable(f"libggml-base / libggml-cpu not found under {folder}: {INSTALL}")
     try:
         base = ctypes.CDLL(base_so[0], mode=ctypes.RTLD_GLOBAL)
         cpu = ctypes.CDLL(cpu_so[0], mode=ctypes.RTLD_GLOBAL)
@@ -177,9 +221,21 @@ def load() -> Ggml:
         )
     features = tuple(
         f
-        for f in ("avx2", "avx512", "avx512_vnni", "avx512_bf16", "amx_int8", "neon", "dotprod")
+        for f in (
+            "avx2",
+            "fma",
+            "avx512",
+            "avx512_vnni",
+            "avx512_bf16",
+            "amx_int8",
+            "llamafile",
+            "neon",
+            "dotprod",
+        )
         if getattr(cpu, f"ggml_cpu_has_{f}", None) is not None and cpu[f"ggml_cpu_has_{f}"]()
     )
-    from importlib.metadata import version
-
-    return Ggml(base, cpu, version("llama-cpp-python"), features)
+    paths = (
+        str(Path(base_so[0]).relative_to(folder.parent)),
+        str(Path(cpu_so[0]).relative_to(folder.parent)),
+    )
+    return Ggml(base, cpu, _source(kind, base_so), paths, features)

@@ -1,5 +1,6 @@
 """``ggml``: ggml-cpu's own NVFP4 code (llama.cpp's tensor library), through ctypes on the
-``libggml`` that llama-cpp-python bundles (:mod:`nvfp4_engines._libggml`).
+``libggml`` that llama-cpp-python bundles, or a source build's (``NVFP4_GGML_LIB_DIR``; see
+:mod:`nvfp4_engines._libggml`).
 
 What the engine has, and the kernel each becomes:
 
@@ -151,7 +152,7 @@ class GgmlKernels:
                 f"(the W4A8 int8 rule of spec 1.1): {lib.INSTALL}",
             )
         isa = "/".join(g.features) or "portable"
-        return Availability(True, device=f"ggml-cpu ({isa}), llama-cpp-python {g.version}")
+        return Availability(True, device=f"ggml-cpu ({isa}), {g.source}")
 
     # ------------------------------------------------------------------- weights
     def prepare(self, planes: NVFP4Planes) -> GgmlWeight:
