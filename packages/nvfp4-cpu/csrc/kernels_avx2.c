@@ -124,7 +124,7 @@ NV_INLINE int64_t nv256_codes_left(const nv_weight *w, int64_t t) {
  *
  * Cost (one thread, Zen 5 at about 4.45 GHz): about 10.4 cycles per 64 weights whether the
  * weight sits in L2, L3 or DRAM, so the decode, not memory, bounds it. Per 64 weights it
- * issues 1 vpermq, 4 vpshufb, 4 vpunpck, 5 shifts, 6 ands, 4 broadcasts and 8 FMAs: 20 of
+ * runs 1 vpermq, 4 vpshufb, 4 vpunpck, 5 shifts, 6 ands, 4 broadcasts and 8 FMAs: 20 of
  * those are shuffle / shift / logic operations competing for the vector ports the FMAs
  * also need. Measured and not kept: eight FMA chains instead of four (split by pair
  * parity: 1.05x slower, so the chains' latency is not the bound); two tiles at once (no
