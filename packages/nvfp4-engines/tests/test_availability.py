@@ -118,6 +118,36 @@ def test_ggml_unavailable_says_why(
     assert want in a.reason
 
 
+@pytest.mark.parametrize("case", ["plain build", "variant absent"])
+def test_ggml_variant_refused_says_which(tmp_path: Path, case: str) -> None:
+    """A CPU variant asked for that the folder does not hold is refused before anything is
+    opened, naming the file looked for and the variants found."""
+    (tmp_path / "libggml-base.so").write_bytes(b"")
+    if case == "plain build":
+        (tmp_path / "libggml-cpu.so").write_bytes(b"")
+        found = "none, not a backend-DL build"
+    else:
+        (tmp_path / "libggml-cpu-zen4.so").write_bytes(b"")
+        (tmp_path / "libggml-cpu-x64.so").write_bytes(b"")
+        found = "x64, zen4"
+    _libggml.load.cache_clear()
+    try:
+        with pytest.raises(_libggml.GgmlUnavailable) as info:
+            _libggml.load(str(tmp_path), "haswell")
+    finally:
+        _libggml.load.cache_clear()
+    assert f"{tmp_path}: no libggml-cpu-haswell.so (CPU variants found: {found})" in str(info.value)
+
+
+def test_ggml_variants_found_by_name(tmp_path: Path) -> None:
+    (tmp_path / "bin").mkdir()
+    for name in ("libggml-cpu-haswell.so", "libggml-cpu-zen4.so", "libggml-cpu.so"):
+        (tmp_path / "bin" / name).write_bytes(b"")
+    found = _libggml._variants(tmp_path)
+    assert sorted(found) == ["haswell", "zen4"]
+    assert found["haswell"].endswith("bin/libggml-cpu-haswell.so")
+
+
 @pytest.mark.parametrize(
     ("module", "install"),
     [

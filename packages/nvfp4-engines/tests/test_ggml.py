@@ -3,12 +3,16 @@ the reference (spec 1.1)."""
 
 from __future__ import annotations
 
+import ctypes
+from pathlib import Path
+
 import numpy as np
 import pytest
 from conftest import weight
 from nvfp4 import PlaneError, get_backend, reference
 from nvfp4.fusion import fuse, stack_experts
 from nvfp4.tolerances import tolerance
+from nvfp4_engines import _libggml
 
 
 @pytest.fixture(scope="module")
@@ -66,3 +70,38 @@ def test_quantizer_is_ggmls_with_global_one(backend, rng) -> None:
     assert np.array_equal(got.scales, ref.scales)  # normal data: the spec's scale bytes
     with pytest.raises(PlaneError, match=r"'activation'.*multiple of 64.*K = 48"):
         backend.quantize_activations(x[:, :48])
+
+
+def _mapped_file(address: int) -> str:
+    """The file mapped at ``address`` in this process (/proc/self/maps), or ''."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            parts = line.split()
+            lo, hi = (int(v, 16) for v in parts[0].split("-"))
+            if lo <= address < hi:
+                return parts[-1] if len(parts) > 5 else ""
+    return ""
+
+
+def test_backend_dl_variants_each_run_their_own_code() -> None:
+    """On a backend-DL build (per-CPU variants), every variant this CPU runs opens beside the
+    others, its NVFP4 and Q8_0 vec_dot lie in its own library (no variant's symbols stand in
+    for another's), and the default is the variant with the highest ggml_backend_score."""
+    folder = _libggml._library_folder(None)[0]
+    variants = _libggml._variants(folder)
+    if not variants:
+        pytest.skip(f"{folder} is a plain build: no per-CPU variants to check")
+    opened, scores = {}, {}
+    for name, path in variants.items():
+        score = ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL).ggml_backend_score
+        score.restype = ctypes.c_int
+        scores[name] = score()
+        if scores[name] > 0:
+            opened[name] = _libggml.load(None, name)
+    assert opened, f"no variant of {sorted(variants)} runs on this CPU"
+    for name, g in opened.items():
+        assert g.variant == name
+        for ggml_type in (_libggml.GGML_TYPE_NVFP4, _libggml.GGML_TYPE_Q8_0):
+            address = ctypes.cast(g.traits_cpu(ggml_type).vec_dot, ctypes.c_void_p).value
+            assert _mapped_file(address or 0) == str(Path(variants[name]).resolve())
+    assert _libggml.load().variant == max(opened, key=lambda n: scores[n])

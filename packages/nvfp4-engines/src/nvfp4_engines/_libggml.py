@@ -10,6 +10,15 @@ Building only ggml's two CPU libraries from llama-cpp-python's source distributi
 couple of minutes (the whole wheel takes 18 minutes or more): in its ``vendor/llama.cpp``,
 ``cmake -S . -B build -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=ON -DLLAMA_CURL=OFF`` then
 ``cmake --build build --target ggml-base ggml-cpu``, and set ``NVFP4_GGML_LIB_DIR=build/bin``.
+
+A folder may instead hold the per-CPU variants of a backend-DL build, as llama.cpp's own
+release binaries ship them (``-DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON
+-DGGML_NATIVE=OFF``, targets ``ggml-cpu-haswell``, ``ggml-cpu-zen4``, ...): one
+``libggml-base.so`` and a ``libggml-cpu-<variant>.so`` per instruction set. :func:`load`
+then takes the variant named, or the one whose ``ggml_backend_score()`` is highest on this
+CPU, as ggml's own loader does. Variants are opened ``RTLD_LOCAL``, so several can be open
+in one process without one's symbols standing in for another's (``haswell`` is the
+AVX2 + FMA + F16C build, what an AVX2-only CPU runs).
 """
 
 from __future__ import annotations
@@ -123,6 +132,8 @@ class Ggml:
     paths: tuple[str, str]
     #: the CPU features this libggml was compiled with (``ggml_cpu_has_*``)
     features: tuple[str, ...]
+    #: the backend-DL variant opened (``haswell``, ``zen4``, ...), None for a plain build
+    variant: str | None = None
 
     def traits(self, ggml_type: int) -> TypeTraits:
         t: TypeTraits = self.base.ggml_get_type_traits(ggml_type).contents
@@ -196,18 +207,72 @@ def _source(kind: str, base_files: list[str]) -> str:
     return f"ggml {ggml_version} (source build)"
 
 
-@functools.lru_cache(maxsize=4)
-def load(lib_dir: str | None = None) -> Ggml:
-    """Open libggml once per folder (cached), or raise :class:`GgmlUnavailable`: from
-    ``lib_dir``, else ``$NVFP4_GGML_LIB_DIR``, else llama-cpp-python's bundled copies."""
+#: ``libggml-cpu-<variant>.so``: one CPU variant of a backend-DL build
+_VARIANT_PREFIX: Final = "libggml-cpu-"
+
+
+def _variants(folder: Path) -> dict[str, str]:
+    """The backend-DL CPU variants under ``folder``: name -> file."""
+    found: dict[str, str] = {}
+    for f in sorted(glob.glob(str(folder / "**" / f"{_VARIANT_PREFIX}*.so"), recursive=True)):
+        found.setdefault(Path(f).name[len(_VARIANT_PREFIX) : -len(".so")], f)
+    return found
+
+
+def _open_variant(path: str) -> Any:
+    """One variant library, its symbols kept local (see the module's docstring)."""
+    return ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)
+
+
+def _pick_variant(folder: Path, variants: dict[str, str], wanted: str | None) -> tuple[str, Any]:
+    """The variant ``wanted`` (checked to exist by :func:`load`), or the best-scoring one this
+    CPU runs: (name, library)."""
+    if wanted is not None:
+        return wanted, _open_variant(variants[wanted])
+    scored = []
+    for name, path in variants.items():
+        libv = _open_variant(path)
+        score_fn = getattr(libv, "ggml_backend_score", None)
+        if score_fn is None:
+            continue
+        score_fn.restype, score_fn.argtypes = ctypes.c_int, []
+        scored.append((int(score_fn()), name, libv))
+    runnable = [s for s in scored if s[0] > 0]
+    if not runnable:
+        raise GgmlUnavailable(
+            f"{folder}: none of the CPU variants {sorted(variants)} runs on this CPU "
+            f"(ggml_backend_score 0 or absent in each): {INSTALL}"
+        )
+    _, name, libv = max(runnable, key=lambda s: s[0])
+    return name, libv
+
+
+@functools.lru_cache(maxsize=8)
+def load(lib_dir: str | None = None, variant: str | None = None) -> Ggml:
+    """Open libggml once per (folder, variant) (cached), or raise :class:`GgmlUnavailable`:
+    from ``lib_dir``, else ``$NVFP4_GGML_LIB_DIR``, else llama-cpp-python's bundled copies.
+    ``variant`` names a backend-DL CPU variant (``haswell``); None takes the folder's plain
+    ``libggml-cpu.so``, or its best-scoring variant when it holds variants only."""
     folder, kind = _library_folder(lib_dir)
     base_so = sorted(glob.glob(str(folder / "**" / "libggml-base.so*"), recursive=True))
     cpu_so = sorted(glob.glob(str(folder / "**" / "libggml-cpu.so*"), recursive=True))
-    if not base_so or not cpu_so:
+    variants = _variants(folder)
+    if not base_so or not (cpu_so or variants):
         raise GgmlUnavailable(f"libggml-base / libggml-cpu not found under {folder}: {INSTALL}")
+    if variant is not None and variant not in variants:
+        raise GgmlUnavailable(
+            f"{folder}: no {_VARIANT_PREFIX}{variant}.so (CPU variants found: "
+            f"{', '.join(sorted(variants)) or 'none, not a backend-DL build'}): {INSTALL}"
+        )
+    chosen: str | None = None
     try:
         base = ctypes.CDLL(base_so[0], mode=ctypes.RTLD_GLOBAL)
-        cpu = ctypes.CDLL(cpu_so[0], mode=ctypes.RTLD_GLOBAL)
+        if cpu_so and variant is None:
+            cpu_path = cpu_so[0]
+            cpu = ctypes.CDLL(cpu_path, mode=ctypes.RTLD_GLOBAL)
+        else:
+            chosen, cpu = _pick_variant(folder, variants, variant)
+            cpu_path = variants[chosen]
         _declare(base, cpu)
     except (OSError, AttributeError) as exc:
         raise GgmlUnavailable(
@@ -227,6 +292,7 @@ def load(lib_dir: str | None = None) -> Ggml:
             "avx512",
             "avx512_vnni",
             "avx512_bf16",
+            "avx_vnni",
             "amx_int8",
             "llamafile",
             "neon",
@@ -236,6 +302,6 @@ def load(lib_dir: str | None = None) -> Ggml:
     )
     paths = (
         str(Path(base_so[0]).relative_to(folder.parent)),
-        str(Path(cpu_so[0]).relative_to(folder.parent)),
+        str(Path(cpu_path).relative_to(folder.parent)),
     )
-    return Ggml(base, cpu, _source(kind, base_so), paths, features)
+    return Ggml(base, cpu, _source(kind, base_so), paths, features, chosen)
