@@ -76,6 +76,7 @@ sys.path[:0] = SOURCES
 
 import ml_dtypes  # noqa: E402
 import nvfp4  # noqa: E402
+from machine import cpu_model  # noqa: E402
 from nvfp4.planes import NVFP4Planes  # noqa: E402
 from nvfp4.spec import BLOCK_SIZE  # noqa: E402
 from nvfp4_checkpoints import write_checkpoint  # noqa: E402
@@ -448,14 +449,7 @@ def verify_outputs(src: Path, workdir: Path, shard_bytes: int) -> dict[str, str]
 
 # ============================================================================ machine
 def machine_info() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_model()
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     versions: dict[str, str | None] = {
         "numpy": np.__version__,

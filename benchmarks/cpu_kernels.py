@@ -83,6 +83,7 @@ from typing import Any  # noqa: E402
 import numpy as np  # noqa: E402
 import nvfp4  # noqa: E402
 import nvfp4_cpu  # noqa: E402
+from machine import cpu_model, simd_flags  # noqa: E402
 from nvfp4 import reference  # noqa: E402
 from nvfp4.layouts.gguf import to_gguf  # noqa: E402
 from nvfp4.spec import GGUF_TYPE_NVFP4  # noqa: E402
@@ -584,17 +585,8 @@ def _dist_version(dist: str) -> str | None:
 
 def machine_info() -> dict[str, Any]:
     info: dict[str, Any] = {"platform": platform.platform(), "python": platform.python_version()}
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-        info["cpu"] = next(
-            ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")
-        )
-        flags = next(
-            ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")
-        )
-        info["simd_flags"] = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c")))
-    except (OSError, StopIteration):
-        pass
+    info["cpu"] = cpu_model()
+    info["simd_flags"] = simd_flags()
     info["cpus"] = os.cpu_count()
     versions: dict[str, str | None] = {
         "numpy": np.__version__,

@@ -50,6 +50,7 @@ from nvfp4_conformance.generate import TimedBackend
 from nvfp4_conformance.lean_decoder import LeanDecoder
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import cpu_model, simd_flags
 from plotting import pyplot
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,15 +70,8 @@ ISSUE_BASELINE_S_PER_TOKEN = 0.76
 
 def machine() -> dict[str, Any]:
     info: dict[str, Any] = {"platform": platform.platform(), "cpus": os.cpu_count()}
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-        info["cpu"] = next(
-            ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")
-        )
-        flags = next(ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags"))
-        info["simd_flags"] = sorted(f for f in flags if f.startswith(("avx", "fma", "f16c")))
-    except (OSError, StopIteration):
-        pass
+    info["cpu"] = cpu_model()
+    info["simd_flags"] = simd_flags()
     info["torch"] = torch.__version__
     info["torch_default_threads"] = torch.get_num_threads()
     return info

@@ -101,7 +101,8 @@ def _module_file(name: str) -> str:
 
 def cpu_model() -> str | None:
     """The CPU's model name as the operating system reports it (Linux ``/proc/cpuinfo``'s
-    ``model name``, or its ``CPU implementer`` / ``CPU part`` on ARM; macOS'
+    ``model name``, with the x86 family and model numbers, which tell Zen 3 from Zen 4 where
+    a VM reports only "AMD EPYC"; or its ``CPU implementer`` / ``CPU part`` on ARM; macOS'
     ``machdep.cpu.brand_string``), or None. Under qemu-user this is the host's CPU
     (``platform.emulation`` says so)."""
     try:
@@ -113,6 +114,10 @@ def cpu_model() -> str | None:
         key, sep, value = line.partition(":")
         if sep and key.strip() not in fields:
             fields[key.strip()] = value.strip()
+    if fields.get("model name") and fields.get("cpu family") and fields.get("model"):
+        return (
+            f"{fields['model name']} (x86 family {fields['cpu family']}, model {fields['model']})"
+        )
     for key in ("model name", "Model", "Hardware"):
         if fields.get(key):
             return fields[key]

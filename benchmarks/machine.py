@@ -1,0 +1,42 @@
+"""What machine a benchmark ran on, read once for every script: the CPU's model name with its
+x86 family / model numbers (a VM often reports only "AMD EPYC", and the numbers tell Zen 3
+from Zen 4 or Zen 5), and its SIMD flags. Linux reads ``/proc/cpuinfo``; elsewhere the
+platform module's answer stands."""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+#: The flag prefixes a summary lists (the ISA paths our kernels can take).
+SIMD_PREFIXES = ("avx", "amx", "fma", "f16c", "asimd", "sve")
+
+
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields of ``/proc/cpuinfo`` (empty where there is none)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return {}
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() not in fields:
+            fields[key.strip()] = value.strip()
+    return fields
+
+
+def cpu_model() -> str:
+    """``"AMD EPYC (x86 family 25, model 17)"``: the model name and, on x86, its family and
+    model numbers; else the platform's processor or machine name."""
+    f = _cpuinfo()
+    name = f.get("model name") or platform.processor() or platform.machine()
+    if f.get("cpu family") and f.get("model"):
+        return f"{name} (x86 family {f['cpu family']}, model {f['model']})"
+    return name
+
+
+def simd_flags() -> list[str]:
+    """The CPU's SIMD feature flags (sorted), empty where the OS does not list them."""
+    flags = (_cpuinfo().get("flags") or _cpuinfo().get("Features") or "").split()
+    return sorted(f for f in flags if f.startswith(SIMD_PREFIXES))
