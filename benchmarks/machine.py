@@ -38,5 +38,6 @@ def cpu_model() -> str:
 
 def simd_flags() -> list[str]:
     """The CPU's SIMD feature flags (sorted), empty where the OS does not list them."""
-    flags = (_cpuinfo().get("flags") or _cpuinfo().get("Features") or "").split()
+    f = _cpuinfo()
+    flags = (f.get("flags") or f.get("Features") or "").split()
     return sorted(f for f in flags if f.startswith(SIMD_PREFIXES))
