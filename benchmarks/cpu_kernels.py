@@ -34,16 +34,20 @@ of weights. The context arms that cannot matter at prefill sizes (numpy, MLX's s
 CPU kernel, the portable C level, cold variants) stop at M = 32 (:data:`CONTEXT_MAX_M`). A
 read-bandwidth probe (nvfp4-cpu's STREAM-style read, widest loads, same thread cap) runs in
 the same process. The arms of one (shape, M) point run back to back, in ``--rounds`` rounds
-(default 3): in each round every arm gets an idle pause, a warm-up call and ``--reps`` timed
+(default 5): in each round every arm gets an idle pause, a warm-up call and ``--reps`` timed
 calls (>= 5) in one burst. Each figure is the median over all its rounds' calls, so a slow
 spell of the shared machine that covers one arm's burst does not decide a ratio, and machine
-drift hits the arms of a point alike.
+drift hits the arms of a point alike. Such a spell lasts a whole burst and hits one arm, not
+its neighbours (on a 2-vCPU EPYC: ours at S, M = 32 took 11.2 ms in every call of one round
+and 7.1-8.7 ms in the other two; ggml's AVX2 arm at L, M = 1 took 7.5 ms in one round and
+4.6-5.1 ms in the others). With 3 rounds two slow bursts of an arm move its median; with 5
+it takes three.
 
 Writes ``benchmarks/results/cpu_kernels.json`` and ``docs/benchmark_results/cpu_kernels.md``
 (+ ``cpu_kernels.png`` when matplotlib is installed). ``--quick`` runs small shapes into
 ``*_quick`` files (a smoke test, not a measurement).
 
-    python benchmarks/cpu_kernels.py [--threads 2] [--reps 5] [--rounds 3] [--isa all]
+    python benchmarks/cpu_kernels.py [--threads 2] [--reps 5] [--rounds 5] [--isa all]
                                      [--ms 1,8,32,128,512] [--quick]
 """
 
@@ -1207,7 +1211,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--rounds", type=int, default=3, help="rounds over a point's arms")
+    p.add_argument("--rounds", type=int, default=5, help="rounds over a point's arms")
     p.add_argument(
         "--quick", action="store_true", help="small shapes, *_quick outputs (smoke test)"
     )

@@ -131,7 +131,17 @@ NV_INLINE int64_t nv256_codes_left(const nv_weight *w, int64_t t) {
  * gain: GCC spills the partial sums); a float16 decode through vcvtph2ps (14 cycles).
  * Diagnostic builds that dropped the shifts, the FMAs or the decode one at a time did not
  * move it; dropping the lane-crossing vpermq did (0.9x the time), but that needs another
- * code order inside the tile layout, which every level and the packer share. */
+ * code order inside the tile layout, which every level and the packer share, or x and the
+ * scales arranged per 128-bit half (a blend per two k, four scale vectors per block), whose
+ * extra shuffles per block, counted but not built, take back about what the vpermq costs.
+ * Zen 4 (2-vCPU EPYC; cycles against an FMA loop of known cost, 10th percentile of 31
+ * timings): 10.2-10.4 cycles per 64 weights with the weight in L1 or L2, 10.7-10.9 in L3.
+ * The same instructions run in 6.5 cycles with their data dependencies removed and the
+ * decode alone (no FMAs) in 6.9, so the bound is how the core schedules the decode's chain
+ * of dependent shuffles, not the number of ports. Not faster: eight FMA chains in
+ * hand-scheduled asm without spills (11.0 cycles, against 10.5 for this code in the same
+ * runs), -mtune=haswell / skylake / znver3 (10.4-10.5), an int8 decode into vcvtdq2ps (it
+ * shares the shift ports: 7.6-8.2 cycles for the bare instructions against 6.5). */
 static void k256_one(const nv_weight *w, int64_t t, const nv_chunk *c) {
     const int64_t k = w->k, nblocks = k / NV_BLOCK;
     const uint8_t *tc = w->codes + t * nv_tile_code_bytes(k);
