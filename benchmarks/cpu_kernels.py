@@ -894,21 +894,19 @@ def goals(
     has_vnni = bool(native is not None and native.has("avx512vnni"))
     ms = sorted({int(r["m"]) for r in results})
 
-    #: the ratio of each arm's fastest call, kept beside every ratio of medians (see
-    #: :func:`_best_ratio`); set by ratio(), read by the goal() that follows it
-    last_best: list[float | None] = [None]
-
     def ratio(
         num: dict[str, Any] | None, den: dict[str, Any] | None, key: str = "median_s"
-    ) -> float | None:
-        last_best[0] = _best_ratio(num, den, key)
-        return None if num is None or den is None else num[key] / den[key]
+    ) -> tuple[float | None, float | None]:
+        """The ratio of medians and, beside it, that of the fastest calls (:func:`_best_ratio`)."""
+        median = None if num is None or den is None else num[key] / den[key]
+        return median, _best_ratio(num, den, key)
 
-    def goal(gid: str, text: str, r: float | None, target: str) -> None:
-        """One row; ``target`` is ``">= bound"`` or ``"<= bound"``, ``met`` None without r;
-        :data:`CONTEXT` marks a ratio shown beside the goals, with no verdict. The verdict is
-        on ``r`` (medians); ``best`` is the same ratio from each arm's fastest call."""
-        best, last_best[0] = last_best[0], None
+    def goal(gid: str, text: str, rs: tuple[float | None, float | None], target: str) -> None:
+        """One row; ``target`` is ``">= bound"`` or ``"<= bound"``, ``met`` None without a
+        ratio; :data:`CONTEXT` marks a ratio shown beside the goals, with no verdict. The
+        verdict is on the ratio of medians, ``rs[0]``; ``rs[1]`` is the same ratio from each
+        arm's fastest call."""
+        r, best = rs
         row = {"id": gid, "goal": text, "value": r, "best": best, "target": target}
         if target == CONTEXT:
             out.append({**row, "met": None})
@@ -958,12 +956,18 @@ def goals(
         paired = (probe.get("paired_by_isa") or {}).get(isa)
         if paired is None and isa == best:
             paired = probe.get("paired")
-        r = None if paired is None else paired["ours_median_gbps"] / paired["probe_median_gbps"]
-        last_best[0] = None if paired is None else _paired_best_ratio(paired)
+        c5 = (
+            (None, None)
+            if paired is None
+            else (
+                paired["ours_median_gbps"] / paired["probe_median_gbps"],
+                _paired_best_ratio(paired),
+            )
+        )
         goal(
             f"C5{tag}",
             "ours packed GB/s / read-probe GB/s, M=1, L cold (alternated)",
-            r,
+            c5,
             _gemv_target(isa, "C5"),
         )
         for shape in ("S", "L"):
