@@ -97,25 +97,10 @@ NV_INLINE void nv256_store_rows(float *o, __m256 v, int64_t live) {
     }
 }
 
-/* Software prefetch distance of the code stream (4 KiB: 32 blocks, a few hundred
- * nanoseconds ahead). Single-threaded on a weight that is not in cache: 1.09x at MC = 1,
- * 1.14x at MC = 2, 1.08x at MC = 4. */
-#define NV_AVX2_PREFETCH 4096
-
-/* Prefetch the 128 code bytes (2 lines) that block b of the tile at tc will need
- * NV_AVX2_PREFETCH bytes later; the stream runs on into the next tile, whose codes follow.
- * left = the bytes of this matrix's codes from tc on: prefetches stay inside them. */
-NV_INLINE void nv256_prefetch_codes(const uint8_t *tc, int64_t b, int64_t left) {
-    const int64_t off = b * (NV_BLOCK / 2) * NV_TILE + NV_AVX2_PREFETCH;
-    if (off + 128 <= left) {
-        _mm_prefetch((const char *)(tc + off), _MM_HINT_T0);
-        _mm_prefetch((const char *)(tc + off + 64), _MM_HINT_T0);
-    }
-}
-
-/* The bytes of w's codes from tile t's on. */
-NV_INLINE int64_t nv256_codes_left(const nv_weight *w, int64_t t) {
-    return (nv_tiles(w->n) - t) * nv_tile_code_bytes(w->k);
+/* The code bytes of one block of tile tc (8 pairs of 16 rows: 2 lines), prefetched ahead
+ * (nvfp4cpu.h) as the block starts. */
+NV_INLINE void nv256_prefetch_block(const uint8_t *tc, int64_t b, int64_t left) {
+    nv_prefetch_codes(tc, b * (NV_BLOCK / 2) * NV_TILE, (NV_BLOCK / 2) * NV_TILE, left);
 }
 
 /* One row of x (MC = 1), the memory-bound GEMV: the bfloat16-pair decode, per block
@@ -146,14 +131,14 @@ static void k256_one(const nv_weight *w, int64_t t, const nv_chunk *c) {
     const int64_t k = w->k, nblocks = k / NV_BLOCK;
     const uint8_t *tc = w->codes + t * nv_tile_code_bytes(k);
     const uint8_t *ts = w->scales + t * nv_tile_scale_bytes(k);
-    const int64_t left = nv256_codes_left(w, t);
+    const int64_t left = nv_codes_left(w, t);
     __m256i tlo, thi;
     nv256_bf16_tables(&tlo, &thi);
     __m256 acc_e = _mm256_setzero_ps(), acc_o = _mm256_setzero_ps();
     for (int64_t b = 0; b < nblocks; b++) {
         const float *xb = c->panel + b * NV_BLOCK; /* x[16b] */
         __m256 pe[2], po[2];                       /* [k parity] */
-        nv256_prefetch_codes(tc, b, left);
+        nv256_prefetch_block(tc, b, left);
 #pragma GCC unroll 4
         for (int jj = 0; jj < NV_BLOCK / 4; jj++) { /* pairs 2jj, 2jj+1: k = 16b + 4jj + q */
             __m256i wq[4];
@@ -273,7 +258,7 @@ NV_INLINE void k256_decode_rows(const uint8_t *tc, const uint8_t *ts, int64_t le
                                 const int SPLIT, const int STORE) {
     for (int bb = 0; bb < nb; bb++) {
         const int64_t b = b0 + bb;
-        nv256_prefetch_codes(tc, b, left);
+        nv256_prefetch_block(tc, b, left);
         __m256 p[4][2][2]; /* [row][even / odd rows][k parity, SPLIT only] */
 #pragma GCC unroll 4
         for (int jj = 0; jj < NV_BLOCK / 4; jj++) { /* pairs 2jj, 2jj+1: k = 16b + 4jj + q */
@@ -325,7 +310,7 @@ NV_INLINE void k256_buf(const nv_weight *w, int64_t t, const nv_chunk *c, const 
     const int64_t k = w->k;
     const uint8_t *tc = w->codes + t * nv_tile_code_bytes(k);
     const uint8_t *ts = w->scales + t * nv_tile_scale_bytes(k);
-    const int64_t left = nv256_codes_left(w, t);
+    const int64_t left = nv_codes_left(w, t);
     __m256i tlo, thi;
     nv256_bf16_tables(&tlo, &thi);
     float wbuf[NV_AVX2_KP * NV_TILE] __attribute__((aligned(32)));
