@@ -2,13 +2,18 @@
  * -mavx2 -mfma -mf16c and called only after the dispatcher has checked the CPU. Also the
  * W4A8 kernels of the avx512 level on a CPU without AVX512_VNNI.
  *
- * A tile (16 rows) is two ymm halves: rows 8hr .. 8hr+7 from code bytes 8hr .. 8hr+7 of a
- * pair. Each 32-bit lane holds one row's 4 consecutive weights as unsigned bytes
- * u = 2 * e2m1 + 12, decoded as in w4a8_avx512vnni.c (zero-extend, shift-or, nibble mask,
- * vpshufb). Without VNNI the int8 dot product is vpmaddubsw (u8 x s8 -> int16 pairs, at most
- * 2 * 24 * 127 = 6096, never saturating), four of them added in int16 (at most 24384 <
- * 32767: exact), then vpmaddwd with ones (int16 pairs -> int32): the exact dot of the
- * 16-element block, plus the panel's corr -> isum_j.
+ * A tile's 16 rows are two ymm vectors, rows (0..3 | 8..11) and rows (4..7 | 12..15) (the
+ * order two in-lane unpacks leave them in; the epilogue puts them back), decoded once per
+ * block for every row of x. Each 32-bit lane holds one row's 4 consecutive weights as
+ * unsigned bytes u = 2 * e2m1 + 12: a 32-byte load gives two element pairs of all 16 rows,
+ * vpermq puts rows 0..7 of both pairs in the low 128-bit lane, a nibble split and one
+ * vpshufb table give the u bytes, and two levels of unpacks (bytes, then 16-bit words)
+ * gather each row's 4 weights: 10 shuffle / shift / logic operations per 64 weights,
+ * against 16 for the zero-extend, shift-or, nibble-mask and vpshufb decode of
+ * w4a8_avx512vnni.c on 8-row halves. Without VNNI the int8 dot product is vpmaddubsw
+ * (u8 x s8 -> int16 pairs, at most 2 * 24 * 127 = 6096, never saturating), four of them
+ * added in int16 (at most 24384 < 32767: exact), then vpmaddwd with ones (int16 pairs ->
+ * int32): the exact dot of the 16-element block, plus the panel's corr -> isum_j.
  */
 #include <float.h>
 #include <immintrin.h>
@@ -73,21 +78,31 @@ static void q8_256_quant_rows(const float *x, int64_t rows, int64_t k, int8_t *c
 
 /* ------------------------------------------------------------------------- matmul */
 
-/* 8 scale bytes (rows 8hr .. 8hr+7 of a block) -> 8 exact float32 scales (the float16
- * trick of kernels_avx512.c). */
-NV_INLINE __m256 q8_256_scales(const uint8_t *p) {
-    const __m128i h = _mm_slli_epi16(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p)), 7);
-    return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
+/* Pairs p, p + 1 of the 16 rows (the 32 code bytes at p) -> u of elements 2p .. 2p + 3, one
+ * row per 32-bit lane: rows (0..3 | 8..11) in *ua, rows (4..7 | 12..15) in *ub. */
+NV_INLINE void q8_256_decode(const uint8_t *p, __m256i utab, __m256i *ua, __m256i *ub) {
+    /* qwords (pair p rows 0..7, p rows 8..15, p+1 rows 0..7, p+1 rows 8..15) reordered to
+     * (0, 2 | 1, 3): each 128-bit lane holds one row half of both pairs */
+    const __m256i v = _mm256_permute4x64_epi64(_mm256_loadu_si256((const __m256i *)p), 0xD8);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    /* bytes 0..7 of a lane: element 2p (e) / 2p + 1 (o) of its 8 rows; 8..15: 2p + 2 / 2p + 3 */
+    const __m256i e = _mm256_shuffle_epi8(utab, _mm256_and_si256(v, m4));
+    const __m256i o = _mm256_shuffle_epi8(utab, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+    const __m256i lo = _mm256_unpacklo_epi8(e, o); /* word r of a lane: [u(2p), u(2p+1)] of row r */
+    const __m256i hi = _mm256_unpackhi_epi8(e, o); /* [u(2p+2), u(2p+3)] */
+    *ua = _mm256_unpacklo_epi16(lo, hi);           /* rows 0..3 of each lane's 8 */
+    *ub = _mm256_unpackhi_epi16(lo, hi);           /* rows 4..7 */
 }
 
-/* Pairs j, j + 1 of 8 rows (8 code bytes at p, 8 at p + 16) -> u of elements 2j .. 2j+3. */
-NV_INLINE __m256i q8_256_decode(const uint8_t *p, __m256i utab) {
-    const __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
-    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + NV_TILE)));
-    const __m256i c = _mm256_or_si256(a, _mm256_slli_epi32(b, 16)); /* bytes [A, 0, B, 0] */
-    const __m256i n = _mm256_and_si256(_mm256_or_si256(c, _mm256_slli_epi32(c, 4)),
-                                       _mm256_set1_epi32(0x0F0F0F0F)); /* [A&15, A>>4, B&15, B>>4] */
-    return _mm256_shuffle_epi8(utab, n);
+/* The 16 scale bytes of a block -> exact float32 scales of rows (0..3 | 8..11) (*sa) and
+ * (4..7 | 12..15) (*sb), q8_256_decode's order (the float16 trick of kernels_avx512.c). */
+NV_INLINE void q8_256_scales(const uint8_t *p, __m256 *sa, __m256 *sb) {
+    const __m128i order = _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15);
+    const __m128i b = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)p), order);
+    const __m256i h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(b), 7); /* float16 patterns */
+    const __m256 f256 = _mm256_set1_ps(256.0f);
+    *sa = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), f256);
+    *sb = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), f256);
 }
 
 NV_INLINE __m256i q8_bcast32(const int8_t *p) {
@@ -107,83 +122,72 @@ NV_INLINE void q8_256_store_rows(float *o, __m256 v, int64_t live) {
     }
 }
 
-/* The rows of x per pass that take both 8-row halves of a tile at once: up to 4 (2 * MC
- * accumulators, the 4 decoded vectors and the temporaries fit the 16 ymm registers), so
- * the tile's codes stream through once, prefetched (nvfp4cpu.h), with two independent
- * halves to overlap. Against one half per pass without prefetch, on a weight not in cache
- * (14336 x 8192), two threads, 2-vCPU Zen 4: 0.75x the time at MC = 1, 0.87x at 2, 0.84x at
- * 3, 0.88x at 4; LLC-resident (4096 x 4096): 0.90x at MC = 1, 1.01x at 4. Larger chunks
- * amortise the decode over their rows instead. */
-#define NV_Q8_256_BOTH_HALVES_MC 4
-
-/* MC rows of x, one tile: both 8-row halves hr = 0, 1 in one pass (MC <= 4) or one half
- * per pass (MC accumulators, the 4 decoded vectors of a 16-element block and the
- * temporaries: 8 rows spill a few values yet measured fastest, the decode amortised over
- * more rows). Per weight block j = 2b + h and half hr:
- *   i = madd16(sum_q maddubs(u[q], codes[m][16h + 4q .. +3]), 1) + corr[h][m]   (isum_j)
- *   acc[hr][m] += float(i) * (s_j * d[m][b] / 2)
+/* MC rows of x, one tile, in one pass over its codes (prefetched, nvfp4cpu.h). Per weight
+ * block j = 2b + h the 8 vectors of u are decoded once and feed every row m; for each row
+ * group g (rows (0..3 | 8..11), (4..7 | 12..15)):
+ *   i = madd16(sum_q maddubs(u[g][q], codes[m][16h + 4q .. +3]), 1) + corr[h][m]   (isum_j)
+ *   acc[g][m] += float(i) * (s_j * d[m][b] / 2)
  * (s_j * d / 2 is exact: 4 significant bits times 11), and the row globals multiply at the
- * end. Each output's sum runs over j in increasing order whichever the pass, so the two
- * schedules give the same bits. */
+ * end. 2 * MC accumulators: from MC = 5 on some spill, yet one decode for all rows measured
+ * faster than one per 8-row half. Against the 8-row-half kernel without prefetch this
+ * replaced (two threads, 2-vCPU Zen 4, old library against new in one process): on
+ * 4096 x 4096 0.80x the time at M = 1, 0.83x at 4, 0.85x at 8; on 14336 x 8192 (not in
+ * cache) 0.65x at M = 1, 0.80x at 4, 0.91x at 8. Each output sums its blocks in the same
+ * order with the same operations as that kernel: the bits are unchanged. */
 NV_INLINE void q8_256_kernel(const nv_weight *w, int64_t t, const nv_q8_chunk *c, const int MC) {
     const int64_t k = w->k, nb = k / NV_Q8_BLOCK;
     const uint8_t *tc = w->codes + t * nv_tile_code_bytes(k);
     const uint8_t *ts = w->scales + t * nv_tile_scale_bytes(k);
     const int64_t rec = NV_Q8_REC(MC), n0 = t * NV_TILE;
     const int64_t left = nv_codes_left(w, t);
-    const int NH = MC <= NV_Q8_256_BOTH_HALVES_MC ? 2 : 1; /* halves per pass */
     uint8_t ut[16];
     nv_q8_utable(ut);
     const __m256i utab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)ut));
     const __m256i ones = _mm256_set1_epi16(1);
-    for (int hr0 = 0; hr0 < 2; hr0 += NH) { /* this pass: rows n0 + 8hr0 .. n0 + 8(hr0 + NH) - 1 */
-        __m256 acc[2][NV_Q8_256_MC_TABLE];  /* [half in this pass][row of x] */
-#pragma GCC unroll 2
-        for (int hh = 0; hh < NH; hh++)
+    __m256 acc[2][NV_Q8_256_MC_TABLE]; /* [row group][row of x] */
 #pragma GCC unroll 8
-            for (int m = 0; m < MC; m++) acc[hh][m] = _mm256_setzero_ps();
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *pb = c->panel + b * rec;
-            const int8_t *xq = (const int8_t *)pb;                 /* codes[MC][32] */
-            const float *dh = (const float *)(pb + 32 * MC);       /* d / 2 [MC] */
-            const int32_t *corr = (const int32_t *)(pb + 36 * MC); /* corr[2][MC] */
-            /* the first pass streams the block's 256 code bytes (16 pairs of 16 rows) from
-             * memory; a second one finds them in cache */
-            if (hr0 == 0) nv_prefetch_codes(tc, b * (NV_Q8_BLOCK / 2) * NV_TILE, (NV_Q8_BLOCK / 2) * NV_TILE, left);
+    for (int m = 0; m < MC; m++) acc[0][m] = acc[1][m] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *pb = c->panel + b * rec;
+        const int8_t *xq = (const int8_t *)pb;                 /* codes[MC][32] */
+        const float *dh = (const float *)(pb + 32 * MC);       /* d / 2 [MC] */
+        const int32_t *corr = (const int32_t *)(pb + 36 * MC); /* corr[2][MC] */
+        /* the block's 256 code bytes: 16 pairs of 16 rows */
+        nv_prefetch_codes(tc, b * (NV_Q8_BLOCK / 2) * NV_TILE, (NV_Q8_BLOCK / 2) * NV_TILE, left);
 #pragma GCC unroll 2
-            for (int h = 0; h < 2; h++) { /* weight block j = 2b + h: pairs 16b + 8h .. +7 */
-#pragma GCC unroll 2
-                for (int hh = 0; hh < NH; hh++) {
-                    const int hr = hr0 + hh; /* rows 8hr .. 8hr + 7: code bytes 8hr .. of a pair */
-                    const uint8_t *cp = tc + (b * (NV_Q8_BLOCK / 2) + 8 * h) * NV_TILE + 8 * hr;
-                    __m256i u[4];
+        for (int h = 0; h < 2; h++) { /* weight block j = 2b + h: pairs 16b + 8h .. +7 */
+            __m256i u[2][4];          /* [row group][q]: elements 4q .. 4q + 3 of the block */
 #pragma GCC unroll 4
-                    for (int q = 0; q < 4; q++) u[q] = q8_256_decode(cp + 2 * q * NV_TILE, utab);
-                    const __m256 s = q8_256_scales(ts + (2 * b + h) * NV_TILE + 8 * hr);
+            for (int q = 0; q < 4; q++)
+                q8_256_decode(tc + (b * (NV_Q8_BLOCK / 2) + 8 * h + 2 * q) * NV_TILE, utab, &u[0][q],
+                              &u[1][q]);
+            __m256 s[2];
+            q8_256_scales(ts + (2 * b + h) * NV_TILE, &s[0], &s[1]);
 #pragma GCC unroll 8
-                    for (int m = 0; m < MC; m++) {
-                        const int8_t *xm = xq + m * NV_Q8_BLOCK + 16 * h;
-                        __m256i p = _mm256_maddubs_epi16(u[0], q8_bcast32(xm));
-                        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(u[1], q8_bcast32(xm + 4)));
-                        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(u[2], q8_bcast32(xm + 8)));
-                        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(u[3], q8_bcast32(xm + 12)));
-                        const __m256i i = _mm256_add_epi32(_mm256_madd_epi16(p, ones),
-                                                           _mm256_set1_epi32(corr[h * MC + m]));
-                        acc[hh][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i),
-                                                     _mm256_mul_ps(s, _mm256_set1_ps(dh[m])), acc[hh][m]);
-                    }
+            for (int m = 0; m < MC; m++) {
+                const int8_t *xm = xq + m * NV_Q8_BLOCK + 16 * h;
+                const __m256 dm = _mm256_set1_ps(dh[m]);
+                const __m256i cr = _mm256_set1_epi32(corr[h * MC + m]);
+#pragma GCC unroll 2
+                for (int g = 0; g < 2; g++) {
+                    __m256i p = _mm256_maddubs_epi16(u[g][0], q8_bcast32(xm));
+                    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(u[g][1], q8_bcast32(xm + 4)));
+                    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(u[g][2], q8_bcast32(xm + 8)));
+                    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(u[g][3], q8_bcast32(xm + 12)));
+                    const __m256i i = _mm256_add_epi32(_mm256_madd_epi16(p, ones), cr);
+                    acc[g][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(s[g], dm), acc[g][m]);
                 }
             }
         }
-#pragma GCC unroll 2
-        for (int hh = 0; hh < NH; hh++) {
-            const int hr = hr0 + hh;
-            const __m256 g = _mm256_loadu_ps(w->rowg + n0 + 8 * hr);
+    }
+    const __m256 g0 = _mm256_loadu_ps(w->rowg + n0), g1 = _mm256_loadu_ps(w->rowg + n0 + 8);
 #pragma GCC unroll 8
-            for (int m = 0; m < MC; m++)
-                q8_256_store_rows(c->out + c->out_rows[m] * c->ldo + n0 + 8 * hr,
-                                  _mm256_mul_ps(acc[hh][m], g), w->n - n0 - 8 * hr);
-        }
+    for (int m = 0; m < MC; m++) {
+        float *o = c->out + c->out_rows[m] * c->ldo + n0;
+        const __m256 r0 = _mm256_permute2f128_ps(acc[0][m], acc[1][m], 0x20); /* rows 0..7 */
+        const __m256 r1 = _mm256_permute2f128_ps(acc[0][m], acc[1][m], 0x31); /* rows 8..15 */
+        q8_256_store_rows(o, _mm256_mul_ps(r0, g0), w->n - n0);
+        q8_256_store_rows(o + 8, _mm256_mul_ps(r1, g1), w->n - n0 - 8);
     }
 }
 
