@@ -16,7 +16,9 @@ Translation units, one per instruction-set level (runtime dispatch picks one per
 * ``w4a8_fp8.c``          - the W4A8 FP8 activation encoder, plain C;
 * ``w4a8_avx2.c``         - W4A8 with vpmaddubsw / vpmaddwd, x86-64 only, AVX2 flags;
 * ``w4a8_avx512vnni.c``   - W4A8 with vpdpbusd, x86-64 only, AVX-512 flags + ``-mavx512vnni``;
-* ``kernels_neon.c``      - AArch64 only, no extra flags (Advanced SIMD is in its baseline).
+* ``kernels_neon.c``      - AArch64 only, no extra flags (Advanced SIMD is in its baseline);
+* ``w4a8_neon_dotprod.c`` - W4A8 with vdotq_laneq_s32, AArch64 only, ``-march=armv8.2-a+dotprod``
+  (called only where the CPU reports dotprod).
 
 The units follow the compiler's *target* (``$CC -dumpmachine``), not this machine, so a cross
 compiler builds the library of its own architecture: ``CC=aarch64-linux-gnu-gcc python
@@ -76,6 +78,7 @@ X86_UNITS = {
 #: The same for AArch64 targets.
 AARCH64_UNITS = {
     "kernels_neon.c": ([], "NVFP4CPU_HAVE_NEON"),
+    "w4a8_neon_dotprod.c": (["-march=armv8.2-a+dotprod"], "NVFP4CPU_HAVE_W4A8_NEON_DOTPROD"),
 }
 #: Units every build needs (plain C): a failure to compile them fails the build.
 REQUIRED_UNITS = ("route.c", "kernels_portable.c", "w4a8_portable.c", "w4a8_fp8.c")

@@ -1,8 +1,9 @@
 /* nvfp4-cpu W4A8 (spec 1.1, "W4A8", capability `w4a8`): NVFP4 weights times int8 activations
  * quantized per block of 32 along K exactly as ggml's Q8_0 (`quantize_row_q8_0_ref`).
  * Declarations shared by the W4A8 driver (w4a8_api.c, baseline flags) and the per-ISA W4A8
- * translation units (w4a8_portable.c, w4a8_avx2.c, w4a8_avx512vnni.c). The W4A16 kernels
- * (kernels_*.c) are not touched: the weight is the same prepared tiled layout (nvfp4cpu.h).
+ * translation units (w4a8_portable.c, w4a8_avx2.c, w4a8_avx512vnni.c, w4a8_neon_dotprod.c).
+ * The W4A16 kernels (kernels_*.c) are not touched: the weight is the same prepared tiled
+ * layout (nvfp4cpu.h).
  *
  * THE ARITHMETIC (per output y[m][n], weight row n, activation row m)
  * ---------------------------------------------------------------
@@ -75,6 +76,9 @@ extern const nv_w4a8_kernels nv_w4a8_avx2;
 #endif
 #if defined(NVFP4CPU_HAVE_W4A8_AVX512VNNI)
 extern const nv_w4a8_kernels nv_w4a8_avx512vnni;
+#endif
+#if defined(NVFP4CPU_HAVE_W4A8_NEON_DOTPROD)
+extern const nv_w4a8_kernels nv_w4a8_neon_dotprod;
 #endif
 
 /* float16 bits -> float32, exactly (subnormals, infinities, NaN). */

@@ -45,9 +45,13 @@ static const nv_w4a8_kernels *nv_w4a8_for(int isa) {
         return &nv_w4a8_portable;
 #endif
     case NV_ISA_PORTABLE: return &nv_w4a8_portable;
-    /* AArch64: the portable W4A8 kernels, which the compiler vectorises with Advanced SIMD
-     * (a vdotq_s32 kernel is not written yet) */
-    case NV_ISA_NEON: return &nv_w4a8_portable;
+    case NV_ISA_NEON:
+#if defined(NVFP4CPU_HAVE_W4A8_NEON_DOTPROD)
+        if (nvfp4cpu_cpu_features() & nvfp4cpu_cpu_feature_bit("asimddp")) return &nv_w4a8_neon_dotprod;
+#endif
+        /* without dotprod: the portable W4A8 kernels, which the compiler vectorises with
+         * Advanced SIMD */
+        return &nv_w4a8_portable;
     default: return NULL;
     }
 }

@@ -32,7 +32,8 @@ _ESIZE = {0: 4, 1: 2, 2: 2}  # dequantize's output kinds (NV_OUT_*): bytes per e
 
 
 class _CrossCheckedLib:
-    """The loaded library, except that each qmm / gather_qmm / dequantize call at a level of
+    """The loaded library, except that each qmm / gather_qmm / dequantize call (W4A16 and W4A8
+    int8) at a level of
     ``BIT_IDENTICAL_TO_PORTABLE`` is run again at the portable level into a scratch buffer,
     and the two outputs must be the same bytes."""
 
@@ -79,6 +80,22 @@ class _CrossCheckedLib:
             e, n, k, m, out = args[3], args[4], args[5], args[7], args[9]
             mirror = self._portable("nvfp4cpu_gather_qmm", nth, args[:-1], m * n, np.float32)
             self._compare("gather_qmm", isa, out, mirror, f"E={e} M={m} N={n} K={k}")
+        return rc
+
+    def nvfp4cpu_qmm_w4a8(self, isa: int, nth: int, *args: Any) -> int:
+        rc = int(self._lib.nvfp4cpu_qmm_w4a8(isa, nth, *args))
+        if rc == 0 and isa in self._checked:
+            n, k, m, out = args[3], args[4], args[6], args[7]
+            mirror = self._portable("nvfp4cpu_qmm_w4a8", nth, args[:-1], m * n, np.float32)
+            self._compare("qmm_w4a8", isa, out, mirror, f"M={m} N={n} K={k}")
+        return rc
+
+    def nvfp4cpu_gather_qmm_w4a8(self, isa: int, nth: int, *args: Any) -> int:
+        rc = int(self._lib.nvfp4cpu_gather_qmm_w4a8(isa, nth, *args))
+        if rc == 0 and isa in self._checked:
+            e, n, k, m, out = args[3], args[4], args[5], args[7], args[9]
+            mirror = self._portable("nvfp4cpu_gather_qmm_w4a8", nth, args[:-1], m * n, np.float32)
+            self._compare("gather_qmm_w4a8", isa, out, mirror, f"E={e} M={m} N={n} K={k}")
         return rc
 
     def nvfp4cpu_dequantize(self, isa: int, nth: int, *args: Any) -> int:

@@ -47,8 +47,10 @@ def test_w4a8_capabilities_are_declared() -> None:
 def test_each_level_runs_its_own_w4a8_kernels(native: Native) -> None:
     """portable -> portable C, avx2 -> vpmaddubsw, avx512 -> vpdpbusd where the CPU has
     AVX512_VNNI (checked against /proc/cpuinfo too, so a missing cpuid check shows); neon ->
-    the portable C kernels (no AArch64 W4A8 kernel of its own yet)."""
-    expected = {"portable": "portable", "avx2": "avx2", "neon": "portable"}
+    vdotq_laneq_s32 where the CPU has dotprod (HWCAP_ASIMDDP, read from /proc/self/auxv in
+    test_native.py), else the portable C kernels."""
+    expected = {"portable": "portable", "avx2": "avx2"}
+    expected["neon"] = "neon_dotprod" if native.has("asimddp") else "portable"
     vnni = native.has("avx512vnni")
     flags = _cpu_flags()
     if flags and native.has("x86"):  # under qemu-user /proc/cpuinfo is the x86 host's
