@@ -166,7 +166,7 @@ class Native:
             return f"x86-64 AVX-512 (F/BW/VL){have}"
         if isa == "avx2":
             return "x86-64 AVX2 (+FMA/F16C)"
-        if isa == "neon":  # dotprod: reported (as VNNI is); the float32 kernels need only ASIMD
+        if isa == "neon":  # dotprod: the W4A8 kernels use it; the float32 ones need only ASIMD
             return "aarch64 NEON (+dotprod)" if self.has("asimddp") else "aarch64 NEON"
         machine = "x86-64" if self.has("x86") else os.uname().machine
         return f"{machine} portable C"
