@@ -66,37 +66,36 @@ class _CrossCheckedLib:
             raise AssertionError(f"portable {name} refused what another level took ({rc})")
         return mirror
 
-    def nvfp4cpu_qmm(self, isa: int, nth: int, *args: Any) -> int:
-        rc = int(self._lib.nvfp4cpu_qmm(isa, nth, *args))
+    def _matmul(self, name: str, isa: int, nth: int, args: tuple[Any, ...]) -> int:
+        """A qmm-shaped call (weight args, n, k, x, m, out)."""
+        rc = int(getattr(self._lib, name)(isa, nth, *args))
         if rc == 0 and isa in self._checked:
             n, k, m, out = args[3], args[4], args[6], args[7]
-            mirror = self._portable("nvfp4cpu_qmm", nth, args[:-1], m * n, np.float32)
-            self._compare("qmm", isa, out, mirror, f"M={m} N={n} K={k}")
+            mirror = self._portable(name, nth, args[:-1], m * n, np.float32)
+            self._compare(name.removeprefix("nvfp4cpu_"), isa, out, mirror, f"M={m} N={n} K={k}")
         return rc
+
+    def _gather(self, name: str, isa: int, nth: int, args: tuple[Any, ...]) -> int:
+        """A gather-shaped call (weight args, e, n, k, x, m, ids, out)."""
+        rc = int(getattr(self._lib, name)(isa, nth, *args))
+        if rc == 0 and isa in self._checked:
+            e, n, k, m, out = args[3], args[4], args[5], args[7], args[9]
+            mirror = self._portable(name, nth, args[:-1], m * n, np.float32)
+            what = f"E={e} M={m} N={n} K={k}"
+            self._compare(name.removeprefix("nvfp4cpu_"), isa, out, mirror, what)
+        return rc
+
+    def nvfp4cpu_qmm(self, isa: int, nth: int, *args: Any) -> int:
+        return self._matmul("nvfp4cpu_qmm", isa, nth, args)
 
     def nvfp4cpu_gather_qmm(self, isa: int, nth: int, *args: Any) -> int:
-        rc = int(self._lib.nvfp4cpu_gather_qmm(isa, nth, *args))
-        if rc == 0 and isa in self._checked:
-            e, n, k, m, out = args[3], args[4], args[5], args[7], args[9]
-            mirror = self._portable("nvfp4cpu_gather_qmm", nth, args[:-1], m * n, np.float32)
-            self._compare("gather_qmm", isa, out, mirror, f"E={e} M={m} N={n} K={k}")
-        return rc
+        return self._gather("nvfp4cpu_gather_qmm", isa, nth, args)
 
     def nvfp4cpu_qmm_w4a8(self, isa: int, nth: int, *args: Any) -> int:
-        rc = int(self._lib.nvfp4cpu_qmm_w4a8(isa, nth, *args))
-        if rc == 0 and isa in self._checked:
-            n, k, m, out = args[3], args[4], args[6], args[7]
-            mirror = self._portable("nvfp4cpu_qmm_w4a8", nth, args[:-1], m * n, np.float32)
-            self._compare("qmm_w4a8", isa, out, mirror, f"M={m} N={n} K={k}")
-        return rc
+        return self._matmul("nvfp4cpu_qmm_w4a8", isa, nth, args)
 
     def nvfp4cpu_gather_qmm_w4a8(self, isa: int, nth: int, *args: Any) -> int:
-        rc = int(self._lib.nvfp4cpu_gather_qmm_w4a8(isa, nth, *args))
-        if rc == 0 and isa in self._checked:
-            e, n, k, m, out = args[3], args[4], args[5], args[7], args[9]
-            mirror = self._portable("nvfp4cpu_gather_qmm_w4a8", nth, args[:-1], m * n, np.float32)
-            self._compare("gather_qmm_w4a8", isa, out, mirror, f"E={e} M={m} N={n} K={k}")
-        return rc
+        return self._gather("nvfp4cpu_gather_qmm_w4a8", isa, nth, args)
 
     def nvfp4cpu_dequantize(self, isa: int, nth: int, *args: Any) -> int:
         rc = int(self._lib.nvfp4cpu_dequantize(isa, nth, *args))
