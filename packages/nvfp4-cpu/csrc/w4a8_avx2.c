@@ -130,8 +130,9 @@ NV_INLINE void q8_256_store_rows(float *o, __m256 v, int64_t live) {
  * (s_j * d / 2 is exact: 4 significant bits times 11), and the row globals multiply at the
  * end. 2 * MC accumulators: from MC = 5 on some spill (from 9 on most live in L1), yet one
  * decode for up to 16 rows measured faster than one per 8-row half or per 8-row chunk (16
- * rows against two chunks of 8 at M = 16, 32, 128: 0.90x, 0.85x, 0.91x the time). Against the 8-row-half kernel without prefetch this
- * replaced (two threads, 2-vCPU Zen 4, old library against new in one process): on
+ * rows against two chunks of 8 at M = 16, 32, 128: 0.90x, 0.85x, 0.91x the time). Against
+ * the 8-row-half kernel without prefetch this replaced (two threads, 2-vCPU Zen 4, old
+ * library against new in one process): on
  * 4096 x 4096 0.80x the time at M = 1, 0.83x at 4, 0.85x at 8; on 14336 x 8192 (not in
  * cache) 0.65x at M = 1, 0.80x at 4, 0.91x at 8. Each output sums its blocks in the same
  * order with the same operations as that kernel: the bits are unchanged. */
