@@ -129,8 +129,9 @@ NV_INLINE int64_t nv_tile_scale_bytes(int64_t k) { return (k / NV_BLOCK) * NV_TI
 NV_INLINE int64_t nv_tiles(int64_t n) { return (n + NV_TILE - 1) / NV_TILE; }
 
 /* SOFTWARE PREFETCH OF THE CODE STREAM
- * A kernel that reads a tile's codes once per pass at small MC (the weight streams faster
- * than the hardware prefetcher ramps up at each new tile) asks, as it starts the code bytes
+ * A kernel that streams a tile's codes once per pass (the AVX2 W4A16 and W4A8 kernels: the
+ * weight streams faster than the hardware prefetcher ramps up at each new tile) asks, as it
+ * starts the code bytes
  * [off, off + bytes) of the tile at tc, for the lines NV_CODE_PREFETCH bytes further on: 4 KiB
  * (32 W4A16 blocks, a few hundred nanoseconds ahead); the stream runs on into the next tile,
  * whose codes follow. `left` = the bytes of this matrix's codes from tc on: no prefetch
