@@ -132,12 +132,12 @@ NV_INLINE int64_t nv_tiles(int64_t n) { return (n + NV_TILE - 1) / NV_TILE; }
  * A kernel that streams a tile's codes once per pass (the AVX2 W4A16 and W4A8 kernels: the
  * weight streams faster than the hardware prefetcher ramps up at each new tile) asks, as it
  * starts the code bytes [off, off + bytes) of the tile at tc, for the lines NV_CODE_PREFETCH
- * bytes further on: 4 KiB (32 W4A16 blocks, a few hundred nanoseconds ahead); the stream
- * runs on into the next tile, whose codes follow. `left` = the bytes of this matrix's
- * codes from tc on: no prefetch leaves them. Measured on a weight that is not in cache: the AVX2 W4A16 kernel 1.09x at
- * MC = 1, 1.14x at MC = 2, 1.08x at MC = 4 (one thread); the AVX2 W4A8 kernel 1.08-1.20x at
- * MC = 1 and 4 (one and two threads, 2-vCPU Zen 4). The AVX-512 W4A16 and VNNI W4A8 kernels
- * measured no difference (within the run-to-run noise, about 4%) and do not ask. */
+ * bytes further on: 4 KiB (32 W4A16 blocks, a few hundred nanoseconds ahead); the stream runs
+ * on into the next tile, whose codes follow. `left` = the bytes of this matrix's codes from tc
+ * on: no prefetch leaves them. Measured on a weight that is not in cache: the AVX2 W4A16 kernel
+ * 1.09x at MC = 1, 1.14x at MC = 2, 1.08x at MC = 4 (one thread); the AVX2 W4A8 kernel
+ * 1.08-1.20x at MC = 1 and 4 (one and two threads, 2-vCPU Zen 4). The AVX-512 W4A16 and VNNI
+ * W4A8 kernels measured no difference (within the run-to-run noise, about 4%) and do not ask. */
 #define NV_CODE_PREFETCH 4096
 
 NV_INLINE void nv_prefetch_codes(const uint8_t *tc, int64_t off, int64_t bytes, int64_t left) {
