@@ -801,7 +801,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         },
         "ggml_check": ggml_checks,
         "w4a8_check": w4a8_checks,
-        "goals": goals(results, probe, isa, isas, native),
+        "goals": goals(results, probe, isa, isas, native, args.rounds),
     }
 
 
@@ -867,6 +867,28 @@ def _best_ratio(
     return float(num["min_s"]) / float(den["min_s"])
 
 
+def _round_ratios(
+    num: dict[str, Any] | None, den: dict[str, Any] | None, key: str, rounds: int
+) -> tuple[float, float] | None:
+    """The lowest and highest of a ratio taken round by round: each arm's median call of
+    that round (the arms of one round ran back to back, seconds apart), time over time for
+    ``median_s``, the inverse for ``gflops``. None for one round, or where an arm's calls do
+    not split evenly into rounds. How far a ratio moves within one run tells a goal met by a
+    margin from one decided by the shared machine's slow spells."""
+    if num is None or den is None or rounds < 2:
+        return None
+    tn, td = num.get("times_s") or [], den.get("times_s") or []
+    if not tn or not td or len(tn) % rounds or len(td) % rounds:
+        return None
+    cn, cd = len(tn) // rounds, len(td) // rounds
+    per = []
+    for r in range(rounds):
+        a = statistics.median(tn[r * cn : (r + 1) * cn])
+        b = statistics.median(td[r * cd : (r + 1) * cd])
+        per.append(b / a if key == "gflops" else a / b)
+    return min(per), max(per)
+
+
 def _paired_best_ratio(paired: dict[str, Any]) -> float | None:
     """C5's ratio from the fastest cold GEMV call and the fastest probe call of the
     alternated pairs (as :func:`_best_ratio` for the other goals)."""
@@ -884,6 +906,7 @@ def goals(
     best: str,
     isas: tuple[str, ...] | dict[str, str],
     native: Any = None,
+    rounds: int = 1,
 ) -> list[dict[str, Any]]:
     """The issues' goals, each a ratio from this run (None where an arm did not run).
 
@@ -896,18 +919,21 @@ def goals(
 
     def ratio(
         num: dict[str, Any] | None, den: dict[str, Any] | None, key: str = "median_s"
-    ) -> tuple[float | None, float | None]:
-        """The ratio of medians and, beside it, that of the fastest calls (:func:`_best_ratio`)."""
+    ) -> tuple[float | None, float | None, tuple[float, float] | None]:
+        """The ratio of medians and, beside it, that of the fastest calls (:func:`_best_ratio`)
+        and its range over the rounds (:func:`_round_ratios`)."""
         median = None if num is None or den is None else num[key] / den[key]
-        return median, _best_ratio(num, den, key)
+        return median, _best_ratio(num, den, key), _round_ratios(num, den, key, rounds)
 
-    def goal(gid: str, text: str, rs: tuple[float | None, float | None], target: str) -> None:
+    def goal(gid: str, text: str, rs: tuple[Any, ...], target: str) -> None:
         """One row; ``target`` is ``">= bound"`` or ``"<= bound"``, ``met`` None without a
         ratio; :data:`CONTEXT` marks a ratio shown beside the goals, with no verdict. The
         verdict is on the ratio of medians, ``rs[0]``; ``rs[1]`` is the same ratio from each
-        arm's fastest call."""
-        r, best = rs
+        arm's fastest call, ``rs[2]`` (where given) its lowest and highest round."""
+        r, best = rs[0], rs[1]
+        spread = rs[2] if len(rs) > 2 else None
         row = {"id": gid, "goal": text, "value": r, "best": best, "target": target}
+        row["rounds"] = None if spread is None else [spread[0], spread[1]]
         if target == CONTEXT:
             out.append({**row, "met": None})
             return
@@ -1008,17 +1034,21 @@ def goals(
 
 
 def add_best_ratios(data: dict[str, Any]) -> None:
-    """Fill in the best-call ratio of the goals of a run recorded before it was kept (for
-    ``--render``): the goals recomputed from the run's rows, matched by id; verdicts and
-    values stay as recorded."""
-    if all("best" in g for g in data["goals"]):
+    """Fill in the best-call ratio and the per-round range of the goals of a run recorded
+    before they were kept (for ``--render``): the goals recomputed from the run's rows,
+    matched by id; verdicts and values stay as recorded."""
+    if all("best" in g and "rounds" in g for g in data["goals"]):
         return
     isas = data.get("isas") or (data["isa"],)
     again = {
-        g["id"]: g.get("best") for g in goals(data["results"], data["probe"], data["isa"], isas)
+        g["id"]: g
+        for g in goals(
+            data["results"], data["probe"], data["isa"], isas, rounds=data.get("rounds", 1)
+        )
     }
     for g in data["goals"]:
-        g.setdefault("best", again.get(g["id"]))
+        g.setdefault("best", (again.get(g["id"]) or {}).get("best"))
+        g.setdefault("rounds", (again.get(g["id"]) or {}).get("rounds"))
 
 
 # ---------------------------------------------------------------------------- report
@@ -1203,14 +1233,19 @@ def markdown(data: dict[str, Any], png: str | None) -> str:
         "",
         "The verdict is on the ratio of medians (`value`); `best calls` is the same ratio from "
         "each arm's fastest call, for context. The two disagree where a slow spell of the "
-        "shared machine covered more bursts of one arm than of the other.",
+        "shared machine covered more bursts of one arm than of the other. `rounds` is the "
+        "lowest and the highest of the ratio taken round by round (each arm's median call "
+        "of the round; the arms of a round ran seconds apart): a goal whose range straddles "
+        "its target is decided by this machine's noise, not by a margin.",
         "",
-        "| id | goal | value | best calls | target | met |",
-        "|---|---|---:|---:|---|---|",
+        "| id | goal | value | best calls | rounds | target | met |",
+        "|---|---|---:|---:|---:|---|---|",
     ]
     for g in data["goals"]:
         v = "not measured" if g["value"] is None else f"{g['value']:.2f}"
         b = "-" if g.get("best") is None else f"{g['best']:.2f}"
+        rr = g.get("rounds")
+        sp = "-" if not rr else f"{rr[0]:.2f}-{rr[1]:.2f}"
         met = (
             "context, no goal"
             if g["target"] == CONTEXT
@@ -1218,7 +1253,7 @@ def markdown(data: dict[str, Any], png: str | None) -> str:
             if g["met"] is None
             else ("**yes**" if g["met"] else "no")
         )
-        lines.append(f"| {g['id']} | {g['goal']} | {v} | {b} | {g['target']} | {met} |")
+        lines.append(f"| {g['id']} | {g['goal']} | {v} | {b} | {sp} | {g['target']} | {met} |")
     lines += ggml_section(data)
     lines += w4a8_section(data)
     best = data["isa"]
