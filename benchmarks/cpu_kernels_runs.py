@@ -74,16 +74,6 @@ def load_run(ref: str) -> tuple[str, dict[str, Any]]:
     return label, data
 
 
-def complete(data: dict[str, Any]) -> None:
-    """Give a run recorded before the best-call and per-round ratios were kept both of them
-    (recomputed from its rows; its values and verdicts stay as recorded)."""
-    if all("best" in g and "rounds" in g for g in data["goals"]):
-        return
-    from cpu_kernels import add_best_ratios  # the heavy imports only where needed
-
-    add_best_ratios(data)
-
-
 def cell(g: dict[str, Any] | None) -> str:
     if g is None or g.get("value") is None:
         return "-"
@@ -148,8 +138,12 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=ROOT / "docs/benchmark_results/cpu_kernels_runs.md")
     args = p.parse_args()
     runs = [load_run(ref) for ref in args.runs]
+    # runs recorded before the best-call and per-round ratios were kept get both, recomputed
+    # from their rows (values and verdicts stay as recorded)
+    from cpu_kernels import add_best_ratios
+
     for _, data in runs:
-        complete(data)
+        add_best_ratios(data)
     runs.sort(key=lambda r: r[1]["started_unix"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(render(runs, args.isa))
