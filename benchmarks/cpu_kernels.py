@@ -933,7 +933,7 @@ def goals(
         r, best = rs[0], rs[1]
         spread = rs[2] if len(rs) > 2 else None
         row = {"id": gid, "goal": text, "value": r, "best": best, "target": target}
-        row["rounds"] = None if spread is None else [spread[0], spread[1]]
+        row["rounds"] = list(spread) if spread else None
         if target == CONTEXT:
             out.append({**row, "met": None})
             return
@@ -1047,8 +1047,9 @@ def add_best_ratios(data: dict[str, Any]) -> None:
         )
     }
     for g in data["goals"]:
-        g.setdefault("best", (again.get(g["id"]) or {}).get("best"))
-        g.setdefault("rounds", (again.get(g["id"]) or {}).get("rounds"))
+        new = again.get(g["id"], {})
+        g.setdefault("best", new.get("best"))
+        g.setdefault("rounds", new.get("rounds"))
 
 
 # ---------------------------------------------------------------------------- report
