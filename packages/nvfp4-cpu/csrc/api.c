@@ -155,12 +155,12 @@ NV_API int nvfp4cpu_isa_compiled(int isa) {
     }
 }
 
-/* Every E2M1 value is a bfloat16: the low 16 bits of its float32 pattern are zero (the AVX2
- * decoder looks up the two high bytes). */
+/* Every E2M1 value, and 256 times it, is a bfloat16: the low 16 bits of its float32 pattern
+ * are zero (the AVX2 decoder looks up the two high bytes of 256 * e2m1). */
 static int nv_e2m1_avx2_decodable(void) {
     for (int i = 0; i < 16; i++) {
-        union { float f; uint32_t u; } a = {nv_e2m1_lut[i]};
-        if ((a.u & 0xFFFFu) != 0) return 0;
+        union { float f; uint32_t u; } a = {nv_e2m1_lut[i]}, b = {nv_e2m1_lut[i] * 256.0f};
+        if ((a.u & 0xFFFFu) != 0 || (b.u & 0xFFFFu) != 0) return 0;
     }
     return 1;
 }

@@ -11,7 +11,14 @@
  *   the sign xored in took 24 and 8). The 16 rows of a tile thus come out as an "even"
  *   vector (rows 0,2,4,6 | 8,10,12,14) and an "odd" vector (rows 1,3,5,7 | 9,11,13,15);
  *   scales and accumulators use the same order, and the epilogue interleaves them back.
- * E4M3 decode: the float16 trick of the AVX-512 level (see kernels_avx512.c) with F16C.
+ * E4M3 decode: the float16 trick of the AVX-512 level (see kernels_avx512.c) with F16C, which
+ *   gives e4m3 / 256 exactly; the factor 256 rides in the E2M1 tables instead (every
+ *   value 256 * e2m1 is a bfloat16 too), so no multiply per block restores it. Scaling by
+ *   a power of two commutes with float32 rounding while nothing overflows or turns
+ *   subnormal, so each block sum is 256 times the unscaled one bit for bit, and its product
+ *   with e4m3 / 256 rounds the same real number: the same bits as applying e2m1 and e4m3
+ *   at their own values (measured 2-3% faster at M = 1 and M = 8). The cost is headroom: a
+ *   block sum overflows at a 256 times smaller |x| (about 1e34).
  *
  * Summation order (per output, fixed by the chunk size alone, so every thread count gives
  * the same bits): each block's 16 products x * e2m1 are summed in registers, in increasing k
@@ -27,12 +34,14 @@
 /* ------------------------------------------------------------- bfloat16-pair decode */
 
 /* The two vpshufb tables, in both 128-bit lanes: byte c of *lo / *hi is the low / high byte
- * of the bfloat16 of E2M1 code c (bits 23:16 / 31:24 of its float32 pattern). */
+ * of the bfloat16 of 256 times E2M1 code c (bits 23:16 / 31:24 of its float32 pattern; the
+ * 256 undoes the scale decode's 1 / 256, see the top of this file). */
 NV_INLINE void nv256_bf16_tables(__m256i *lo, __m256i *hi) {
     uint8_t l[16], h[16];
     for (int c = 0; c < 16; c++) {
+        const float v = nv_e2m1_lut[c] * 256.0f; /* exact: a power of two */
         uint32_t u;
-        memcpy(&u, &nv_e2m1_lut[c], sizeof(u));
+        memcpy(&u, &v, sizeof(u));
         l[c] = (uint8_t)(u >> 16);
         h[c] = (uint8_t)(u >> 24);
     }
@@ -60,22 +69,21 @@ NV_INLINE void nv256_decode4(const uint8_t *p, __m256i tlo, __m256i thi, __m256i
     w[3] = _mm256_unpackhi_epi8(ol, oh);
 }
 
-/* The exact float32 weights of the even rows (0,2,4,6 | 8,10,12,14) and odd rows of a pair
- * vector of nv256_decode4. */
+/* The exact float32 weights (times 256) of the even rows (0,2,4,6 | 8,10,12,14) and of the
+ * odd rows of a pair vector of nv256_decode4. */
 NV_INLINE __m256 nv256_even(__m256i w) { return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)); }
 NV_INLINE __m256 nv256_odd(__m256i w) {
     return _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32((int)0xFFFF0000u)));
 }
 
-/* The 16 scale bytes of one block (rows 0..15) -> scales of the even rows (*se) and of the
- * odd rows (*so), in nv256_decode4's lane order. */
+/* The 16 scale bytes of one block (rows 0..15) -> scales / 256 of the even rows (*se) and of
+ * the odd rows (*so), in nv256_decode4's lane order (the tables hold 256 * e2m1). */
 NV_INLINE void nv256_scales_eo(const uint8_t *p, __m256 *se, __m256 *so) {
     const __m128i even_odd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
     const __m128i eo = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)p), even_odd);
     const __m256i h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(eo), 7); /* float16 patterns */
-    const __m256 f256 = _mm256_set1_ps(256.0f);
-    *se = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), f256);
-    *so = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), f256);
+    *se = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+    *so = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
 }
 
 /* Even / odd-row vectors -> rows 0..7 (*r0) and 8..15 (*r1) in order. */
@@ -116,9 +124,11 @@ NV_INLINE void nv256_prefetch_block(const uint8_t *tc, int64_t b, int64_t left) 
  * gain: GCC spills the partial sums); a float16 decode through vcvtph2ps (14 cycles).
  * Diagnostic builds that dropped the shifts, the FMAs or the decode one at a time did not
  * move it; dropping the lane-crossing vpermq did (0.9x the time), but that needs another
- * code order inside the tile layout, which every level and the packer share, or x and the
- * scales arranged per 128-bit half (a blend per two k, four scale vectors per block), whose
- * extra shuffles per block, counted but not built, take back about what the vpermq costs.
+ * code order inside the tile layout, which every level and the packer share, or x arranged
+ * per 128-bit half. Built on Zen 4 with x so arranged (a copy of 4 floats per k, two full
+ * loads instead of four broadcasts per 64 weights) and each block's two halves added before
+ * its scale (four lane permutes per block): 0.95-0.97x the time with the weight in L2,
+ * 0.99-1.01x in L3 (4096 x 4096, interleaved A/B runs), so not kept.
  * Zen 4 (2-vCPU EPYC; cycles against an FMA loop of known cost, 10th percentile of 31
  * timings): 10.2-10.4 cycles per 64 weights with the weight in L1 or L2, 10.7-10.9 in L3.
  * The same instructions run in 6.5 cycles with their data dependencies removed and the
@@ -171,9 +181,9 @@ static void k256_one(const nv_weight *w, int64_t t, const nv_chunk *c) {
 /* MC >= 2 rows of x: decode into L1 once, with register-blocked FMAs.
  *
  * The k range is cut into panels of NV_AVX2_KP consecutive k. A panel's weights are decoded
- * (bfloat16-pair decode, unscaled E2M1 values) into wbuf[kk][0..15] = the 16 rows' weights
- * at k0 + kk, even rows in 0..7 and odd rows in 8..15 (nv256_decode4's order), and its block
- * scales into sbuf[block][0..15] (same order). The first MB0 <= 4 activation rows take their
+ * (bfloat16-pair decode: 256 * e2m1, the block scale not applied) into wbuf[kk][0..15] = the
+ * 16 rows' weights at k0 + kk, even rows in 0..7 and odd rows in 8..15 (nv256_decode4's
+ * order), and its block scales / 256 into sbuf[block][0..15] (same order). The first MB0 <= 4 activation rows take their
  * FMAs in the decoding loop itself, straight from the registers (the decode's shuffles and
  * these FMAs interleave in one instruction stream, so the core overlaps them); when MC <= 4
  * that is all, and nothing is stored. The other rows run over wbuf in groups of
