@@ -183,15 +183,16 @@ static void k256_one(const nv_weight *w, int64_t t, const nv_chunk *c) {
  * The k range is cut into panels of NV_AVX2_KP consecutive k. A panel's weights are decoded
  * (bfloat16-pair decode: 256 * e2m1, the block scale not applied) into wbuf[kk][0..15] = the
  * 16 rows' weights at k0 + kk, even rows in 0..7 and odd rows in 8..15 (nv256_decode4's
- * order), and its block scales / 256 into sbuf[block][0..15] (same order). The first MB0 <= 4 activation rows take their
- * FMAs in the decoding loop itself, straight from the registers (the decode's shuffles and
- * these FMAs interleave in one instruction stream, so the core overlaps them); when MC <= 4
- * that is all, and nothing is stored. The other rows run over wbuf in groups of
- * MB <= NV_AVX2_MB: per k, two weight loads, MB broadcasts and 2 * MB FMAs into partial
- * sums in registers. Every row sums each block's 16 products in registers (two chains, even
- * and odd k, where a group is too small to hide the FMA latency otherwise), then adds
- * partial * scale to its running sum acc[m][16] (same row order): one scale multiply per
- * block instead of one per weight, as at MC = 1. The epilogue puts the rows back in order.
+ * order), and its block scales / 256 into sbuf[block][0..15] (same order). The first
+ * MB0 <= 4 activation rows take their FMAs in the decoding loop itself, straight from the
+ * registers (the decode's shuffles and these FMAs interleave in one instruction stream, so
+ * the core overlaps them); when MC <= 4 that is all, and nothing is stored. The other rows
+ * run over wbuf in groups of MB <= NV_AVX2_MB: per k, two weight loads, MB broadcasts and
+ * 2 * MB FMAs into partial sums in registers. Every row sums each block's 16 products in
+ * registers (two chains, even and odd k, where a group is too small to hide the FMA latency
+ * otherwise), then adds partial * scale to its running sum acc[m][16] (same row order): one
+ * scale multiply per block instead of one per weight, as at MC = 1. The epilogue puts the
+ * rows back in order.
  * The grouping depends on MC alone, so the result does not depend on the thread count. */
 #define NV_AVX2_KP 32 /* k per decoded panel: 2 blocks, wbuf 2 KiB */
 /* The largest row group: 2 * MB partial sums (4 * MB when split, MB <= 3) + 2 weights + 1
