@@ -291,6 +291,13 @@ def test_gguf_refuses_k_not_multiple_of_64(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------ interrupts and kills
+def _sigint_default() -> None:
+    """In the child before it execs: SIGINT back to its default. A test run started as a
+    background job of a non-interactive shell inherits SIGINT ignored, and Python keeps an
+    ignored SIGINT ignored, so the convert would never see the interrupt under test."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start_slow_convert(src: Path, dst: Path, to: str = "modelopt") -> subprocess.Popen[str]:
     p = subprocess.Popen(
         [sys.executable, "-m", "nvfp4_checkpoints.cli", "convert", str(src), str(dst), "--to", to],
@@ -298,6 +305,7 @@ def _start_slow_convert(src: Path, dst: Path, to: str = "modelopt") -> subproces
         stderr=subprocess.PIPE,
         text=True,
         env=_env({"NVFP4_TEST_SLOW_CONVERT": "0.05"}),
+        preexec_fn=_sigint_default,
     )
     deadline = time.monotonic() + 60
     while not _leftovers(dst.parent, dst.name):  # wait until it is writing
