@@ -50,23 +50,66 @@ NV_INLINE void nv256_bf16_tables(__m256i *lo, __m256i *hi) {
 }
 
 /* The 32 code bytes at p (element pairs j and j + 1 of the 16 rows: bytes 0..15 = pair j,
- * rows 0..15; bytes 16..31 = pair j + 1) -> w[q], q = 0..3, the bfloat16 pairs of element
- * k = 2j + q of all 16 rows: 32-bit lane i < 4 holds rows 2i (low half) and 2i + 1, lane
- * 4 + i rows 8 + 2i and 9 + 2i. */
-NV_INLINE void nv256_decode4(const uint8_t *p, __m256i tlo, __m256i thi, __m256i w[4]) {
-    /* qwords (pair j rows 0..7, pair j rows 8..15, pair j+1 rows 0..7, pair j+1 rows 8..15)
-     * reordered to (0, 2 | 1, 3): 128-bit lane 0 holds rows 0..7 of both pairs, lane 1 rows
-     * 8..15, so that the in-lane unpacks below give rows 0..7 | 8..15 of one element */
-    const __m256i v = _mm256_permute4x64_epi64(_mm256_loadu_si256((const __m256i *)p), 0xD8);
+ * rows 0..15; bytes 16..31 = pair j + 1), loaded with its qwords (pair j rows 0..7, pair j
+ * rows 8..15, pair j+1 rows 0..7, pair j+1 rows 8..15) reordered to (0, 2 | 1, 3): 128-bit
+ * lane 0 holds rows 0..7 of both pairs, lane 1 rows 8..15, so that the in-lane unpacks of
+ * nv256_lookup give rows 0..7 | 8..15 of one element. */
+NV_INLINE __m256i nv256_codes(const uint8_t *p) {
+    return _mm256_permute4x64_epi64(_mm256_loadu_si256((const __m256i *)p), 0xD8);
+}
+
+/* nv256_codes' bytes -> the codes of elements 2j, 2j+2 (*e, low nibbles) and 2j+1, 2j+3
+ * (*o, high nibbles), one per byte. */
+NV_INLINE void nv256_nibbles(__m256i v, __m256i *e, __m256i *o) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    const __m256i e = _mm256_and_si256(v, m4);                        /* codes of k = 2j, 2j+2 */
-    const __m256i o = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4); /* k = 2j+1, 2j+3 */
+    *e = _mm256_and_si256(v, m4);
+    *o = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+}
+
+/* nv256_nibbles' codes -> w[q], q = 0..3, the bfloat16 pairs of element k = 2j + q of all
+ * 16 rows: 32-bit lane i < 4 holds rows 2i (low half) and 2i + 1, lane 4 + i rows 8 + 2i
+ * and 9 + 2i. */
+NV_INLINE void nv256_lookup(__m256i e, __m256i o, __m256i tlo, __m256i thi, __m256i w[4]) {
     const __m256i el = _mm256_shuffle_epi8(tlo, e), eh = _mm256_shuffle_epi8(thi, e);
     const __m256i ol = _mm256_shuffle_epi8(tlo, o), oh = _mm256_shuffle_epi8(thi, o);
     w[0] = _mm256_unpacklo_epi8(el, eh); /* bytes 0..7 of each lane: pair j */
     w[1] = _mm256_unpacklo_epi8(ol, oh);
     w[2] = _mm256_unpackhi_epi8(el, eh); /* bytes 8..15 of each lane: pair j + 1 */
     w[3] = _mm256_unpackhi_epi8(ol, oh);
+}
+
+/* The 32 code bytes at p -> w[0..3] (nv256_lookup's order) in one go. */
+NV_INLINE void nv256_decode4(const uint8_t *p, __m256i tlo, __m256i thi, __m256i w[4]) {
+    __m256i e, o;
+    nv256_nibbles(nv256_codes(p), &e, &o);
+    nv256_lookup(e, o, tlo, thi, w);
+}
+
+/* The same decode software-pipelined over the groups of a tile (group g: the 32 code bytes
+ * at tc + 32 g, elements 4g .. 4g + 3 of the 16 rows): when group g is looked up, the
+ * nibbles of g + 1 are split and the bytes of g + 2 and g + 3 loaded and reordered, so the
+ * long-latency front of the chain (load, lane-crossing vpermq) runs three groups ahead and
+ * the core always has ready shuffles beside the FMAs. Loads past the tile's last group
+ * re-read group g (in bounds, unused). */
+typedef struct {
+    __m256i e, o; /* group g + 1's nibbles */
+    __m256i v1, v2; /* groups g + 2, g + 3: reordered bytes */
+} nv256_pipe;
+
+NV_INLINE void nv256_pipe_start(nv256_pipe *p, const uint8_t *tc, int64_t ngroups) {
+    nv256_nibbles(nv256_codes(tc), &p->e, &p->o);
+    p->v1 = nv256_codes(tc + (ngroups > 1 ? 1 : 0) * 32);
+    p->v2 = nv256_codes(tc + (ngroups > 2 ? 2 : 0) * 32);
+}
+
+/* Group g's w[0..3]; advances the pipe to g + 1. */
+NV_INLINE void nv256_pipe_next(nv256_pipe *p, const uint8_t *tc, int64_t g, int64_t ngroups,
+                               __m256i tlo, __m256i thi, __m256i w[4]) {
+    const __m256i e = p->e, o = p->o;
+    nv256_nibbles(p->v1, &p->e, &p->o);
+    p->v1 = p->v2;
+    p->v2 = nv256_codes(tc + (g + 3 < ngroups ? g + 3 : g) * 32);
+    nv256_lookup(e, o, tlo, thi, w);
 }
 
 /* The exact float32 weights (times 256) of the even rows (0,2,4,6 | 8,10,12,14) and of the
@@ -142,8 +185,11 @@ static void k256_one(const nv_weight *w, int64_t t, const nv_chunk *c) {
     const uint8_t *tc = w->codes + t * nv_tile_code_bytes(k);
     const uint8_t *ts = w->scales + t * nv_tile_scale_bytes(k);
     const int64_t left = nv_codes_left(w, t);
+    const int64_t ngroups = nblocks * (NV_BLOCK / 4); /* groups of 4 elements x 16 rows */
     __m256i tlo, thi;
     nv256_bf16_tables(&tlo, &thi);
+    nv256_pipe pipe;
+    nv256_pipe_start(&pipe, tc, ngroups);
     __m256 acc_e = _mm256_setzero_ps(), acc_o = _mm256_setzero_ps();
     for (int64_t b = 0; b < nblocks; b++) {
         const float *xb = c->panel + b * NV_BLOCK; /* x[16b] */
@@ -152,7 +198,7 @@ static void k256_one(const nv_weight *w, int64_t t, const nv_chunk *c) {
 #pragma GCC unroll 4
         for (int jj = 0; jj < NV_BLOCK / 4; jj++) { /* pairs 2jj, 2jj+1: k = 16b + 4jj + q */
             __m256i wq[4];
-            nv256_decode4(tc + (b * (NV_BLOCK / 2) + 2 * jj) * NV_TILE, tlo, thi, wq);
+            nv256_pipe_next(&pipe, tc, b * (NV_BLOCK / 4) + jj, ngroups, tlo, thi, wq);
 #pragma GCC unroll 4
             for (int q = 0; q < 4; q++) {
                 const __m256 x = _mm256_broadcast_ss(xb + 4 * jj + q);
