@@ -159,7 +159,7 @@ NV_API int nvfp4cpu_isa_compiled(int isa) {
  * are zero (the AVX2 decoder looks up the two high bytes of 256 * e2m1). */
 static int nv_e2m1_avx2_decodable(void) {
     for (int i = 0; i < 16; i++) {
-        union { float f; uint32_t u; } a = {nv_e2m1_lut[i]}, b = {nv_e2m1_lut[i] * 256.0f};
+        union { float f; uint32_t u; } a = {nv_e2m1_lut[i]}, b = {nv_e2m1_lut[i] * NV_E4M3_F16_FACTOR};
         if ((a.u & 0xFFFFu) != 0 || (b.u & 0xFFFFu) != 0) return 0;
     }
     return 1;

@@ -39,7 +39,7 @@
 NV_INLINE void nv256_bf16_tables(__m256i *lo, __m256i *hi) {
     uint8_t l[16], h[16];
     for (int c = 0; c < 16; c++) {
-        const float v = nv_e2m1_lut[c] * 256.0f; /* exact: a power of two */
+        const float v = nv_e2m1_lut[c] * NV_E4M3_F16_FACTOR; /* exact: a power of two */
         uint32_t u;
         memcpy(&u, &v, sizeof(u));
         l[c] = (uint8_t)(u >> 16);
@@ -179,7 +179,15 @@ NV_INLINE void nv256_prefetch_block(const uint8_t *tc, int64_t b, int64_t left) 
  * of dependent shuffles, not the number of ports. Not faster: eight FMA chains in
  * hand-scheduled asm without spills (11.0 cycles, against 10.5 for this code in the same
  * runs), -mtune=haswell / skylake / znver3 (10.4-10.5), an int8 decode into vcvtdq2ps (it
- * shares the shift ports: 7.6-8.2 cycles for the bare instructions against 6.5). */
+ * shares the shift ports: 7.6-8.2 cycles for the bare instructions against 6.5).
+ * Hence the decode is software-pipelined (nv256_pipe): the loads and vpermq three groups
+ * ahead, the nibble split one ahead, so that ready shuffles sit beside each group's FMAs.
+ * Interleaved A/B runs (one thread, Zen 4, quiet spells): 0.94-0.965x the time at
+ * 1024 x 4096 and 4096 x 4096, fastest call 0.93-0.95x; in busy spells of the shared
+ * machine the two are even. One group ahead for the loads only: 0.96-1.04x; the whole
+ * decode one group ahead: 1.01-1.08x (the pipe then holds four more vectors). The same
+ * pipe in the MC >= 2 decoding loop is no faster (1.00-1.10x at MC = 2..32: its FMAs
+ * already give the core independent work), so that loop keeps nv256_decode4. */
 static void k256_one(const nv_weight *w, int64_t t, const nv_chunk *c) {
     const int64_t k = w->k, nblocks = k / NV_BLOCK;
     const uint8_t *tc = w->codes + t * nv_tile_code_bytes(k);

@@ -44,7 +44,7 @@
  * float16 with at most two mantissa bits): the decoder's table then holds it exactly. */
 int nv_neon_tables_ok(void) {
     for (int i = 0; i < 16; i++) {
-        union { float f; uint32_t u; } v = {nv_e2m1_lut[i] * 256.0f};
+        union { float f; uint32_t u; } v = {nv_e2m1_lut[i] * NV_E4M3_F16_FACTOR};
         const uint32_t a = v.u & 0x7FFFFFFFu;
         if (a == 0) continue;
         const int e = (int)(a >> 23) - 127;
@@ -57,8 +57,8 @@ int nv_neon_tables_ok(void) {
 NV_INLINE uint8x16_t nvn_e2m1_table(void) {
     float16x8_t h[2];
     for (int i = 0; i < 2; i++) {
-        const float32x4_t a = vmulq_n_f32(vld1q_f32(nv_e2m1_lut + 8 * i), 256.0f);
-        const float32x4_t b = vmulq_n_f32(vld1q_f32(nv_e2m1_lut + 8 * i + 4), 256.0f);
+        const float32x4_t a = vmulq_n_f32(vld1q_f32(nv_e2m1_lut + 8 * i), NV_E4M3_F16_FACTOR);
+        const float32x4_t b = vmulq_n_f32(vld1q_f32(nv_e2m1_lut + 8 * i + 4), NV_E4M3_F16_FACTOR);
         h[i] = vcvt_high_f16_f32(vcvt_f16_f32(a), b); /* exact: checked by nv_neon_tables_ok */
     }
     /* the odd bytes (little-endian high bytes) of the 16 float16 values, in order */

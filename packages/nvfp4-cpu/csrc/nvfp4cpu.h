@@ -41,6 +41,12 @@
 #define NV_TILE 16  /* output rows per tile (one 512-bit vector of float32) */
 #define NV_BLOCK 16 /* elements per E4M3 scale block, spec 1.0 */
 #define NV_MC_LIMIT 32 /* the largest row chunk any ISA kernel takes */
+/* The float16 trick for E4M3 scales: an E4M3 byte with its sign bit clear, shifted left by
+ * 7, is the float16 of its value / 2^8 (the same exponent and mantissa bits; exponent bias
+ * 15 against 7), subnormals included. The kernels convert that float16 (F16C, AVX-512,
+ * NEON) and multiply by this factor, or move the factor into their E2M1 tables (AVX2, NEON
+ * W4A16: 2^8 * e2m1 is still exact there). */
+#define NV_E4M3_F16_FACTOR 256.0f
 
 /* Error codes of the entry points (part of the ABI; every function returns 0 or one). */
 #define NV_EINVAL (-1) /* bad argument (dimension, ISA level, not initialised) */

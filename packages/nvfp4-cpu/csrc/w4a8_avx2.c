@@ -100,7 +100,7 @@ NV_INLINE void q8_256_scales(const uint8_t *p, __m256 *sa, __m256 *sb) {
     const __m128i order = _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15);
     const __m128i b = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)p), order);
     const __m256i h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(b), 7); /* float16 patterns */
-    const __m256 f256 = _mm256_set1_ps(256.0f);
+    const __m256 f256 = _mm256_set1_ps(NV_E4M3_F16_FACTOR);
     *sa = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), f256);
     *sb = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), f256);
 }

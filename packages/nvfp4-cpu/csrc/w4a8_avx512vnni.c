@@ -71,7 +71,7 @@ static void q8_512_quant_rows(const float *x, int64_t rows, int64_t k, int8_t *c
 /* The 16 scale bytes of one block of one tile -> 16 float32 scales (exact). */
 NV_INLINE __m512 q8_512_scales(const uint8_t *p) {
     const __m256i h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p)), 7);
-    return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
+    return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(NV_E4M3_F16_FACTOR));
 }
 
 /* Pairs j, j + 1 of 16 rows (32 code bytes at p) -> u of elements 2j .. 2j+3 (see above). */

@@ -61,10 +61,10 @@ NV_INLINE void q8n_scales(const uint8_t *p, float32x4_t s[4]) {
     const uint8x16_t b = vld1q_u8(p);
     const float16x8_t lo = vreinterpretq_f16_u16(vshll_n_u8(vget_low_u8(b), 7));
     const float16x8_t hi = vreinterpretq_f16_u16(vshll_high_n_u8(b, 7));
-    s[0] = vmulq_n_f32(vcvt_f32_f16(vget_low_f16(lo)), 256.0f);
-    s[1] = vmulq_n_f32(vcvt_high_f32_f16(lo), 256.0f);
-    s[2] = vmulq_n_f32(vcvt_f32_f16(vget_low_f16(hi)), 256.0f);
-    s[3] = vmulq_n_f32(vcvt_high_f32_f16(hi), 256.0f);
+    s[0] = vmulq_n_f32(vcvt_f32_f16(vget_low_f16(lo)), NV_E4M3_F16_FACTOR);
+    s[1] = vmulq_n_f32(vcvt_high_f32_f16(lo), NV_E4M3_F16_FACTOR);
+    s[2] = vmulq_n_f32(vcvt_f32_f16(vget_low_f16(hi)), NV_E4M3_F16_FACTOR);
+    s[3] = vmulq_n_f32(vcvt_high_f32_f16(hi), NV_E4M3_F16_FACTOR);
 }
 
 /* isum of one 16-element block for one row of x (its 16 codes xh) against the decoded block
