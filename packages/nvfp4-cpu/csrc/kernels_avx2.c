@@ -187,7 +187,9 @@ NV_INLINE void nv256_prefetch_block(const uint8_t *tc, int64_t b, int64_t left) 
  * machine the two are even. One group ahead for the loads only: 0.96-1.04x; the whole
  * decode one group ahead: 1.01-1.08x (the pipe then holds four more vectors). The same
  * pipe in the MC >= 2 decoding loop is no faster (1.00-1.10x at MC = 2..32: its FMAs
- * already give the core independent work), so that loop keeps nv256_decode4. */
+ * already give the core independent work), so that loop keeps nv256_decode4. With the pipe,
+ * a diagnostic build without the vpermq (wrong results, same timing) is only 0.965-0.98x
+ * the time, too little for a new code order in the tile layout that every level shares. */
 static void k256_one(const nv_weight *w, int64_t t, const nv_chunk *c) {
     const int64_t k = w->k, nblocks = k / NV_BLOCK;
     const uint8_t *tc = w->codes + t * nv_tile_code_bytes(k);
