@@ -85,21 +85,24 @@ NV_INLINE void nv256_decode4(const uint8_t *p, __m256i tlo, __m256i thi, __m256i
     nv256_lookup(e, o, tlo, thi, w);
 }
 
-/* The same decode software-pipelined over the groups of a tile (group g: the 32 code bytes
- * at tc + 32 g, elements 4g .. 4g + 3 of the 16 rows): when group g is looked up, the
- * nibbles of g + 1 are split and the bytes of g + 2 and g + 3 loaded and reordered, so the
- * long-latency front of the chain (load, lane-crossing vpermq) runs three groups ahead and
- * the core always has ready shuffles beside the FMAs. Loads past the tile's last group
- * re-read group g (in bounds, unused). */
+/* Code bytes of a group: elements 4g .. 4g + 3 (two pairs) of a tile's 16 rows. */
+#define NV256_GROUP_BYTES (2 * NV_TILE)
+
+/* The same decode software-pipelined over the groups of a tile (group g: the code bytes at
+ * tc + NV256_GROUP_BYTES * g): when group g is looked up, the nibbles of g + 1 are split and
+ * the bytes of g + 2 and g + 3 loaded and reordered, so the long-latency front of the chain
+ * (load, lane-crossing vpermq) runs three groups ahead and the core always has ready
+ * shuffles beside the FMAs. A tile has at least 4 groups (k >= 16); the loads past its last
+ * group re-read group g instead (in bounds, unused). */
 typedef struct {
     __m256i e, o; /* group g + 1's nibbles */
     __m256i v1, v2; /* groups g + 2, g + 3: reordered bytes */
 } nv256_pipe;
 
-NV_INLINE void nv256_pipe_start(nv256_pipe *p, const uint8_t *tc, int64_t ngroups) {
+NV_INLINE void nv256_pipe_start(nv256_pipe *p, const uint8_t *tc) {
     nv256_nibbles(nv256_codes(tc), &p->e, &p->o);
-    p->v1 = nv256_codes(tc + (ngroups > 1 ? 1 : 0) * 32);
-    p->v2 = nv256_codes(tc + (ngroups > 2 ? 2 : 0) * 32);
+    p->v1 = nv256_codes(tc + NV256_GROUP_BYTES);
+    p->v2 = nv256_codes(tc + 2 * NV256_GROUP_BYTES);
 }
 
 /* Group g's w[0..3]; advances the pipe to g + 1. */
@@ -108,7 +111,7 @@ NV_INLINE void nv256_pipe_next(nv256_pipe *p, const uint8_t *tc, int64_t g, int6
     const __m256i e = p->e, o = p->o;
     nv256_nibbles(p->v1, &p->e, &p->o);
     p->v1 = p->v2;
-    p->v2 = nv256_codes(tc + (g + 3 < ngroups ? g + 3 : g) * 32);
+    p->v2 = nv256_codes(tc + (g + 3 < ngroups ? g + 3 : g) * NV256_GROUP_BYTES);
     nv256_lookup(e, o, tlo, thi, w);
 }
 
@@ -199,7 +202,7 @@ static void k256_one(const nv_weight *w, int64_t t, const nv_chunk *c) {
     __m256i tlo, thi;
     nv256_bf16_tables(&tlo, &thi);
     nv256_pipe pipe;
-    nv256_pipe_start(&pipe, tc, ngroups);
+    nv256_pipe_start(&pipe, tc);
     __m256 acc_e = _mm256_setzero_ps(), acc_o = _mm256_setzero_ps();
     for (int64_t b = 0; b < nblocks; b++) {
         const float *xb = c->panel + b * NV_BLOCK; /* x[16b] */
