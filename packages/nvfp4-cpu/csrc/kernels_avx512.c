@@ -19,12 +19,6 @@
 
 #define NV_AVX512_MC_MAX 24 /* the largest row chunk (k512_large) */
 
-/* The 16 scale bytes of one block of one tile -> 16 float32 scales (exact). */
-NV_INLINE __m512 nv512_scales(const uint8_t *p) {
-    const __m256i h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p)), 7);
-    return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(NV_E4M3_F16_FACTOR));
-}
-
 /* Element pair j of 16 rows: the 16 code bytes at p -> decoded element 2j (*lo) and 2j+1
  * (*hi), unscaled E2M1 values, one row per lane. */
 NV_INLINE void nv512_decode(const uint8_t *p, __m512 lut, __m512 *lo, __m512 *hi) {

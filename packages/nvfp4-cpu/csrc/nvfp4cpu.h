@@ -197,4 +197,14 @@ NV_INLINE uint16_t nv_f32_to_f16(float f) {
     }
 }
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+/* The 16 scale bytes of one block of one tile -> 16 float32 scales (exact: the float16 trick
+ * of NV_E4M3_F16_FACTOR). Shared by the AVX-512 W4A16 and the VNNI W4A8 kernels. */
+NV_INLINE __m512 nv512_scales(const uint8_t *p) {
+    const __m256i h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p)), 7);
+    return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(NV_E4M3_F16_FACTOR));
+}
+#endif
+
 #endif /* NVFP4CPU_H */

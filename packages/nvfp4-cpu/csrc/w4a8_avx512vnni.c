@@ -68,12 +68,6 @@ static void q8_512_quant_rows(const float *x, int64_t rows, int64_t k, int8_t *c
 
 /* ------------------------------------------------------------------------- matmul */
 
-/* The 16 scale bytes of one block of one tile -> 16 float32 scales (exact). */
-NV_INLINE __m512 q8_512_scales(const uint8_t *p) {
-    const __m256i h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p)), 7);
-    return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(NV_E4M3_F16_FACTOR));
-}
-
 /* Pairs j, j + 1 of 16 rows (32 code bytes at p) -> u of elements 2j .. 2j+3 (see above). */
 NV_INLINE __m512i q8_512_decode(const uint8_t *p, __m512i utab) {
     const __m512i a = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
@@ -127,7 +121,7 @@ NV_INLINE void q8_512_kernel(const nv_weight *w, int64_t t0, const nv_q8_chunk *
             const uint8_t *ts = w->scales + (t0 + t) * tsb + 2 * b * NV_TILE;
 #pragma GCC unroll 2
             for (int h = 0; h < 2; h++) {
-                s[t][h] = q8_512_scales(ts + h * NV_TILE); /* scales (t, 2b + h, rows) */
+                s[t][h] = nv512_scales(ts + h * NV_TILE); /* scales (t, 2b + h, rows) */
 #pragma GCC unroll 4
                 for (int q = 0; q < 4; q++) /* pairs 16b + 8h + 2q, +1 */
                     u[t][h][q] = q8_512_decode(tc + (8 * h + 2 * q) * NV_TILE, utab);
