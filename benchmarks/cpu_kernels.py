@@ -34,22 +34,23 @@ of weights. The context arms that cannot matter at prefill sizes (numpy, MLX's s
 CPU kernel, the portable C level, cold variants) stop at M = 32 (:data:`CONTEXT_MAX_M`). A
 read-bandwidth probe (nvfp4-cpu's STREAM-style read, widest loads, same thread cap) runs in
 the same process. The arms of one (shape, M) point run back to back, in ``--rounds`` rounds
-(default 5): in each round every arm gets an idle pause, a warm-up call and ``--reps`` timed
-calls (>= 5) in one burst. Each figure is the median over all its rounds' calls, so a slow
+(default 7): in each round every arm gets an idle pause, a warm-up call and ``--reps`` timed
+calls (>= 5) in one burst, more where those take less than ``--burst-s`` (default 0.05 s;
+:data:`BURST_S`). Each figure is the median over all its rounds' calls, so a slow
 spell of the shared machine that covers one arm's burst does not decide a ratio, and machine
-drift hits the arms of a point alike. Such a spell lasts a whole burst and hits one arm, not
-its neighbours (on a 2-vCPU EPYC: ours at S, M = 32 took 11.2 ms in every call of one round
+drift hits the arms of a point alike. Such a spell can outlast a burst of a few calls and
+hit one arm, not its neighbours (on a 2-vCPU EPYC: ours at S, M = 32 took 11.2 ms in every call of one round
 and 7.1-8.7 ms in the other two; ggml's AVX2 arm at L, M = 1 took 7.5 ms in one round and
-4.6-5.1 ms in the others). With 3 rounds two slow bursts of an arm move its median; with 5
-it takes three. Each goal's verdict is on the ratio of medians; the same ratio from each
+4.6-5.1 ms in the others). With 3 rounds two slow bursts of an arm move its median; with 7
+it takes four. Each goal's verdict is on the ratio of medians; the same ratio from each
 arm's fastest call stands beside it, and the two differ where one arm had more slow bursts.
 
 Writes ``benchmarks/results/cpu_kernels.json`` and ``docs/benchmark_results/cpu_kernels.md``
 (+ ``cpu_kernels.png`` when matplotlib is installed). ``--quick`` runs small shapes into
 ``*_quick`` files (a smoke test, not a measurement).
 
-    python benchmarks/cpu_kernels.py [--threads 2] [--reps 5] [--rounds 5] [--isa all]
-                                     [--ms 1,8,32,128,512] [--quick]
+    python benchmarks/cpu_kernels.py [--threads 2] [--reps 5] [--rounds 7] [--burst-s 0.05]
+                                     [--isa all] [--ms 1,8,32,128,512] [--quick]
 """
 
 from __future__ import annotations
@@ -523,26 +524,50 @@ SETTLE_S = 0.2
 WARMUP_ROUNDS = 1
 
 
-def run_point(cases: list[Case], rounds: int, warmup: int = 1) -> dict[int, list[float]]:
+#: Least time of one burst's timed calls: an arm whose ``--reps`` calls take less gets more
+#: calls (the same count in every round), fixed from its calls in the untimed round. The
+#: shared machine's slow spells (a vCPU at up to half speed for milliseconds, seen on a
+#: 2-vCPU EPYC in 8% of 5-call bursts of ours, of ggml and of a one-thread arm alike) then
+#: cover a part of a burst, not all of it: 5 calls at 4096 x 4096, M = 1 last 2 ms.
+BURST_S = 0.05
+
+
+def burst_calls(case: Case, seconds: list[float], burst_s: float) -> int:
+    """Timed calls per burst for ``case``: ``case.calls``, or more when those take less than
+    ``burst_s`` at the median of ``seconds`` (its untimed round's calls)."""
+    if not seconds or burst_s <= 0:
+        return case.calls
+    per = max(statistics.median(seconds), 1e-7)
+    return max(case.calls, -int(-burst_s // per))
+
+
+def run_point(
+    cases: list[Case], rounds: int, warmup: int = 1, burst_s: float = BURST_S
+) -> dict[int, list[float]]:
     """Time the arms of one (shape, M) point back to back, ``rounds`` times over: in each
     round every arm gets a :data:`SETTLE_S` pause, ``warmup`` untimed calls, then its timed
-    calls in one burst; an arm's times are all its rounds' calls, after
-    :data:`WARMUP_ROUNDS` untimed rounds. (Interleaving single calls
-    across arms was tried: the thread pools then fight, e.g. torch's OpenMP workers still spin
-    when our call starts, which no real program does.) Rounds matter on this shared VM: a
+    calls in one burst (:func:`burst_calls`: at least ``burst_s`` seconds); an arm's times
+    are all its rounds' calls, after :data:`WARMUP_ROUNDS` untimed rounds. (Interleaving single
+    calls across arms was tried: the thread pools then fight, e.g. torch's OpenMP workers still
+    spin when our call starts, which no real program does.) Rounds matter on this shared VM: a
     slow spell (the second vCPU not running for milliseconds, so a 2-thread call takes its
     1-thread time) can last a whole burst, and was seen to halve one arm's figure."""
     times: dict[int, list[float]] = {id(case): [] for case in cases}
+    calls = {id(case): case.calls for case in cases}
     for r in range(WARMUP_ROUNDS + rounds):
         for case in cases:
             time.sleep(SETTLE_S)
             for i in range(warmup):
                 case.fn(i)
-            for i in range(warmup, warmup + case.calls):  # a cold case's next sets
+            burst = []
+            for i in range(warmup, warmup + calls[id(case)]):  # a cold case's next sets
                 t0 = time.perf_counter()
                 case.fn(i)
-                if r >= WARMUP_ROUNDS:
-                    times[id(case)].append(time.perf_counter() - t0)
+                burst.append(time.perf_counter() - t0)
+            if r >= WARMUP_ROUNDS:
+                times[id(case)] += burst
+            elif r == WARMUP_ROUNDS - 1:
+                calls[id(case)] = burst_calls(case, burst, burst_s)
     return times
 
 
@@ -737,7 +762,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         del dense32
         for m in ctx.ms:  # one (shape, M) point at a time, its arms back to back
             point = [c for c in cases if c.m == m]
-            times = run_point(point, args.rounds)
+            times = run_point(point, args.rounds, burst_s=args.burst_s)
             colds = [c for c in point if (c.arm, c.variant) == ("ours", "cold")]
             for cold in colds if m == 1 else []:  # C5: probe and cold GEMV alternated
                 paired = paired_probe(cold, native, cold.isa, threads)
@@ -776,6 +801,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "rounds": args.rounds,
         "settle_s": SETTLE_S,
         "warmup_rounds": WARMUP_ROUNDS,
+        "burst_s": args.burst_s,
         "isa": isa,
         "isas": isa_info,
         "ms": list(ms),
@@ -1202,7 +1228,12 @@ def markdown(data: dict[str, Any], png: str | None) -> str:
         f"point ran back to back in {data.get('rounds', 1)} timed round(s), after "
         f"{data.get('warmup_rounds', 0)} untimed one(s); in each round every arm had "
         f"a {data.get('settle_s', 0)} s idle pause, a warm-up call, then {data['reps']} timed calls "
-        "(cold variants: at least two passes over their weight sets). Each figure is the median "
+        + (
+            f"or as many as last {data['burst_s']} s, the same count every round "
+            if data.get("burst_s")
+            else ""
+        )
+        + "(cold variants: at least two passes over their weight sets). Each figure is the median "
         "over all rounds' calls. Ratios are within this run.",
         "",
         f"- machine: {data['machine'].get('cpu', '?')}, {data['machine'].get('cpus')} CPUs; "
@@ -1306,7 +1337,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--rounds", type=int, default=5, help="rounds over a point's arms")
+    p.add_argument("--rounds", type=int, default=7, help="rounds over a point's arms")
+    p.add_argument(
+        "--burst-s",
+        type=float,
+        default=BURST_S,
+        help=f"least seconds of one arm's timed calls in a round (default {BURST_S})",
+    )
     p.add_argument(
         "--quick", action="store_true", help="small shapes, *_quick outputs (smoke test)"
     )
@@ -1330,6 +1367,8 @@ def main() -> None:
     args = p.parse_args()
     if args.rounds < 1:
         p.error("--rounds must be >= 1")
+    if args.burst_s < 0:
+        p.error("--burst-s must be >= 0")
     if args.reps < 5 and not args.quick:
         p.error("--reps must be >= 5 (the median of at least 5 runs)")
     data = json.loads(Path(args.render).read_text()) if args.render else run(args)
