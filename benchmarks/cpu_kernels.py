@@ -571,6 +571,16 @@ def run_point(
     return times
 
 
+#: Pause before each probe call of C5's alternation. Our pool's worker spins 0.2 ms after the
+#: GEMV call before it sleeps; a probe started at once shares a CPU with it while the kernel
+#: places and then migrates the probe's new thread. Measured on a 2-vCPU Xeon (Emerald
+#: Rapids), 38 alternated calls at 14336 x 8192: the probe read 14.3-17.4 GB/s with no pause
+#: and 21.0-25.0 GB/s after 2 ms, our GEMV's rate unchanged (AVX2 16.8-17.6 GB/s), so
+#: without the pause C5 came out above 1. The GEMV call still finds its worker asleep (the
+#: probe lasts longer than the spin), as before.
+PROBE_SETTLE_S = 0.002
+
+
 # ------------------------------------------------------------------------------ main
 def paired_probe(cold: Case, native: Any, isa: str, threads: int) -> dict[str, Any]:
     """The read probe and the cold M=1 GEMV alternated call by call, over the same memory.
@@ -581,12 +591,14 @@ def paired_probe(cold: Case, native: Any, isa: str, threads: int) -> dict[str, A
     memory whose speed differs from page to page (a VM's memory may sit on near and far host
     nodes), then hit numerator and denominator of the bandwidth fraction alike. The probe
     (``read_probe.c``, compiled for the same ISA level) splits the MiBs over the same number
-    of threads."""
+    of threads. Each probe call starts after a :data:`PROBE_SETTLE_S` pause, so that no pool
+    of the GEMV still spins beside it."""
     sets = cold.sets or []
     mib = 1 << 20
     probe_t, probe_b, ours_t = [], [], []
     for i in range(cold.calls):
         w = sets[(i + len(sets) // 2) % len(sets)]
+        time.sleep(PROBE_SETTLE_S)  # the GEMV's pool asleep before the probe starts
         t0 = time.perf_counter()
         read_probe(isa, threads, w.codes)
         read_probe(isa, threads, w.scales)
