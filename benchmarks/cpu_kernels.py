@@ -496,8 +496,16 @@ def arm_torch_capped(c: ShapeCtx, capped: CappedTorch) -> list[Case]:
 
         note = f"child process, torch capability {capped.capability}"
         cases.append(
-            Case(f"torch_f32_{capped.isa}", "hot", m, c.n * c.k * 4, call, c.reps, note,
-                 self_timed=True)
+            Case(
+                f"torch_f32_{capped.isa}",
+                "hot",
+                m,
+                c.n * c.k * 4,
+                call,
+                c.reps,
+                note,
+                self_timed=True,
+            )
         )
     return cases
 
@@ -1084,8 +1092,12 @@ def goals(
         )
         # torch's float32 matmul at AVX2 for our AVX2 level, when measured (an AVX-512
         # torch has twice its vector width); torch's own choice as context beside it
-        tvs = [("torch_f32_avx2", "", "torch f32 AVX2")] if isa == "avx2" and have_avx2_torch else []
-        tvs.append(("torch_f32", " vs best torch", "torch f32") if tvs else ("torch_f32", "", "torch f32"))
+        tvs = (
+            [("torch_f32_avx2", "", "torch f32 AVX2")] if isa == "avx2" and have_avx2_torch else []
+        )
+        tvs.append(
+            ("torch_f32", " vs best torch", "torch f32") if tvs else ("torch_f32", "", "torch f32")
+        )
         for shape in ("S", "L"):
             for m in (m for m in ms if m >= 128):
                 for t_arm, suffix, t_name in tvs:
