@@ -610,11 +610,11 @@ def run_point(
 
 #: Pause before each probe call of C5's alternation. Our pool's worker spins 0.2 ms after the
 #: GEMV call before it sleeps; a probe started at once shares a CPU with it while the kernel
-#: places and then migrates the probe's new thread. Measured on a 2-vCPU Xeon (Emerald
-#: Rapids), 38 alternated calls at 14336 x 8192: the probe read 14.3-17.4 GB/s with no pause
-#: and 21.0-25.0 GB/s after 2 ms, our GEMV's rate unchanged (AVX2 16.8-17.6 GB/s), so
-#: without the pause C5 came out above 1. The GEMV call still finds its worker asleep (the
-#: probe lasts longer than the spin), as before.
+#: places and then migrates the probe's new thread. The pause costs the figures nothing (the
+#: GEMV call still finds its worker asleep: the probe lasts longer than the spin). On a 2-vCPU
+#: Xeon (Emerald Rapids) the fixed-share probe of the time read 14-17 GB/s without it and
+#: 16-25 GB/s with it, erratic either way; the probe's own fixed split turned out to be the
+#: larger fault (read_probe.c now hands out its MiBs as our pool does).
 PROBE_SETTLE_S = 0.002
 
 
