@@ -993,6 +993,17 @@ def _paired_best_ratio(paired: dict[str, Any]) -> float | None:
     return (ours_bytes / min(ours_t)) / (probe_bytes / min(probe_t))
 
 
+def _comparisons(
+    isa: str, avx2_arm: str, have_avx2: bool, best_arm: str, name: str
+) -> list[tuple[str, str, str]]:
+    """The arms a goal of our level ``isa`` compares with, as (arm, id suffix, name): for our
+    AVX2 level the other side's AVX2 arm when measured (``avx2_arm``, the goal), then its own
+    best choice for this CPU (``best_arm``, context beside it); otherwise ``best_arm`` alone."""
+    if isa == "avx2" and have_avx2:
+        return [(avx2_arm, "", f"{name} AVX2"), (best_arm, f" vs best {name.split()[0]}", name)]
+    return [(best_arm, "", name)]
+
+
 def goals(
     results: list[dict[str, Any]],
     probe: dict[str, Any],
@@ -1048,8 +1059,7 @@ def goals(
 
         # the ggml arm of the same instruction set: its AVX2 build for our AVX2 level, when
         # measured; the best one for this CPU as context beside it
-        vs = [("ggml_avx2", "", "ggml AVX2")] if isa == "avx2" and have_avx2_ggml else []
-        vs.append(("ggml", " vs best ggml", "ggml") if vs else ("ggml", "", "ggml"))
+        vs = _comparisons(isa, "ggml_avx2", have_avx2_ggml, "ggml", "ggml")
         for shape in ("S", "L"):
             for g_arm, suffix, g_name in vs:
                 target = CONTEXT if suffix else _gemv_target(isa, "C2")
@@ -1092,12 +1102,7 @@ def goals(
         )
         # torch's float32 matmul at AVX2 for our AVX2 level, when measured (an AVX-512
         # torch has twice its vector width); torch's own choice as context beside it
-        tvs = (
-            [("torch_f32_avx2", "", "torch f32 AVX2")] if isa == "avx2" and have_avx2_torch else []
-        )
-        tvs.append(
-            ("torch_f32", " vs best torch", "torch f32") if tvs else ("torch_f32", "", "torch f32")
-        )
+        tvs = _comparisons(isa, "torch_f32_avx2", have_avx2_torch, "torch_f32", "torch f32")
         for shape in ("S", "L"):
             for m in (m for m in ms if m >= 128):
                 for t_arm, suffix, t_name in tvs:

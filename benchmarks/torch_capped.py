@@ -3,7 +3,7 @@
 Which vector width torch's matmul uses is fixed when its libraries load (MKL reads
 ``MKL_ENABLE_INSTRUCTIONS``, oneDNN ``DNNL_MAX_CPU_ISA``, ATen ``ATEN_CPU_CAPABILITY``), so
 one process cannot run it both at AVX-512 and at AVX2. This module runs a child process with
-those caps and asks it for bursts of timed matmuls, so that ``cpu_kernels.py`` can hold our
+those caps and asks it for one timed matmul at a time, so that ``cpu_kernels.py`` can hold our
 AVX2 level against torch's AVX2 code on an AVX-512 machine, as it holds it against ggml's
 ``haswell`` variant: an AVX2-only CPU (AMD Zen 2 / 3, older Xeons) runs exactly that.
 
