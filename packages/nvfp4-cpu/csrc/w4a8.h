@@ -43,7 +43,7 @@
 #define NV_Q8_BLOCK 32  /* activation elements per Q8_0 block (spec 1.1, ggml QK8_0) */
 #define NV_Q8_MAX 127   /* largest code magnitude: d = amax / 127 */
 #define NV_Q8_OFFSET 12 /* u = 2 * e2m1 + 12 is the unsigned weight byte of the SIMD kernels */
-#define NV_Q8_MC_LIMIT 16 /* the largest row chunk any W4A8 kernel takes */
+#define NV_Q8_MC_LIMIT 32 /* the largest row chunk any W4A8 kernel takes */
 #define NV_F16_NAN 0x7E00u /* the float16 NaN numpy writes (np.float16(np.nan)) */
 
 /* Bytes of one block record of a panel of MC rows (see above). */
