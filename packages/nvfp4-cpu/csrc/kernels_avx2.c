@@ -192,7 +192,26 @@ NV_INLINE void nv256_prefetch_block(const uint8_t *tc, int64_t b, int64_t left) 
  * pipe in the MC >= 2 decoding loop is no faster (1.00-1.10x at MC = 2..32: its FMAs
  * already give the core independent work), so that loop keeps nv256_decode4. With the pipe,
  * a diagnostic build without the vpermq (wrong results, same timing) is only 0.965-0.98x
- * the time, too little for a new code order in the tile layout that every level shares. */
+ * the time, too little for a new code order in the tile layout that every level shares.
+ * Emerald Rapids (Golden Cove cores, 2-vCPU VM, about 3.0 GHz): 10.9-11.0 cycles per 64
+ * weights in L2 / L3, and it is port-bound there. A block (4 groups) compiles to about 122
+ * vector ALU operations: per group 8 FMAs, 8 shift / and to split the bfloat16 pairs,
+ * 4 vpshufb, 4 vpunpck, 3 for the nibbles and the vpermq; per block the scale decode and
+ * 2 adds and 2 FMAs. Mixes of these run at 3 per cycle on this core (0.34-0.36 cycles per
+ * operation in unrolled independent chains), so the floor is 10.2 cycles; llvm-mca
+ * (-mcpu=sapphirerapids) predicts 11.0 for the compiled loop. Measured and not kept
+ * (interleaved A/B, one thread, 4096 x 4096 and 1024 x 4096, medians of 41 rounds; a second
+ * copy of the same library came out at 0.97-1.01x): the pipe's clamp hoisted out of all
+ * but the last block (0.99-1.00x); the scale bytes moved by one vpshufb to the high byte
+ * of each 16-bit lane (one vpmovzxbw fewer: 0.99x); the scales as float32 straight from
+ * the byte (byte << 20 is e4m3 * 2^-120 exactly, times 2^112: the same bits), 6.6x slower
+ * on a weight whose scale bytes are all subnormal (0x01-0x07), as a subnormal input to
+ * vmulps takes a microcode assist on this core (the float16 route costs nothing extra);
+ * the pipe two groups ahead (1.00x); without vpermq, x copied per 128-bit half and each
+ * block's halves combined by a blend and a lane permute (1.01x: the same operation
+ * count); work items of 1 or 2 tiles instead of 4 (1.00-1.03x, two threads); the code
+ * prefetch 2, 8 or 16 KiB ahead (1.00-1.11x at 14336 x 8192, two threads). Without the
+ * pipe the fastest call takes 1.04-1.05x as long. */
 static void k256_one(const nv_weight *w, int64_t t, const nv_chunk *c) {
     const int64_t k = w->k, nblocks = k / NV_BLOCK;
     const uint8_t *tc = w->codes + t * nv_tile_code_bytes(k);
