@@ -20,10 +20,13 @@
 
 #include "w4a8.h"
 
+/* Rows of x per chunk: 32 against 16 (one decode of each block for twice the rows) ran
+ * 0.91-0.93x the time at M = 20, 32, 128 and 0.93-0.96x at M = 512 (4096 x 4096) and
+ * M = 128 (14336 x 8192); one thread, 2-vCPU Emerald Rapids, interleaved A/B runs. */
 #ifndef NV_Q8_256_MC_MAX
-#define NV_Q8_256_MC_MAX 16
+#define NV_Q8_256_MC_MAX 32
 #endif
-#define NV_Q8_256_MC_TABLE 16 /* kernels compiled: chunk sizes 1 .. 16 */
+#define NV_Q8_256_MC_TABLE 32 /* kernels compiled: chunk sizes 1 .. 32 */
 
 /* ------------------------------------------------------------------------ quantizer */
 
@@ -130,7 +133,8 @@ NV_INLINE void q8_256_store_rows(float *o, __m256 v, int64_t live) {
  * (s_j * d / 2 is exact: 4 significant bits times 11), and the row globals multiply at the
  * end. 2 * MC accumulators: from MC = 5 on some spill (from 9 on most live in L1), yet one
  * decode for up to 16 rows measured faster than one per 8-row half or per 8-row chunk (16
- * rows against two chunks of 8 at M = 16, 32, 128: 0.90x, 0.85x, 0.91x the time). Against
+ * rows against two chunks of 8 at M = 16, 32, 128: 0.90x, 0.85x, 0.91x the time; Zen 4),
+ * and 32 rows faster again (see NV_Q8_256_MC_MAX). Against
  * the 8-row-half kernel without prefetch this replaced (two threads, 2-vCPU Zen 4, old
  * library against new in one process): on
  * 4096 x 4096 0.80x the time at M = 1, 0.83x at 4, 0.85x at 8; on 14336 x 8192 (not in
@@ -214,12 +218,30 @@ NV_Q8K(13)
 NV_Q8K(14)
 NV_Q8K(15)
 NV_Q8K(16)
+NV_Q8K(17)
+NV_Q8K(18)
+NV_Q8K(19)
+NV_Q8K(20)
+NV_Q8K(21)
+NV_Q8K(22)
+NV_Q8K(23)
+NV_Q8K(24)
+NV_Q8K(25)
+NV_Q8K(26)
+NV_Q8K(27)
+NV_Q8K(28)
+NV_Q8K(29)
+NV_Q8K(30)
+NV_Q8K(31)
+NV_Q8K(32)
 
 typedef void (*q8_256_fn)(const nv_weight *, int64_t, const nv_q8_chunk *);
 static const q8_256_fn q8_256_by_mc[NV_Q8_256_MC_TABLE + 1] = {
     0,         q8_256_1,  q8_256_2,  q8_256_3,  q8_256_4,  q8_256_5,  q8_256_6,
     q8_256_7,  q8_256_8,  q8_256_9,  q8_256_10, q8_256_11, q8_256_12, q8_256_13,
-    q8_256_14, q8_256_15, q8_256_16,
+    q8_256_14, q8_256_15, q8_256_16, q8_256_17, q8_256_18, q8_256_19, q8_256_20,
+    q8_256_21, q8_256_22, q8_256_23, q8_256_24, q8_256_25, q8_256_26, q8_256_27,
+    q8_256_28, q8_256_29, q8_256_30, q8_256_31, q8_256_32,
 };
 
 static void q8_256_qmm_tiles(const nv_weight *w, int64_t t0, int64_t nt, const nv_q8_chunk *c) {
