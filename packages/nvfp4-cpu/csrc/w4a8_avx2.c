@@ -27,6 +27,8 @@
 #define NV_Q8_256_MC_MAX 32
 #endif
 #define NV_Q8_256_MC_TABLE 32 /* kernels compiled: chunk sizes 1 .. 32 */
+_Static_assert(NV_Q8_256_MC_MAX <= NV_Q8_256_MC_TABLE && NV_Q8_256_MC_MAX <= NV_Q8_MC_LIMIT,
+               "a chunk size without a kernel");
 
 /* ------------------------------------------------------------------------ quantizer */
 

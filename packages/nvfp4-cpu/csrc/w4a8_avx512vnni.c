@@ -22,7 +22,7 @@
 
 #include "w4a8.h"
 
-/* Rows of x per chunk, up to NV_MC_LIMIT: each block's weights are decoded once per chunk
+/* Rows of x per chunk, up to NV_Q8_MC_LIMIT: each block's weights are decoded once per chunk
  * (7 vector operations per 64 weights, against 13 per row and 512 weights for the dot
  * products and the scaling), so larger chunks spend less on the decode even where the
  * accumulators spill (more than 16 zmm of them). 32 rows against 16 (one thread, 2-vCPU
@@ -31,6 +31,9 @@
 #ifndef NV_Q8_512_MC_MAX
 #define NV_Q8_512_MC_MAX 32
 #endif
+#define NV_Q8_512_MC_TABLE 32 /* kernels compiled: chunk sizes 1 .. 32 */
+_Static_assert(NV_Q8_512_MC_MAX <= NV_Q8_512_MC_TABLE && NV_Q8_512_MC_MAX <= NV_Q8_MC_LIMIT,
+               "a chunk size without a kernel");
 
 /* ------------------------------------------------------------------------ quantizer */
 
@@ -109,7 +112,7 @@ NV_INLINE void q8_512_kernel(const nv_weight *w, int64_t t0, const nv_q8_chunk *
     uint8_t ut[16];
     nv_q8_utable(ut);
     const __m512i utab = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)ut));
-    __m512 acc[NV_Q8_512_MC_MAX][2];
+    __m512 acc[NV_Q8_512_MC_TABLE][2];
 #pragma GCC unroll 32
     for (int m = 0; m < MC; m++)
 #pragma GCC unroll 2
@@ -187,7 +190,6 @@ NV_Q8K(13, 1)
 NV_Q8K(14, 1)
 NV_Q8K(15, 1)
 NV_Q8K(16, 1)
-#if NV_Q8_512_MC_MAX > 16
 NV_Q8K(17, 1)
 NV_Q8K(18, 1)
 NV_Q8K(19, 1)
@@ -204,18 +206,15 @@ NV_Q8K(29, 1)
 NV_Q8K(30, 1)
 NV_Q8K(31, 1)
 NV_Q8K(32, 1)
-#endif
 
 typedef void (*q8_512_fn)(const nv_weight *, int64_t, const nv_q8_chunk *);
-static const q8_512_fn q8_512_one[NV_Q8_512_MC_MAX + 1] = { /* chunk sizes 1 .. MC_MAX */
+static const q8_512_fn q8_512_one[NV_Q8_512_MC_TABLE + 1] = { /* chunk sizes 1 .. 32 */
     0, q8_512_1_1, q8_512_2_1, q8_512_3_1, q8_512_4_1, q8_512_5_1, q8_512_6_1,
     q8_512_7_1, q8_512_8_1, q8_512_9_1, q8_512_10_1, q8_512_11_1, q8_512_12_1,
     q8_512_13_1, q8_512_14_1, q8_512_15_1, q8_512_16_1,
-#if NV_Q8_512_MC_MAX > 16
     q8_512_17_1, q8_512_18_1, q8_512_19_1, q8_512_20_1, q8_512_21_1, q8_512_22_1,
     q8_512_23_1, q8_512_24_1, q8_512_25_1, q8_512_26_1, q8_512_27_1, q8_512_28_1,
     q8_512_29_1, q8_512_30_1, q8_512_31_1, q8_512_32_1,
-#endif
 };
 
 static void q8_512_qmm_tiles(const nv_weight *w, int64_t t0, int64_t nt, const nv_q8_chunk *c) {
