@@ -53,7 +53,7 @@ uint8_t nv_e4m3_nan;            /* E4M3_NAN_BYTE: the scale byte of a block hold
 
 /* ------------------------------------------------------------------ init and ISA facts */
 
-NV_API int nvfp4cpu_abi_version(void) { return 4; }
+NV_API int nvfp4cpu_abi_version(void) { return 5; }
 
 /* The spec tables from nvfp4.spec: E2M1_VALUES (16), E4M3_VALUES (256), E2M1_BOUNDS (7),
  * E2M1_ODD_BOUNDS (3), and the encoder's constants (ENCODER_CONSTANTS): E2M1_MAX,
@@ -156,13 +156,33 @@ NV_API int nvfp4cpu_isa_compiled(int isa) {
 }
 
 /* Every E2M1 value, and 256 times it, is a bfloat16: the low 16 bits of its float32 pattern
- * are zero (the AVX2 decoder looks up the two high bytes of 256 * e2m1). */
+ * are zero (the AVX2 decoder looks up the two high bytes of 256 * e2m1). And 256 times it is
+ * zero or a normal float16 whose low byte is zero (the float16 decoder looks up the high
+ * byte): a float32 exponent within float16's normal range and no mantissa bit below the
+ * float16 pattern's top two, i.e. float32 mantissa bits 20..0 clear. */
 static int nv_e2m1_avx2_decodable(void) {
     for (int i = 0; i < 16; i++) {
         union { float f; uint32_t u; } a = {nv_e2m1_lut[i]}, b = {nv_e2m1_lut[i] * NV_E4M3_F16_FACTOR};
         if ((a.u & 0xFFFFu) != 0 || (b.u & 0xFFFFu) != 0) return 0;
+        const int e = (int)((b.u >> 23) & 0xFFu) - 127; /* unbiased exponent of 256 * e2m1 */
+        if ((b.u & 0x7FFFFFFFu) != 0 && (e < -14 || e > 15 || (b.u & 0x1FFFFFu) != 0)) return 0;
     }
     return 1;
+}
+
+/* The decode the AVX2 level's one-row (M = 1) W4A16 kernel uses: mode 1 = float16 patterns
+ * through vcvtph2ps, 2 = bfloat16 pairs, 0 = this CPU's default (float16 on Intel, bfloat16
+ * pairs elsewhere), -1 = only ask. Both give the same bits; the choice is speed alone.
+ * Returns the decode in effect (1 or 2), or 0 when this CPU or build has no AVX2 level. */
+NV_API int nvfp4cpu_isa_supported(int isa);
+NV_API int nvfp4cpu_avx2_m1_decode(int mode) {
+#if defined(NVFP4CPU_HAVE_AVX2)
+    if (!nvfp4cpu_isa_supported(NV_ISA_AVX2)) return 0;
+    return nv_avx2_m1_decode(mode);
+#else
+    (void)mode;
+    return 0;
+#endif
 }
 
 /* 1 when the level is compiled in and this CPU (and OS) can run it. */

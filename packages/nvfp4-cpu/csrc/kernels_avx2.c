@@ -26,6 +26,7 @@
  * times its scale is added to the running sum; the row global multiplies at the end.
  */
 #include <immintrin.h>
+#include <stdatomic.h>
 
 #include "kernels_generic.h"
 
@@ -256,6 +257,103 @@ static void k256_one(const nv_weight *w, int64_t t, const nv_chunk *c) {
     nv256_store_rows(o + 8, _mm256_mul_ps(r1, _mm256_loadu_ps(w->rowg + n0 + 8)), w->n - n0 - 8);
 }
 
+/* ------------------------------------------------------------- float16 decode, M = 1 */
+
+/* The vpshufb table of the float16 decode, in both 128-bit lanes: byte c is the high byte of
+ * the float16 of 256 * e2m1(c). Every such float16 has a zero low byte (e2m1 has one mantissa
+ * bit, float16 ten), so the byte alone, placed in the high half of a zeroed 16-bit lane, is
+ * that float16 exactly (256 * 6 = 1536 and 256 * 0.5 = 128 are normal float16s). */
+NV_INLINE __m256i nv256_f16_table(void) {
+    uint8_t h[16];
+    for (int c = 0; c < 16; c++) {
+        const float v = nv_e2m1_lut[c] * NV_E4M3_F16_FACTOR; /* exact: a power of two */
+        const unsigned short bits = _cvtss_sh(v, 0);
+        h[c] = (uint8_t)(bits >> 8);
+    }
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)h));
+}
+
+/* vcvtph2ps with its 8 float16s read from memory: one load and one arithmetic uop on Golden
+ * Cove-class cores, against two arithmetic uops for the register form. Written as asm so that
+ * the compiler keeps the memory operand (it would otherwise forward the store it sees and
+ * extract the half in a register). */
+NV_INLINE __m256 nv256_cvtph_mem(const uint16_t *p) {
+    __m256 r;
+    __asm__("vcvtph2ps %1, %0" : "=x"(r) : "m"(*(const __m128i *)p));
+    return r;
+}
+
+/* One row of x (MC = 1) through the float16 decode: each group's 32 code bytes (pair j and
+ * pair j + 1 of the 16 rows: 128-bit lane 0 holds pair j, lane 1 pair j + 1) are split into
+ * low and high nibbles, looked up (one vpshufb each) and unpacked against zero into float16
+ * patterns, stored to an L1 buffer in which each 16-byte half holds rows 0..7 or 8..15 of one
+ * k, and read back 8 at a time by vcvtph2ps from memory. Rows come out in order, so no
+ * lane-crossing permute or even / odd split is needed. Per 64 weights: 3 nibble operations,
+ * 2 vpshufb, 4 vpunpck, 8 vcvtph2ps and 8 FMAs (25 arithmetic uops against 28 for the
+ * bfloat16-pair decode), 4 stores and 12 loads. Each block's products are summed in four
+ * chains (rows 0..7 and 8..15, even and odd k), added, and multiplied by the block's scales
+ * into the running sums. */
+/* The 32 code bytes at p -> their 64 float16 patterns at h (the layout of k256_one_f16's hb). */
+NV_INLINE void nv256_f16_decode(const uint8_t *p, __m256i table, uint16_t *h) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), zero = _mm256_setzero_si256();
+    const __m256i v = _mm256_loadu_si256((const __m256i *)p);
+    const __m256i e = _mm256_and_si256(v, m4);
+    const __m256i o = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+    const __m256i he = _mm256_shuffle_epi8(table, e), ho = _mm256_shuffle_epi8(table, o);
+    _mm256_store_si256((__m256i *)(h + 0), _mm256_unpacklo_epi8(zero, he));
+    _mm256_store_si256((__m256i *)(h + 16), _mm256_unpackhi_epi8(zero, he));
+    _mm256_store_si256((__m256i *)(h + 32), _mm256_unpacklo_epi8(zero, ho));
+    _mm256_store_si256((__m256i *)(h + 48), _mm256_unpackhi_epi8(zero, ho));
+}
+
+static void k256_one_f16(const nv_weight *w, int64_t t, const nv_chunk *c) {
+    const int64_t k = w->k, nblocks = k / NV_BLOCK;
+    const uint8_t *tc = w->codes + t * nv_tile_code_bytes(k);
+    const uint8_t *ts = w->scales + t * nv_tile_scale_bytes(k);
+    const int64_t left = nv_codes_left(w, t);
+    const int64_t ngroups = nblocks * (NV_BLOCK / 4);
+    const __m256i table = nv256_f16_table();
+    uint16_t hb[4][64] __attribute__((aligned(32))); /* groups g mod 4 as float16s */
+    uint16_t sb[NV_TILE] __attribute__((aligned(32)));
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(); /* rows 0..7, 8..15 */
+    nv256_f16_decode(tc, table, hb[0]);
+    nv256_f16_decode(tc + NV256_GROUP_BYTES, table, hb[1]);
+    for (int64_t b = 0; b < nblocks; b++) {
+        const float *xb = c->panel + b * NV_BLOCK; /* x[16b] */
+        nv256_prefetch_block(tc, b, left);
+        __m256 p0[2], p1[2]; /* rows 0..7 / 8..15, [k parity] */
+#pragma GCC unroll 4
+        for (int jj = 0; jj < NV_BLOCK / 4; jj++) {
+            const int64_t g = b * (NV_BLOCK / 4) + jj;
+            /* the next group first (the last group decodes itself again: in bounds, unused) */
+            nv256_f16_decode(tc + (g + 2 < ngroups ? g + 2 : g) * NV256_GROUP_BYTES, table,
+                             hb[(jj + 2) & 3]);
+#pragma GCC unroll 4
+            for (int q = 0; q < 4; q++) { /* k = k0 + q: nibble half q & 1, lane q >> 1 */
+                const uint16_t *h = hb[jj & 3] + 32 * (q & 1) + 8 * (q >> 1);
+                const __m256 x = _mm256_broadcast_ss(xb + 4 * jj + q);
+                const __m256 w0 = nv256_cvtph_mem(h), w1 = nv256_cvtph_mem(h + 16);
+                if (jj == 0 && q < 2) {
+                    p0[q] = _mm256_mul_ps(w0, x);
+                    p1[q] = _mm256_mul_ps(w1, x);
+                } else {
+                    p0[q & 1] = _mm256_fmadd_ps(w0, x, p0[q & 1]);
+                    p1[q & 1] = _mm256_fmadd_ps(w1, x, p1[q & 1]);
+                }
+            }
+        }
+        /* scale bytes -> float16 patterns (byte << 7 = e4m3 / 256, see the top of the file) */
+        const __m256i s16 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(ts + b * NV_TILE)));
+        _mm256_store_si256((__m256i *)sb, _mm256_slli_epi16(s16, 7));
+        acc0 = _mm256_fmadd_ps(_mm256_add_ps(p0[0], p0[1]), nv256_cvtph_mem(sb), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_add_ps(p1[0], p1[1]), nv256_cvtph_mem(sb + 8), acc1);
+    }
+    const int64_t n0 = t * NV_TILE;
+    float *o = c->out + c->out_rows[0] * c->ldo + n0;
+    nv256_store_rows(o, _mm256_mul_ps(acc0, _mm256_loadu_ps(w->rowg + n0)), w->n - n0);
+    nv256_store_rows(o + 8, _mm256_mul_ps(acc1, _mm256_loadu_ps(w->rowg + n0 + 8)), w->n - n0 - 8);
+}
+
 /* MC >= 2 rows of x: decode into L1 once, with register-blocked FMAs.
  *
  * The k range is cut into panels of NV_AVX2_KP consecutive k. A panel's weights are decoded
@@ -484,15 +582,37 @@ NV_BUF(32)
 
 typedef void (*k256_fn)(const nv_weight *, int64_t, const nv_chunk *);
 static const k256_fn k256_by_mc[NV_AVX2_MC_MAX + 1] = { /* by chunk size MC */
-    0, k256_one, k256_buf_2, k256_buf_3, k256_buf_4, k256_buf_5, k256_buf_6, k256_buf_7, k256_buf_8,
+    0, 0 /* MC = 1: k256_qmm_tiles picks the decode */, k256_buf_2, k256_buf_3, k256_buf_4, k256_buf_5, k256_buf_6, k256_buf_7, k256_buf_8,
     k256_buf_9, k256_buf_10, k256_buf_11, k256_buf_12, k256_buf_13, k256_buf_14, k256_buf_15,
     k256_buf_16, k256_buf_17, k256_buf_18, k256_buf_19, k256_buf_20, k256_buf_21, k256_buf_22,
     k256_buf_23, k256_buf_24, k256_buf_25, k256_buf_26, k256_buf_27, k256_buf_28, k256_buf_29,
     k256_buf_30, k256_buf_31, k256_buf_32,
 };
 
+/* The decode of the one-row kernel (nvfp4cpu_avx2_m1_decode): 0 until first asked, then
+ * NV_AVX2_DECODE_F16 (k256_one_f16) or NV_AVX2_DECODE_BF16 (k256_one). Both sum the same exact
+ * products in the same order, so they give the same bits; the choice is speed alone. The
+ * float16 decode runs 0.86x the time of the bfloat16 pairs on Emerald Rapids (one thread,
+ * 4096 x 4096 and 1024 x 4096), where vcvtph2ps from memory is one arithmetic uop and the
+ * bfloat16 pairs' shifts and shuffles bound the loop; Zen 4, where the bfloat16 pairs were
+ * tuned, keeps them until the float16 decode is measured there. */
+static atomic_int k256_m1_decode;
+
+int nv_avx2_m1_decode(int mode) {
+    if (mode == NV_AVX2_DECODE_F16 || mode == NV_AVX2_DECODE_BF16) {
+        atomic_store(&k256_m1_decode, mode);
+    } else if (mode == NV_AVX2_DECODE_AUTO || atomic_load(&k256_m1_decode) == 0) {
+        __builtin_cpu_init();
+        atomic_store(&k256_m1_decode,
+                     __builtin_cpu_is("intel") ? NV_AVX2_DECODE_F16 : NV_AVX2_DECODE_BF16);
+    }
+    return atomic_load(&k256_m1_decode);
+}
+
 static void k256_qmm_tiles(const nv_weight *w, int64_t t0, int64_t nt, const nv_chunk *c) {
-    const k256_fn fn = k256_by_mc[c->mc];
+    int m1 = atomic_load_explicit(&k256_m1_decode, memory_order_relaxed);
+    if (c->mc == 1 && m1 == 0) m1 = nv_avx2_m1_decode(-1);
+    const k256_fn fn = c->mc > 1 ? k256_by_mc[c->mc] : m1 == NV_AVX2_DECODE_F16 ? k256_one_f16 : k256_one;
     for (int64_t t = t0; t < t0 + nt; t++) fn(w, t, c);
 }
 

@@ -104,7 +104,14 @@ extern float nv_e4m3_lut[256];
 extern const nv_isa_kernels nv_kernels_portable;
 #if defined(NVFP4CPU_HAVE_AVX2)
 extern const nv_isa_kernels nv_kernels_avx2;
+/* The AVX2 level's one-row (M = 1) W4A16 decode (kernels_avx2.c): mode NV_AVX2_DECODE_F16 or
+ * _BF16 sets it, _AUTO puts back the CPU's default, anything else asks; returns the one in
+ * effect. Call only where the CPU runs AVX2 (the unit is compiled for it). */
+int nv_avx2_m1_decode(int mode);
 #endif
+#define NV_AVX2_DECODE_AUTO 0
+#define NV_AVX2_DECODE_F16 1  /* float16 patterns through vcvtph2ps (the default on Intel) */
+#define NV_AVX2_DECODE_BF16 2 /* bfloat16 pairs split by shift and mask (elsewhere) */
 #if defined(NVFP4CPU_HAVE_AVX512)
 extern const nv_isa_kernels nv_kernels_avx512;
 #endif

@@ -171,3 +171,60 @@ def test_qmm_every_chunk_kernel(isa: str) -> None:
         check_close(
             "qmm", "float32", b.qmm(x, pw), reference.qmm(x, p, out_dtype=None), f"{isa} M={m}"
         )
+
+
+def _cpu_vendor() -> str:
+    """The x86 vendor string of /proc/cpuinfo ("GenuineIntel", "AuthenticAMD", ...), or ""."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def test_avx2_one_row_decodes_give_the_same_bits(native: Native) -> None:
+    """The AVX2 level's two M = 1 decodes (float16 patterns through vcvtph2ps, bfloat16
+    pairs) sum the same exact products in the same order: equal bits on every shape, every
+    scale byte and code, non-finite x and any thread count, both within the spec tolerance;
+    the CPU's default is float16 on Intel and bfloat16 pairs elsewhere."""
+    if not native.supported("avx2"):
+        pytest.skip("this CPU or build has no AVX2 level")
+    default = native.avx2_m1_decode()
+    vendor = _cpu_vendor()
+    if vendor:
+        assert default == ("float16" if vendor == "GenuineIntel" else "bfloat16 pairs"), vendor
+    k_all = 16 * 127
+    rows = np.arange(18)[:, None]
+    every_byte = nvfp4.NVFP4Planes(
+        ((np.arange(k_all // 2)[None, :] + 37 * rows) % 256).astype(np.uint8),
+        ((np.arange(127)[None, :] + 5 * rows) % 127).astype(np.uint8),
+        np.float32(0.75),
+        name="all-bytes",
+    )
+    weights = [_weight(n, k) for n, k in ((1, 16), (7, 48), (33, 4096), (100, 64))]
+    weights.append(every_byte)
+    backends = [CPUBackend(isa="avx2", threads=t) for t in (1, 2)]
+    try:
+        for p in weights:
+            pws = [b.prepare(p) for b in backends]
+            x = np.random.default_rng(p.k).standard_normal((1, p.k)).astype(np.float32)
+            xs = [x, x.copy()]
+            xs[1][0, p.k // 3] = np.inf
+            for xi in xs:
+                got = {}
+                for mode in ("float16", "bfloat16 pairs"):
+                    assert native.avx2_m1_decode(mode) == mode
+                    got[mode] = [b.qmm(xi, pw) for b, pw in zip(backends, pws, strict=True)]
+                want = got["bfloat16 pairs"][0]
+                for y in got["float16"] + got["bfloat16 pairs"][1:]:
+                    np.testing.assert_array_equal(y.view(np.uint32), want.view(np.uint32))
+                if np.isfinite(xi).all():
+                    ref = reference.qmm(xi, p, out_dtype=None)
+                    check_close("qmm", "float32", want, ref, f"avx2 M=1 {p.n}x{p.k}")
+    finally:
+        assert native.avx2_m1_decode("default") == default
+    with pytest.raises(ValueError, match="mode must be one of"):
+        native.avx2_m1_decode("float32")

@@ -49,7 +49,7 @@ ISA_ENV = "NVFP4_CPU_ISA"
 THREADS_ENV = "NVFP4_CPU_THREADS"
 LIBRARY_ENV = "NVFP4_CPU_LIBRARY"
 #: ABI version this Python code speaks (``nvfp4cpu_abi_version()``).
-ABI_VERSION = 4
+ABI_VERSION = 5
 #: Instruction-set levels, by their C enum value (index).
 ISA_LEVELS: tuple[str, ...] = ("portable", "avx2", "avx512", "neon")
 
@@ -85,6 +85,7 @@ _SIGNATURES: dict[str, tuple[object, list[object]]] = {
     "nvfp4cpu_cpu_feature_bit": (ctypes.c_uint, [ctypes.c_char_p]),
     "nvfp4cpu_isa_compiled": (_int, [_int]),
     "nvfp4cpu_isa_supported": (_int, [_int]),
+    "nvfp4cpu_avx2_m1_decode": (_int, [_int]),
     "nvfp4cpu_qmm": (_int, [_int, _int, _u8p, _u8p, _f32p, _i64, _i64, _f32p, _i64, _f32p]),
     "nvfp4cpu_gather_qmm": (
         _int,
@@ -165,11 +166,23 @@ class Native:
             have = f"; the CPU also has {'/'.join(extras)}" if extras else ""
             return f"x86-64 AVX-512 (F/BW/VL){have}"
         if isa == "avx2":
-            return "x86-64 AVX2 (+FMA/F16C)"
+            return f"x86-64 AVX2 (+FMA/F16C; M = 1 decode: {self.avx2_m1_decode()})"
         if isa == "neon":  # dotprod: the W4A8 kernels use it; the float32 ones need only ASIMD
             return "aarch64 NEON (+dotprod)" if self.has("asimddp") else "aarch64 NEON"
         machine = "x86-64" if self.has("x86") else os.uname().machine
         return f"{machine} portable C"
+
+    def avx2_m1_decode(self, mode: str | None = None) -> str:
+        """The decode of the AVX2 level's one-row (M = 1) W4A16 kernel: ``"float16"`` (through
+        vcvtph2ps; this CPU's default on Intel) or ``"bfloat16 pairs"`` (elsewhere). ``mode``
+        sets it for this process (``"float16"``, ``"bfloat16 pairs"``, or ``"default"``, the
+        CPU's own); both give the same bits, so only speed changes. ``""`` where the AVX2
+        level cannot run."""
+        modes = {"default": 0, "float16": 1, "bfloat16 pairs": 2}
+        if mode is not None and mode not in modes:
+            raise ValueError(f"avx2_m1_decode: mode must be one of {sorted(modes)}, found {mode!r}")
+        got = int(self.lib.nvfp4cpu_avx2_m1_decode(modes[mode] if mode is not None else -1))
+        return {1: "float16", 2: "bfloat16 pairs"}.get(got, "")
 
     def check(self, rc: int, what: str) -> None:
         """Turn a C return code into an exception."""
