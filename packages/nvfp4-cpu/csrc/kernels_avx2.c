@@ -11,6 +11,10 @@
  *   the sign xored in took 24 and 8). The 16 rows of a tile thus come out as an "even"
  *   vector (rows 0,2,4,6 | 8,10,12,14) and an "odd" vector (rows 1,3,5,7 | 9,11,13,15);
  *   scales and accumulators use the same order, and the epilogue interleaves them back.
+ * E2M1 decode, "float16" (k256_one_f16, one row of x on Intel CPUs): every E2M1 value times
+ *   256 is a float16 with a zero low byte, so one vpshufb table of high bytes decodes 32
+ *   codes, vpunpck*bw against zero makes the float16 patterns, and vcvtph2ps reads them back
+ *   from an L1 buffer, 8 rows of one k at a time (see k256_one_f16).
  * E4M3 decode: the float16 trick of the AVX-512 level (see kernels_avx512.c) with F16C, which
  *   gives e4m3 / 256 exactly; the factor 256 rides in the E2M1 tables instead (every
  *   value 256 * e2m1 is a bfloat16 too), so no multiply per block restores it. Scaling by
@@ -283,17 +287,10 @@ NV_INLINE __m256 nv256_cvtph_mem(const uint16_t *p) {
     return r;
 }
 
-/* One row of x (MC = 1) through the float16 decode: each group's 32 code bytes (pair j and
- * pair j + 1 of the 16 rows: 128-bit lane 0 holds pair j, lane 1 pair j + 1) are split into
- * low and high nibbles, looked up (one vpshufb each) and unpacked against zero into float16
- * patterns, stored to an L1 buffer in which each 16-byte half holds rows 0..7 or 8..15 of one
- * k, and read back 8 at a time by vcvtph2ps from memory. Rows come out in order, so no
- * lane-crossing permute or even / odd split is needed. Per 64 weights: 3 nibble operations,
- * 2 vpshufb, 4 vpunpck, 8 vcvtph2ps and 8 FMAs (25 arithmetic uops against 28 for the
- * bfloat16-pair decode), 4 stores and 12 loads. Each block's products are summed in four
- * chains (rows 0..7 and 8..15, even and odd k), added, and multiplied by the block's scales
- * into the running sums. */
-/* The 32 code bytes at p -> their 64 float16 patterns at h (the layout of k256_one_f16's hb). */
+/* The 32 code bytes of a group at p (k0 = the group's first k) -> their 64 float16 patterns at
+ * h: h[0..15] rows 0..7 at k0, then rows 0..7 at k0 + 2 (low nibbles; lane 0 of the unpack
+ * holds pair j, lane 1 pair j + 1); h[16..31] rows 8..15 at k0, k0 + 2; h[32..47] rows 0..7
+ * at k0 + 1, k0 + 3 (high nibbles); h[48..63] rows 8..15 at k0 + 1, k0 + 3. */
 NV_INLINE void nv256_f16_decode(const uint8_t *p, __m256i table, uint16_t *h) {
     const __m256i m4 = _mm256_set1_epi8(0x0F), zero = _mm256_setzero_si256();
     const __m256i v = _mm256_loadu_si256((const __m256i *)p);
@@ -306,6 +303,28 @@ NV_INLINE void nv256_f16_decode(const uint8_t *p, __m256i table, uint16_t *h) {
     _mm256_store_si256((__m256i *)(h + 48), _mm256_unpackhi_epi8(zero, ho));
 }
 
+/* One row of x (MC = 1) through the float16 decode: each group's 32 code bytes (pair j and
+ * pair j + 1 of the 16 rows: 128-bit lane 0 holds pair j, lane 1 pair j + 1) are split into
+ * low and high nibbles, looked up (one vpshufb each) and unpacked against zero into float16
+ * patterns, stored to an L1 buffer in which each 16-byte half holds rows 0..7 or 8..15 of one
+ * k, and read back 8 at a time by vcvtph2ps from memory. Rows come out in order, so no
+ * lane-crossing permute or even / odd split is needed. Per 64 weights: 3 nibble operations,
+ * 2 vpshufb, 4 vpunpck, 8 vcvtph2ps and 8 FMAs (25 arithmetic uops against 28 for the
+ * bfloat16-pair decode), 4 stores and 12 loads. Each block's products are summed in four
+ * chains (rows 0..7 and 8..15, even and odd k), added, and multiplied by the block's scales
+ * into the running sums: k256_one's products and order, hence its bits.
+ *
+ * Why (Emerald Rapids, Golden Cove cores): k256_one is bound by the three vector ports (about
+ * 124 arithmetic uops per block, 11.0 cycles per 64 weights against a floor of 10.3). There
+ * vcvtph2ps from memory is one uop on port 0 or 1 and one load (two cvt + FMA pairs per
+ * cycle, measured), while from a register it is two; this loop is about 108 uops per block,
+ * 73 of them for ports 0 / 1 (conversions, FMAs, shifts), a floor of 9.1 cycles. Measured,
+ * one thread, interleaved A/B against k256_one (medians of 31 rounds, a second copy of each
+ * library within 0.99-1.01x): without a pipe 0.93x the time (10.2 cycles); the decode one
+ * group ahead 0.89-0.90x; two groups ahead 0.86x (9.4 cycles, 4096 x 4096 and
+ * 1024 x 4096); three ahead the same as two. The store-to-load round trip through L1 costs
+ * the stores and loads only, which these ports have to spare (four stores, twelve loads per
+ * 64 weights). Zen 4, where k256_one was tuned, keeps it until this one is measured there. */
 static void k256_one_f16(const nv_weight *w, int64_t t, const nv_chunk *c) {
     const int64_t k = w->k, nblocks = k / NV_BLOCK;
     const uint8_t *tc = w->codes + t * nv_tile_code_bytes(k);
@@ -313,7 +332,7 @@ static void k256_one_f16(const nv_weight *w, int64_t t, const nv_chunk *c) {
     const int64_t left = nv_codes_left(w, t);
     const int64_t ngroups = nblocks * (NV_BLOCK / 4);
     const __m256i table = nv256_f16_table();
-    uint16_t hb[4][64] __attribute__((aligned(32))); /* groups g mod 4 as float16s */
+    uint16_t hb[4][64] __attribute__((aligned(32))); /* group g's float16s in slot g mod 4 */
     uint16_t sb[NV_TILE] __attribute__((aligned(32)));
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(); /* rows 0..7, 8..15 */
     nv256_f16_decode(tc, table, hb[0]);
@@ -325,7 +344,8 @@ static void k256_one_f16(const nv_weight *w, int64_t t, const nv_chunk *c) {
 #pragma GCC unroll 4
         for (int jj = 0; jj < NV_BLOCK / 4; jj++) {
             const int64_t g = b * (NV_BLOCK / 4) + jj;
-            /* the next group first (the last group decodes itself again: in bounds, unused) */
+            /* group g + 2 first, into the slot g + 2 reads (near the end, group g again: in
+             * bounds and never read) */
             nv256_f16_decode(tc + (g + 2 < ngroups ? g + 2 : g) * NV256_GROUP_BYTES, table,
                              hb[(jj + 2) & 3]);
 #pragma GCC unroll 4
@@ -343,7 +363,8 @@ static void k256_one_f16(const nv_weight *w, int64_t t, const nv_chunk *c) {
             }
         }
         /* scale bytes -> float16 patterns (byte << 7 = e4m3 / 256, see the top of the file) */
-        const __m256i s16 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(ts + b * NV_TILE)));
+        const __m256i s16 =
+            _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(ts + b * NV_TILE)));
         _mm256_store_si256((__m256i *)sb, _mm256_slli_epi16(s16, 7));
         acc0 = _mm256_fmadd_ps(_mm256_add_ps(p0[0], p0[1]), nv256_cvtph_mem(sb), acc0);
         acc1 = _mm256_fmadd_ps(_mm256_add_ps(p1[0], p1[1]), nv256_cvtph_mem(sb + 8), acc1);
@@ -582,7 +603,8 @@ NV_BUF(32)
 
 typedef void (*k256_fn)(const nv_weight *, int64_t, const nv_chunk *);
 static const k256_fn k256_by_mc[NV_AVX2_MC_MAX + 1] = { /* by chunk size MC */
-    0, 0 /* MC = 1: k256_qmm_tiles picks the decode */, k256_buf_2, k256_buf_3, k256_buf_4, k256_buf_5, k256_buf_6, k256_buf_7, k256_buf_8,
+    0, 0 /* MC = 1: k256_qmm_tiles picks the decode */, k256_buf_2, k256_buf_3, k256_buf_4,
+    k256_buf_5, k256_buf_6, k256_buf_7, k256_buf_8,
     k256_buf_9, k256_buf_10, k256_buf_11, k256_buf_12, k256_buf_13, k256_buf_14, k256_buf_15,
     k256_buf_16, k256_buf_17, k256_buf_18, k256_buf_19, k256_buf_20, k256_buf_21, k256_buf_22,
     k256_buf_23, k256_buf_24, k256_buf_25, k256_buf_26, k256_buf_27, k256_buf_28, k256_buf_29,
@@ -612,7 +634,9 @@ int nv_avx2_m1_decode(int mode) {
 static void k256_qmm_tiles(const nv_weight *w, int64_t t0, int64_t nt, const nv_chunk *c) {
     int m1 = atomic_load_explicit(&k256_m1_decode, memory_order_relaxed);
     if (c->mc == 1 && m1 == 0) m1 = nv_avx2_m1_decode(-1);
-    const k256_fn fn = c->mc > 1 ? k256_by_mc[c->mc] : m1 == NV_AVX2_DECODE_F16 ? k256_one_f16 : k256_one;
+    const k256_fn fn = c->mc > 1                    ? k256_by_mc[c->mc]
+                       : m1 == NV_AVX2_DECODE_F16 ? k256_one_f16
+                                                  : k256_one;
     for (int64_t t = t0; t < t0 + nt; t++) fn(w, t, c);
 }
 
