@@ -170,21 +170,6 @@ static int nv_e2m1_avx2_decodable(void) {
     return 1;
 }
 
-/* The decode the AVX2 level's one-row (M = 1) W4A16 kernel uses: mode 1 = float16 patterns
- * through vcvtph2ps, 2 = bfloat16 pairs, 0 = this CPU's default (float16 on Intel, bfloat16
- * pairs elsewhere), -1 = only ask. Both give the same bits; the choice is speed alone.
- * Returns the decode in effect (1 or 2), or 0 when this CPU or build has no AVX2 level. */
-NV_API int nvfp4cpu_isa_supported(int isa);
-NV_API int nvfp4cpu_avx2_m1_decode(int mode) {
-#if defined(NVFP4CPU_HAVE_AVX2)
-    if (!nvfp4cpu_isa_supported(NV_ISA_AVX2)) return 0;
-    return nv_avx2_m1_decode(mode);
-#else
-    (void)mode;
-    return 0;
-#endif
-}
-
 /* 1 when the level is compiled in and this CPU (and OS) can run it. */
 NV_API int nvfp4cpu_isa_supported(int isa) {
     if (!nvfp4cpu_isa_compiled(isa)) return 0;
@@ -204,6 +189,20 @@ NV_API int nvfp4cpu_isa_supported(int isa) {
 #endif
     default: return 0;
     }
+}
+
+/* The decode the AVX2 level's one-row (M = 1) W4A16 kernel uses: mode 1 = float16 patterns
+ * through vcvtph2ps, 2 = bfloat16 pairs, 0 = this CPU's default (float16 on Intel, bfloat16
+ * pairs elsewhere), -1 = only ask. Both give the same bits; the choice is speed alone.
+ * Returns the decode in effect (1 or 2), or 0 when this CPU or build has no AVX2 level. */
+NV_API int nvfp4cpu_avx2_m1_decode(int mode) {
+#if defined(NVFP4CPU_HAVE_AVX2)
+    if (!nvfp4cpu_isa_supported(NV_ISA_AVX2)) return 0;
+    return nv_avx2_m1_decode(mode);
+#else
+    (void)mode;
+    return 0;
+#endif
 }
 
 static const nv_isa_kernels *nv_kernels_for(int isa) {
