@@ -190,8 +190,15 @@ def test_avx2_one_row_decodes_give_the_same_bits(native: Native) -> None:
     pairs) sum the same exact products in the same order: equal bits on every shape, every
     scale byte and code, non-finite x and any thread count, both within the spec tolerance;
     the CPU's default is float16 on Intel and bfloat16 pairs elsewhere."""
+    with pytest.raises(ValueError, match="mode must be one of"):
+        native.avx2_m1_decode("float32")
     if not native.supported("avx2"):
-        pytest.skip("this CPU or build has no AVX2 level")
+        # No AVX2 level (another architecture, or an x86 CPU without AVX2 / FMA / F16C):
+        # the switch reports no decode and setting one changes nothing.
+        for mode in (None, "float16", "bfloat16 pairs", "default"):
+            assert native.avx2_m1_decode(mode) == ""
+        assert "avx2" not in native.supported_levels()
+        return
     default = native.avx2_m1_decode()
     vendor = _cpu_vendor()
     if vendor:
@@ -226,5 +233,3 @@ def test_avx2_one_row_decodes_give_the_same_bits(native: Native) -> None:
                     check_close("qmm", "float32", want, ref, f"avx2 M=1 {p.n}x{p.k}")
     finally:
         assert native.avx2_m1_decode("default") == default
-    with pytest.raises(ValueError, match="mode must be one of"):
-        native.avx2_m1_decode("float32")
