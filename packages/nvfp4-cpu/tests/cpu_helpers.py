@@ -5,6 +5,7 @@ portable level bit for bit, and the count of calls compared so (see conftest.py)
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from pathlib import Path
 
 import numpy as np
 from nvfp4.testing import assert_within
@@ -18,6 +19,25 @@ MEASURED: dict[str, list[float]] = defaultdict(list)
 BIT_IDENTICAL_TO_PORTABLE = ("neon",)
 #: Kernel calls of those levels compared with the portable level, by "level/verb".
 CROSS_CHECKED: Counter[str] = Counter()
+
+
+def cpuinfo_field(name: str) -> str:
+    """Field ``name`` of the first processor in /proc/cpuinfo (``"flags"``, ``"vendor_id"``,
+    ...), read independently of the library; ``""`` where there is no such file or field."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return ""
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == name:
+            return value.strip()
+    return ""
+
+
+def cpuinfo_flags() -> set[str]:
+    """The x86 feature flags of /proc/cpuinfo (empty where there are none)."""
+    return set(cpuinfo_field("flags").split())
 
 
 def check_close(path: str, dtype: str, y: np.ndarray, ref: np.ndarray, label: str = "") -> float:

@@ -13,16 +13,10 @@ from pathlib import Path
 import numpy as np
 import nvfp4
 import pytest
+from cpu_helpers import cpuinfo_flags
 from nvfp4.backend import Backend
 from nvfp4_cpu import CPUBackend, IsaUnavailable, backend
 from nvfp4_cpu._native import ISA_LEVELS, Native, resolve_isa, resolve_threads
-
-
-def _cpuinfo_flags() -> set[str]:
-    text = Path("/proc/cpuinfo").read_text()
-    line = next(ln for ln in text.splitlines() if ln.startswith("flags"))
-    return set(line.split(":", 1)[1].split())
-
 
 #: Linux's AArch64 HWCAP bits (arch/arm64/include/uapi/asm/hwcap.h).
 HWCAP_ASIMD, HWCAP_ASIMDDP = 1 << 1, 1 << 20
@@ -71,7 +65,7 @@ def test_dispatch_agrees_with_the_cpu(native: Native) -> None:
     if not Path("/proc/cpuinfo").exists():  # x86-64 without procfs (macOS): detection only
         assert "portable" in native.supported_levels()
         return
-    flags = _cpuinfo_flags()
+    flags = cpuinfo_flags()
     assert native.supported("avx2") == ({"avx2", "fma", "f16c"} <= flags)
     assert native.supported("avx512") == (
         {"avx512f", "avx512bw", "avx512vl", "fma", "f16c"} <= flags

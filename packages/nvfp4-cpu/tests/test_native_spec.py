@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import ctypes
 import platform
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from cpu_helpers import cpuinfo_flags
 from nvfp4 import reference
 from nvfp4.spec import E4M3_NAN_BYTE, ENCODER_CONSTANTS
 from nvfp4_cpu._native import ABI_VERSION, ptr
@@ -32,10 +32,7 @@ def test_feature_bits_come_from_the_library(native: Any) -> None:
         assert not native.has("asimd")
         assert not native.has("asimddp")
     if X86:
-        line = next(
-            ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")
-        )
-        flags = set(line.split(":", 1)[1].split())
+        flags = cpuinfo_flags()
         for feature in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl"):
             assert native.has(feature) == (feature in flags), feature
     with pytest.raises(ValueError, match="no CPU feature 'sse9'"):

@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import nvfp4
 import pytest
-from cpu_helpers import check_close
+from cpu_helpers import check_close, cpuinfo_field
 from nvfp4 import reference
 from nvfp4_cpu import CPUBackend
 from nvfp4_cpu._native import Native
@@ -173,18 +173,6 @@ def test_qmm_every_chunk_kernel(isa: str) -> None:
         )
 
 
-def _cpu_vendor() -> str:
-    """The x86 vendor string of /proc/cpuinfo ("GenuineIntel", "AuthenticAMD", ...), or ""."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
-
-
 def test_avx2_one_row_decodes_give_the_same_bits(native: Native) -> None:
     """The AVX2 level's two M = 1 decodes (float16 patterns through vcvtph2ps, bfloat16
     pairs) sum the same exact products in the same order: equal bits on every shape, every
@@ -200,7 +188,7 @@ def test_avx2_one_row_decodes_give_the_same_bits(native: Native) -> None:
         assert "avx2" not in native.supported_levels()
         return
     default = native.avx2_m1_decode()
-    vendor = _cpu_vendor()
+    vendor = cpuinfo_field("vendor_id")  # "GenuineIntel", "AuthenticAMD", ...
     if vendor:
         assert default == ("float16" if vendor == "GenuineIntel" else "bfloat16 pairs"), vendor
     k_all = 16 * 127

@@ -5,14 +5,13 @@ the E4M3 activation encoder bit for bit, qmm_w4a8_fp8 within [w4a8_fp8]."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 import nvfp4
 import pytest
-from cpu_helpers import check_close
+from cpu_helpers import check_close, cpuinfo_flags
 from nvfp4 import reference
 from nvfp4.activations import Q8Activations
 from nvfp4.spec import Q8_BLOCK_SIZE, Q8_MAX
@@ -22,17 +21,6 @@ from nvfp4_cpu.backend import CAPABILITIES
 from nvfp4_cpu.layout import prepare
 
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
-
-
-def _cpu_flags() -> set[str]:
-    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
-    path = Path("/proc/cpuinfo")
-    if not path.exists():
-        return set()
-    for line in path.read_text().splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
 
 
 # ------------------------------------------------------------------------ the levels
@@ -52,7 +40,7 @@ def test_each_level_runs_its_own_w4a8_kernels(native: Native) -> None:
     expected = {"portable": "portable", "avx2": "avx2"}
     expected["neon"] = "neon_dotprod" if native.has("asimddp") else "portable"
     vnni = native.has("avx512vnni")
-    flags = _cpu_flags()
+    flags = cpuinfo_flags()
     if flags and native.has("x86"):  # under qemu-user /proc/cpuinfo is the x86 host's
         assert vnni == ("avx512_vnni" in flags)
     expected["avx512"] = "avx512vnni" if vnni else "avx2"

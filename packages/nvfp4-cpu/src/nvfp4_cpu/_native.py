@@ -50,6 +50,9 @@ THREADS_ENV = "NVFP4_CPU_THREADS"
 LIBRARY_ENV = "NVFP4_CPU_LIBRARY"
 #: ABI version this Python code speaks (``nvfp4cpu_abi_version()``).
 ABI_VERSION = 5
+#: The AVX2 one-row decodes by name, as nvfp4cpu_avx2_m1_decode numbers them (csrc/nvfp4cpu.h's
+#: NV_AVX2_DECODE_AUTO / _F16 / _BF16); 0, "default", only sets.
+_AVX2_M1_DECODES = {"default": 0, "float16": 1, "bfloat16 pairs": 2}
 #: Instruction-set levels, by their C enum value (index).
 ISA_LEVELS: tuple[str, ...] = ("portable", "avx2", "avx512", "neon")
 
@@ -178,11 +181,11 @@ class Native:
         sets it for this process (``"float16"``, ``"bfloat16 pairs"``, or ``"default"``, the
         CPU's own); both give the same bits, so only speed changes. ``""`` where the AVX2
         level cannot run."""
-        modes = {"default": 0, "float16": 1, "bfloat16 pairs": 2}
+        modes = _AVX2_M1_DECODES
         if mode is not None and mode not in modes:
             raise ValueError(f"avx2_m1_decode: mode must be one of {sorted(modes)}, found {mode!r}")
         got = int(self.lib.nvfp4cpu_avx2_m1_decode(modes[mode] if mode is not None else -1))
-        return {1: "float16", 2: "bfloat16 pairs"}.get(got, "")
+        return next((name for name, v in modes.items() if v == got and v), "")
 
     def check(self, rc: int, what: str) -> None:
         """Turn a C return code into an exception."""
