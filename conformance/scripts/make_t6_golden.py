@@ -24,7 +24,7 @@ Steps:
    and require identical tokens and logits.
 6. For every activation mode of :data:`MODES` (spec 1.1's ``w4a8``: int8 Q8_0 activations,
    what ggml's matmul computes), the kept prompts' 40 greedy tokens and margins with every
-   NVFP4 linear of the cached reference in that mode (``llm.activation_mode``), re-run with
+   NVFP4 linear of the cached reference in that mode (``decode.activation_mode``), re-run with
    the real ``reference`` backend and required bit for bit too; then write the JSON. These
    are additive keys (``activation_modes``, top level and per prompt): the prompts are the
    W4A16 ones, so a mode's margins are recorded, not bounded (its near-tie steps counted).
@@ -52,8 +52,9 @@ import nvfp4
 from nvfp4 import reference
 from nvfp4.backend import Availability, BackendInfo
 from nvfp4.planes import NVFP4Planes, validate
-from nvfp4_conformance import __version__, llm, smollm2, t6
-from nvfp4_conformance.nvfp4_linear import ACTIVATION_VERBS
+from nvfp4_conformance import __version__, t6
+from nvfp4_torch import decode, loader, parity, smollm2
+from nvfp4_torch.modules import ACTIVATION_VERBS
 
 FLOOR = 0.05
 SAFETY = 10.0
@@ -190,11 +191,11 @@ def mode_row(
 ) -> dict[str, Any]:
     """The greedy tokens of ``row``'s prompt with every NVFP4 linear of ``model`` in
     activation mode ``mode``, their margins and where they leave the W4A16 tokens."""
-    with llm.activation_mode(model, mode) as switched:
+    with decode.activation_mode(model, mode) as switched:
         if not switched:
             raise RuntimeError(f"{mode}: the model has no NVFP4 linear to switch")
-        g = llm.greedy(model, row["prompt_ids"], MAX_NEW)
-    m = llm.margins(g.logits)
+        g = decode.greedy(model, row["prompt_ids"], MAX_NEW)
+    m = parity.margins(g.logits)
     steps = np.arange(len(g.new_ids))
     return {
         "golden_ids": g.new_ids,
@@ -205,7 +206,7 @@ def mode_row(
         "min_margin": float(m.min()),
         "argmin_step": int(m.argmin()),
         "near_tie_steps": [int(i) for i in np.flatnonzero(m < threshold)],
-        "first_divergence_from_w4a16": t6.first_mismatch(g.new_ids, row["golden_ids"]),
+        "first_divergence_from_w4a16": parity.first_mismatch(g.new_ids, row["golden_ids"]),
         "greedy_logits": g.logits,
     }
 
@@ -244,22 +245,22 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = smollm2.write_nvfp4_checkpoint(q, Path(tmp) / "smollm2-nvfp4")
-        fast = llm.load_model(ckpt, CachedReference()).model
-        acc = llm.load_model(ckpt, Float32Accumulating()).model
+        fast = loader.load_model(ckpt, CachedReference()).model
+        acc = loader.load_model(ckpt, Float32Accumulating()).model
         from nvfp4.tolerances import tolerance
 
         qmm_tol = float(tolerance("qmm", "float32"))
-        edge = llm.load_model(ckpt, ToleranceEdge(qmm_tol)).model
+        edge = loader.load_model(ckpt, ToleranceEdge(qmm_tol)).model
 
         rows = []
         for name, chat, text in CANDIDATES:
             ids = prompt_ids(tok, chat, text)
-            g = llm.greedy(fast, ids, MAX_NEW)
-            tf_ref = llm.teacher_forced_logits(fast, ids, g.new_ids)
-            tf_acc = llm.teacher_forced_logits(acc, ids, g.new_ids)
-            tf_edge = llm.teacher_forced_logits(edge, ids, g.new_ids)
-            tf_f32 = llm.teacher_forced_logits(fp32, ids, g.new_ids)
-            m = llm.margins(g.logits)
+            g = decode.greedy(fast, ids, MAX_NEW)
+            tf_ref = decode.teacher_forced_logits(fast, ids, g.new_ids)
+            tf_acc = decode.teacher_forced_logits(acc, ids, g.new_ids)
+            tf_edge = decode.teacher_forced_logits(edge, ids, g.new_ids)
+            tf_f32 = decode.teacher_forced_logits(fp32, ids, g.new_ids)
+            m = parity.margins(g.logits)
             top2 = np.argsort(g.logits, axis=-1)[:, -2]
             steps = np.arange(len(g.new_ids))
             row = {
@@ -278,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
                 "max_abs_logit_change_cache_vs_full_pass": float(np.abs(g.logits - tf_ref).max()),
                 "max_abs_logit_change_tolerance_edge": float(np.abs(tf_ref - tf_edge).max()),
                 "greedy_logits": g.logits,
-                **t6.quality_figures(tf_f32, tf_ref, g.new_ids),
+                **parity.quality_figures(tf_f32, tf_ref, g.new_ids),
             }
             rows.append(row)
             print(
@@ -313,9 +314,9 @@ def main(argv: list[str] | None = None) -> int:
             return 1
 
         # the real reference backend must give the same tokens and logits, bit for bit
-        ref_model = llm.load_model(ckpt, nvfp4.get_backend("reference")).model
+        ref_model = loader.load_model(ckpt, nvfp4.get_backend("reference")).model
         for r in kept:
-            g = llm.greedy(ref_model, r["prompt_ids"], MAX_NEW)
+            g = decode.greedy(ref_model, r["prompt_ids"], MAX_NEW)
             if g.new_ids != r["golden_ids"] or not np.array_equal(g.logits, r["greedy_logits"]):
                 print(
                     f"{r['name']}: the reference backend differs from the cached reference",
@@ -413,8 +414,8 @@ def add_modes(
                 f"{mr['first_divergence_from_w4a16']}  {mr['golden_text']!r}",
                 flush=True,
             )
-            with llm.activation_mode(ref_model, mode):
-                g = llm.greedy(ref_model, r["prompt_ids"], MAX_NEW)
+            with decode.activation_mode(ref_model, mode):
+                g = decode.greedy(ref_model, r["prompt_ids"], MAX_NEW)
             if g.new_ids != mr["golden_ids"] or not np.array_equal(g.logits, mr["greedy_logits"]):
                 print(
                     f"{mode} {r['name']}: the reference backend differs from the cached reference",
@@ -460,20 +461,20 @@ def extend(path: Path) -> int:
     rows = golden["prompts"]
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = smollm2.write_nvfp4_checkpoint(q, Path(tmp) / "smollm2-nvfp4")
-        fast = llm.load_model(ckpt, CachedReference()).model
+        fast = loader.load_model(ckpt, CachedReference()).model
         # torch's own float32 ops (norms, attention, lm_head) round differently on another
         # machine: the tokens must be equal, the margins and top-1 logits within twice the
         # logit change the file measured (a margin is the difference of two logits)
         bound = 2.0 * float(golden["threshold_basis"]["max_abs_logit_change"])
         worst = 0.0
         for r in rows:
-            g = llm.greedy(fast, r["prompt_ids"], MAX_NEW)
+            g = decode.greedy(fast, r["prompt_ids"], MAX_NEW)
             if g.new_ids != r["golden_ids"]:
                 print(f"{path}: prompt {r['name']}: golden_ids not reproduced", file=sys.stderr)
                 return 1
             steps = np.arange(len(g.new_ids))
             for key, value in (
-                ("margins", llm.margins(g.logits)),
+                ("margins", parity.margins(g.logits)),
                 ("top1_logits", g.logits[steps, g.new_ids]),
             ):
                 change = float(np.abs(np.asarray(r[key]) - value.astype(np.float64)).max())
@@ -490,7 +491,7 @@ def extend(path: Path) -> int:
             f"{worst:.2e} (bound {bound:.2e})",
             flush=True,
         )
-        ref_model = llm.load_model(ckpt, nvfp4.get_backend("reference")).model
+        ref_model = loader.load_model(ckpt, nvfp4.get_backend("reference")).model
         if add_modes(rows, fast, ref_model, tok, float(golden["near_tie_threshold"])):
             return 1
     for r in rows:

@@ -1,115 +1,16 @@
-"""T6's quantized-activation quality figures (W4A4, W4A8 int8, W4A8 FP8).
+"""T6's quantized-activation quality figures (W4A4, W4A8 int8, W4A8 FP8) in the certificate
+(the figures themselves and the switching of modes are nvfp4-torch's, tested there).
 
-* :func:`nvfp4_conformance.t6.activation_quality`: KL and top-1 agreement against W4A16 and
-  float32, checked on hand-made logits.
-* :func:`nvfp4_conformance.llm.activation_mode` on a tiny Llama written as a ModelOpt NVFP4
-  checkpoint and loaded through the ``generate`` code path: inside the block every NVFP4
-  linear calls the mode's verb (and only it), the logits change, and on exit the W4A16
-  logits come back bit for bit; an unknown mode is refused.
 * The certificate: a run that recorded T6 activation-quality cases carries, per mode, the
   means over the prompts, W4A8's KL as a fraction of W4A4's, and a Markdown table.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
-import numpy as np
 import pytest
-from nvfp4_conformance import certificate_schema, t6
+from nvfp4_conformance import certificate_schema
 from nvfp4_conformance.certificate import SCHEMA_VERSION, build_certificate, render_markdown
 from nvfp4_conformance.recording import ConformanceRun
-
-
-# ------------------------------------------------------------------------- the figures
-def test_activation_quality_figures() -> None:
-    rng = np.random.default_rng(1)
-    w16 = rng.standard_normal((6, 13)).astype(np.float32)
-    same = t6.activation_quality(w16, w16, w16)
-    assert same["mean_kl_w4a16_to_mode"] == pytest.approx(0.0, abs=1e-12)
-    assert same["top1_agreement_vs_w4a16"] == 1.0
-    f32 = w16.copy()
-    f32[:3] = -f32[:3]  # a different top-1 on (almost surely) every one of 3 steps
-    mode = w16.copy()
-    mode[0] = 0.0  # uniform on step 0: its argmax is token 0
-    q = t6.activation_quality(w16, f32, mode)
-    assert q["mean_kl_w4a16_to_mode"] == pytest.approx(t6.mean_kl(w16, mode))
-    assert q["mean_kl_float32_to_mode"] == pytest.approx(t6.mean_kl(f32, mode))
-    assert q["mean_kl_w4a16_to_mode"] > 0
-    top = np.argmax(mode, axis=-1)
-    assert q["top1_agreement_vs_w4a16"] == np.mean(top == np.argmax(w16, axis=-1))
-    assert q["top1_agreement_vs_float32"] == np.mean(top == np.argmax(f32, axis=-1))
-    assert q["top1_agreement_vs_float32"] < 1.0
-
-
-# ------------------------------------------------------------ the activation modes
-class _Spy:
-    """A backend that counts the verbs its NVFP4 linears call."""
-
-    def __init__(self, backend: Any) -> None:
-        self._backend = backend
-        self.calls: dict[str, int] = {}
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._backend, name)
-        if name.startswith(("qmm", "gather_qmm")):
-
-            def counted(*a: Any, **kw: Any) -> Any:
-                self.calls[name] = self.calls.get(name, 0) + 1
-                return attr(*a, **kw)
-
-            return counted
-        return attr
-
-
-MODES = {"w4a4": "qmm_w4a4", "w4a8": "qmm_w4a8", "w4a8_fp8": "qmm_w4a8_fp8"}
-
-
-def test_activation_mode_switches_every_linear_and_restores(tiny_checkpoint: Path) -> None:
-    import nvfp4
-    from nvfp4_conformance import llm
-
-    spy = _Spy(nvfp4.get_backend("reference"))
-    loaded = llm.load_model(tiny_checkpoint, spy)
-    model = loaded.model
-    linears = len(loaded.quantized)
-    assert linears == 14
-    prompt, ids = [1, 5, 9, 2], [7, 3, 11, 40, 2, 6]
-    w16 = llm.teacher_forced_logits(model, prompt, ids)
-    assert spy.calls == {"qmm": linears}  # one forward pass: each linear once
-    for mode, verb in MODES.items():
-        spy.calls.clear()
-        with llm.activation_mode(model, mode) as switched:
-            logits = llm.teacher_forced_logits(model, prompt, ids)
-        assert switched == linears
-        assert spy.calls == {verb: linears}, (mode, spy.calls)
-        assert np.isfinite(logits).all()
-        assert not np.array_equal(logits, w16), f"{mode}: the activations were not quantized"
-        q = t6.activation_quality(w16, w16, logits)
-        assert 0 < q["mean_kl_w4a16_to_mode"] < 1, (mode, q)
-    spy.calls.clear()
-    again = llm.teacher_forced_logits(model, prompt, ids)
-    assert spy.calls == {"qmm": linears}
-    np.testing.assert_array_equal(again, w16)
-
-
-def test_activation_mode_refuses_an_unknown_mode(tiny_checkpoint: Path) -> None:
-    import nvfp4
-    from nvfp4_conformance import llm
-
-    model = llm.load_model(tiny_checkpoint, nvfp4.get_backend("reference")).model
-    with (
-        pytest.raises(ValueError, match=r"activation mode 'w4a2'; expected one of w4a16, w4a4"),
-        llm.activation_mode(model, "w4a2"),
-    ):
-        pass  # pragma: no cover - the switch refuses before the block runs
-    # a refused switch leaves every linear as it was
-    with llm.activation_mode(model, "w4a16"):
-        pass
-    from nvfp4_conformance.nvfp4_linear import NVFP4Linear
-
-    assert {m.activations for m in model.modules() if isinstance(m, NVFP4Linear)} == {"w4a16"}
 
 
 # ------------------------------------------------------------------- the certificate

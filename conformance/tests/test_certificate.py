@@ -204,33 +204,3 @@ def test_run_under_the_interpreter_states_why_t6_is_left_out_and_warns_of_nothin
     md = cert.with_suffix(".md").read_text(encoding="utf-8")
     # 4 prompts' parity and the quality of w4a4, w4a8 and w4a8_fp8, which the reference declares
     assert "- T6 parity: 8 tests, not selected: --nvfp4-tiers T0,T3 (Triton interpreter" in md
-
-
-@pytest.mark.parametrize(
-    ("cpuinfo", "want"),
-    [
-        (
-            "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
-            "model name\t: AMD EPYC\nflags\t\t: avx2\n",
-            "AMD EPYC (x86 family 25, model 17)",
-        ),
-        (
-            "processor\t: 0\nCPU implementer\t: 0x41\nCPU part\t: 0xd0c\n",
-            "ARM implementer 0x41 part 0xd0c",
-        ),
-    ],
-)
-def test_cpu_model_names_the_family_and_model(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cpuinfo: str, want: str
-) -> None:
-    """A VM that reports only "AMD EPYC" still tells Zen 3 from Zen 4 through the x86 family
-    and model numbers the certificate records beside the name."""
-    from nvfp4_conformance import certificate
-
-    fake = tmp_path / "cpuinfo"
-    fake.write_text(cpuinfo)
-    real_path = certificate.Path
-    monkeypatch.setattr(
-        certificate, "Path", lambda p: real_path(fake) if p == "/proc/cpuinfo" else real_path(p)
-    )
-    assert certificate.cpu_model() == want

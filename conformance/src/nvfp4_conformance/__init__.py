@@ -16,16 +16,26 @@ T6 greedy parity on SmolLM2-135M-Instruct. The certificate (JSON and a Markdown 
 records every measured error against its tolerance and the capabilities certified and not
 certified.
 
-``python -m nvfp4_conformance generate`` runs greedy decoding of a ModelOpt NVFP4
-checkpoint with every NVFP4 linear on a named backend (the code path T6 certifies).
+T6 loads and decodes the model with nvfp4-torch (the ``parity`` extra); the suite itself
+holds no model code. Its golden tokens are public: :func:`load_t6_golden` (what engines'
+whole-model runs compare with).
 """
 
 from __future__ import annotations
 
 from ._version import __version__
+from .t6 import GOLDEN_RESOURCE as T6_GOLDEN_RESOURCE
+from .t6 import NEW_TOKENS as T6_NEW_TOKENS
+from .t6 import load_golden as load_t6_golden
 
 #: Spec versions this suite has tests for (the run uses the newest one that the suite,
 #: nvfp4-core and the backend under test all implement, unless --nvfp4-spec says otherwise).
 SUITE_SPEC_VERSIONS: tuple[str, ...] = ("1.0", "1.1")
 
-__all__ = ["SUITE_SPEC_VERSIONS", "__version__"]
+__all__ = [
+    "SUITE_SPEC_VERSIONS",
+    "T6_GOLDEN_RESOURCE",
+    "T6_NEW_TOKENS",
+    "__version__",
+    "load_t6_golden",
+]

@@ -1,15 +1,13 @@
-"""Command line: ``python -m nvfp4_conformance run | generate``.
+"""Command line: ``python -m nvfp4_conformance run``.
 
 ``run [--backend NAME] [--certificate PATH] [--spec VERSION] [-- PYTEST ARGS]``
     Certify a backend: runs the shipped tiers (``pytest --pyargs nvfp4_conformance.tiers``)
     with the package's own pytest configuration, so the caller's ``pytest.ini`` or
     ``pyproject.toml`` cannot change the suite. Exit status is pytest's (0 = certified).
 
-``generate --checkpoint PATH [--backend NAME] (--prompt TEXT | --prompt-ids 1,2,3)``
-    Greedy generation from an NVFP4 checkpoint (a ModelOpt, compressed-tensors or MLX
-    folder, or a GGUF file) of a transformers causal LM with every NVFP4 linear on the
-    backend: ``--prompt`` prints the reply (through the chat template) and the speed;
-    ``--prompt-ids`` prints ``{"new_ids": [...]}`` as JSON. T6 certifies this code path.
+``generate ...``
+    Deprecated (removed in the next release): moved to nvfp4-torch, ``python -m nvfp4_torch
+    generate`` (or ``nvfp4-generate``); this forwards its arguments there.
 """
 
 from __future__ import annotations
@@ -21,13 +19,6 @@ import sys
 from pathlib import Path
 
 __all__ = ["main"]
-
-
-def generate_doc() -> str:
-    """The generate module's docstring (its help), without importing torch."""
-    from . import generate
-
-    return generate.__doc__ or ""
 
 
 def _run(args: argparse.Namespace, extra: list[str]) -> int:
@@ -56,10 +47,19 @@ def _run(args: argparse.Namespace, extra: list[str]) -> int:
     return subprocess.run(cmd, check=False).returncode
 
 
-def _generate(args: argparse.Namespace) -> int:
-    from . import generate
-
-    return generate.run(args)
+def _generate(argv: list[str]) -> int:
+    """The deprecated ``generate``: forwarded to nvfp4-torch's command."""
+    print(
+        "python -m nvfp4_conformance generate is deprecated: use python -m nvfp4_torch "
+        "generate (pip install 'nvfp4-torch[models]')",
+        file=sys.stderr,
+    )
+    try:
+        from nvfp4_torch.__main__ import main as torch_main
+    except ImportError:
+        print("generate needs nvfp4-torch: pip install 'nvfp4-torch[models]'", file=sys.stderr)
+        return 2
+    return torch_main(["generate", *argv])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,16 +80,15 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--certificate", help="write the certificate JSON here (and a .md twin)")
     run.add_argument("--spec", help="spec version to certify (default: newest in common)")
 
-    gen = sub.add_parser(
+    sub.add_parser(
         "generate",
-        help="greedy generation from an NVFP4 checkpoint (any flavour) on a backend",
-        description=generate_doc(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="deprecated: python -m nvfp4_torch generate (this forwards there)",
+        add_help=False,
     )
-    from .generate import add_arguments
 
-    add_arguments(gen)
-
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["generate"]:
+        return _generate(argv[1:])
     args, extra = parser.parse_known_args(argv)
     if args.command == "run":
         if not args.backend:
@@ -97,9 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         if extra and extra[0] == "--":
             extra = extra[1:]
         return _run(args, extra)
-    if extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    return _generate(args)
+    parser.error(f"unknown command {args.command!r}")  # unreachable: argparse checks it
+    return 2
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nvfp4.hardware import cpu_model
+
 from ._version import __version__
 from .certificate_schema import SCHEMA_VERSION, validate
 from .recording import ConformanceRun, TestOutcome, jsonable
@@ -97,47 +99,6 @@ def capability_status(run: ConformanceRun) -> dict[str, tuple[str, str]]:
 def _module_file(name: str) -> str:
     mod = sys.modules.get(name)
     return str(getattr(mod, "__file__", "") or "")
-
-
-def cpu_model() -> str | None:
-    """The CPU's model name as the operating system reports it (Linux ``/proc/cpuinfo``'s
-    ``model name``, with the x86 family and model numbers, which tell Zen 3 from Zen 4 where
-    a VM reports only "AMD EPYC"; or its ``CPU implementer`` / ``CPU part`` on ARM; macOS'
-    ``machdep.cpu.brand_string``), or None. Under qemu-user this is the host's CPU
-    (``platform.emulation`` says so)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        text = ""
-    fields: dict[str, str] = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if sep and key.strip() not in fields:
-            fields[key.strip()] = value.strip()
-    if fields.get("model name") and fields.get("cpu family") and fields.get("model"):
-        return (
-            f"{fields['model name']} (x86 family {fields['cpu family']}, model {fields['model']})"
-        )
-    for key in ("model name", "Model", "Hardware"):
-        if fields.get(key):
-            return fields[key]
-    if fields.get("CPU part"):
-        return f"ARM implementer {fields.get('CPU implementer', '?')} part {fields['CPU part']}"
-    if sys.platform == "darwin":
-        import subprocess
-
-        try:
-            out = subprocess.run(
-                ["sysctl", "-n", "machdep.cpu.brand_string"],
-                capture_output=True,
-                text=True,
-                timeout=5,
-                check=False,
-            ).stdout.strip()
-        except OSError:
-            out = ""
-        return out or None
-    return None
 
 
 def _versions() -> dict[str, str]:

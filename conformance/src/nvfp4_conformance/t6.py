@@ -1,7 +1,7 @@
 """T6 greedy parity: the golden file, its self-check, and the quality figures.
 
 ``data/t6_golden.json`` (written by ``conformance/scripts/make_t6_golden.py``) holds, for
-SmolLM2-135M-Instruct quantized as :mod:`nvfp4_conformance.smollm2` describes:
+SmolLM2-135M-Instruct quantized as :mod:`nvfp4_torch.smollm2` describes:
 
 * the model's provenance and the sha256 of the quantized model (every plane and tensor);
 * ``near_tie_threshold`` and how it was derived (the largest logit change measured between
@@ -14,7 +14,8 @@ SmolLM2-135M-Instruct quantized as :mod:`nvfp4_conformance.smollm2` describes:
   mode's steps below the threshold are counted (``near_tie_steps``), not refused.
 
 A backend must reproduce every token; :func:`check_golden` fails the fixture itself when
-a step's margin is a near tie, since parity there would be a coin toss.
+a step's margin is a near tie, since parity there would be a coin toss. The figures that
+compare two runs (token parity, margins, KL) are :mod:`nvfp4_torch.parity`'s.
 """
 
 from __future__ import annotations
@@ -23,24 +24,20 @@ import json
 from importlib import resources
 from typing import Any
 
-import numpy as np
 import numpy.typing as npt
 
 __all__ = [
     "GOLDEN_RESOURCE",
     "MIN_PROMPTS",
     "NEW_TOKENS",
-    "activation_quality",
     "check_golden",
-    "first_mismatch",
     "load_golden",
-    "mean_kl",
     "mismatch_message",
-    "quality_figures",
 ]
 
+#: The golden file inside the package.
 GOLDEN_RESOURCE = "t6_golden.json"
-#: Prompts and greedy steps the issue requires.
+#: Prompts a golden file needs at least, and the greedy steps of each.
 MIN_PROMPTS = 4
 NEW_TOKENS = 40
 
@@ -94,19 +91,13 @@ def check_golden(golden: dict[str, Any]) -> list[str]:
     return problems
 
 
-def first_mismatch(new_ids: list[int], golden_ids: list[int]) -> int:
-    """Index of the first token that differs (``len(golden_ids)`` when none does)."""
-    for i, (a, b) in enumerate(zip(new_ids, golden_ids, strict=False)):
-        if a != b:
-            return i
-    return len(golden_ids) if len(new_ids) >= len(golden_ids) else len(new_ids)
-
-
 def mismatch_message(
     prompt: dict[str, Any], new_ids: list[int], logits: npt.NDArray[Any], threshold: float
 ) -> str:
     """What a failed parity check says: prompt, position, both tokens, the reference's
     margin there and the backend's logits of both tokens."""
+    from nvfp4_torch.parity import first_mismatch
+
     golden = [int(i) for i in prompt["golden_ids"]]
     pos = first_mismatch(new_ids, golden)
     ours = new_ids[pos] if pos < len(new_ids) else None
@@ -122,47 +113,3 @@ def mismatch_message(
         f"threshold {threshold}{detail}). Reference continuation: "
         f"{prompt.get('golden_text', '')!r}"
     )
-
-
-def _log_softmax(logits: npt.NDArray[Any]) -> npt.NDArray[np.float64]:
-    z = np.asarray(logits, dtype=np.float64)
-    z = z - z.max(axis=-1, keepdims=True)
-    out: npt.NDArray[np.float64] = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
-    return out
-
-
-def mean_kl(p_logits: npt.NDArray[Any], q_logits: npt.NDArray[Any]) -> float:
-    """Mean over steps of KL(p || q) in nats, p and q the softmaxes of the logits."""
-    lp, lq = _log_softmax(p_logits), _log_softmax(q_logits)
-    return float(np.mean(np.sum(np.exp(lp) * (lp - lq), axis=-1)))
-
-
-def quality_figures(
-    float32_logits: npt.NDArray[Any], nvfp4_logits: npt.NDArray[Any], nvfp4_ids: list[int]
-) -> dict[str, float]:
-    """Quality of the NVFP4 model against the unquantized float32 model over the same
-    steps (both teacher-forced on the NVFP4 tokens): how often the float32 model's top-1
-    is the NVFP4 token, and the mean KL(float32 || NVFP4)."""
-    top1 = np.argmax(np.asarray(float32_logits), axis=-1)
-    agree = float(np.mean(top1 == np.asarray(nvfp4_ids)))
-    return {
-        "top1_agreement_vs_float32": agree,
-        "mean_kl_float32_to_nvfp4": mean_kl(float32_logits, nvfp4_logits),
-    }
-
-
-def activation_quality(
-    w4a16_logits: npt.NDArray[Any],
-    float32_logits: npt.NDArray[Any],
-    mode_logits: npt.NDArray[Any],
-) -> dict[str, float]:
-    """Quality of a quantized-activation model (W4A4, W4A8) over the same teacher-forced
-    steps: mean KL(W4A16 || mode) and KL(float32 || mode) in nats, and how often its top-1
-    token is W4A16's and float32's."""
-    top1 = np.argmax(np.asarray(mode_logits), axis=-1)
-    return {
-        "mean_kl_w4a16_to_mode": mean_kl(w4a16_logits, mode_logits),
-        "top1_agreement_vs_w4a16": float(np.mean(top1 == np.argmax(w4a16_logits, axis=-1))),
-        "mean_kl_float32_to_mode": mean_kl(float32_logits, mode_logits),
-        "top1_agreement_vs_float32": float(np.mean(top1 == np.argmax(float32_logits, axis=-1))),
-    }

@@ -58,3 +58,39 @@ def test_golden_fixtures_load_without_the_safetensors_package() -> None:
         "for case in list_cases(): load_case(case['name'])"
     )
     assert [m for m in loaded if m.startswith(FOREIGN) and m != "safetensors"] == []
+
+
+#: Top-level packages no module of nvfp4-core may import, at module level or inside a
+#: function: the frameworks (nvfp4-torch and nvfp4-metal integrate them) and the file
+#: libraries (nvfp4-checkpoints reads and writes files).
+FORBIDDEN_IMPORTS = {"torch", "mlx", "safetensors", "gguf", "transformers", "nvfp4_checkpoints"}
+#: Maintainer tools that ship in the wheel for now and write files (the fixture generator
+#: writes safetensors); each entry names what it may import.
+TOOLS = {"nvfp4/fixtures/generate.py": {"safetensors"}}
+
+
+def _imported_tops(path: Path) -> set[str]:
+    import ast
+
+    tops: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            tops.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            tops.add(node.module.split(".")[0])
+    return tops
+
+
+def test_no_module_of_core_imports_a_framework_or_a_file_library() -> None:
+    """Every module of the package is read with ``ast`` (imports inside functions count):
+    none imports torch, mlx, safetensors, gguf, transformers or nvfp4-checkpoints. The
+    deprecated aliases (``nvfp4.torch_ops``) reach nvfp4-torch by name at run time only."""
+    src = PYPROJECT.parent / "src"
+    found = {}
+    for path in sorted(src.rglob("*.py")):
+        rel = path.relative_to(src).as_posix()
+        bad = _imported_tops(path) & (FORBIDDEN_IMPORTS - TOOLS.get(rel, set()))
+        if bad:
+            found[rel] = sorted(bad)
+    assert found == {}, f"nvfp4-core modules import {found}"
+    assert len(list(src.rglob("*.py"))) > 30  # the walk saw the package

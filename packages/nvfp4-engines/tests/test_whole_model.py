@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from nvfp4_conformance import t6
+from nvfp4_conformance import T6_NEW_TOKENS, load_t6_golden
 from nvfp4_engines.whole_model import results
 from nvfp4_engines.whole_model.compare import VERDICTS, compare_prompt, summarize
 from nvfp4_engines.whole_model.engines import ENGINES
@@ -189,11 +189,11 @@ def test_markdown_names_every_engine_and_its_divergences() -> None:
 
 
 def test_golden_reference_of_each_engine_mode() -> None:
-    golden = t6.load_golden()
+    golden = load_t6_golden()
     for engine in ENGINES.values():
         for p in golden["prompts"]:
             r = golden_reference(p, engine.mode)
-            assert len(r["golden_ids"]) == len(r["margins"]) == t6.NEW_TOKENS
+            assert len(r["golden_ids"]) == len(r["margins"]) == T6_NEW_TOKENS
     p = {k: v for k, v in golden["prompts"][0].items() if k != "activation_modes"}
     with pytest.raises(KeyError, match=r"has no activation_modes\.w4a8"):
         golden_reference(p, "w4a8")

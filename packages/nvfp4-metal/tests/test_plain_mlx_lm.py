@@ -283,7 +283,7 @@ def smollm2(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The conformance suite's SmolLM2-135M NVFP4 checkpoint (ModelOpt, its tokenizer
     rebuilt from the GGUF it came from) and its MLX conversion."""
     pytest.importorskip("accelerate")  # transformers' GGUF loading needs it
-    smol = pytest.importorskip("nvfp4_conformance.smollm2")
+    smol = pytest.importorskip("nvfp4_torch.smollm2")
     try:
         smol.gguf_file()
     except RuntimeError as exc:

@@ -3,7 +3,7 @@
 The suite rebuilds the NVFP4 model exactly as the golden file's generator did (reference
 encoder, ModelOpt-style shared globals), checks its sha256 against the golden file, writes
 it as a ModelOpt checkpoint with nvfp4's writer and loads it through the ``generate`` code
-path (:func:`nvfp4_conformance.llm.load_model`) with every NVFP4 linear on the backend under
+path (:func:`nvfp4_torch.loader.load_model`) with every NVFP4 linear on the backend under
 test. For each committed prompt the backend must reproduce all 40 greedy tokens. The
 certificate also gets the quality of the NVFP4 model against the unquantized float32 model
 over the same steps: top-1 agreement and mean KL, teacher-forced on the NVFP4 tokens.
@@ -77,12 +77,16 @@ def t6_model(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     if _GOLDEN_ERROR:
         pytest.fail(f"t6_golden.json could not be read: {_GOLDEN_ERROR}", pytrace=False)
     try:
-        import torch  # noqa: F401
-        import transformers  # noqa: F401
-
-        from nvfp4_conformance import smollm2
+        from nvfp4_torch import smollm2
+        from nvfp4_torch.generate import missing_requirements
     except ImportError as exc:
         pytest.fail(f"T6 needs `pip install 'nvfp4-conformance[parity]'`: {exc}", pytrace=False)
+    missing = missing_requirements()
+    if missing:
+        pytest.fail(
+            f"T6 needs `pip install 'nvfp4-conformance[parity]'`: {', '.join(missing)} missing",
+            pytrace=False,
+        )
     t0 = time.time()
     try:
         fp32 = smollm2.load_float32_model()
@@ -110,9 +114,9 @@ def t6_model(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
 @pytest.fixture(scope="session")
 def t6_backend_model(t6_model: SimpleNamespace, nvfp4_backend: Any) -> Any:
     """The NVFP4 checkpoint loaded through the ``generate`` code path on the backend."""
-    from nvfp4_conformance import llm
+    from nvfp4_torch import loader
 
-    return llm.load_model(t6_model.checkpoint, nvfp4_backend).model
+    return loader.load_model(t6_model.checkpoint, nvfp4_backend).model
 
 
 @pytest.fixture(scope="session")
@@ -120,14 +124,14 @@ def t6_teacher_forced(t6_model: SimpleNamespace) -> Any:
     """``logits(model_key, model, prompt, ids)``: teacher-forced logits, computed once per
     model, prompt and token sequence (parity and the activation modes share the float32
     and W4A16 ones)."""
-    from nvfp4_conformance import llm
+    from nvfp4_torch import decode
 
     cache: dict[tuple[str, str, tuple[int, ...]], Any] = {}
 
     def logits(key: str, model: Any, prompt: dict[str, Any], ids: list[int]) -> Any:
         k = (key, prompt["name"], tuple(ids))
         if k not in cache:
-            cache[k] = llm.teacher_forced_logits(model, prompt["prompt_ids"], ids)
+            cache[k] = decode.teacher_forced_logits(model, prompt["prompt_ids"], ids)
         return cache[k]
 
     return logits
@@ -142,18 +146,18 @@ def test_greedy_parity(
     t6_teacher_forced: Any,
     prompt: str,
 ) -> None:
-    from nvfp4_conformance import llm
+    from nvfp4_torch import decode, parity
 
     p = next(q for q in GOLDEN["prompts"] if q["name"] == prompt)
     golden_ids = [int(i) for i in p["golden_ids"]]
     threshold = float(GOLDEN["near_tie_threshold"])
     t0 = time.time()
-    g = llm.greedy(t6_backend_model, p["prompt_ids"], len(golden_ids))
+    g = decode.greedy(t6_backend_model, p["prompt_ids"], len(golden_ids))
     seconds = time.time() - t0
     tf32 = t6_teacher_forced("float32", t6_model.fp32, p, g.new_ids)
-    quality = t6.quality_figures(tf32, g.logits, g.new_ids)
-    ours = llm.margins(g.logits)
-    matched = t6.first_mismatch(g.new_ids, golden_ids)
+    quality = parity.quality_figures(tf32, g.logits, g.new_ids)
+    ours = parity.margins(g.logits)
+    matched = parity.first_mismatch(g.new_ids, golden_ids)
     figures: dict[str, Any] = {
         "kind": "parity",
         "tokens_matched": matched,
@@ -203,7 +207,7 @@ def test_activation_quality(
     """The quality of the model with quantized activations, teacher-forced on the golden
     tokens: mean KL(W4A16 || mode) and top-1 agreement with the W4A16 model, and the same
     against float32 (figures for the certificate, bounded by no number)."""
-    from nvfp4_conformance import llm
+    from nvfp4_torch import decode, parity
 
     per_prompt = []
     t0 = time.time()
@@ -212,10 +216,10 @@ def test_activation_quality(
         w4a16 = t6_teacher_forced("w4a16", t6_backend_model, p, ids)
         fp32 = t6_teacher_forced("float32", t6_model.fp32, p, ids)
         t1 = time.time()
-        with llm.activation_mode(t6_backend_model, mode) as switched:
-            logits = llm.teacher_forced_logits(t6_backend_model, p["prompt_ids"], ids)
+        with decode.activation_mode(t6_backend_model, mode) as switched:
+            logits = decode.teacher_forced_logits(t6_backend_model, p["prompt_ids"], ids)
         assert switched > 0, "the T6 model has no NVFP4 linear to switch"
-        figures = t6.activation_quality(w4a16, fp32, logits)
+        figures = parity.activation_quality(w4a16, fp32, logits)
         nvfp4_record(
             p["name"],
             kind="activation_quality",

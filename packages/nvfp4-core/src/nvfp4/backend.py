@@ -23,8 +23,8 @@ from . import frontend
 from .activations import FP8Activations, Q8Activations
 from .contract import (
     CAPABILITIES,
-    KERNELS,
     OPTIONAL_CAPABILITIES,
+    VERBS,
     Availability,
     BackendInfo,
     Kernels,
@@ -108,7 +108,7 @@ class Prepared(WeightShape):
 
 def _gated(verb: str) -> bool:
     """Whether ``verb`` is the kernel of an optional capability (run only where declared)."""
-    return KERNELS.get(verb) in OPTIONAL_CAPABILITIES
+    return verb in VERBS and VERBS[verb].capability in OPTIONAL_CAPABILITIES
 
 
 #: The members every kernels object has (the kernels themselves are optional).
@@ -149,12 +149,41 @@ class Backend:
         self._available: Availability | None = None
 
     def __getattr__(self, name: str) -> Any:
-        """Backend-specific facts and tools (``isa``, ``platform()``, ...) read through to
-        the kernels object; the verbs themselves are always core's."""
+        """A verb of :data:`nvfp4.contract.VERBS` without a method of its own is served from
+        its table entry (:meth:`verb`); backend-specific facts and tools (``isa``,
+        ``platform()``, ...) read through to the kernels object. The verbs are always
+        core's, never the kernels object's."""
         kernels = self.__dict__.get("kernels")
         if kernels is None or name.startswith("__"):
             raise AttributeError(name)
+        if name in VERBS:
+            return self.verb(name)
         return getattr(kernels, name)
+
+    def verb(self, name: str) -> Any:
+        """The verb ``name`` of :data:`nvfp4.contract.VERBS` as a function, its arguments
+        those of its kind: a matmul ``(x, w[, expert_ids], *, [sorted_indices,]
+        [input_scale,] out_dtype=None)``, an encoder ``(x[, input_scale])``, a decoder
+        ``(w, dtype="float32")``; checked as every verb of that kind is."""
+        spec = VERBS[name]
+        if spec.kind == "decode":
+            return lambda w, dtype="float32": self._decode(name, w, dtype)
+        if spec.kind == "encode":
+            if spec.input_scale:
+                return lambda x, input_scale=None: self._activations(
+                    name, x, input_scale=input_scale
+                )
+            return lambda x: self._activations(name, x)
+
+        def matmul(x: Any, w: Any, *args: Any, out_dtype: Any = None, **kw: Any) -> Any:
+            if spec.experts:
+                (expert_ids,) = args
+                kw["expert_ids"] = expert_ids
+            elif args:
+                raise TypeError(f"{name}() takes x and w, found {2 + len(args)} arguments")
+            return self._matmul(name, x, w, out_dtype, **kw)
+
+        return matmul
 
     # ---------------------------------------------------------------- facts
     @property
@@ -174,7 +203,7 @@ class Backend:
         the spec (``qmm_w4a4``, the W4A8 kernels), it is declared."""
         if getattr(self.kernels, verb, None) is None:
             return False
-        return not _gated(verb) or KERNELS[verb] in self.info.capabilities
+        return not _gated(verb) or VERBS[verb].capability in self.info.capabilities
 
     def _kernel(self, verb: str, name: str) -> Any:
         fn = getattr(self.kernels, verb, None)
@@ -182,8 +211,8 @@ class Backend:
             raise NotImplementedError(
                 f"{verb}({name!r}): NVFP4 backend {self.name!r} has no {verb} kernel"
             )
-        if _gated(verb) and KERNELS[verb] not in self.info.capabilities:
-            cap = KERNELS[verb]
+        if _gated(verb) and VERBS[verb].capability not in self.info.capabilities:
+            cap = VERBS[verb].capability
             tag = cap.split("_")[0]
             notes = "; ".join(n for n in self.info.notes if tag in n.lower())
             raise NotImplementedError(
@@ -256,11 +285,17 @@ class Backend:
         expert_ids: Any = frontend.ABSENT,
         sorted_indices: bool = False,
         input_scale: Any = frontend.ABSENT,
-        q8: bool = False,
     ) -> Any:
         """Every matmul verb: the weight and its kernel, the operands checked by
-        :func:`nvfp4.frontend.matmul_operands`, the output dtype; then the kernel, unless
-        M = 0."""
+        :func:`nvfp4.frontend.matmul_operands` as the verb's table entry says, the output
+        dtype; then the kernel, unless M = 0."""
+        spec = VERBS[verb]
+        if spec.experts != (expert_ids is not frontend.ABSENT) or spec.input_scale != (
+            input_scale is not frontend.ABSENT
+        ):
+            raise TypeError(
+                f"{verb}: arguments that do not match its entry in nvfp4.contract.VERBS"
+            )
         pw = self._weight(w, verb)
         kernel = self._kernel(verb, pw.name)
         ops = frontend.matmul_operands(
@@ -271,7 +306,7 @@ class Backend:
             expert_ids=expert_ids,
             sorted_indices=sorted_indices,
             input_scale=input_scale,
-            q8=q8,
+            q8=spec.q8,
             convert=self.kernels.from_numpy,
         )
         xin = ops.x
@@ -288,13 +323,13 @@ class Backend:
         y = kernel(*args, out_dtype=dtype, **options)
         return self._finish(y, xin.lead, pw.n, widen)
 
-    def _activations(self, verb: str, x: Any, *, q8: bool = False, **scale: Any) -> Any:
+    def _activations(self, verb: str, x: Any, **scale: Any) -> Any:
         """Every activation encoder: x as ``[M, K]`` (K % 32 for int8), the static input
         scale where the verb takes one, then the kernel."""
         what = f"{verb}('activation')"
         kernel = self._kernel(verb, "activation")
         a = frontend.activation_input(x, what, self.kernels.from_numpy)
-        if q8:
+        if VERBS[verb].q8:
             frontend.check_q8_k(int(a.shape[1]), what)
         if scale:
             scale["input_scale"] = frontend.input_scale_value(scale["input_scale"], what)
@@ -321,11 +356,14 @@ class Backend:
             "gather_qmm", x, w, out_dtype, expert_ids=expert_ids, sorted_indices=sorted_indices
         )
 
+    def _decode(self, verb: str, w: Any, dtype: Any) -> Any:
+        pw = self._weight(w, verb)
+        kernel = self._kernel(verb, pw.name)
+        return kernel(pw.payload, dtype=frontend.decode_dtype(dtype))
+
     def dequantize(self, w: Any, dtype: Any = "float32") -> Any:
         """Decode a prepared weight (or planes) to a dense native array, exactly."""
-        pw = self._weight(w, "dequantize")
-        kernel = self._kernel("dequantize", pw.name)
-        return kernel(pw.payload, dtype=frontend.decode_dtype(dtype))
+        return self._decode("dequantize", w, dtype)
 
     def quantize_activations(self, x: Any, input_scale: Any = None) -> NVFP4Planes:
         """Quantize ``[M, K]`` activations with the spec's block rule (canonical planes)."""
@@ -340,13 +378,13 @@ class Backend:
     def quantize_activations_q8(self, x: Any) -> Q8Activations:
         """int8 W4A8 activations of ``[M, K]`` (K a multiple of 32), ggml's Q8_0 rule
         (where ``w4a8`` is declared)."""
-        q: Q8Activations = self._activations("quantize_activations_q8", x, q8=True)
+        q: Q8Activations = self._activations("quantize_activations_q8", x)
         return q
 
     def qmm_w4a8(self, x: Any, w: Any, *, out_dtype: Any = None) -> Any:
         """W4A8 int8: activations quantized per block of 32 (ggml Q8_0), then the product
         with the weight's global applied after accumulation (where ``w4a8`` is declared)."""
-        return self._matmul("qmm_w4a8", x, w, out_dtype, q8=True)
+        return self._matmul("qmm_w4a8", x, w, out_dtype)
 
     def gather_qmm_w4a8(
         self,
@@ -366,7 +404,6 @@ class Backend:
             out_dtype,
             expert_ids=expert_ids,
             sorted_indices=sorted_indices,
-            q8=True,
         )
 
     def quantize_activations_fp8(self, x: Any, input_scale: Any = None) -> FP8Activations:

@@ -50,9 +50,11 @@ __all__ = [
     "CAPABILITIES",
     "KERNELS",
     "OPTIONAL_CAPABILITIES",
+    "VERBS",
     "Availability",
     "BackendInfo",
     "Kernels",
+    "Verb",
 ]
 
 #: Every capability name a backend may declare, with what it promises.
@@ -70,19 +72,68 @@ CAPABILITIES: dict[str, str] = {
 #: Capabilities the spec makes optional: core runs their kernels only where declared.
 OPTIONAL_CAPABILITIES: frozenset[str] = frozenset({"w4a4", "w4a8", "w4a8_fp8"})
 
-#: The kernels a backend may implement, each with the capability that certifies it.
-KERNELS: dict[str, str] = {
-    "qmm": "qmm",
-    "gather_qmm": "gather_qmm",
-    "dequantize": "dequantize",
-    "quantize_activations": "quantize_activations",
-    "qmm_w4a4": "w4a4",
-    "quantize_activations_q8": "w4a8",
-    "qmm_w4a8": "w4a8",
-    "gather_qmm_w4a8": "w4a8",
-    "quantize_activations_fp8": "w4a8_fp8",
-    "qmm_w4a8_fp8": "w4a8_fp8",
+
+@dataclass(frozen=True)
+class Verb:
+    """One verb of the standard, the one place its facts are written: the kernel a backend
+    implements under ``name``, the capability that certifies it, and the shape of its
+    arguments, from which :class:`nvfp4.Backend` checks them, ``nvfp4_torch.ops`` writes its
+    operator's schema and the conformance suite marks its tests.
+
+    Attributes:
+        name: the verb, the kernel's name and the :class:`nvfp4.Backend` method's.
+        capability: the name in :data:`CAPABILITIES` a backend declares to have it certified.
+        kind: ``"matmul"`` (``x`` times a prepared weight), ``"encode"`` (activations to an
+            encoded form) or ``"decode"`` (a prepared weight to a dense array).
+        experts: a matmul over an expert stack, with ``expert_ids`` and ``sorted_indices``.
+        q8: int8 activations in blocks of 32 (K a multiple of 32).
+        input_scale: takes a static activation scale (``None``: dynamic).
+        summary: one line on what it computes.
+    """
+
+    name: str
+    capability: str
+    kind: str
+    experts: bool = False
+    q8: bool = False
+    input_scale: bool = False
+    summary: str = ""
+
+
+#: Every verb, by name. Adding a verb is one entry here, its reference, and its kernel in
+#: the backends that have it (core's :class:`nvfp4.Backend` serves a verb without a method of
+#: its own from this table, and nvfp4-torch registers an operator for every matmul verb).
+VERBS: dict[str, Verb] = {
+    v.name: v
+    for v in (
+        Verb("qmm", "qmm", "matmul", summary="W4A16 x @ decode(W).T"),
+        Verb("gather_qmm", "gather_qmm", "matmul", experts=True, summary="MoE W4A16"),
+        Verb("dequantize", "dequantize", "decode", summary="decode(W), exact"),
+        Verb(
+            "quantize_activations",
+            "quantize_activations",
+            "encode",
+            input_scale=True,
+            summary="activations to NVFP4 planes",
+        ),
+        Verb("qmm_w4a4", "w4a4", "matmul", input_scale=True, summary="W4A4"),
+        Verb("quantize_activations_q8", "w4a8", "encode", q8=True, summary="int8 Q8_0 blocks"),
+        Verb("qmm_w4a8", "w4a8", "matmul", q8=True, summary="W4A8 int8"),
+        Verb("gather_qmm_w4a8", "w4a8", "matmul", experts=True, q8=True, summary="MoE W4A8 int8"),
+        Verb(
+            "quantize_activations_fp8",
+            "w4a8_fp8",
+            "encode",
+            input_scale=True,
+            summary="FP8 E4M3 activations",
+        ),
+        Verb("qmm_w4a8_fp8", "w4a8_fp8", "matmul", input_scale=True, summary="W4A8 FP8"),
+    )
 }
+
+#: The kernels a backend may implement, each with the capability that certifies it (derived
+#: from :data:`VERBS`).
+KERNELS: dict[str, str] = {name: v.capability for name, v in VERBS.items()}
 
 
 @dataclass(frozen=True)

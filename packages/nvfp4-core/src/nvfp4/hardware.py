@@ -1,4 +1,4 @@
-"""Cheap probes for GPU drivers: which vendor's driver is loaded on this machine.
+"""Cheap probes of the machine: which vendor's GPU driver is loaded, and the CPU's model.
 
 No library is loaded and nothing is initialised: the probe looks for the files a loaded
 driver creates. The registry uses it to hint at a backend that is not installed, and the
@@ -9,9 +9,10 @@ since it runs before any package is installed; a test keeps the two equal.)
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
-__all__ = ["DRIVER_PATHS", "driver_evidence"]
+__all__ = ["DRIVER_PATHS", "cpu_model", "driver_evidence"]
 
 #: Files that exist where a GPU driver is loaded, by vendor.
 DRIVER_PATHS: dict[str, tuple[str, ...]] = {
@@ -24,3 +25,44 @@ def driver_evidence(vendor: str) -> str:
     """The path showing that a GPU driver of ``vendor`` ("nvidia" or "amd") is loaded, or ''
     when none is."""
     return next((p for p in DRIVER_PATHS[vendor] if Path(p).exists()), "")
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name as the operating system reports it (Linux ``/proc/cpuinfo``'s
+    ``model name``, with the x86 family and model numbers, which tell Zen 3 from Zen 4 where
+    a VM reports only "AMD EPYC"; or its ``CPU implementer`` / ``CPU part`` on ARM; macOS'
+    ``machdep.cpu.brand_string``), or None. Under qemu-user this is the host's CPU
+    (``platform.emulation`` says so)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        text = ""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() not in fields:
+            fields[key.strip()] = value.strip()
+    if fields.get("model name") and fields.get("cpu family") and fields.get("model"):
+        return (
+            f"{fields['model name']} (x86 family {fields['cpu family']}, model {fields['model']})"
+        )
+    for key in ("model name", "Model", "Hardware"):
+        if fields.get(key):
+            return fields[key]
+    if fields.get("CPU part"):
+        return f"ARM implementer {fields.get('CPU implementer', '?')} part {fields['CPU part']}"
+    if sys.platform == "darwin":
+        import subprocess
+
+        try:
+            out = subprocess.run(
+                ["sysctl", "-n", "machdep.cpu.brand_string"],
+                capture_output=True,
+                text=True,
+                timeout=5,
+                check=False,
+            ).stdout.strip()
+        except OSError:
+            out = ""
+        return out or None
+    return None

@@ -2,7 +2,7 @@
 conversion of the T6 checkpoint, compared with the T6 reference tokens.
 
 ``python -m nvfp4_engines.whole_model ENGINE [--out reports/engines/whole-model]`` builds the
-T6 model (:mod:`nvfp4_conformance.smollm2`), converts it with nvfp4's converter to the
+T6 model (:mod:`nvfp4_torch.smollm2`), converts it with nvfp4's converter to the
 engine's format, runs the engine's own greedy generation for the golden prompts and writes
 the comparison (:mod:`.results`): tokens matched, first divergences and the reference's
 margin there, mean KL(reference || engine) and top-1 agreement teacher-forced on the

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from nvfp4_conformance import t6
+from nvfp4_torch import parity
 
 __all__ = ["VERDICTS", "compare_prompt", "summarize"]
 
@@ -60,7 +60,7 @@ def compare_prompt(
         raise ValueError(
             f"engine_logits: {np.shape(engine_logits)[0]} steps for {len(ids)} engine tokens"
         )
-    matched = t6.first_mismatch(ids, golden)
+    matched = parity.first_mismatch(ids, golden)
     divergence = None
     if matched < steps:
         if matched < len(ids):
@@ -89,7 +89,7 @@ def compare_prompt(
         "min_reference_margin": min(margins),
         "min_engine_margin": float(np.min(t6_margins(engine_logits))) if len(ids) else None,
         "engine_ids": ids,
-        "mean_kl_reference_to_engine": t6.mean_kl(ref, eng),
+        "mean_kl_reference_to_engine": parity.mean_kl(ref, eng),
         "top1_agreement": float(np.mean(np.argmax(eng, axis=-1) == np.asarray(golden))),
         "max_abs_logit_diff": float(np.abs(ref - eng).max()),
         "finite": bool(np.isfinite(eng).all() and np.isfinite(engine_logits).all()),

@@ -1,11 +1,11 @@
 """One engine's whole-model T6 run, from the model build to the results document.
 
-1. Build the T6 model as the suite does (:mod:`nvfp4_conformance.smollm2`), require the
+1. Build the T6 model as the suite does (:mod:`nvfp4_torch.smollm2`), require the
    golden file's sha256, write it as a ModelOpt checkpoint with nvfp4's writer.
 2. Convert it with nvfp4's converter (:func:`nvfp4_checkpoints.write_checkpoint`) to the
    engine's format (GGUF for llama.cpp, an MLX folder for mlx-lm).
 3. Reference: the same checkpoint on the ``reference`` backend in the engine's activation
-   mode (:func:`nvfp4_conformance.llm.activation_mode`), teacher-forced on the golden tokens
+   mode (:func:`nvfp4_torch.decode.activation_mode`), teacher-forced on the golden tokens
    of that mode.
 4. The engine: its own greedy generation for every golden prompt (the same token ids, 40
    new tokens) with every step's logits, then teacher-forced on the golden tokens.
@@ -50,7 +50,7 @@ def golden_reference(prompt: dict[str, Any], mode: str) -> dict[str, Any]:
 def build_checkpoint(golden: dict[str, Any], dst: Path) -> Path:
     """The T6 model as a ModelOpt checkpoint at ``dst``; a clear error when the model built
     here is not the one the golden tokens were made from."""
-    from nvfp4_conformance import smollm2
+    from nvfp4_torch import smollm2
 
     q = smollm2.quantize_model(smollm2.load_float32_model())
     fingerprint = smollm2.planes_fingerprint(q.planes, q.tensors)
@@ -86,13 +86,14 @@ def run_engine(name: str, workdir: Path) -> dict[str, Any]:
     """The results document of engine ``name`` (a key of :data:`.engines.ENGINES`);
     ``workdir`` holds the checkpoint and its conversion."""
     import nvfp4
-    from nvfp4_conformance import llm, t6
-    from nvfp4_conformance.certificate import cpu_model
+    from nvfp4.hardware import cpu_model
+    from nvfp4_conformance import T6_GOLDEN_RESOURCE, load_t6_golden
+    from nvfp4_torch import decode, loader
 
     if name not in ENGINES:
         raise ValueError(f"engine {name!r}: expected one of {sorted(ENGINES)}")
     engine = ENGINES[name]
-    golden = t6.load_golden()
+    golden = load_t6_golden()
     threshold = float(golden["near_tie_threshold"])
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -104,11 +105,11 @@ def run_engine(name: str, workdir: Path) -> dict[str, Any]:
 
     t = time.perf_counter()
     refs = [golden_reference(p, engine.mode) for p in golden["prompts"]]
-    model = llm.load_model(ckpt, nvfp4.get_backend("reference")).model
+    model = loader.load_model(ckpt, nvfp4.get_backend("reference")).model
     ref_tf = []
-    with llm.activation_mode(model, engine.mode):
+    with decode.activation_mode(model, engine.mode):
         for p, r in zip(golden["prompts"], refs, strict=True):
-            ref_tf.append(llm.teacher_forced_logits(model, p["prompt_ids"], r["golden_ids"]))
+            ref_tf.append(decode.teacher_forced_logits(model, p["prompt_ids"], r["golden_ids"]))
     del model
     timings["reference_teacher_forced"] = time.perf_counter() - t
 
@@ -145,7 +146,7 @@ def run_engine(name: str, workdir: Path) -> dict[str, Any]:
         "reference": {
             "backend": "reference",
             "activation_mode": engine.mode,
-            "golden": t6.GOLDEN_RESOURCE,
+            "golden": T6_GOLDEN_RESOURCE,
             "near_tie_threshold": threshold,
         },
         "summary": summarize(prompts),

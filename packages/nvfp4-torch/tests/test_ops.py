@@ -9,13 +9,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import nvfp4
 import pytest
-
-torch = pytest.importorskip("torch")
-
-import nvfp4  # noqa: E402
-from nvfp4 import reference, torch_ops  # noqa: E402
-from nvfp4.torch_modules import NVFP4Experts, NVFP4Linear  # noqa: E402
+import torch
+from nvfp4 import reference
+from nvfp4_torch import ops as torch_ops
+from nvfp4_torch.modules import NVFP4Experts, NVFP4Linear
 
 REF = nvfp4.get_backend("reference")
 
@@ -226,3 +225,75 @@ def test_compiled_model_equals_eager(compiler: str) -> None:
     with torch.no_grad():
         got = compiled(x, ids)
     torch.testing.assert_close(got, eager, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("mode", ["w4a16", "w4a8", "w4a8_fp8", "w4a4"])
+def test_nvfp4_linear_compiles_without_a_graph_break(mode: str) -> None:
+    """``torch.compile(fullgraph=True)`` of an NVFP4Linear (with a bias, in every activation
+    mode) traces one graph with no break, and the compiled module's output is the eager
+    one's, bit for bit, on the cpu device."""
+    torch._dynamo.reset()
+    linear = NVFP4Linear(_planes(48, 64, 23), torch.randn(48), activations=mode).eval()
+    x = torch.randn(3, 64)
+    explained = torch._dynamo.explain(linear)(x)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    assert explained.graph_count == 1
+    with torch.no_grad():
+        got = torch.compile(linear, fullgraph=True, backend="inductor")(x)
+    torch.testing.assert_close(got, linear(x), rtol=0, atol=0)
+
+
+def test_a_bound_linear_computes_what_the_operators_compute() -> None:
+    """The two ways an NVFP4Linear computes (through ``torch.ops.nvfp4`` and bound to one
+    backend object) give the same bits, with and without a bias."""
+    for bias in (None, torch.randn(40)):
+        linear = NVFP4Linear(_planes(40, 64, 24), bias)
+        x = torch.randn(2, 3, 64)
+        through_ops = linear(x)
+        linear.bind(nvfp4.get_backend("reference"))
+        assert linear.bound is not None
+        bound = linear(x)
+        linear.bind(None)
+        assert linear.bound is None
+        torch.testing.assert_close(bound, through_ops, rtol=0, atol=0)
+        assert bound.shape == (2, 3, 40)
+
+
+def test_a_new_verb_of_the_table_gets_its_operator(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A verb added to :data:`nvfp4.contract.VERBS` (with its kernel in a backend) becomes
+    ``torch.ops.nvfp4.<verb>`` through :func:`nvfp4_torch.ops.register`: its schema from
+    the table entry's kind, its fake kernel from the same, so it compiles too."""
+    import dataclasses
+
+    from nvfp4 import contract
+    from nvfp4.reference_backend import ReferenceKernels
+
+    verb = contract.Verb("qmm_relu_t", "qmm_relu_t", "matmul", summary="max(qmm, 0)")
+    monkeypatch.setitem(contract.VERBS, verb.name, verb)
+    monkeypatch.setitem(contract.CAPABILITIES, verb.capability, "qmm then ReLU")
+
+    class Toy(ReferenceKernels):
+        def __init__(self) -> None:
+            super().__init__()
+            caps = self.info.capabilities | {verb.capability}
+            self.info = dataclasses.replace(self.info, name="toy", capabilities=caps)
+
+        def qmm_relu_t(self, x: Any, w: Any, *, out_dtype: str) -> Any:
+            return np.maximum(self.qmm(x, w, out_dtype=out_dtype), 0)
+
+    torch_ops.use_backend("cpu", nvfp4.Backend(Toy()))
+    op = torch_ops.register("qmm_relu_t")
+    assert torch_ops.register("qmm_relu_t") is op  # once
+    planes = _planes(24, 64, 31)
+    x = torch.randn(5, 64)
+    y = torch.ops.nvfp4.qmm_relu_t(x, *torch_ops.plane_tensors(planes))
+    want = torch.relu(torch.ops.nvfp4.qmm(x, *torch_ops.plane_tensors(planes)))
+    torch.testing.assert_close(y, want, rtol=0, atol=0)
+    compiled = torch.compile(
+        lambda t: torch.ops.nvfp4.qmm_relu_t(t, *torch_ops.plane_tensors(planes)),
+        fullgraph=True,
+        backend="aot_eager",
+    )
+    torch.testing.assert_close(compiled(x), want, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="not a matmul"):
+        torch_ops.register("dequantize")

@@ -1,4 +1,4 @@
-"""``python -m nvfp4_conformance generate``: greedy text generation from an NVFP4 checkpoint
+"""``python -m nvfp4_torch generate`` (also the ``nvfp4-generate`` command): greedy text generation from an NVFP4 checkpoint
 with every NVFP4 linear on a backend, for people (``--prompt``) and for scripts
 (``--prompt-ids``, JSON out).
 
@@ -17,9 +17,9 @@ with every NVFP4 linear on a backend, for people (``--prompt``) and for scripts
   and torch's idle threads, spinning, take the cores from the backend's kernels (on a busy
   2-core machine a step took 5 times as long with torch on 2 threads).
 * Decoding fuses q/k/v and gate/up into one product each
-  (:func:`nvfp4_conformance.nvfp4_linear.attach_weights`: the same numbers, fewer calls);
+  (:func:`nvfp4_torch.modules.bind_linears`: the same numbers, fewer calls);
   ``--no-fuse`` calls the backend once per checkpoint tensor, as T6 does.
-* Llama-family models decode on :class:`nvfp4_conformance.lean_decoder.LeanDecoder` (the
+* Llama-family models decode on :class:`nvfp4_torch.lean_decoder.LeanDecoder` (the
   transformers model's weights and NVFP4 linears, a few torch operations a layer, the same
   logits bit for bit in the tests); ``--forward transformers`` runs the transformers forward
   as T6 does; other architectures always do.
@@ -41,9 +41,9 @@ from typing import Any, TextIO
 
 from nvfp4.contract import KERNELS
 
-from .llm import DECODE_TORCH_THREADS
+from .decode import DECODE_TORCH_THREADS
 
-__all__ = ["TimedBackend", "add_arguments", "missing_requirements", "run"]
+__all__ = ["TimedBackend", "add_arguments", "main", "missing_requirements", "run"]
 
 #: What generate imports, and the distribution each comes from.
 REQUIREMENTS = (
@@ -51,7 +51,7 @@ REQUIREMENTS = (
     ("transformers", "transformers"),
     ("nvfp4_checkpoints", "nvfp4-checkpoints"),
 )
-INSTALL_HINT = "pip install 'nvfp4-conformance[parity]'"
+INSTALL_HINT = "pip install 'nvfp4-torch[models]'"
 #: ``--forward`` choices.
 FORWARDS = ("lean", "transformers")
 
@@ -243,7 +243,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     from nvfp4_checkpoints import CheckpointError
     from nvfp4_checkpoints.tokenizer import TokenizerUnavailable, load_hf_tokenizer
 
-    from . import llm
+    from . import decode, loader
 
     try:
         backend = nvfp4.get_backend(args.backend)
@@ -261,7 +261,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     timed = TimedBackend(backend)
     start = time.perf_counter()
     try:
-        loaded = llm.load_model(args.checkpoint, timed, fuse=not args.no_fuse)
+        loaded = loader.load_model(args.checkpoint, timed, fuse=not args.no_fuse)
     except (CheckpointError, ValueError, OSError) as exc:
         print(f"generate: {exc}", file=err)
         return 1
@@ -300,7 +300,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         if stream is not None:
             stream(token)
 
-    result = llm.greedy(
+    result = decode.greedy(
         loaded.model,
         ids,
         args.max_new_tokens,
@@ -340,3 +340,14 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             file=err,
         )
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The ``nvfp4-generate`` command: ``generate``'s arguments, without the sub-command."""
+    parser = argparse.ArgumentParser(
+        prog="nvfp4-generate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

@@ -20,7 +20,7 @@ PROMPT = [1, 5, 9, 2, 17, 4]
 
 @pytest.fixture(scope="module")
 def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from nvfp4_conformance import smollm2
+    from nvfp4_torch import smollm2
 
     root = tmp_path_factory.mktemp("lean")
     return {
@@ -37,18 +37,18 @@ def test_lean_decoding_is_the_transformers_forward_bit_for_bit(
     tiny_checkpoints: dict[str, Path], kind: str, fuse: bool
 ) -> None:
     import nvfp4
-    from nvfp4_conformance import llm
-    from nvfp4_conformance.lean_decoder import LeanDecoder, unsupported
+    from nvfp4_torch import decode, loader
+    from nvfp4_torch.lean_decoder import LeanDecoder, unsupported
 
-    loaded = llm.load_model(tiny_checkpoints[kind], nvfp4.get_backend("reference"), fuse=fuse)
+    loaded = loader.load_model(tiny_checkpoints[kind], nvfp4.get_backend("reference"), fuse=fuse)
     if kind == "qwen2":  # the biases ride on the NVFP4 linears
         assert loaded.model.model.layers[0].self_attn.q_proj.bias is not None
     assert unsupported(loaded.model) is None
     lean = LeanDecoder(loaded.model, len(PROMPT) + 12)
     for mode in ("w4a16", "w4a8"):
-        with llm.activation_mode(loaded.model, mode):
-            want = llm.greedy(loaded.model, PROMPT, 12)
-            got = llm.greedy(loaded.model, PROMPT, 12, lean=lean)
+        with decode.activation_mode(loaded.model, mode):
+            want = decode.greedy(loaded.model, PROMPT, 12)
+            got = decode.greedy(loaded.model, PROMPT, 12, lean=lean)
         assert got.new_ids == want.new_ids, mode
         np.testing.assert_array_equal(got.logits, want.logits, err_msg=mode)
         # every step attends over a longer cache: its logits move
@@ -64,10 +64,10 @@ def test_lean_decoding_with_unquantized_linears(
     they are, fused siblings of a float linear included."""
     import nvfp4
     import torch
-    from nvfp4_conformance import llm
-    from nvfp4_conformance.lean_decoder import LeanDecoder
+    from nvfp4_torch import decode, loader
+    from nvfp4_torch.lean_decoder import LeanDecoder
 
-    loaded = llm.load_model(tiny_checkpoints["llama"], nvfp4.get_backend("reference"), fuse=fuse)
+    loaded = loader.load_model(tiny_checkpoints["llama"], nvfp4.get_backend("reference"), fuse=fuse)
     torch.manual_seed(5)
     layer = loaded.model.model.layers[1]
     for owner, name in ((layer.mlp, "down_proj"), (layer.self_attn, "k_proj")):
@@ -76,18 +76,18 @@ def test_lean_decoding_with_unquantized_linears(
         torch.nn.init.normal_(plain.weight, 0.0, 0.2)
         setattr(owner, name, plain)
     lean = LeanDecoder(loaded.model, len(PROMPT) + 8)
-    want = llm.greedy(loaded.model, PROMPT, 8)
-    got = llm.greedy(loaded.model, PROMPT, 8, lean=lean)
+    want = decode.greedy(loaded.model, PROMPT, 8)
+    got = decode.greedy(loaded.model, PROMPT, 8, lean=lean)
     assert got.new_ids == want.new_ids
     np.testing.assert_array_equal(got.logits, want.logits)
 
 
 def test_lean_decoder_refuses_what_it_does_not_cover(tiny_checkpoints: dict[str, Path]) -> None:
     import nvfp4
-    from nvfp4_conformance import llm
-    from nvfp4_conformance.lean_decoder import LeanDecoder, unsupported
+    from nvfp4_torch import decode, loader
+    from nvfp4_torch.lean_decoder import LeanDecoder, unsupported
 
-    loaded = llm.load_model(tiny_checkpoints["llama"], nvfp4.get_backend("reference"))
+    loaded = loader.load_model(tiny_checkpoints["llama"], nvfp4.get_backend("reference"))
     model = loaded.model
     model.config.hidden_act = "gelu"
     assert unsupported(model) == "hidden_act 'gelu' (covered: 'silu')"
@@ -103,7 +103,7 @@ def test_lean_decoder_refuses_what_it_does_not_cover(tiny_checkpoints: dict[str,
 
     lean = LeanDecoder(model, 8)
     with pytest.raises(ValueError, match="exceed the lean decoder's cache of 8 positions"):
-        llm.greedy(model, PROMPT, 3, lean=lean)
+        decode.greedy(model, PROMPT, 3, lean=lean)
     lean.forward(PROMPT)
     with pytest.raises(ValueError, match="several tokens only for the prompt"):
         lean.forward([1, 2])

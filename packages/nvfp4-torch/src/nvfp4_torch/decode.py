@@ -1,99 +1,37 @@
-"""Greedy decoding of a ModelOpt NVFP4 checkpoint with every NVFP4 linear on a backend.
+"""Greedy decoding and teacher-forced scoring of a causal LM whose linears are NVFP4.
 
-This is the code path of ``python -m nvfp4_conformance generate`` and of tier T6:
+* :func:`greedy` decodes with a KV cache, batch 1, and keeps every step's logits (on the
+  transformers forward, or on a :class:`nvfp4_torch.lean_decoder.LeanDecoder`);
+* :func:`teacher_forced_logits` scores a fixed token sequence (for quality figures);
+* :func:`activation_mode` switches every NVFP4 linear to a quantized activation mode
+  (W4A4, W4A8) for the duration of a ``with`` block;
 
-1. :func:`load_model` opens the checkpoint with :func:`nvfp4_checkpoints.open_checkpoint`,
-   builds the transformers causal LM its ``config.json`` describes (float32), loads the
-   unquantized tensors (embeddings, norms, an untied ``lm_head``) and replaces the module
-   at every quantized prefix with an :class:`NVFP4Linear` that calls ``backend.qmm`` on
-   ``backend.prepare(planes)``;
-2. :func:`greedy` decodes with a KV cache, batch 1, and keeps every step's logits;
-3. :func:`teacher_forced_logits` scores a fixed token sequence (for the quality figures);
-   :func:`activation_mode` switches every NVFP4 linear to a quantized activation mode
-   (W4A4, W4A8) for the duration of a ``with`` block.
-
-Requires the ``parity`` extra (torch, transformers).
+The model usually comes from :func:`nvfp4_torch.loader.load_model`. This is the code path of
+``python -m nvfp4_torch generate`` and of tier T6 of the conformance suite.
 """
 
 from __future__ import annotations
 
 import inspect
-import os
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import torch
+
+from .modules import NVFP4Linear
 
 __all__ = [
+    "DECODE_TORCH_THREADS",
     "GreedyResult",
-    "LoadedModel",
     "activation_mode",
     "greedy",
-    "load_model",
-    "margins",
     "teacher_forced_logits",
 ]
-
-
-def _torch() -> Any:
-    try:
-        import torch
-    except ImportError as exc:  # pragma: no cover - exercised on machines without torch
-        raise RuntimeError(
-            "NVFP4 greedy decoding needs torch and transformers: "
-            "pip install 'nvfp4-conformance[parity]'"
-        ) from exc
-    return torch
-
-
-@dataclass
-class LoadedModel:
-    """A causal LM whose NVFP4 linears run on ``backend``."""
-
-    model: Any
-    backend: Any
-    quantized: list[str]
-    config: dict[str, Any]
-    #: backend products per forward pass (fewer than ``quantized`` when fused)
-    products: int = 0
-
-
-def load_model(
-    checkpoint: str | os.PathLike[str], backend: Any, *, fuse: bool = False
-) -> LoadedModel:
-    """Build the float32 model of an NVFP4 checkpoint (any flavour nvfp4-checkpoints reads:
-    ModelOpt, compressed-tensors, MLX folders, GGUF files) with its NVFP4 linears on
-    ``backend`` (every quantized prefix must be a ``torch.nn.Linear`` of the model): the
-    loading of :func:`nvfp4_checkpoints.torch_model.load_causal_lm`, with each linear an
-    :class:`NVFP4Linear` calling ``backend.qmm`` on ``backend.prepare(planes)``. ``fuse``:
-    q/k/v and gate/up share one product each
-    (:func:`nvfp4_conformance.nvfp4_linear.attach_weights`); T6 certifies the unfused model,
-    one backend call per checkpoint tensor."""
-    _torch()
-    from nvfp4_checkpoints import open_checkpoint
-    from nvfp4_checkpoints.torch_model import load_causal_lm
-
-    from .nvfp4_linear import NVFP4Linear, attach_weights
-
-    planes_of: dict[str, Any] = {}
-    modules: dict[str, NVFP4Linear] = {}
-
-    def make(prefix: str, planes: Any, bias: Any, _input_scale: float | None) -> Any:
-        planes_of[prefix] = planes
-        modules[prefix] = NVFP4Linear(backend, None, planes.k, planes.n, bias, prefix)
-        return modules[prefix]
-
-    model = load_causal_lm(checkpoint, make=make, use_cache=True)
-    products = attach_weights(modules, planes_of, backend, fuse=fuse)
-    with open_checkpoint(Path(checkpoint)) as ckpt:
-        raw_config = dict(ckpt.config)
-        quantized = list(ckpt.quantized_names())
-    return LoadedModel(model, backend, quantized, raw_config, products)
 
 
 @dataclass
@@ -138,10 +76,9 @@ def greedy(
     end-of-sequence tokens do not stop it). Ties pick the lowest token id. ``on_token`` is
     called with each token as it is chosen. torch's own operations run on ``torch_threads``
     threads for the duration (``None``: as they are); see :data:`DECODE_TORCH_THREADS`.
-    ``lean``: a :class:`nvfp4_conformance.lean_decoder.LeanDecoder` of ``model`` to run
+    ``lean``: a :class:`nvfp4_torch.lean_decoder.LeanDecoder` of ``model`` to run
     instead of the transformers forward (its cache must hold the prompt and the new
     tokens)."""
-    torch = _torch()
     if not prompt_ids:
         raise ValueError("greedy: the prompt needs at least one token")
     if lean is not None and len(prompt_ids) + max_new_tokens > lean.capacity:
@@ -231,7 +168,6 @@ def teacher_forced_logits(
 ) -> npt.NDArray[np.float32]:
     """Logits ``[len(new_ids), vocab]`` predicting each of ``new_ids`` from the prompt and
     the tokens before it (one forward pass)."""
-    torch = _torch()
     ids = list(prompt_ids) + list(new_ids)
     with torch.no_grad():
         out = model(input_ids=torch.tensor([ids], dtype=torch.long), use_cache=False)
@@ -245,10 +181,8 @@ def teacher_forced_logits(
 @contextmanager
 def activation_mode(model: Any, mode: str) -> Iterator[int]:
     """Within the block, every NVFP4 linear of ``model`` computes its product in activation
-    mode ``mode`` (see :data:`nvfp4_conformance.nvfp4_linear.ACTIVATION_VERBS`); yields how
+    mode ``mode`` (see :data:`nvfp4_torch.modules.ACTIVATION_VERBS`); yields how
     many linears were switched, and restores each one's mode on exit."""
-    from .nvfp4_linear import NVFP4Linear
-
     linears = [m for m in model.modules() if isinstance(m, NVFP4Linear)]
     before = [m.activations for m in linears]
     try:
@@ -258,9 +192,3 @@ def activation_mode(model: Any, mode: str) -> Iterator[int]:
     finally:
         for m, old in zip(linears, before, strict=True):
             m.activations = old
-
-
-def margins(logits: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-    """Top-1 minus top-2 logit of every step."""
-    top2 = np.sort(logits, axis=-1)[..., -2:]
-    return (top2[..., 1] - top2[..., 0]).astype(np.float32)

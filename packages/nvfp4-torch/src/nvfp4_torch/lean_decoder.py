@@ -4,13 +4,13 @@
 own machinery (masks, cache objects, keyword plumbing: about 0.55 ms a layer on a 2-core
 EPYC) than the backend spends in the NVFP4 products. :class:`LeanDecoder` runs the same
 mathematics with a handful of torch operations a layer, on the modules and weights of the
-transformers model :func:`nvfp4_conformance.llm.load_model` built:
+transformers model :func:`nvfp4_torch.loader.load_model` built:
 
 * the token embedding, RMSNorm (``w * (x * rsqrt(mean(x^2) + eps))``, as transformers),
   rotary embeddings from a cos / sin table computed once by transformers' own formula
   (``cat(p * inv_freq, p * inv_freq)``), scaled dot-product attention with grouped KV heads
   over a preallocated cache, ``silu(gate) * up`` and the residual adds;
-* the products through the model's :class:`~nvfp4_conformance.nvfp4_linear.NVFP4Linear`
+* the products through the model's :class:`~nvfp4_torch.modules.NVFP4Linear`
   modules (so a fused q/k/v or gate/up product is computed once per input, and the backend
   sees exactly the calls the transformers forward makes);
 * the float32 ``lm_head`` on the last position only, its rows split between
@@ -20,7 +20,7 @@ transformers model :func:`nvfp4_conformance.llm.load_model` built:
 
 Tier T6 certifies backends on the transformers forward (an implementation nobody here
 wrote); the tests hold this one to it: the same greedy tokens on the golden prompts, logits
-within float32 summation-order differences (:func:`nvfp4_conformance.llm.greedy` takes
+within float32 summation-order differences (:func:`nvfp4_torch.decode.greedy` takes
 either). Architectures it does not cover (:func:`unsupported`) keep the transformers
 forward.
 """
@@ -37,7 +37,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .nvfp4_linear import ACTIVATION_VERBS
+from .modules import ACTIVATION_VERBS
 
 __all__ = ["HEAD_WORKERS", "LeanDecoder", "unsupported"]
 

@@ -1,4 +1,4 @@
-"""nvfp4_checkpoints.torch_model on a real ModelOpt export: the swapped model's logits equal
+"""nvfp4_torch.loader on a real ModelOpt export: the swapped model's logits equal
 those of the same model with the exactly decoded weights in plain linears (up to the float
 summation order), and its torch.compile(fullgraph=True) forward equals the eager one."""
 
@@ -9,14 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-
-from nvfp4 import reference, torch_ops  # noqa: E402
-from nvfp4.torch_modules import NVFP4Linear  # noqa: E402
-from nvfp4_checkpoints import open_checkpoint  # noqa: E402
-from nvfp4_checkpoints.torch_model import load_causal_lm, swap_linears  # noqa: E402
+import torch
+from nvfp4 import reference
+from nvfp4_checkpoints import open_checkpoint
+from nvfp4_torch import ops as torch_ops
+from nvfp4_torch.loader import load_causal_lm, swap_linears
+from nvfp4_torch.modules import NVFP4Linear
 
 
 @pytest.fixture(autouse=True)

