@@ -171,3 +171,24 @@ def _finished_reference_run() -> Any:
     run.finished = time.time()
     run.exit_status = 0
     return run
+
+
+def test_read_certificate_returns_what_was_written_and_refuses_other_files(
+    tmp_path: Path,
+) -> None:
+    """The public reader: a certificate the suite wrote comes back as written; a file that
+    is not JSON, or JSON its schema refuses, is refused with the file's name."""
+    from nvfp4_conformance import certificate, read_certificate
+
+    out = tmp_path / "c.json"
+    certificate.write_certificate(_finished_reference_run(), out)
+    assert read_certificate(out) == json.loads(out.read_text(encoding="utf-8"))
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json", encoding="utf-8")
+    with pytest.raises(CertificateSchemaError, match=r"bad\.json: .*not readable as JSON"):
+        read_certificate(bad)
+    stray = json.loads(out.read_text(encoding="utf-8"))
+    stray["stray"] = 1
+    bad.write_text(json.dumps(stray), encoding="utf-8")
+    with pytest.raises(CertificateSchemaError, match=r"bad\.json: .*Additional properties"):
+        read_certificate(bad)

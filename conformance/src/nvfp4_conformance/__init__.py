@@ -17,13 +17,15 @@ records every measured error against its tolerance and the capabilities certifie
 certified.
 
 T6 loads and decodes the model with nvfp4-torch (the ``parity`` extra); the suite itself
-holds no model code. Its golden tokens are public: :func:`load_t6_golden` (what engines'
+holds no model code. Public besides the plugin: :func:`read_certificate` (a certificate file,
+checked against its schema) and :func:`load_t6_golden` (T6's golden tokens, what engines'
 whole-model runs compare with).
 """
 
 from __future__ import annotations
 
 from ._version import __version__
+from .certificate_read import read_certificate
 from .t6 import GOLDEN_RESOURCE as T6_GOLDEN_RESOURCE
 from .t6 import NEW_TOKENS as T6_NEW_TOKENS
 from .t6 import load_golden as load_t6_golden
@@ -38,4 +40,5 @@ __all__ = [
     "T6_NEW_TOKENS",
     "__version__",
     "load_t6_golden",
+    "read_certificate",
 ]
