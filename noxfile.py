@@ -244,7 +244,7 @@ def fixtures(session: nox.Session) -> None:
     (writing them needs the safetensors package, which nvfp4-core itself does not)."""
     _install(session, _plan(session), str(CORE), "safetensors>=0.4")
     tmp = session.create_tmp()
-    session.run("python", "-m", "nvfp4.fixtures.generate", tmp)
+    session.run("python", str(ROOT / "tools" / "generate_fixtures.py"), tmp)
     session.run(
         "python",
         "-c",

@@ -64,9 +64,6 @@ def test_golden_fixtures_load_without_the_safetensors_package() -> None:
 #: function: the frameworks (nvfp4-torch and nvfp4-metal integrate them) and the file
 #: libraries (nvfp4-checkpoints reads and writes files).
 FORBIDDEN_IMPORTS = {"torch", "mlx", "safetensors", "gguf", "transformers", "nvfp4_checkpoints"}
-#: Maintainer tools that ship in the wheel for now and write files (the fixture generator
-#: writes safetensors); each entry names what it may import.
-TOOLS = {"nvfp4/fixtures/generate.py": {"safetensors"}}
 
 
 def _imported_tops(path: Path) -> set[str]:
@@ -89,7 +86,7 @@ def test_no_module_of_core_imports_a_framework_or_a_file_library() -> None:
     found = {}
     for path in sorted(src.rglob("*.py")):
         rel = path.relative_to(src).as_posix()
-        bad = _imported_tops(path) & (FORBIDDEN_IMPORTS - TOOLS.get(rel, set()))
+        bad = _imported_tops(path) & FORBIDDEN_IMPORTS
         if bad:
             found[rel] = sorted(bad)
     assert found == {}, f"nvfp4-core modules import {found}"

@@ -29,7 +29,7 @@ import numpy.typing as npt
 import pytest
 from nvfp4 import fixtures, reference
 from nvfp4.fixtures import data_files, list_cases, load_case, manifest
-from nvfp4.fixtures.generate import OP_MIN_SPEC, Q8_MARGIN, STORED_DTYPES, generate
+from generate_fixtures import OP_MIN_SPEC, Q8_MARGIN, STORED_DTYPES, generate
 from nvfp4.fusion import fuse, unfuse
 from nvfp4.layouts.compressed_tensors import from_compressed_tensors, to_compressed_tensors
 from nvfp4.layouts.gguf import from_gguf, to_gguf
