@@ -27,9 +27,9 @@ import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 import pytest
+from generate_fixtures import OP_MIN_SPEC, Q8_MARGIN, STORED_DTYPES, generate
 from nvfp4 import fixtures, reference
 from nvfp4.fixtures import data_files, list_cases, load_case, manifest
-from generate_fixtures import OP_MIN_SPEC, Q8_MARGIN, STORED_DTYPES, generate
 from nvfp4.fusion import fuse, unfuse
 from nvfp4.layouts.compressed_tensors import from_compressed_tensors, to_compressed_tensors
 from nvfp4.layouts.gguf import from_gguf, to_gguf
