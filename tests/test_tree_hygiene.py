@@ -68,3 +68,21 @@ def test_no_file_points_outside_the_repository() -> None:
             continue
         found += [f"{path.relative_to(ROOT)}: {f}" for f in _findings(text)]
     assert found == [], "\n".join(found)
+
+
+def test_the_license_the_metadata_names_is_in_the_tree() -> None:
+    """Every distribution says Apache-2.0 in its metadata; the repository carries that
+    license's text (the terms, unchanged) at its root."""
+    import tomllib
+
+    text = (ROOT / "LICENSE").read_text(encoding="utf-8")
+    assert text.split()[:4] == ["Apache", "License", "Version", "2.0,"]
+    assert "TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION" in text
+    assert text.rstrip().endswith("END OF TERMS AND CONDITIONS")
+    pyprojects = [*ROOT.glob("packages/*/pyproject.toml"), ROOT / "conformance" / "pyproject.toml"]
+    licenses = {
+        str(p.relative_to(ROOT)): tomllib.loads(p.read_text())["project"].get("license")
+        for p in pyprojects
+    }
+    assert len(licenses) >= 10
+    assert set(licenses.values()) == {"Apache-2.0"}, licenses

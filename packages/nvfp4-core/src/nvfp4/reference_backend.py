@@ -15,7 +15,7 @@ import numpy.typing as npt
 
 from . import reference
 from .activations import FP8Activations, Q8Activations
-from .contract import Availability, BackendInfo
+from .contract import CAPABILITIES, Availability, BackendInfo
 from .planes import NVFP4Planes
 from .spec import SUPPORTED_SPEC_VERSIONS
 
@@ -48,18 +48,8 @@ class ReferenceKernels:
             name="reference",
             spec_versions=SUPPORTED_SPEC_VERSIONS,
             priority=0,
-            capabilities=frozenset(
-                {
-                    "dequantize",
-                    "qmm",
-                    "gather_qmm",
-                    "fused_partitions",
-                    "quantize_activations",
-                    "w4a4",
-                    "w4a8",
-                    "w4a8_fp8",
-                }
-            ),
+            # the reference defines every capability of the contract
+            capabilities=frozenset(CAPABILITIES),
             version=__version__,
             package="nvfp4-core",
             notes=(

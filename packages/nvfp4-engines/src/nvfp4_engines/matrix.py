@@ -27,6 +27,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from nvfp4.contract import CAPABILITIES as CONTRACT_CAPABILITIES
+
 from ._common import ENGINE_NOTE
 from .deviations import Deviation, classify
 from .whole_model import results as whole_model
@@ -34,16 +36,8 @@ from .whole_model import results as whole_model
 __all__ = ["engine_of", "load_certificates", "main", "record", "render", "sanitize"]
 
 TIERS = ("T0", "T1", "T2", "T3", "T4", "T5", "T6")
-CAPABILITIES = (
-    "dequantize",
-    "qmm",
-    "gather_qmm",
-    "fused_partitions",
-    "quantize_activations",
-    "w4a4",
-    "w4a8",
-    "w4a8_fp8",
-)
+#: The table's capability columns: the contract's, in its order.
+CAPABILITIES = tuple(CONTRACT_CAPABILITIES)
 _FAILED = ("failed", "error")
 _SITE = re.compile(r"[^\s'\"(]*site-packages/")
 
