@@ -7,7 +7,8 @@ numbers (``spec/<X.Y>/tolerances.toml``) and the code (``nvfp4.spec.for_version(
 of them drifts:
 
 * (0) every released folder has a table in code and every table in code has a folder;
-* (a) ``tolerances_for(X.Y)`` equals ``tolerances.toml``;
+* (a) ``tolerances_for(X.Y)`` equals ``tolerances.toml`` (the module reads the file: this
+  checks the reading and the file's shape; ``test_tolerance_data.py`` pins the numbers);
 * (b) every constant, table and formula of the prose equals ``for_version(X.Y)`` (the
   constants table, the E2M1 and E4M3 tables, the tie list, the swizzle formula evaluated
   against :func:`nvfp4.spec.swizzle_128x4_offset`, the worked example recomputed by the
