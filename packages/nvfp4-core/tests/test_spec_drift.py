@@ -688,3 +688,26 @@ def test_cited_sections_exist() -> None:
         titles[v] = {t for _, t, _ in headings(md.read_text(encoding="utf-8"))}
     dangling = sorted((f, v, t) for f, v, t in cited if t not in titles[v])
     assert not dangling, f"cited sections missing from nvfp4.md: {dangling}"
+
+
+# ------------------------------------------------------------- (e) spec/README.md
+_CURRENT = re.compile(
+    r"The normative text of the current version is\s+\[`([^`]+)/nvfp4\.md`\]\(([^)]+)/nvfp4\.md\)"
+    r"\.\s+Its numbers are in\s+\[`([^`]+)/tolerances\.toml`\]\(([^)]+)/tolerances\.toml\)"
+)
+
+
+def test_readme_calls_the_newest_version_current() -> None:
+    """``spec/README.md`` names ``SPEC_VERSION`` as the current version (its prose and its
+    links), and its layout lists every released folder."""
+    text = (_repo_root() / "spec" / "README.md").read_text(encoding="utf-8")
+    m = _CURRENT.search(text)
+    assert m, "spec/README.md no longer says `The normative text of the current version is ...`"
+    assert set(m.groups()) == {spec.SPEC_VERSION}, (
+        f"spec/README.md calls {sorted(set(m.groups()))} current; the newest released version "
+        f"is {spec.SPEC_VERSION}"
+    )
+    layout = re.search(r"```\nspec/\n(.*?)```", text, flags=re.DOTALL)
+    assert layout, "spec/README.md has a ```spec/ ...``` layout block"
+    listed = re.findall(r"^  (\d+\.\d+)/ ", layout.group(1), flags=re.MULTILINE)
+    assert listed == released_folders(_repo_root()), f"the layout lists {listed}"
