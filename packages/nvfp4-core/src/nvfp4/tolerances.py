@@ -161,12 +161,7 @@ def tolerance(path: str, dtype: Any, spec: str | None = None) -> float:
             f"spec {v} tolerances: path {path!r} is reserved and has no "
             "numbers in this spec version (a backend cannot be certified for it)"
         )
-    key = dtype
-    if not isinstance(dtype, str):
-        try:
-            key = dtype_name(dtype)
-        except ValueError:
-            key = repr(dtype)
+    key = dtype_name(dtype)
     if key not in table:
         raise KeyError(
             f"spec {v} tolerances: path {path!r} has no entry {key!r}; "
