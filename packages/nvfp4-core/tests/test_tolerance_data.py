@@ -82,7 +82,7 @@ def test_module_names_are_unchanged() -> None:
 # ------------------------------------------------------------- where the files are read
 def _checkout_spec() -> Path | None:
     """The repository's ``spec/`` when these tests run from a checkout."""
-    root = CORE.parents[1]
+    root = CORE.parent.parent
     return root / "spec" if (root / "spec" / "README.md").is_file() else None
 
 
@@ -93,7 +93,7 @@ def test_every_version_reads_the_package_data_or_the_checkouts_spec() -> None:
         if packaged.is_dir():  # an installed wheel
             assert source == packaged / version / "tolerances.toml"
         else:  # a source checkout or an editable install
-            assert source == CORE.parents[1] / "spec" / version / "tolerances.toml"
+            assert source == CORE.parent.parent / "spec" / version / "tolerances.toml"
         checkout = _checkout_spec()
         if checkout is not None:
             assert source.read_bytes() == (checkout / version / "tolerances.toml").read_bytes()
@@ -165,7 +165,7 @@ def test_the_build_packages_every_released_version(hook: types.ModuleType) -> No
     if _checkout_spec() is None:
         pytest.skip("not a checkout: no spec/ to package")
     assert hook.SPEC_DATA == tolerances.SPEC_DATA
-    spec_dir = CORE.parents[1] / "spec"
+    spec_dir = CORE.parent.parent / "spec"
     for target, prefix in (("wheel", "nvfp4"), ("sdist", "src/nvfp4")):
         mapping = hook.spec_data_map(CORE, target)
         assert mapping == {

@@ -63,8 +63,9 @@ Table = Mapping[str, Mapping[str, float]]
 #: The package data folder of an installed wheel: ``<version>/tolerances.toml`` under it.
 SPEC_DATA: Final = "spec_data"
 #: The repository's ``spec/`` folder, seen from this package's folder in a source checkout
-#: (``packages/nvfp4-core/src/nvfp4``).
-_CHECKOUT_SPEC: Final = Path(__file__).resolve().parents[4] / "spec"
+#: (``packages/nvfp4-core/src/nvfp4``; ``.parent`` stops at the root, so an installed
+#: package anywhere gets a path that simply does not exist).
+_CHECKOUT_SPEC: Final = Path(__file__).resolve().parent.parent.parent.parent.parent / "spec"
 
 
 def data_file(version: str) -> Traversable:
