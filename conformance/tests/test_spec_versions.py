@@ -3,7 +3,7 @@
 A hypothetical later version ("1.2", whose ``qmm`` numbers differ) is registered in
 ``nvfp4.tolerances`` for the duration of a test: the default lookup then returns 1.2's
 numbers, while every lookup for 1.0 - :func:`nvfp4.tolerances.tolerance` with ``spec="1.0"``,
-the suite's :func:`nvfp4_conformance.numbers.tolerance_lookup` and a whole T4 run with
+the suite's :func:`nvfp4_conformance.spec_tolerances.tolerance_lookup` and a whole T4 run with
 ``--nvfp4-spec 1.0`` - still returns 1.0's: a 1.0 certificate made after 1.2 exists is the
 one made today.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from nvfp4 import tolerances
-from nvfp4_conformance.numbers import tolerance_lookup
+from nvfp4_conformance.spec_tolerances import tolerance_lookup
 
 #: 1.2's qmm numbers: every dtype's 1.0 number halved (a minor version may tighten one).
 LATER = "1.2"

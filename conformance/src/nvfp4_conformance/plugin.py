@@ -440,8 +440,8 @@ def nvfp4_spec_version(nvfp4_conformance_run: ConformanceRun) -> str:
 @pytest.fixture(scope="session")
 def nvfp4_tolerance(nvfp4_spec_version: str) -> Callable[[str, Any], float]:
     """``nvfp4_tolerance(path, dtype)``: the number of the spec version being certified
-    (:func:`nvfp4_conformance.numbers.tolerance_lookup`)."""
-    from .numbers import tolerance_lookup
+    (:func:`nvfp4_conformance.spec_tolerances.tolerance_lookup`)."""
+    from .spec_tolerances import tolerance_lookup
 
     try:
         return tolerance_lookup(nvfp4_spec_version)

@@ -1,5 +1,5 @@
-"""nvfp4-core is the standard in code and nothing more: numpy and ml_dtypes at run time,
-no checkpoint tooling (that is nvfp4-checkpoints), no safetensors or gguf imported."""
+"""nvfp4-core is the standard in code and nothing more: numpy and ml_dtypes at run time
+(and tomli on Python 3.10, to read the spec's tolerance files), no checkpoint tooling (that is nvfp4-checkpoints), no safetensors or gguf imported."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ except ModuleNotFoundError:  # Python 3.10
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 #: What `pip install nvfp4-core` may pull, and nothing else.
 RUNTIME_DEPENDENCIES = {"numpy", "ml_dtypes"}
+#: ... and where Python lacks `tomllib` (3.10), its backport, to read spec/<X.Y>/tolerances.toml.
+PY310_DEPENDENCIES = {"tomli": "python_version < '3.11'"}
 #: Modules `import nvfp4` must not load: the checkpoint tooling and its file libraries.
 FOREIGN = ("nvfp4_checkpoints", "nvfp4.checkpoint", "nvfp4.cli", "safetensors", "gguf")
 
@@ -27,7 +29,10 @@ def _name(requirement: str) -> str:
 
 def test_runtime_dependencies_are_numpy_and_ml_dtypes_only() -> None:
     project = tomllib.loads(PYPROJECT.read_text())["project"]
-    assert {_name(r) for r in project["dependencies"]} == RUNTIME_DEPENDENCIES
+    unconditional = {_name(r) for r in project["dependencies"] if ";" not in r}
+    assert unconditional == RUNTIME_DEPENDENCIES
+    markers = {_name(r): r.split(";", 1)[1].strip() for r in project["dependencies"] if ";" in r}
+    assert markers == PY310_DEPENDENCIES
     assert "scripts" not in project, "the `nvfp4` command belongs to nvfp4-checkpoints"
     assert set(project.get("optional-dependencies", {})) == {"test"}
 

@@ -128,6 +128,28 @@ def test_reference_is_always_discovered() -> None:
     assert entries["reference"].availability().ok
 
 
+def test_no_installed_backend_claims_an_unreleased_spec_version() -> None:
+    """A backend names the spec versions it is certified for (literals, never
+    ``SUPPORTED_SPEC_VERSIONS``: ``tests/test_backend_spec_pins.py``); each of them must be a
+    version this nvfp4-core has released. Every installed backend is loaded, available or not
+    (a plugin that cannot load here claims nothing and is left out)."""
+    claims = {}
+    for name, entry in discover().items():
+        b = entry.load()
+        if b is not None:
+            claims[name] = tuple(b.info.spec_versions)
+    assert "reference" in claims
+    released = set(nvfp4.SUPPORTED_SPEC_VERSIONS)
+    for name, versions in claims.items():
+        assert versions, f"backend {name!r} names no spec version"
+        assert all(isinstance(v, str) for v in versions), f"{name!r}: {versions!r}"
+        unreleased = sorted(set(versions) - released)
+        assert not unreleased, (
+            f"backend {name!r} claims spec {', '.join(unreleased)}, which this nvfp4-core has "
+            f"not released (released: {', '.join(nvfp4.SUPPORTED_SPEC_VERSIONS)})"
+        )
+
+
 def test_get_backend_default_is_an_available_backend() -> None:
     b, _ = auto()
     assert isinstance(b, Backend)

@@ -7,7 +7,8 @@ numbers (``spec/<X.Y>/tolerances.toml``) and the code (``nvfp4.spec.for_version(
 of them drifts:
 
 * (0) every released folder has a table in code and every table in code has a folder;
-* (a) ``tolerances_for(X.Y)`` equals ``tolerances.toml``;
+* (a) ``tolerances_for(X.Y)`` equals ``tolerances.toml`` (the module reads the file: this
+  checks the reading and the file's shape; ``test_tolerance_data.py`` pins the numbers);
 * (b) every constant, table and formula of the prose equals ``for_version(X.Y)`` (the
   constants table, the E2M1 and E4M3 tables, the tie list, the swizzle formula evaluated
   against :func:`nvfp4.spec.swizzle_128x4_offset`, the worked example recomputed by the
@@ -687,3 +688,26 @@ def test_cited_sections_exist() -> None:
         titles[v] = {t for _, t, _ in headings(md.read_text(encoding="utf-8"))}
     dangling = sorted((f, v, t) for f, v, t in cited if t not in titles[v])
     assert not dangling, f"cited sections missing from nvfp4.md: {dangling}"
+
+
+# ------------------------------------------------------------- (e) spec/README.md
+_CURRENT = re.compile(
+    r"The normative text of the current version is\s+\[`([^`]+)/nvfp4\.md`\]\(([^)]+)/nvfp4\.md\)"
+    r"\.\s+Its numbers are in\s+\[`([^`]+)/tolerances\.toml`\]\(([^)]+)/tolerances\.toml\)"
+)
+
+
+def test_readme_calls_the_newest_version_current() -> None:
+    """``spec/README.md`` names ``SPEC_VERSION`` as the current version (its prose and its
+    links), and its layout lists every released folder."""
+    text = (_repo_root() / "spec" / "README.md").read_text(encoding="utf-8")
+    m = _CURRENT.search(text)
+    assert m, "spec/README.md no longer says `The normative text of the current version is ...`"
+    assert set(m.groups()) == {spec.SPEC_VERSION}, (
+        f"spec/README.md calls {sorted(set(m.groups()))} current; the newest released version "
+        f"is {spec.SPEC_VERSION}"
+    )
+    layout = re.search(r"```\nspec/\n(.*?)```", text, flags=re.DOTALL)
+    assert layout, "spec/README.md has a ```spec/ ...``` layout block"
+    listed = re.findall(r"^  (\d+\.\d+)/ ", layout.group(1), flags=re.MULTILINE)
+    assert listed == released_folders(_repo_root()), f"the layout lists {listed}"

@@ -28,6 +28,7 @@ import numpy.typing as npt
 import pytest
 from nvfp4 import layouts, reference
 from nvfp4.activations import Q8Activations
+from nvfp4.contract import KERNELS
 from nvfp4.planes import NVFP4Planes, PlaneError
 
 from nvfp4_conformance.checks import as_float64, assert_exact, assert_within, error_figures
@@ -51,19 +52,9 @@ CORE_OPS = {
     "swizzle_scales",
     "to_compressed_tensors",
 }
-#: backend op -> the capability it needs
-BACKEND_OPS = {
-    "dequantize": "dequantize",
-    "qmm": "qmm",
-    "gather_qmm": "gather_qmm",
-    "quantize_activations": "quantize_activations",
-    "qmm_w4a4": "w4a4",
-    "quantize_activations_q8": "w4a8",
-    "qmm_w4a8": "w4a8",
-    "gather_qmm_w4a8": "w4a8",
-    "quantize_activations_fp8": "w4a8_fp8",
-    "qmm_w4a8_fp8": "w4a8_fp8",
-}
+#: backend op -> the capability it needs: the kernels of the contract (a golden case's backend
+#: op is the kernel of that name).
+BACKEND_OPS: dict[str, str] = dict(KERNELS)
 #: Backend ops that encode activations (no weight to prepare).
 ENCODER_OPS = {"quantize_activations", "quantize_activations_q8", "quantize_activations_fp8"}
 #: Matmuls whose non-finite activation rows give all-NaN output rows (spec 1.1, "W4A8").

@@ -1,4 +1,5 @@
-"""The output dtypes of spec 1.0 (float32, float16, bfloat16) and their names."""
+"""The output dtypes of spec 1.0 (float32, float16, bfloat16), and the name of any dtype
+(:func:`dtype_name`, the one function core names dtypes with)."""
 
 from __future__ import annotations
 
@@ -35,9 +36,16 @@ def resolve_dtype(dtype: Any) -> np.dtype[Any]:
 
 
 def dtype_name(dtype: Any) -> str:
-    """The spec name of an output dtype."""
-    d = resolve_dtype(dtype)
-    return next(k for k, v in OUTPUT_DTYPES.items() if v == d)
+    """A dtype given as a name, a numpy / ml_dtypes dtype or type, or a torch / MLX dtype
+    object, by its plain name (``"float16"``)."""
+    if isinstance(dtype, str):
+        return dtype
+    if isinstance(dtype, (np.dtype, type)):
+        try:
+            return np.dtype(dtype).name
+        except TypeError:
+            return repr(dtype)
+    return str(dtype).rsplit(".", 1)[-1]  # torch.float16, mlx.core.float16
 
 
 def as_float32_input(x: Any, what: str) -> npt.NDArray[np.float32]:

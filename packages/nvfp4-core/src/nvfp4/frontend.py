@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .dtypes import OUTPUT_DTYPES
+from .dtypes import OUTPUT_DTYPES, dtype_name
 from .spec import BLOCK_SIZE, Q8_BLOCK_SIZE
 
 __all__ = [
@@ -35,7 +35,6 @@ __all__ = [
     "check_q8_k",
     "check_weight_kind",
     "decode_dtype",
-    "dtype_name",
     "expert_ids_input",
     "input_scale_value",
     "matmul_input",
@@ -138,19 +137,6 @@ def matmul_input(
     if convert is not None and isinstance(a, np.ndarray):
         a = convert(a)
     return MatmulInput(a, lead, name)
-
-
-def dtype_name(dtype: Any) -> str:
-    """A dtype given as a name, a numpy / ml_dtypes dtype or type, or a torch / MLX dtype
-    object, by its plain name (``"float16"``)."""
-    if isinstance(dtype, str):
-        return dtype
-    if isinstance(dtype, (np.dtype, type)):
-        try:
-            return np.dtype(dtype).name
-        except TypeError:
-            return repr(dtype)
-    return str(dtype).rsplit(".", 1)[-1]  # torch.float16, mlx.core.float16
 
 
 def decode_dtype(dtype: Any) -> str:

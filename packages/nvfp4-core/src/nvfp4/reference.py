@@ -24,12 +24,11 @@ import numpy as np
 import numpy.typing as npt
 
 from .activations import FP8Activations, Q8Activations
-from .dtypes import as_float32_input, resolve_dtype
+from .dtypes import as_float32_input, dtype_name, resolve_dtype
 from .frontend import (
     MatmulOperands,
     activation_input,
     check_q8_k,
-    dtype_name,
     input_scale_value,
     matmul_operands,
 )

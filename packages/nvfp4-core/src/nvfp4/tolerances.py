@@ -1,9 +1,19 @@
-"""The tolerances of every released NVFP4 spec version, as data.
+"""The tolerances of every released NVFP4 spec version, read from the spec's own files.
 
-This mirrors ``spec/<version>/tolerances.toml`` (the normative files, with the measurements
-behind every number) so that an installed ``nvfp4-core`` needs no copy of the repository's
-``spec/`` folder. ``tests/test_spec_drift.py`` keeps each released folder's TOML equal to
-:func:`tolerances_for` of its version.
+The numbers live in one place, ``spec/<version>/tolerances.toml`` (the normative files, with
+the measurements behind every number); this module reads them, it restates none. Where the
+file of a version is found (:func:`data_file`):
+
+* an installed wheel carries every released version's file as package data,
+  ``nvfp4/spec_data/<version>/tolerances.toml`` (``packages/nvfp4-core/hatch_build.py``
+  copies them from ``spec/`` when the wheel or the sdist is built);
+* a source checkout (``PYTHONPATH=src``, or an editable install, which maps the package to
+  ``src/``) has no ``spec_data/``: the module reads the repository's ``spec/`` folder,
+  ``../../../../spec`` from this package's folder.
+
+Which versions are released is :data:`nvfp4.spec.SUPPORTED_SPEC_VERSIONS` (the versions
+with a table in :mod:`nvfp4.spec`); ``tests/test_spec_drift.py`` keeps it equal to the
+released folders under ``spec/``.
 
 Matmul paths (``qmm``, ``gather_qmm``, ``w4a4``) give, per output dtype, the largest
 allowed ``max|y - ref| / max|ref|`` against the float64 reference computed from the same x
@@ -21,47 +31,90 @@ newest version's. :data:`TOLERANCES` is the newest version's table.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from .dtypes import dtype_name
-from .spec import SPEC_VERSION, released, version_key
+from .spec import SPEC_VERSION, SUPPORTED_SPEC_VERSIONS, released, version_key
 
-__all__ = ["METRIC", "TOLERANCES", "TOLERANCES_SPEC_VERSION", "tolerance", "tolerances_for"]
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: tomli is the same parser (a dependency there)
+    import tomli as tomllib
 
-#: The matmul error measure the numbers bound (:func:`nvfp4.testing.relative_error`).
-METRIC: Final = "max|y - ref| / max|ref|"
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
+
+__all__ = [
+    "METRIC",
+    "TOLERANCES",
+    "TOLERANCES_SPEC_VERSION",
+    "data_file",
+    "tolerance",
+    "tolerances_for",
+]
 
 Table = Mapping[str, Mapping[str, float]]
 
+#: The package data folder of an installed wheel: ``<version>/tolerances.toml`` under it.
+SPEC_DATA: Final = "spec_data"
+#: The repository's ``spec/`` folder, seen from this package's folder in a source checkout
+#: (``packages/nvfp4-core/src/nvfp4``; ``.parent`` stops at the root, so an installed
+#: package anywhere gets a path that simply does not exist).
+_CHECKOUT_SPEC: Final = Path(__file__).resolve().parent.parent.parent.parent.parent / "spec"
 
-def _freeze(tables: dict[str, dict[str, float]]) -> Table:
-    return MappingProxyType({path: MappingProxyType(dict(t)) for path, t in tables.items()})
+
+def data_file(version: str) -> Traversable:
+    """The ``tolerances.toml`` of released spec ``version``: the package data of an
+    installed wheel (``nvfp4/spec_data/<version>/``), else the source checkout's
+    ``spec/<version>/``.
+
+    Raises:
+        FileNotFoundError: when neither exists (a broken installation); the message names
+            both places.
+    """
+    packaged = resources.files(__package__ or "nvfp4").joinpath(
+        SPEC_DATA, version, "tolerances.toml"
+    )
+    if packaged.is_file():
+        return packaged
+    checkout = _CHECKOUT_SPEC / version / "tolerances.toml"
+    if checkout.is_file():
+        return checkout
+    raise FileNotFoundError(
+        f"spec {version} tolerances: neither the package data {packaged} nor the source "
+        f"checkout's {checkout} exists; reinstall nvfp4-core from a wheel or an sdist"
+    )
 
 
-#: Every released version's numbers, by version. A release adds one; none is ever removed or
-#: edited (a number changes only in a new spec version).
-_V1_0: dict[str, dict[str, float]] = {
-    "dequantize": {"float32": 0.0, "float16": 0.0, "bfloat16": 0.0},
-    "quantize": {"reference": 0.0, "others": 1e-5, "boundary_window": 2.0**-20},
-    "qmm": {"float32": 1e-4, "float16": 1e-3, "bfloat16": 1e-2},
-    "gather_qmm": {"float32": 1e-4, "float16": 1e-3, "bfloat16": 1e-2},
-    "w4a4": {"float32": 3e-7, "float16": 1e-3, "bfloat16": 1e-2},
-    "w4a8": {},
-}
-_BY_VERSION: dict[str, Table] = {
-    "1.0": _freeze(_V1_0),
-    # a minor version: 1.0's numbers as they are, and the optional W4A8 capabilities
-    "1.1": _freeze(
-        {
-            **_V1_0,
-            "quantize_q8": {"reference": 0.0, "others": 1e-5, "boundary_window": 2.0**-20},
-            "w4a8": {"float32": 1e-5, "float16": 1e-3, "bfloat16": 1e-2},
-            "w4a8_fp8": {"float32": 1e-6, "float16": 1e-3, "bfloat16": 1e-2},
-        }
-    ),
-}
+def _read(version: str) -> tuple[str, Table]:
+    """The metric and the numbers of ``version``'s file, read-only; its ``spec_version``
+    must be ``version``."""
+    source = data_file(version)
+    data: dict[str, Any] = tomllib.loads(source.read_text(encoding="utf-8"))
+    stated = data.pop("spec_version", None)
+    if stated != version:
+        raise ValueError(f"{source} states spec_version {stated!r}, expected {version!r}")
+    metric = str(data.pop("metric"))
+    tables = {
+        path: MappingProxyType({key: float(n) for key, n in numbers.items()})
+        for path, numbers in data.items()
+    }
+    return metric, MappingProxyType(tables)
+
+
+_READ: Final = {v: _read(v) for v in SUPPORTED_SPEC_VERSIONS}
+
+#: Every released version's numbers, by version (read once, at import).
+_BY_VERSION: dict[str, Table] = {v: table for v, (_, table) in _READ.items()}
+
+#: The matmul error measure the numbers bound (:func:`nvfp4.testing.relative_error`): the
+#: newest file's ``metric``.
+METRIC: Final = _READ[SPEC_VERSION][0]
 
 
 def _newest() -> str:
@@ -109,12 +162,7 @@ def tolerance(path: str, dtype: Any, spec: str | None = None) -> float:
             f"spec {v} tolerances: path {path!r} is reserved and has no "
             "numbers in this spec version (a backend cannot be certified for it)"
         )
-    key = dtype
-    if not isinstance(dtype, str):
-        try:
-            key = dtype_name(dtype)
-        except ValueError:
-            key = repr(dtype)
+    key = dtype_name(dtype)
     if key not in table:
         raise KeyError(
             f"spec {v} tolerances: path {path!r} has no entry {key!r}; "

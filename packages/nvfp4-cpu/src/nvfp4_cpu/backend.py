@@ -17,7 +17,6 @@ from nvfp4.activations import FP8Activations, Q8Activations
 from nvfp4.backend import Backend
 from nvfp4.contract import Availability, BackendInfo
 from nvfp4.planes import NVFP4Planes
-from nvfp4.spec import SUPPORTED_SPEC_VERSIONS
 
 from . import ops, w4a8
 from ._native import (
@@ -32,7 +31,12 @@ from ._native import (
 )
 from .layout import PreparedWeight, prepare
 
-__all__ = ["CAPABILITIES", "PRIORITY", "CPUBackend", "CPUKernels", "backend"]
+__all__ = ["CAPABILITIES", "PRIORITY", "SPEC_VERSIONS", "CPUBackend", "CPUKernels", "backend"]
+
+#: The NVFP4 spec versions this backend is certified for, named here: never
+#: ``nvfp4.SUPPORTED_SPEC_VERSIONS``, which would make it claim every version a newer
+#: nvfp4-core adds. A version is added here when it passes its conformance run.
+SPEC_VERSIONS: tuple[str, ...] = ("1.0", "1.1")
 
 #: Above ``reference`` (0): picked automatically when installed and available.
 PRIORITY = 50
@@ -75,7 +79,7 @@ class CPUKernels:
         self._resolved: tuple[tuple[str | None, str | None], tuple[Native, str, int]] | None = None
         self.info = BackendInfo(
             name="cpu",
-            spec_versions=SUPPORTED_SPEC_VERSIONS,
+            spec_versions=SPEC_VERSIONS,
             priority=PRIORITY,
             capabilities=CAPABILITIES,
             version=_version(),

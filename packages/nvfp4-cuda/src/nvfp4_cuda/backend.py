@@ -38,6 +38,9 @@ class CUDAKernels(TritonKernels):
     NAME = "cuda"
     PRIORITY = PRIORITY
     PACKAGE = "nvfp4-cuda"
+    #: The spec versions this backend is certified for, named here (never
+    #: ``nvfp4.SUPPORTED_SPEC_VERSIONS``); a version is added when it passes its conformance run.
+    SPEC_VERSIONS = ("1.0", "1.1")
     VERSION = __version__
     NOTES = (
         "Triton kernels shared with nvfp4-rocm (package nvfp4-triton)",

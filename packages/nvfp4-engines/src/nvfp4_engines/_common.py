@@ -13,13 +13,13 @@ import numpy as np
 import numpy.typing as npt
 from nvfp4.contract import BackendInfo
 from nvfp4.planes import NVFP4Planes, validate
-from nvfp4.spec import SUPPORTED_SPEC_VERSIONS
 
 from ._version import __version__
 
 __all__ = [
     "ENGINE_NOTE",
     "PRIORITY",
+    "SPEC_VERSIONS",
     "activation_planes",
     "adapter_info",
     "dist_version",
@@ -31,6 +31,10 @@ __all__ = [
 #: Below the reference backend's 0: an engine adapter is certified by name, never chosen by
 #: ``nvfp4.get_backend()`` on its own.
 PRIORITY: Final = -100
+#: The NVFP4 spec versions the adapters are certified for, named here: never
+#: ``nvfp4.SUPPORTED_SPEC_VERSIONS``, which would make an adapter claim every version a newer
+#: nvfp4-core adds. A version is added here when an adapter passes its conformance run.
+SPEC_VERSIONS: Final[tuple[str, ...]] = ("1.0", "1.1")
 
 #: The first note of every adapter starts with this; the engines matrix reads the engine and
 #: its version from it (``"engine: gguf 0.19.0"``).
@@ -56,7 +60,7 @@ def adapter_info(
     """The ``BackendInfo`` of the adapter ``name`` over the engine ``distribution``."""
     return BackendInfo(
         name=name,
-        spec_versions=SUPPORTED_SPEC_VERSIONS,
+        spec_versions=SPEC_VERSIONS,
         priority=PRIORITY,
         capabilities=capabilities,
         version=__version__,

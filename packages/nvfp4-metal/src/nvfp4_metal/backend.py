@@ -24,7 +24,6 @@ import numpy.typing as npt
 from nvfp4.backend import Backend
 from nvfp4.contract import Availability, BackendInfo
 from nvfp4.planes import NVFP4Planes
-from nvfp4.spec import SUPPORTED_SPEC_VERSIONS
 
 from ._mlx import is_apple_silicon, probe, require
 from .settings import IMPL_ENV, W4A4_ENV, Impl, resolve_impl, w4a4_opt_in
@@ -33,11 +32,16 @@ __all__ = [
     "NATIVE_CAPABILITIES",
     "PRIORITY_APPLE",
     "PRIORITY_OTHER",
+    "SPEC_VERSIONS",
     "MetalBackend",
     "MetalKernels",
     "backend",
 ]
 
+#: The NVFP4 spec versions this backend is certified for, named here: never
+#: ``nvfp4.SUPPORTED_SPEC_VERSIONS``, which would make it claim every version a newer
+#: nvfp4-core adds. A version is added here when it passes its conformance run.
+SPEC_VERSIONS: tuple[str, ...] = ("1.0", "1.1")
 PRIORITY_APPLE = 40
 PRIORITY_OTHER = 10
 NATIVE_CAPABILITIES = frozenset(
@@ -96,7 +100,7 @@ class MetalKernels:
             )
         self.info = BackendInfo(
             name="metal",
-            spec_versions=SUPPORTED_SPEC_VERSIONS,
+            spec_versions=SPEC_VERSIONS,
             priority=PRIORITY_APPLE if apple else PRIORITY_OTHER,
             capabilities=caps,
             version=_version(),

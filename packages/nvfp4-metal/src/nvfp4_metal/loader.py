@@ -51,7 +51,7 @@ import numpy.typing as npt
 from mlx.nn.layers.base import Module
 from mlx.nn.layers.linear import Linear
 from mlx.utils import tree_flatten, tree_unflatten
-from nvfp4.dtypes import dtype_name
+from nvfp4.frontend import decode_dtype
 from nvfp4.fusion import stack_experts
 
 try:
@@ -186,7 +186,7 @@ def load_model(
     model = model_class(args_class.from_dict(config))
     mx_dtype = None
     if dtype is not None:
-        mx_dtype = dtype if isinstance(dtype, mx.Dtype) else MX_DTYPES[dtype_name(dtype)]
+        mx_dtype = dtype if isinstance(dtype, mx.Dtype) else MX_DTYPES[decode_dtype(dtype)]
 
     quantized = ckpt.quantized_names()
     weights: dict[str, Any] = {}

@@ -42,6 +42,9 @@ class ROCmKernels(TritonKernels):
     NAME = "rocm"
     PRIORITY = PRIORITY
     PACKAGE = "nvfp4-rocm"
+    #: The spec versions this backend is certified for, named here (never
+    #: ``nvfp4.SUPPORTED_SPEC_VERSIONS``); a version is added when it passes its conformance run.
+    SPEC_VERSIONS = ("1.0", "1.1")
     VERSION = __version__
     NOTES = (
         "Triton kernels shared with nvfp4-cuda (package nvfp4-triton); AMD tiles per "

@@ -14,7 +14,9 @@ differs between vendors:
 * :meth:`TritonKernels.w4a8_supported` / :meth:`TritonKernels.w4a8_fp8_supported` - whether
   the device has the int8 / FP8 tensor cores the shared W4A8 kernels need (``w4a8`` and
   ``w4a8_fp8``, spec 1.1, are declared only then; both run under the interpreter);
-* the class attributes ``NAME``, ``PRIORITY``, ``PACKAGE`` and ``NOTES``.
+* the class attributes ``NAME``, ``PRIORITY``, ``PACKAGE``, ``NOTES`` and ``SPEC_VERSIONS``
+  (the spec versions that platform is certified for, as literals; none by default, so a
+  platform that names none is refused by the registry).
 
 :class:`TritonBackend` is core's :class:`nvfp4.Backend` over a subclass's kernels, so a
 vendor backend names only its ``KERNELS`` class.
@@ -35,7 +37,6 @@ from nvfp4.backend import Backend
 from nvfp4.contract import Availability, BackendInfo
 from nvfp4.frontend import decode_dtype
 from nvfp4.planes import NVFP4Planes
-from nvfp4.spec import SUPPORTED_SPEC_VERSIONS
 
 from . import ops
 from .config import KernelConfig
@@ -96,6 +97,9 @@ class TritonKernels:
     PACKAGE = "nvfp4-triton"
     VERSION = ""
     NOTES: tuple[str, ...] = ()
+    #: The spec versions a platform is certified for, named by each subclass (never
+    #: ``nvfp4.SUPPORTED_SPEC_VERSIONS``: a newer nvfp4-core must not widen the claim).
+    SPEC_VERSIONS: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         self._platform: Platform | None = None
@@ -168,7 +172,7 @@ class TritonKernels:
                 caps.add("w4a8_fp8")
             self._info = BackendInfo(
                 name=self.NAME,
-                spec_versions=SUPPORTED_SPEC_VERSIONS,
+                spec_versions=self.SPEC_VERSIONS,
                 priority=self.PRIORITY,
                 capabilities=frozenset(caps),
                 version=self.VERSION,

@@ -1,4 +1,4 @@
-"""The spec numbers a run checks against.
+"""The spec tolerances a run checks against: those of the version it certifies.
 
 Every tolerance the suite uses comes from :func:`tolerance_lookup` of the version being
 certified (``--nvfp4-spec``, resolved by the plugin; fixture ``nvfp4_tolerance``), never from
