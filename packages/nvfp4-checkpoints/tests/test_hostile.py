@@ -698,6 +698,39 @@ def test_many_zero_byte_tensors_inspect_in_linear_time(
     assert outcome.seconds < 30, outcome.seconds
 
 
+def _big_sparse(path: Path, size: int) -> None:
+    with open(path, "wb") as f:
+        f.truncate(size)  # sparse: no disk, no time
+
+
+@pytest.mark.parametrize(
+    ("write", "said"),
+    [
+        (lambda p: p.write_text(DEEP), "JSON nested 1000 levels deep, more than the 64 read"),
+        (
+            lambda p: _big_sparse(p, 100_000_001),
+            "JSON of 100000001 bytes, more than the 100000000 read",
+        ),
+    ],
+    ids=["nested 1000", "over 100 MB"],
+)
+def test_a_hostile_tokenizer_json_meets_the_json_limits(
+    tmp_path: Path, good: dict[str, Path], write: Callable[[Path], None], said: str
+) -> None:
+    """The GGUF output reads the source's tokenizer.json within the limits of every JSON
+    read: refused before parsing, in one line naming the file."""
+    pytest.importorskip("gguf")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "dst").mkdir()
+    ck = tmp_path / "src" / "ck"
+    shutil.copytree(good["modelopt"], ck)
+    write(ck / "tokenizer.json")
+    before = tree_hash(ck)
+    outcome = run_guarded(["convert", str(ck), str(tmp_path / "dst" / "o.gguf"), "--to", "gguf"])
+    assert_clean_refusal(outcome, source=ck, source_hash=before, work=tmp_path, what="tokenizer")
+    assert f"{ck / 'tokenizer.json'}: {said}" in outcome.stderr
+
+
 # ====================================================================== Hypothesis fuzz
 _VALUES = st.one_of(
     st.none(),

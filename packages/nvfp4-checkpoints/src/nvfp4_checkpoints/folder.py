@@ -24,7 +24,7 @@ import math
 import os
 import re
 import stat
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any, Final, NoReturn
 
@@ -323,8 +323,3 @@ class CheckpointFolder:
                 if entry.is_symlink() or entry.is_file(follow_symlinks=False):
                     out.append(entry.name)
         return sorted(out)
-
-
-def config_fields(config: Mapping[str, Any], where: object) -> Fields:
-    """A model config (``config.json``, or the copy a GGUF records) as :class:`Fields`."""
-    return Fields(dict(config), where)

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from ..flavours import CheckpointError, import_gguf
+from ..folder import read_json_file
 from .file import GGUFFile
 
 __all__ = [
@@ -134,14 +135,6 @@ def has_hf_tokenizer(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` is a directory holding a Hugging Face ``tokenizer.json``."""
     p = Path(path)
     return p.is_dir() and (p / TOKENIZER_FILE).is_file()
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: not a readable JSON file ({e})") from None
 
 
 def _steps(pre_tokenizer: Any) -> tuple[tuple[str, ...], bool] | None:
@@ -258,14 +251,13 @@ def read_hf_vocab(path: str | os.PathLike[str], vocab_size: int | None = None) -
     tokenizer with more ids than ``vocab_size``."""
     base = Path(path)
     file = base / TOKENIZER_FILE
-    tok = _read_json(file)
-    if not isinstance(tok, dict) or not isinstance(tok.get("model"), dict):
+    tok = read_json_file(file)  # the limits of every JSON read (folder.parse_json)
+    if not isinstance(tok.get("model"), dict):
         raise CheckpointError(f"{file}: no 'model' object (not a Hugging Face tokenizer.json)")
     tok_config_file = base / "tokenizer_config.json"
-    tok_config = _read_json(tok_config_file) if tok_config_file.is_file() else {}
+    tok_config = read_json_file(tok_config_file) if tok_config_file.is_file() else {}
     if vocab_size is None and (base / "config.json").is_file():
-        cfg = _read_json(base / "config.json")
-        vocab_size = _vocab_size(cfg if isinstance(cfg, dict) else None)
+        vocab_size = _vocab_size(read_json_file(base / "config.json"))
     model = tok["model"]
     kind = model.get("type")
     vocab: dict[str, int]
@@ -364,7 +356,7 @@ def read_hf_vocab(path: str | os.PathLike[str], vocab_size: int | None = None) -
         scores.append(score)
 
     if gguf_model == "gpt2":
-        pre = gguf_pre_tokenizer(tok, tok_config if isinstance(tok_config, dict) else None)
+        pre = gguf_pre_tokenizer(tok, tok_config)
         if pre is None:
             logger.warning(
                 "nvfp4: note: the pre-tokenizer of %s is not one llama.cpp names; wrote "
