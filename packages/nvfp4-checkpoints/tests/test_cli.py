@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -288,6 +289,84 @@ def test_gguf_refuses_k_not_multiple_of_64(tmp_path: Path) -> None:
     assert _leftovers(tmp_path, "k48.gguf") == []
     ok = _run("convert", str(src), str(tmp_path / "k48_mlx"), "--to", "mlx")
     assert ok.returncode == 0, ok.stderr
+
+
+# ------------------------------------------------------------------ no traceback, ever
+#: Runs the CLI with ``open_checkpoint`` replaced by a function raising ``EXC``: a bug of ours.
+_FAULTY_CLI = """
+import sys
+import nvfp4_checkpoints.cli as cli
+
+def fault(*args, **kwargs):
+    raise {exc}
+
+cli.open_checkpoint = fault
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def _run_faulty(exc: str, *args: str, env: dict[str, str] | None = None) -> Any:
+    return subprocess.run(
+        [sys.executable, "-c", _FAULTY_CLI.format(exc=exc), *args],
+        capture_output=True,
+        text=True,
+        env=_env(env),
+        timeout=120,
+    )
+
+
+def test_an_internal_error_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    r = _run_faulty("ZeroDivisionError('injected fault')", "inspect", str(tmp_path))
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.splitlines() == [
+        "nvfp4: internal error: ZeroDivisionError: injected fault (please report it; "
+        "NVFP4_DEBUG=1 shows the traceback)"
+    ], r.stderr
+    debug = _run_faulty(
+        "ZeroDivisionError('injected fault')", "inspect", str(tmp_path), env={"NVFP4_DEBUG": "1"}
+    )
+    assert debug.returncode == 2, debug.stderr
+    assert debug.stderr.startswith("Traceback (most recent call last):"), debug.stderr
+    assert "ZeroDivisionError: injected fault" in debug.stderr
+    assert debug.stderr.splitlines()[-1].startswith("nvfp4: internal error: ZeroDivisionError")
+
+
+def test_an_interrupt_is_not_an_internal_error(tmp_path: Path) -> None:
+    r = _run_faulty("KeyboardInterrupt", "inspect", str(tmp_path))
+    assert r.returncode == 130, r.stderr
+    assert r.stderr == "nvfp4: interrupted (no output was left behind)\n"
+
+
+def test_a_closed_stdout_exits_141_without_a_word(tmp_path: Path) -> None:
+    """``nvfp4 inspect X | head -1``: the reader gone, nothing on stderr, exit 128 + SIGPIPE
+    (the pipe's reader is closed before the command starts, so that every write fails)."""
+    src = _tiny_checkpoint(tmp_path)
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", "nvfp4_checkpoints.cli", "inspect", str(src)],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env(),
+            timeout=120,
+        )
+    finally:
+        os.close(write)
+    assert (r.returncode, r.stderr) == (141, "")
+
+
+def _tiny_checkpoint(tmp_path: Path) -> Path:
+    name = "model.layers.0.mlp.down_proj"
+    planes = {name: quantize(np.ones((32, 64), np.float32), name=name)}
+    return write_checkpoint(
+        tmp_path / "tiny",
+        planes,
+        flavour="modelopt",
+        tensors={"model.norm.weight": np.ones(64, np.float32)},
+        config={"model_type": "llama", "num_hidden_layers": 1},
+    )
 
 
 # ------------------------------------------------------------------ interrupts and kills

@@ -16,7 +16,10 @@ at most a hidden ``.DST.nvfp4-tmp.*`` sibling, removed by the next convert to DS
 Exit status: 0 on success; 1 when ``verify`` finds a difference; 2 on bad input (missing
 files, a truncated or lying safetensors header, an unknown flavour, malformed planes, K not
 a multiple of 64 for GGUF, an existing DST without ``--force``), with a one-line reason on
-stderr and no traceback; 130 when interrupted.
+stderr and no traceback; 130 when interrupted; 141 (128 + SIGPIPE, what a shell reports for
+a command killed by a closed pipe) without a word when stdout is closed early (``nvfp4
+inspect X | head -1``). Any other exception is a bug of ours: exit 2 with one line
+``nvfp4: internal error: ...``; ``NVFP4_DEBUG=1`` prints its traceback before that line.
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
+import traceback
 from collections.abc import Sequence
 from typing import Any, TextIO
 
@@ -52,6 +57,10 @@ __all__ = ["main"]
 
 #: Errors that are the input's fault: one line on stderr, exit 2.
 BAD_INPUT = (CheckpointError, SafetensorsError, PlaneError, OSError)
+#: The exit status when stdout is closed before everything is written (128 + SIGPIPE).
+EXIT_BROKEN_PIPE = 141
+#: Set to ``1``: an internal error prints its traceback.
+DEBUG_ENV = "NVFP4_DEBUG"
 
 
 def _one_line(e: BaseException) -> str:
@@ -427,19 +436,45 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _stdout_gone() -> int:
+    """stdout's reader has gone (``| head``): nothing more to say to anyone. As the Python
+    docs advise, stdout is pointed at ``/dev/null`` so that the interpreter's last flush
+    does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is no file (in-process use): nothing to flush
+        pass
+    finally:
+        os.close(devnull)
+    return EXIT_BROKEN_PIPE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``nvfp4`` command; returns the exit status."""
+    """Run the ``nvfp4`` command; returns the exit status (module docstring)."""
     args = _parser().parse_args(argv)
     try:
         with interrupt_on_signals():
             status: int = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
         return status
+    except BrokenPipeError:  # before BAD_INPUT: an OSError, but not the input's fault
+        return _stdout_gone()
     except BAD_INPUT as e:
         print(f"nvfp4: error: {_one_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("nvfp4: interrupted (no output was left behind)", file=sys.stderr)
         return 130
+    except Exception as e:
+        if os.environ.get(DEBUG_ENV) == "1":
+            traceback.print_exc()
+        what = one_line(f"{type(e).__name__}: {e}")
+        print(
+            f"nvfp4: internal error: {what} (please report it; {DEBUG_ENV}=1 shows the traceback)",
+            file=sys.stderr,
+        )
+        return 2
 
 
 if __name__ == "__main__":
