@@ -731,6 +731,37 @@ def test_a_hostile_tokenizer_json_meets_the_json_limits(
     assert f"{ck / 'tokenizer.json'}: {said}" in outcome.stderr
 
 
+@pytest.mark.parametrize("shard", [".", "./", "sub"])
+@pytest.mark.parametrize("command", ["inspect", "convert", "verify"])
+def test_an_index_naming_a_directory_is_a_clean_refusal(
+    tmp_path: Path, good: dict[str, Path], shard: str, command: str
+) -> None:
+    """A weight_map entry naming a directory (the folder itself, ``.``, included) is
+    refused where the index is read: the file, the key, expected a file, found a directory."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "dst").mkdir()
+    ck = tmp_path / "src" / "ck"
+    shutil.copytree(good["modelopt"], ck)
+    (ck / "sub").mkdir()
+    with SafetensorsFile(ck / ST) as f:
+        weight_map = dict.fromkeys(f.names(), ST)
+    weight_map["model.norm.weight"] = shard
+    (ck / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    argv = {
+        "inspect": ["inspect", str(ck)],
+        "convert": ["convert", str(ck), str(tmp_path / "dst" / "o"), "--to", "mlx"],
+        "verify": ["verify", str(good["modelopt"]), str(ck)],
+    }[command]
+    before = tree_hash(ck)
+    outcome = run_guarded(argv)
+    assert_clean_refusal(outcome, source=ck, source_hash=before, work=tmp_path, what=shard)
+    assert (
+        f"{ck}: model.safetensors.index.json: key 'weight_map.model.norm.weight': shard "
+        f"{shard!r}: expected a regular file"
+    ) in outcome.stderr
+    assert "found a directory" in outcome.stderr
+
+
 # ====================================================================== Hypothesis fuzz
 _VALUES = st.one_of(
     st.none(),

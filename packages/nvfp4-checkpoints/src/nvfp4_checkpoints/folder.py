@@ -252,6 +252,17 @@ def check_shape(shape: object, limit: int, where: object, what: str) -> tuple[in
 
 
 # ============================================================================ folder
+def _node(st: os.stat_result) -> str:
+    """What a file system entry that is not a regular file is, in words."""
+    if stat.S_ISDIR(st.st_mode):
+        return "a directory"
+    if stat.S_ISFIFO(st.st_mode):
+        return "a named pipe"
+    if stat.S_ISSOCK(st.st_mode):
+        return "a socket"
+    return "a device" if stat.S_ISBLK(st.st_mode) or stat.S_ISCHR(st.st_mode) else "a special file"
+
+
 class CheckpointFolder:
     """The regular files inside a checkpoint folder, and nothing else.
 
@@ -274,6 +285,12 @@ class CheckpointFolder:
         if not isinstance(name, str) or not name or "\x00" in name or "\\" in name:
             _fail(self.root, f"{what} {short(name)}: not a file name inside the checkpoint")
         parts = PurePosixPath(name).parts
+        if not parts:  # ".", "./": the folder itself
+            _fail(
+                self.root,
+                f"{what} {short(name)}: expected a regular file inside the checkpoint, found "
+                "a directory (the checkpoint folder itself)",
+            )
         if PurePosixPath(name).is_absolute() or any(p in ("..", ".") for p in parts):
             _fail(
                 self.root,
@@ -296,7 +313,7 @@ class CheckpointFolder:
                     "inside its folder)",
                 )
         if not stat.S_ISREG(st.st_mode):
-            _fail(self.root, f"{what} {short(name)}: not a regular file")
+            _fail(self.root, f"{what} {short(name)}: expected a regular file, found {_node(st)}")
         if not path.resolve().is_relative_to(self.real):  # pragma: no cover - belt and braces
             _fail(self.root, f"{what} {short(name)}: resolves outside the checkpoint")
         return path

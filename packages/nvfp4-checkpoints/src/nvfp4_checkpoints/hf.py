@@ -107,7 +107,8 @@ class SafetensorsStore:
             if not by_file:
                 raise CheckpointError(f"{root / INDEX_FILE}: 'weight_map' is empty")
             for fname, names in by_file.items():
-                sf = SafetensorsFile(folder.member(fname, what=f"{INDEX_FILE} shard"))
+                where = f"{INDEX_FILE}: key {short('weight_map.' + names[0])}: shard"
+                sf = SafetensorsFile(folder.member(fname, what=where))
                 self.files.append(sf)
                 for name in names:
                     if name not in sf:
