@@ -119,14 +119,18 @@ def _gguf_case(kv: dict[str, tuple[str, Any]], experts: int = 2, scale_n: int | 
             name="e",
         )
         data, scale = to_gguf(planes)
-        n = scale_n if scale_n is not None else experts
+        n = scale_n if scale_n is not None else experts  # 0: no .scale tensor
         path = work / "m.gguf"
         _gguf(
             path,
             kv=kv,
             tensors=[
                 ("blk.0.ffn_up_exps.weight", data, gguf.GGMLQuantizationType.NVFP4),
-                ("blk.0.ffn_up_exps.scale", np.resize(scale, n).astype(np.float32)),
+                *(
+                    [("blk.0.ffn_up_exps.scale", np.resize(scale, n).astype(np.float32))]
+                    if n
+                    else []
+                ),
                 ("output_norm.weight", np.ones(64, np.float32)),
             ],
         )
@@ -760,6 +764,92 @@ def test_an_index_naming_a_directory_is_a_clean_refusal(
         f"{shard!r}: expected a regular file"
     ) in outcome.stderr
     assert "found a directory" in outcome.stderr
+
+
+def _split_shards(ck: Path, a_holds: set[str], b_holds: set[str], index: dict[str, str]) -> None:
+    """``ck``'s one file split into shards ``a`` and ``b`` holding the tensors named, with an
+    index mapping every tensor to ``a`` except those ``index`` maps elsewhere (``""``: no
+    entry)."""
+    with SafetensorsFile(ck / ST) as f:
+        arrays = {n: np.array(f.get(n)) for n in f.names()}
+    (ck / ST).unlink()
+    save_file(ck / "a.safetensors", {n: arrays[n] for n in sorted(a_holds)})
+    save_file(ck / "b.safetensors", {n: arrays[n] for n in sorted(b_holds)})
+    weight_map = dict.fromkeys(arrays, "a.safetensors")
+    weight_map.update(index)
+    weight_map = {n: f for n, f in weight_map.items() if f}
+    (ck / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+
+
+NORM = "model.norm.weight"
+X = f"{V}.input_scale"  # a tensor that b.safetensors holds and the index maps to it
+
+
+@pytest.mark.parametrize(
+    ("a_not", "b_holds", "index", "said"),
+    [
+        (
+            {NORM, X},
+            {NORM, X},
+            {NORM: "", X: "b.safetensors"},
+            "model.safetensors.index.json: shard 'b.safetensors' holds tensor "
+            f"'{NORM}': expected 'weight_map' to map it to 'b.safetensors', found no entry",
+        ),
+        (
+            {X},
+            {NORM, X},
+            {X: "b.safetensors"},
+            "model.safetensors.index.json: shard 'b.safetensors' holds tensor "
+            f"'{NORM}': expected 'weight_map' to map it to 'b.safetensors', found an entry "
+            "naming 'a.safetensors'",
+        ),
+        (
+            {NORM, X},
+            {X},
+            {NORM: "b.safetensors", X: "b.safetensors"},
+            f"model.safetensors.index.json: tensor '{NORM}' is mapped to 'b.safetensors', which "
+            "does not hold it",
+        ),
+    ],
+    ids=["a shard tensor without an entry", "a shard tensor mapped elsewhere", "an entry lacking"],
+)
+def test_index_and_shards_agree_both_ways(
+    tmp_path: Path,
+    good: dict[str, Path],
+    a_not: set[str],
+    b_holds: set[str],
+    index: dict[str, str],
+    said: str,
+) -> None:
+    """No tensor is silently dropped or taken from a shard the index does not name for it."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "dst").mkdir()
+    ck = tmp_path / "src" / "ck"
+    shutil.copytree(good["modelopt"], ck)
+    with SafetensorsFile(ck / ST) as f:
+        names = set(f.names())
+    _split_shards(ck, names - a_not, b_holds, index)
+    before = tree_hash(ck)
+    outcome = run_guarded(["convert", str(ck), str(tmp_path / "dst" / "o"), "--to", "mlx"])
+    assert_clean_refusal(outcome, source=ck, source_hash=before, work=tmp_path, what=said)
+    assert said in outcome.stderr
+
+
+def test_a_gguf_of_ours_without_a_global_is_refused(tmp_path: Path) -> None:
+    """Our writer writes every ``.scale``: in a file recording nvfp4.spec_version a missing
+    one is refused naming the tensor, not read as 1.0 (what it means in a foreign file, as
+    ``test_gguf_written_by_gguf_py_itself`` checks)."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "dst").mkdir()
+    src = _gguf_case({"nvfp4.spec_version": ("string", "1.1")}, scale_n=0)(tmp_path / "src")
+    before = tree_hash(src)
+    outcome = run_guarded(["inspect", str(src)])
+    assert_clean_refusal(outcome, source=src, source_hash=before, work=tmp_path, what="no .scale")
+    assert (
+        f"{src}: NVFP4 tensor 'blk.0.ffn_up_exps.weight': expected its global "
+        "'blk.0.ffn_up_exps.scale' (a file recording nvfp4.spec_version holds every global), "
+        "found none"
+    ) in outcome.stderr
 
 
 # ====================================================================== Hypothesis fuzz

@@ -117,6 +117,8 @@ class SafetensorsStore:
                             f"{short(fname)}, which does not hold it"
                         )
                     self.where[name] = sf
+            for (fname, names), sf in zip(by_file.items(), self.files, strict=True):
+                _refuse_unmapped(root / INDEX_FILE, fname, sf, frozenset(names), weight_map)
         else:
             paths = [n for n in folder.listing() if n.endswith(".safetensors")]
             if not paths:
@@ -145,6 +147,21 @@ class SafetensorsStore:
 
     def get(self, name: str) -> npt.NDArray[Any]:
         return self.where[name].get(name)
+
+
+def _refuse_unmapped(
+    index: Path, fname: str, sf: SafetensorsFile, mapped: frozenset[str], weight_map: Fields
+) -> None:
+    """Index and shard agree both ways: every tensor of a shard the index names is mapped
+    to that shard (a tensor left out would otherwise be silently dropped)."""
+    for name in sf.names():
+        if name not in mapped:
+            other = weight_map.raw(name)
+            found = "no entry" if other is None else f"an entry naming {short(other)}"
+            raise CheckpointError(
+                f"{index}: shard {short(fname)} holds tensor {short(name)}: expected "
+                f"'weight_map' to map it to {short(fname)}, found {found}"
+            )
 
 
 class HFCheckpoint(Checkpoint):
