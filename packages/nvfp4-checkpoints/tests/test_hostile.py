@@ -852,6 +852,50 @@ def test_a_gguf_of_ours_without_a_global_is_refused(tmp_path: Path) -> None:
     ) in outcome.stderr
 
 
+#: A byte-level BPE tokenizer.json small enough to spell out (what a GGUF output converts).
+TOKENIZER_JSON = {
+    "version": "1.0",
+    "added_tokens": [],
+    "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": [["a", "b"]]},
+    "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True},
+    "decoder": {"type": "ByteLevel"},
+}
+SECRET_TEMPLATE = "{{ 'the secret chat template' }}"
+
+
+@pytest.mark.parametrize("via", ["source", "--tokenizer"])
+@pytest.mark.parametrize("linked", ["tokenizer.json", "chat_template.jinja"])
+@pytest.mark.parametrize("to", ["modelopt", "compressed-tensors", "mlx", "gguf"])
+def test_an_auxiliary_file_linked_outside_is_refused_by_every_output(
+    tmp_path: Path, good: dict[str, Path], to: str, linked: str, via: str
+) -> None:
+    """A tokenizer file or chat template that is a symlink out of the source checkpoint (or
+    out of a ``--tokenizer`` folder) is refused by every output flavour, before anything is
+    written: none reads it, none copies its bytes."""
+    if to == "gguf":
+        pytest.importorskip("gguf")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "tokenizer.json").write_text(json.dumps(TOKENIZER_JSON))
+    (outside / "chat_template.jinja").write_text(SECRET_TEMPLATE)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "dst").mkdir()
+    ck = tmp_path / "src" / "ck"
+    shutil.copytree(good["mlx" if to == "modelopt" else "modelopt"], ck)
+    tok = ck / "tok" if via == "--tokenizer" else ck
+    tok.mkdir(exist_ok=True)
+    (tok / "tokenizer.json").write_text(json.dumps(TOKENIZER_JSON))
+    (tok / "tokenizer_config.json").write_text(json.dumps({"eos_token": "ab"}))
+    (tok / linked).unlink(missing_ok=True)
+    (tok / linked).symlink_to(outside / linked)
+    dst = tmp_path / "dst" / ("o.gguf" if to == "gguf" else "o")
+    extra = ["--tokenizer", str(tok)] if via == "--tokenizer" else []
+    before = tree_hash(ck)
+    outcome = run_guarded(["convert", str(ck), str(dst), "--to", to, *extra])
+    assert_clean_refusal(outcome, source=ck, source_hash=before, work=tmp_path, what=linked)
+    assert f"{tok}: file '{linked}': is a symlink" in outcome.stderr
+
+
 # ====================================================================== Hypothesis fuzz
 _VALUES = st.one_of(
     st.none(),

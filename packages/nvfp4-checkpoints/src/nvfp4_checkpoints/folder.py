@@ -24,7 +24,7 @@ import math
 import os
 import re
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any, Final, NoReturn
 
@@ -317,6 +317,12 @@ class CheckpointFolder:
         if not path.resolve().is_relative_to(self.real):  # pragma: no cover - belt and braces
             _fail(self.root, f"{what} {short(name)}: resolves outside the checkpoint")
         return path
+
+    def present(self, names: Iterable[str]) -> list[Path]:
+        """The members among ``names`` that the folder has (:meth:`has`), each checked by
+        :meth:`member`: the one containment check of every auxiliary file an output reads or
+        copies (tokenizer files, chat templates, generation config...)."""
+        return [self.member(name, what="file") for name in names if self.has(name)]
 
     def json(self, name: str) -> dict[str, Any]:
         """The JSON object in member ``name``."""

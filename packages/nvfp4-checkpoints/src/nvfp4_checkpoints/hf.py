@@ -458,13 +458,13 @@ def _extra_files(origin: Checkpoint | None) -> list[Path]:
     the output: regular files inside it only (a symlink is refused, naming it)."""
     if not isinstance(origin, HFCheckpoint):
         return []
-    return [
-        origin.folder.member(name, what="file")
+    return origin.folder.present(
+        name
         for name in origin.folder.listing()
         if name not in _HF_CONFIG_FILES
         and name != MLX_LM_MODEL_FILE
         and not name.endswith(".safetensors")
-    ]
+    )
 
 
 def write_hf(fmt: HFFormat, dst_tmp: Path, src: Source, options: WriteOptions) -> list[str]:
