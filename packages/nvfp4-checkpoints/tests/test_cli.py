@@ -369,6 +369,52 @@ def _tiny_checkpoint(tmp_path: Path) -> Path:
     )
 
 
+# ------------------------------------------------------------------------------ verify
+def test_verify_says_bit_identical_only_when_it_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ "bit-identical" only when every byte, global and input scale is; within the allowed
+    ulps, the verdict says which globals and input scales differ and by how much."""
+    from nvfp4_checkpoints.safetensors_io import SafetensorsFile, save_file
+
+    rng = np.random.default_rng(3)
+    names = [f"model.layers.0.self_attn.{p}_proj" for p in ("q", "k", "v")]
+    a = write_checkpoint(
+        tmp_path / "a",
+        {n: quantize(rng.standard_normal((32, 64)).astype(np.float32), name=n) for n in names},
+        flavour="modelopt",
+        tensors={"model.norm.weight": np.ones(64, np.float32)},
+        config={"model_type": "llama", "num_hidden_layers": 1},
+        input_scales=dict.fromkeys(names, 0.5),
+    )
+    b = tmp_path / "b"
+    shutil.copytree(a, b)
+    with SafetensorsFile(b / "model.safetensors") as f:
+        arrays = {n: np.array(f.get(n)) for n in f.names()}
+    for name, steps in ((f"{names[0]}.weight_scale_2", 2), (f"{names[1]}.input_scale", 1)):
+        bits = arrays[name].view(np.int32) + steps  # steps float32 ulps up
+        arrays[name] = bits.view(np.float32)
+    save_file(b / "model.safetensors", arrays)
+
+    assert main(["verify", str(a), str(tmp_path / "a")]) == 0
+    assert capsys.readouterr().out == (
+        "SAME (modelopt vs modelopt): 3 NVFP4 tensors bit-identical (codes, scale bytes, "
+        "globals, input scales); 1 other tensors equal\n"
+    )
+    assert main(["verify", str(a), str(b), "--global-ulps", "3"]) == 0
+    out = capsys.readouterr().out
+    assert out == (
+        "SAME (modelopt vs modelopt): 3 NVFP4 tensors with bit-identical codes and scale "
+        "bytes, not bit-identical: 1 globals up to 2 ulp apart and 1 input scales up to 1 ulp "
+        "apart (within the 3 allowed); 1 other tensors equal\n"
+    )
+    assert "bit-identical (codes" not in out
+    assert main(["verify", str(a), str(b)]) == 1  # 0 ulps allowed between two ModelOpt
+    out = capsys.readouterr().out
+    assert out.startswith("DIFFER (modelopt vs modelopt): tensor "), out
+    assert out.endswith(" ulp apart, 0 allowed)\n"), out
+
+
 # ------------------------------------------------------------------ interrupts and kills
 def _sigint_default() -> None:
     """In the child before it execs: SIGINT back to its default. A test run started as a

@@ -319,6 +319,9 @@ def _compare_planes(
 def _verify(
     a: Checkpoint, b: Checkpoint, ulps: int | None = None
 ) -> tuple[str | None, dict[str, int]]:
+    """The first difference beyond ``ulps`` (``None``: none), and what was compared: counts
+    of NVFP4 tensors, of globals and input scales within ``ulps`` but not bit-identical
+    (with the most ulps seen), and of other tensors."""
     ulp_ok = ulps if ulps is not None else int("compressed-tensors" in (a.flavour, b.flavour))
     qa, qb = a.quantized_names(), set(b.quantized_names())
     for n in qa:
@@ -327,7 +330,10 @@ def _verify(
     for n in b.quantized_names():
         if n not in set(qa):
             return f"NVFP4 tensor {n!r} is in B but not in A", {}
-    stats = {"nvfp4": 0, "one_ulp_globals": 0, "other": 0}
+    stats = dict.fromkeys(
+        ("nvfp4", "globals_apart", "global_ulps", "inputs_apart", "input_ulps", "other"), 0
+    )
+    stats["ulp_ok"] = ulp_ok
     for n in qa:
         diff, ulps = _compare_planes(n, a.planes(n), b.planes(n), ulp_ok)
         if diff:
@@ -335,10 +341,17 @@ def _verify(
         ia, ib = a.input_scale(n), b.input_scale(n)
         if (ia is None) != (ib is None):
             return f"tensor {n!r}: input_scale {ia} vs {ib}", stats
-        if ia is not None and ib is not None and _ulps(ia, ib) > ulp_ok:
-            return f"tensor {n!r}: input_scale {ia!r} vs {ib!r}", stats
+        input_ulps = _ulps(ia, ib) if ia is not None and ib is not None else 0
+        if input_ulps > ulp_ok:
+            return (
+                f"tensor {n!r}: input_scale {ia!r} vs {ib!r} ({input_ulps} ulp apart, {ulp_ok} allowed)",
+                stats,
+            )
         stats["nvfp4"] += 1
-        stats["one_ulp_globals"] += int(ulps > 0)
+        stats["globals_apart"] += int(ulps > 0)
+        stats["global_ulps"] = max(stats["global_ulps"], ulps)
+        stats["inputs_apart"] += int(input_ulps > 0)
+        stats["input_ulps"] = max(stats["input_ulps"], input_ulps)
     ta, tb = a.tensor_names(), set(b.tensor_names())
     for n in ta:
         if n not in tb:
@@ -357,6 +370,33 @@ def _verify(
     return None, stats
 
 
+def _same(flavours: str, stats: dict[str, int]) -> str:
+    """The verdict of two checkpoints within the allowance: "bit-identical" only when every
+    NVFP4 byte, global and input scale is; otherwise what differs, and by how much."""
+    n = stats["nvfp4"]
+    apart = [
+        f"{stats[count]} {what} up to {stats[most]} ulp apart"
+        for count, most, what in (
+            ("globals_apart", "global_ulps", "globals"),
+            ("inputs_apart", "input_ulps", "input scales"),
+        )
+        if stats[count]
+    ]
+    if not apart:
+        nvfp4 = f"{n} NVFP4 tensors bit-identical (codes, scale bytes, globals, input scales)"
+    else:
+        why = (
+            "; a compressed-tensors global is a float32 reciprocal"
+            if "compressed" in flavours
+            else ""
+        )
+        nvfp4 = (
+            f"{n} NVFP4 tensors with bit-identical codes and scale bytes, not bit-identical: "
+            f"{' and '.join(apart)} (within the {stats['ulp_ok']} allowed{why})"
+        )
+    return f"SAME ({flavours}): {nvfp4}; {stats['other']} other tensors equal"
+
+
 def _cmd_verify(args: argparse.Namespace) -> int:
     with open_checkpoint(args.a) as a, open_checkpoint(args.b) as b:
         diff, stats = _verify(a, b, args.global_ulps)
@@ -364,15 +404,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     if diff:
         print(f"DIFFER ({flavours}): {diff}")
         return 1
-    extra = (
-        f"; {stats['one_ulp_globals']} globals 1 ulp apart (a compressed-tensors reciprocal)"
-        if stats["one_ulp_globals"]
-        else ""
-    )
-    print(
-        f"SAME ({flavours}): {stats['nvfp4']} NVFP4 tensors identical (codes, scale bytes, "
-        f"globals, input scales){extra}; {stats['other']} other tensors equal"
-    )
+    print(_same(flavours, stats))
     return 0
 
 
