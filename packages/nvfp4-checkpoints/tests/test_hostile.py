@@ -896,6 +896,44 @@ def test_an_auxiliary_file_linked_outside_is_refused_by_every_output(
     assert f"{tok}: file '{linked}': is a symlink" in outcome.stderr
 
 
+@pytest.mark.parametrize(
+    ("header", "said"),
+    [
+        (
+            b'{"__metadata__": {"note": "' + b"x" * 30_000_000 + b'"}}',
+            "__metadata__ 'note': expected at most 1048576 characters per key and value, "
+            "found 30000000",
+        ),
+        (
+            b"{" + b",".join(b'"k%d": 0' % i for i in range(1_000_000)) + b"}",
+            "header: a JSON object of 1000000 keys, more than the 131073 read",
+        ),
+        (
+            b'{"z": {"dtype": "F32", "shape": ['
+            + b"1," * 3_000_000
+            + b'1], "data_offsets": [0, 4]}}',
+            "header: JSON of 3000007 separators (',' and ':'), more than the 2097152 read",
+        ),
+    ],
+    ids=["30 MB metadata string", "a million keys", "3 million values"],
+)
+def test_a_costly_header_is_refused_before_it_costs(
+    tmp_path: Path, good: dict[str, Path], header: bytes, said: str
+) -> None:
+    """Header size, tensors, values and metadata strings are bounded: a hostile header
+    within the 32 MiB read is refused in well under a second, in one line."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "dst").mkdir()
+    ck = tmp_path / "src" / "ck"
+    shutil.copytree(good["modelopt"], ck)
+    _header(ck, raw=header)
+    before = tree_hash(ck)
+    outcome = run_guarded(["inspect", str(ck)])
+    assert_clean_refusal(outcome, source=ck, source_hash=before, work=tmp_path, what=said)
+    assert said in outcome.stderr
+    assert outcome.seconds < 1.0, outcome.seconds
+
+
 # ====================================================================== Hypothesis fuzz
 _VALUES = st.one_of(
     st.none(),

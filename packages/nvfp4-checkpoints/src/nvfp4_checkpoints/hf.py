@@ -39,6 +39,7 @@ from .flavours import CheckpointError, Flavour
 from .folder import CheckpointFolder, Fields, short
 from .safetensors_io import (
     DTYPES,
+    MAX_HEADER_TENSORS,
     SafetensorsFile,
     SafetensorsWriter,
     TensorInfo,
@@ -399,13 +400,16 @@ def _write_hf(
         units.append((it, entries))
     sizes = [sum(math.prod(s) * DTYPES[d].itemsize for _, d, s in e) for _, e in units]
     shards: list[list[int]] = [[]]
-    acc = 0
+    acc = count = 0
     for i, size in enumerate(sizes):
-        if shards[-1] and acc + size > max_shard_bytes:
+        n_entries = len(units[i][1])
+        # a shard this package's reader reads: at most MAX_HEADER_TENSORS tensors
+        if shards[-1] and (acc + size > max_shard_bytes or count + n_entries > MAX_HEADER_TENSORS):
             shards.append([])
-            acc = 0
+            acc = count = 0
         shards[-1].append(i)
         acc += size
+        count += n_entries
     total_bytes, total_items = sum(sizes), len(units)
     configs = fmt.config_files(src, layout)
 
