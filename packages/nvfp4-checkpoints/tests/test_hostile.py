@@ -934,6 +934,28 @@ def test_a_costly_header_is_refused_before_it_costs(
     assert outcome.seconds < 1.0, outcome.seconds
 
 
+def test_an_oversized_chat_template_is_refused_before_it_is_read(
+    tmp_path: Path, good: dict[str, Path]
+) -> None:
+    """The text files the GGUF tokenizer reads whole (chat templates, merges) are bounded
+    like JSON: a 100 MB template is refused naming it, not read into the GGUF."""
+    pytest.importorskip("gguf")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "dst").mkdir()
+    ck = tmp_path / "src" / "ck"
+    shutil.copytree(good["modelopt"], ck)
+    (ck / "tokenizer.json").write_text(json.dumps(TOKENIZER_JSON))
+    (ck / "tokenizer_config.json").write_text(json.dumps({"eos_token": "ab"}))
+    _big_sparse(ck / "chat_template.jinja", 100_000_001)
+    before = tree_hash(ck)
+    outcome = run_guarded(["convert", str(ck), str(tmp_path / "dst" / "o.gguf"), "--to", "gguf"])
+    assert_clean_refusal(outcome, source=ck, source_hash=before, work=tmp_path, what="template")
+    assert (
+        f"{ck / 'chat_template.jinja'}: a tokenizer file of 100000001 bytes, more than the "
+        "100000000 read"
+    ) in outcome.stderr
+
+
 # ====================================================================== Hypothesis fuzz
 _VALUES = st.one_of(
     st.none(),

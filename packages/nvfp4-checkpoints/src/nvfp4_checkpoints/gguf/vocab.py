@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from ..flavours import CheckpointError, import_gguf
-from ..folder import CheckpointFolder, read_json_file
+from ..folder import MAX_JSON_BYTES, CheckpointFolder, read_json_file
 from .file import GGUFFile
 
 __all__ = [
@@ -153,17 +153,23 @@ def has_hf_tokenizer(path: str | os.PathLike[str]) -> bool:
 def _check_reads(folder: CheckpointFolder) -> None:
     """Every file gguf-py's :class:`gguf.SpecialVocab` may read from ``folder``, checked as
     a folder output checks the files it copies (regular files inside the folder,
-    :meth:`~..folder.CheckpointFolder.present`), and the JSON among them that this module
-    does not read itself within the limits of every JSON read, before gguf-py's plain
-    ``json.load``."""
-    for path in folder.present(_SPECIAL_VOCAB_READS):
-        if path.name in _SPECIAL_VOCAB_JSON:
-            read_json_file(path)
+    :meth:`~..folder.CheckpointFolder.present`), before gguf-py reads them whole: the JSON
+    this module does not read itself within the limits of every JSON read, the text files
+    (templates, merges) within the same size."""
+    names = list(_SPECIAL_VOCAB_READS)
     extra = folder.root / _EXTRA_TEMPLATES
     if extra.is_dir():  # its *.jinja (a symlinked folder is refused by member)
         with os.scandir(extra) as it:
-            names = [f"{_EXTRA_TEMPLATES}/{e.name}" for e in it if e.name.endswith(".jinja")]
-        folder.present(names)
+            names += [f"{_EXTRA_TEMPLATES}/{e.name}" for e in it if e.name.endswith(".jinja")]
+    for path in folder.present(names):
+        if path.name in _SPECIAL_VOCAB_JSON:
+            read_json_file(path)
+        elif path.suffix == ".json":
+            pass  # tokenizer.json, tokenizer_config.json: read_hf_vocab reads them so
+        elif (size := path.stat().st_size) > MAX_JSON_BYTES:
+            raise CheckpointError(
+                f"{path}: a tokenizer file of {size} bytes, more than the {MAX_JSON_BYTES} read"
+            )
 
 
 def _steps(pre_tokenizer: Any) -> tuple[tuple[str, ...], bool] | None:
