@@ -68,7 +68,7 @@ logger = logging.getLogger(__name__)
 #: The Hugging Face ``tokenizers`` file a directory must hold for a GGUF tokenizer.
 TOKENIZER_FILE: Final = "tokenizer.json"
 #: What gguf-py's SpecialVocab reads from a tokenizer directory (and ``*.jinja`` in
-#: ``additional_chat_templates``); the JSON among them that read_hf_vocab does not read.
+#: ``additional_chat_templates``), then the JSON among them that read_hf_vocab does not read.
 _SPECIAL_VOCAB_READS: Final = (
     TOKENIZER_FILE,
     "tokenizer_config.json",
@@ -165,7 +165,7 @@ def _check_reads(folder: CheckpointFolder) -> None:
         if path.name in _SPECIAL_VOCAB_JSON:
             read_json_file(path)
         elif path.suffix == ".json":
-            pass  # tokenizer.json, tokenizer_config.json: read_hf_vocab reads them so
+            pass  # tokenizer.json, tokenizer_config.json: read_hf_vocab's, within the limits
         elif (size := path.stat().st_size) > MAX_JSON_BYTES:
             raise CheckpointError(
                 f"{path}: a tokenizer file of {size} bytes, more than the {MAX_JSON_BYTES} read"
