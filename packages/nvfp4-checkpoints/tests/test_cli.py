@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -288,6 +289,130 @@ def test_gguf_refuses_k_not_multiple_of_64(tmp_path: Path) -> None:
     assert _leftovers(tmp_path, "k48.gguf") == []
     ok = _run("convert", str(src), str(tmp_path / "k48_mlx"), "--to", "mlx")
     assert ok.returncode == 0, ok.stderr
+
+
+# ------------------------------------------------------------------ no traceback, ever
+#: Runs the CLI with ``open_checkpoint`` replaced by a function raising ``EXC``: a bug of ours.
+_FAULTY_CLI = """
+import sys
+import nvfp4_checkpoints.cli as cli
+
+def fault(*args, **kwargs):
+    raise {exc}
+
+cli.open_checkpoint = fault
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def _run_faulty(exc: str, *args: str, env: dict[str, str] | None = None) -> Any:
+    return subprocess.run(
+        [sys.executable, "-c", _FAULTY_CLI.format(exc=exc), *args],
+        capture_output=True,
+        text=True,
+        env=_env(env),
+        timeout=120,
+    )
+
+
+def test_an_internal_error_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    r = _run_faulty("ZeroDivisionError('injected fault')", "inspect", str(tmp_path))
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.splitlines() == [
+        "nvfp4: internal error: ZeroDivisionError: injected fault (please report it; "
+        "NVFP4_DEBUG=1 shows the traceback)"
+    ], r.stderr
+    debug = _run_faulty(
+        "ZeroDivisionError('injected fault')", "inspect", str(tmp_path), env={"NVFP4_DEBUG": "1"}
+    )
+    assert debug.returncode == 2, debug.stderr
+    assert debug.stderr.startswith("Traceback (most recent call last):"), debug.stderr
+    assert "ZeroDivisionError: injected fault" in debug.stderr
+    assert debug.stderr.splitlines()[-1].startswith("nvfp4: internal error: ZeroDivisionError")
+
+
+def test_an_interrupt_is_not_an_internal_error(tmp_path: Path) -> None:
+    r = _run_faulty("KeyboardInterrupt", "inspect", str(tmp_path))
+    assert r.returncode == 130, r.stderr
+    assert r.stderr == "nvfp4: interrupted (no output was left behind)\n"
+
+
+def test_a_closed_stdout_exits_141_without_a_word(tmp_path: Path) -> None:
+    """``nvfp4 inspect X | head -1``: the reader gone, nothing on stderr, exit 128 + SIGPIPE
+    (the pipe's reader is closed before the command starts, so that every write fails)."""
+    src = _tiny_checkpoint(tmp_path)
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", "nvfp4_checkpoints.cli", "inspect", str(src)],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env(),
+            timeout=120,
+        )
+    finally:
+        os.close(write)
+    assert (r.returncode, r.stderr) == (141, "")
+
+
+def _tiny_checkpoint(tmp_path: Path) -> Path:
+    name = "model.layers.0.mlp.down_proj"
+    planes = {name: quantize(np.ones((32, 64), np.float32), name=name)}
+    return write_checkpoint(
+        tmp_path / "tiny",
+        planes,
+        flavour="modelopt",
+        tensors={"model.norm.weight": np.ones(64, np.float32)},
+        config={"model_type": "llama", "num_hidden_layers": 1},
+    )
+
+
+# ------------------------------------------------------------------------------ verify
+def test_verify_says_bit_identical_only_when_it_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ "bit-identical" only when every byte, global and input scale is; within the allowed
+    ulps, the verdict says which globals and input scales differ and by how much."""
+    from nvfp4_checkpoints.safetensors_io import SafetensorsFile, save_file
+
+    rng = np.random.default_rng(3)
+    names = [f"model.layers.0.self_attn.{p}_proj" for p in ("q", "k", "v")]
+    a = write_checkpoint(
+        tmp_path / "a",
+        {n: quantize(rng.standard_normal((32, 64)).astype(np.float32), name=n) for n in names},
+        flavour="modelopt",
+        tensors={"model.norm.weight": np.ones(64, np.float32)},
+        config={"model_type": "llama", "num_hidden_layers": 1},
+        input_scales=dict.fromkeys(names, 0.5),
+    )
+    b = tmp_path / "b"
+    shutil.copytree(a, b)
+    with SafetensorsFile(b / "model.safetensors") as f:
+        arrays = {n: np.array(f.get(n)) for n in f.names()}
+    for name, steps in ((f"{names[0]}.weight_scale_2", 2), (f"{names[1]}.input_scale", 1)):
+        bits = arrays[name].view(np.int32) + steps  # steps float32 ulps up
+        arrays[name] = bits.view(np.float32)
+    save_file(b / "model.safetensors", arrays)
+
+    assert main(["verify", str(a), str(tmp_path / "a")]) == 0
+    assert capsys.readouterr().out == (
+        "SAME (modelopt vs modelopt): 3 NVFP4 tensors bit-identical (codes, scale bytes, "
+        "globals, input scales); 1 other tensors equal\n"
+    )
+    assert main(["verify", str(a), str(b), "--global-ulps", "3"]) == 0
+    out = capsys.readouterr().out
+    assert out == (
+        "SAME (modelopt vs modelopt): 3 NVFP4 tensors with bit-identical codes and scale "
+        "bytes, not bit-identical: 1 globals up to 2 ulp apart and 1 input scales up to 1 ulp "
+        "apart (within the 3 allowed); 1 other tensors equal\n"
+    )
+    assert "bit-identical (codes" not in out
+    assert main(["verify", str(a), str(b)]) == 1  # 0 ulps allowed between two ModelOpt
+    out = capsys.readouterr().out
+    assert out.startswith("DIFFER (modelopt vs modelopt): tensor "), out
+    assert out.endswith(" ulp apart, 0 allowed)\n"), out
 
 
 # ------------------------------------------------------------------ interrupts and kills

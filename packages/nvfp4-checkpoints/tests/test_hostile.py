@@ -119,14 +119,18 @@ def _gguf_case(kv: dict[str, tuple[str, Any]], experts: int = 2, scale_n: int | 
             name="e",
         )
         data, scale = to_gguf(planes)
-        n = scale_n if scale_n is not None else experts
+        n = scale_n if scale_n is not None else experts  # 0: no .scale tensor
         path = work / "m.gguf"
         _gguf(
             path,
             kv=kv,
             tensors=[
                 ("blk.0.ffn_up_exps.weight", data, gguf.GGMLQuantizationType.NVFP4),
-                ("blk.0.ffn_up_exps.scale", np.resize(scale, n).astype(np.float32)),
+                *(
+                    [("blk.0.ffn_up_exps.scale", np.resize(scale, n).astype(np.float32))]
+                    if n
+                    else []
+                ),
                 ("output_norm.weight", np.ones(64, np.float32)),
             ],
         )
@@ -696,6 +700,260 @@ def test_many_zero_byte_tensors_inspect_in_linear_time(
     outcome = run_guarded(["inspect", str(ck)])
     assert outcome.status == 0, outcome.stderr
     assert outcome.seconds < 30, outcome.seconds
+
+
+def _big_sparse(path: Path, size: int) -> None:
+    with open(path, "wb") as f:
+        f.truncate(size)  # sparse: no disk, no time
+
+
+@pytest.mark.parametrize(
+    ("write", "said"),
+    [
+        (lambda p: p.write_text(DEEP), "JSON nested 1000 levels deep, more than the 64 read"),
+        (
+            lambda p: _big_sparse(p, 100_000_001),
+            "JSON of 100000001 bytes, more than the 100000000 read",
+        ),
+    ],
+    ids=["nested 1000", "over 100 MB"],
+)
+def test_a_hostile_tokenizer_json_meets_the_json_limits(
+    tmp_path: Path, good: dict[str, Path], write: Callable[[Path], None], said: str
+) -> None:
+    """The GGUF output reads the source's tokenizer.json within the limits of every JSON
+    read: refused before parsing, in one line naming the file."""
+    pytest.importorskip("gguf")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "dst").mkdir()
+    ck = tmp_path / "src" / "ck"
+    shutil.copytree(good["modelopt"], ck)
+    write(ck / "tokenizer.json")
+    before = tree_hash(ck)
+    outcome = run_guarded(["convert", str(ck), str(tmp_path / "dst" / "o.gguf"), "--to", "gguf"])
+    assert_clean_refusal(outcome, source=ck, source_hash=before, work=tmp_path, what="tokenizer")
+    assert f"{ck / 'tokenizer.json'}: {said}" in outcome.stderr
+
+
+@pytest.mark.parametrize("shard", [".", "./", "sub"])
+@pytest.mark.parametrize("command", ["inspect", "convert", "verify"])
+def test_an_index_naming_a_directory_is_a_clean_refusal(
+    tmp_path: Path, good: dict[str, Path], shard: str, command: str
+) -> None:
+    """A weight_map entry naming a directory (the folder itself, ``.``, included) is
+    refused where the index is read: the file, the key, expected a file, found a directory."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "dst").mkdir()
+    ck = tmp_path / "src" / "ck"
+    shutil.copytree(good["modelopt"], ck)
+    (ck / "sub").mkdir()
+    with SafetensorsFile(ck / ST) as f:
+        weight_map = dict.fromkeys(f.names(), ST)
+    weight_map["model.norm.weight"] = shard
+    (ck / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    argv = {
+        "inspect": ["inspect", str(ck)],
+        "convert": ["convert", str(ck), str(tmp_path / "dst" / "o"), "--to", "mlx"],
+        "verify": ["verify", str(good["modelopt"]), str(ck)],
+    }[command]
+    before = tree_hash(ck)
+    outcome = run_guarded(argv)
+    assert_clean_refusal(outcome, source=ck, source_hash=before, work=tmp_path, what=shard)
+    assert (
+        f"{ck}: model.safetensors.index.json: key 'weight_map.model.norm.weight': shard "
+        f"{shard!r}: expected a regular file"
+    ) in outcome.stderr
+    assert "found a directory" in outcome.stderr
+
+
+def _split_shards(ck: Path, a_holds: set[str], b_holds: set[str], index: dict[str, str]) -> None:
+    """``ck``'s one file split into shards ``a`` and ``b`` holding the tensors named, with an
+    index mapping every tensor to ``a`` except those ``index`` maps elsewhere (``""``: no
+    entry)."""
+    with SafetensorsFile(ck / ST) as f:
+        arrays = {n: np.array(f.get(n)) for n in f.names()}
+    (ck / ST).unlink()
+    save_file(ck / "a.safetensors", {n: arrays[n] for n in sorted(a_holds)})
+    save_file(ck / "b.safetensors", {n: arrays[n] for n in sorted(b_holds)})
+    weight_map = dict.fromkeys(arrays, "a.safetensors")
+    weight_map.update(index)
+    weight_map = {n: f for n, f in weight_map.items() if f}
+    (ck / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+
+
+NORM = "model.norm.weight"
+X = f"{V}.input_scale"  # a tensor that b.safetensors holds and the index maps to it
+
+
+@pytest.mark.parametrize(
+    ("a_not", "b_holds", "index", "said"),
+    [
+        (
+            {NORM, X},
+            {NORM, X},
+            {NORM: "", X: "b.safetensors"},
+            "model.safetensors.index.json: shard 'b.safetensors' holds tensor "
+            f"'{NORM}': expected 'weight_map' to map it to 'b.safetensors', found no entry",
+        ),
+        (
+            {X},
+            {NORM, X},
+            {X: "b.safetensors"},
+            "model.safetensors.index.json: shard 'b.safetensors' holds tensor "
+            f"'{NORM}': expected 'weight_map' to map it to 'b.safetensors', found an entry "
+            "naming 'a.safetensors'",
+        ),
+        (
+            {NORM, X},
+            {X},
+            {NORM: "b.safetensors", X: "b.safetensors"},
+            f"model.safetensors.index.json: tensor '{NORM}' is mapped to 'b.safetensors', which "
+            "does not hold it",
+        ),
+    ],
+    ids=["a shard tensor without an entry", "a shard tensor mapped elsewhere", "an entry lacking"],
+)
+def test_index_and_shards_agree_both_ways(
+    tmp_path: Path,
+    good: dict[str, Path],
+    a_not: set[str],
+    b_holds: set[str],
+    index: dict[str, str],
+    said: str,
+) -> None:
+    """No tensor is silently dropped or taken from a shard the index does not name for it."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "dst").mkdir()
+    ck = tmp_path / "src" / "ck"
+    shutil.copytree(good["modelopt"], ck)
+    with SafetensorsFile(ck / ST) as f:
+        names = set(f.names())
+    _split_shards(ck, names - a_not, b_holds, index)
+    before = tree_hash(ck)
+    outcome = run_guarded(["convert", str(ck), str(tmp_path / "dst" / "o"), "--to", "mlx"])
+    assert_clean_refusal(outcome, source=ck, source_hash=before, work=tmp_path, what=said)
+    assert said in outcome.stderr
+
+
+def test_a_gguf_of_ours_without_a_global_is_refused(tmp_path: Path) -> None:
+    """Our writer writes every ``.scale``: in a file recording nvfp4.spec_version a missing
+    one is refused naming the tensor, not read as 1.0 (what it means in a foreign file, as
+    ``test_gguf_written_by_gguf_py_itself`` checks)."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "dst").mkdir()
+    src = _gguf_case({"nvfp4.spec_version": ("string", "1.1")}, scale_n=0)(tmp_path / "src")
+    before = tree_hash(src)
+    outcome = run_guarded(["inspect", str(src)])
+    assert_clean_refusal(outcome, source=src, source_hash=before, work=tmp_path, what="no .scale")
+    assert (
+        f"{src}: NVFP4 tensor 'blk.0.ffn_up_exps.weight': expected its global "
+        "'blk.0.ffn_up_exps.scale' (a file recording nvfp4.spec_version holds every global), "
+        "found none"
+    ) in outcome.stderr
+
+
+#: A byte-level BPE tokenizer.json small enough to spell out (what a GGUF output converts).
+TOKENIZER_JSON = {
+    "version": "1.0",
+    "added_tokens": [],
+    "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": [["a", "b"]]},
+    "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True},
+    "decoder": {"type": "ByteLevel"},
+}
+SECRET_TEMPLATE = "{{ 'the secret chat template' }}"
+
+
+@pytest.mark.parametrize("via", ["source", "--tokenizer"])
+@pytest.mark.parametrize("linked", ["tokenizer.json", "chat_template.jinja"])
+@pytest.mark.parametrize("to", ["modelopt", "compressed-tensors", "mlx", "gguf"])
+def test_an_auxiliary_file_linked_outside_is_refused_by_every_output(
+    tmp_path: Path, good: dict[str, Path], to: str, linked: str, via: str
+) -> None:
+    """A tokenizer file or chat template that is a symlink out of the source checkpoint (or
+    out of a ``--tokenizer`` folder) is refused by every output flavour, before anything is
+    written: none reads it, none copies its bytes."""
+    if to == "gguf":
+        pytest.importorskip("gguf")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "tokenizer.json").write_text(json.dumps(TOKENIZER_JSON))
+    (outside / "chat_template.jinja").write_text(SECRET_TEMPLATE)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "dst").mkdir()
+    ck = tmp_path / "src" / "ck"
+    shutil.copytree(good["mlx" if to == "modelopt" else "modelopt"], ck)
+    tok = ck / "tok" if via == "--tokenizer" else ck
+    tok.mkdir(exist_ok=True)
+    (tok / "tokenizer.json").write_text(json.dumps(TOKENIZER_JSON))
+    (tok / "tokenizer_config.json").write_text(json.dumps({"eos_token": "ab"}))
+    (tok / linked).unlink(missing_ok=True)
+    (tok / linked).symlink_to(outside / linked)
+    dst = tmp_path / "dst" / ("o.gguf" if to == "gguf" else "o")
+    extra = ["--tokenizer", str(tok)] if via == "--tokenizer" else []
+    before = tree_hash(ck)
+    outcome = run_guarded(["convert", str(ck), str(dst), "--to", to, *extra])
+    assert_clean_refusal(outcome, source=ck, source_hash=before, work=tmp_path, what=linked)
+    assert f"{tok}: file '{linked}': is a symlink" in outcome.stderr
+
+
+@pytest.mark.parametrize(
+    ("header", "said"),
+    [
+        (
+            b'{"__metadata__": {"note": "' + b"x" * 30_000_000 + b'"}}',
+            "__metadata__ 'note': expected at most 1048576 characters per key and value, "
+            "found 30000000",
+        ),
+        (
+            b"{" + b",".join(b'"k%d": 0' % i for i in range(1_000_000)) + b"}",
+            "header: a JSON object of 1000000 keys, more than the 131073 read",
+        ),
+        (
+            b'{"z": {"dtype": "F32", "shape": ['
+            + b"1," * 3_000_000
+            + b'1], "data_offsets": [0, 4]}}',
+            "header: JSON of 3000007 separators (',' and ':'), more than the 2097152 read",
+        ),
+    ],
+    ids=["30 MB metadata string", "a million keys", "3 million values"],
+)
+def test_a_costly_header_is_refused_before_it_costs(
+    tmp_path: Path, good: dict[str, Path], header: bytes, said: str
+) -> None:
+    """Header size, tensors, values and metadata strings are bounded: a hostile header
+    within the 32 MiB read is refused in well under a second, in one line."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "dst").mkdir()
+    ck = tmp_path / "src" / "ck"
+    shutil.copytree(good["modelopt"], ck)
+    _header(ck, raw=header)
+    before = tree_hash(ck)
+    outcome = run_guarded(["inspect", str(ck)])
+    assert_clean_refusal(outcome, source=ck, source_hash=before, work=tmp_path, what=said)
+    assert said in outcome.stderr
+    assert outcome.seconds < 1.0, outcome.seconds
+
+
+def test_an_oversized_chat_template_is_refused_before_it_is_read(
+    tmp_path: Path, good: dict[str, Path]
+) -> None:
+    """The text files the GGUF tokenizer reads whole (chat templates, merges) are bounded
+    like JSON: a 100 MB template is refused naming it, not read into the GGUF."""
+    pytest.importorskip("gguf")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "dst").mkdir()
+    ck = tmp_path / "src" / "ck"
+    shutil.copytree(good["modelopt"], ck)
+    (ck / "tokenizer.json").write_text(json.dumps(TOKENIZER_JSON))
+    (ck / "tokenizer_config.json").write_text(json.dumps({"eos_token": "ab"}))
+    _big_sparse(ck / "chat_template.jinja", 100_000_001)
+    before = tree_hash(ck)
+    outcome = run_guarded(["convert", str(ck), str(tmp_path / "dst" / "o.gguf"), "--to", "gguf"])
+    assert_clean_refusal(outcome, source=ck, source_hash=before, work=tmp_path, what="template")
+    assert (
+        f"{ck / 'chat_template.jinja'}: a tokenizer file of 100000001 bytes, more than the "
+        "100000000 read"
+    ) in outcome.stderr
 
 
 # ====================================================================== Hypothesis fuzz

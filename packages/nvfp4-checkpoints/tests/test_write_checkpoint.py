@@ -83,3 +83,23 @@ def test_refuses_a_shard_size_that_is_not_positive(tmp_path: Path) -> None:
             tmp_path / "x", _planes(), flavour="modelopt", config=CONFIG, max_shard_bytes=0
         )
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_shard_holds_no_more_tensors_than_the_reader_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer starts a new shard before the reader's MAX_HEADER_TENSORS, whatever
+    max_shard_bytes allows: we read every file we write (the limit lowered to 3 here)."""
+    from nvfp4_checkpoints import hf
+
+    monkeypatch.setattr(hf, "MAX_HEADER_TENSORS", 3)
+    tensors = {
+        f"model.layers.{i}.input_layernorm.weight": np.ones(64, np.float32) for i in range(4)
+    }
+    out = write_checkpoint(
+        tmp_path / "out", _planes(), flavour="modelopt", tensors=tensors, config=CONFIG
+    )
+    shards = sorted(p.name for p in out.glob("*.safetensors"))
+    assert shards == [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
+    with open_checkpoint(out) as ck:
+        assert sorted(ck.tensor_names()) == sorted(tensors)

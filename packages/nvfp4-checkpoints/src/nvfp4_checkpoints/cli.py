@@ -16,7 +16,10 @@ at most a hidden ``.DST.nvfp4-tmp.*`` sibling, removed by the next convert to DS
 Exit status: 0 on success; 1 when ``verify`` finds a difference; 2 on bad input (missing
 files, a truncated or lying safetensors header, an unknown flavour, malformed planes, K not
 a multiple of 64 for GGUF, an existing DST without ``--force``), with a one-line reason on
-stderr and no traceback; 130 when interrupted.
+stderr and no traceback; 130 when interrupted; 141 (128 + SIGPIPE, what a shell reports for
+a command killed by a closed pipe) without a word when stdout is closed early (``nvfp4
+inspect X | head -1``). Any other exception is a bug of ours: exit 2 with one line
+``nvfp4: internal error: ...``; ``NVFP4_DEBUG=1`` prints its traceback before that line.
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
+import traceback
 from collections.abc import Sequence
 from typing import Any, TextIO
 
@@ -52,6 +57,10 @@ __all__ = ["main"]
 
 #: Errors that are the input's fault: one line on stderr, exit 2.
 BAD_INPUT = (CheckpointError, SafetensorsError, PlaneError, OSError)
+#: The exit status when stdout is closed before everything is written (128 + SIGPIPE).
+EXIT_BROKEN_PIPE = 141
+#: Set to ``1``: an internal error prints its traceback.
+DEBUG_ENV = "NVFP4_DEBUG"
 
 
 def _one_line(e: BaseException) -> str:
@@ -310,6 +319,9 @@ def _compare_planes(
 def _verify(
     a: Checkpoint, b: Checkpoint, ulps: int | None = None
 ) -> tuple[str | None, dict[str, int]]:
+    """The first difference beyond ``ulps`` (``None``: none), and what was compared: counts
+    of NVFP4 tensors, of globals and input scales within ``ulps`` but not bit-identical
+    (with the most ulps seen), and of other tensors."""
     ulp_ok = ulps if ulps is not None else int("compressed-tensors" in (a.flavour, b.flavour))
     qa, qb = a.quantized_names(), set(b.quantized_names())
     for n in qa:
@@ -318,7 +330,10 @@ def _verify(
     for n in b.quantized_names():
         if n not in set(qa):
             return f"NVFP4 tensor {n!r} is in B but not in A", {}
-    stats = {"nvfp4": 0, "one_ulp_globals": 0, "other": 0}
+    stats = dict.fromkeys(
+        ("nvfp4", "globals_apart", "global_ulps", "inputs_apart", "input_ulps", "other"), 0
+    )
+    stats["ulp_ok"] = ulp_ok
     for n in qa:
         diff, ulps = _compare_planes(n, a.planes(n), b.planes(n), ulp_ok)
         if diff:
@@ -326,10 +341,17 @@ def _verify(
         ia, ib = a.input_scale(n), b.input_scale(n)
         if (ia is None) != (ib is None):
             return f"tensor {n!r}: input_scale {ia} vs {ib}", stats
-        if ia is not None and ib is not None and _ulps(ia, ib) > ulp_ok:
-            return f"tensor {n!r}: input_scale {ia!r} vs {ib!r}", stats
+        input_ulps = _ulps(ia, ib) if ia is not None and ib is not None else 0
+        if input_ulps > ulp_ok:
+            return (
+                f"tensor {n!r}: input_scale {ia!r} vs {ib!r} ({input_ulps} ulp apart, {ulp_ok} allowed)",
+                stats,
+            )
         stats["nvfp4"] += 1
-        stats["one_ulp_globals"] += int(ulps > 0)
+        stats["globals_apart"] += int(ulps > 0)
+        stats["global_ulps"] = max(stats["global_ulps"], ulps)
+        stats["inputs_apart"] += int(input_ulps > 0)
+        stats["input_ulps"] = max(stats["input_ulps"], input_ulps)
     ta, tb = a.tensor_names(), set(b.tensor_names())
     for n in ta:
         if n not in tb:
@@ -348,6 +370,33 @@ def _verify(
     return None, stats
 
 
+def _same(flavours: str, stats: dict[str, int]) -> str:
+    """The verdict of two checkpoints within the allowance: "bit-identical" only when every
+    NVFP4 byte, global and input scale is; otherwise what differs, and by how much."""
+    n = stats["nvfp4"]
+    apart = [
+        f"{stats[count]} {what} up to {stats[most]} ulp apart"
+        for count, most, what in (
+            ("globals_apart", "global_ulps", "globals"),
+            ("inputs_apart", "input_ulps", "input scales"),
+        )
+        if stats[count]
+    ]
+    if not apart:
+        nvfp4 = f"{n} NVFP4 tensors bit-identical (codes, scale bytes, globals, input scales)"
+    else:
+        why = (
+            "; a compressed-tensors global is a float32 reciprocal"
+            if "compressed" in flavours
+            else ""
+        )
+        nvfp4 = (
+            f"{n} NVFP4 tensors with bit-identical codes and scale bytes, not bit-identical: "
+            f"{' and '.join(apart)} (within the {stats['ulp_ok']} allowed{why})"
+        )
+    return f"SAME ({flavours}): {nvfp4}; {stats['other']} other tensors equal"
+
+
 def _cmd_verify(args: argparse.Namespace) -> int:
     with open_checkpoint(args.a) as a, open_checkpoint(args.b) as b:
         diff, stats = _verify(a, b, args.global_ulps)
@@ -355,15 +404,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     if diff:
         print(f"DIFFER ({flavours}): {diff}")
         return 1
-    extra = (
-        f"; {stats['one_ulp_globals']} globals 1 ulp apart (a compressed-tensors reciprocal)"
-        if stats["one_ulp_globals"]
-        else ""
-    )
-    print(
-        f"SAME ({flavours}): {stats['nvfp4']} NVFP4 tensors identical (codes, scale bytes, "
-        f"globals, input scales){extra}; {stats['other']} other tensors equal"
-    )
+    print(_same(flavours, stats))
     return 0
 
 
@@ -427,19 +468,45 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _stdout_gone() -> int:
+    """stdout's reader has gone (``| head``): nothing more to say to anyone. As the Python
+    docs advise, stdout is pointed at ``/dev/null`` so that the interpreter's last flush
+    does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is no file (in-process use): nothing to flush
+        pass
+    finally:
+        os.close(devnull)
+    return EXIT_BROKEN_PIPE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``nvfp4`` command; returns the exit status."""
+    """Run the ``nvfp4`` command; returns the exit status (module docstring)."""
     args = _parser().parse_args(argv)
     try:
         with interrupt_on_signals():
             status: int = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
         return status
+    except BrokenPipeError:  # before BAD_INPUT: an OSError, but not the input's fault
+        return _stdout_gone()
     except BAD_INPUT as e:
         print(f"nvfp4: error: {_one_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("nvfp4: interrupted (no output was left behind)", file=sys.stderr)
         return 130
+    except Exception as e:
+        if os.environ.get(DEBUG_ENV) == "1":
+            traceback.print_exc()
+        what = one_line(f"{type(e).__name__}: {e}")
+        print(
+            f"nvfp4: internal error: {what} (please report it; {DEBUG_ENV}=1 shows the traceback)",
+            file=sys.stderr,
+        )
+        return 2
 
 
 if __name__ == "__main__":

@@ -25,9 +25,9 @@ import importlib
 import os
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Final, Literal
+from typing import Final, Literal
 
-from .folder import CheckpointError, CheckpointFolder, Fields, read_json_file, short
+from .folder import CheckpointError, CheckpointFolder, Fields, short
 
 __all__ = [
     "FLAVOURS",
@@ -36,7 +36,6 @@ __all__ = [
     "Flavour",
     "detect_flavour",
     "import_gguf",
-    "read_json",
 ]
 
 Flavour = Literal["modelopt", "compressed-tensors", "mlx", "gguf"]
@@ -59,11 +58,6 @@ def import_gguf() -> ModuleType:
         raise CheckpointError(
             "GGUF support needs the 'gguf' package (pip install 'gguf>=0.17')"
         ) from None
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    """A JSON object from ``path``, or :class:`CheckpointError` naming the file."""
-    return read_json_file(path)
 
 
 def _is_gguf(path: Path) -> bool:

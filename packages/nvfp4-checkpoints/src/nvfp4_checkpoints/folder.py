@@ -22,9 +22,9 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import stat
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Final, NoReturn
 
@@ -62,7 +62,16 @@ class CheckpointError(ValueError):
     line naming the path or tensor concerned."""
 
 
-_STRING: Final = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+#: The bytes :func:`json_outline` looks at in one go (its temporaries: a few times this).
+_CHUNK: Final = 1 << 22
+_QUOTE, _OPEN, _CLOSE, _COLON, _COMMA = 1, 2, 3, 4, 5
+#: byte -> what it is to :func:`json_outline` (0: nothing).
+_KIND: Final = np.zeros(256, dtype=np.uint8)
+_KIND[ord('"')] = _QUOTE
+_KIND[[ord("{"), ord("[")]] = _OPEN
+_KIND[[ord("}"), ord("]")]] = _CLOSE
+_KIND[ord(":")] = _COLON
+_KIND[ord(",")] = _COMMA
 
 
 def short(value: object, limit: int = 60) -> str:
@@ -95,25 +104,66 @@ def _int(text: str) -> int:
     return int(text)
 
 
-def json_depth(raw: bytes) -> int:
-    """The deepest nesting of arrays and objects in ``raw``, brackets in strings aside."""
-    bare = np.frombuffer(_STRING.sub(b'""', raw), dtype=np.uint8)
-    if bare.size == 0:
-        return 0
-    step = np.zeros(bare.shape, dtype=np.int8)
-    step[(bare == ord("{")) | (bare == ord("["))] = 1
-    step[(bare == ord("}")) | (bare == ord("]"))] = -1
-    return int(np.cumsum(step, dtype=np.int64).max(initial=0))
+@dataclass(frozen=True, slots=True)
+class Outline:
+    """What parsing a JSON document would build, counted without parsing it."""
+
+    depth: int  # the deepest nesting of arrays and objects
+    top_keys: int  # the keys of the top-level object
+    separators: int  # ``,`` and ``:`` outside strings: a bound on the values built
 
 
-def parse_json(raw: bytes, where: object) -> Any:
-    """Parse ``raw`` (UTF-8 JSON) within the limits of the module docstring, or raise
+def json_outline(raw: bytes) -> Outline:
+    """The :class:`Outline` of ``raw`` in linear time and bounded memory (numpy,
+    :data:`_CHUNK` bytes at a time): escapes are dropped (backslash pairs, then escaped
+    quotes) so that every quote left opens or closes a string; then only quotes, brackets,
+    ``,`` and ``:`` are looked at, the last four outside strings only."""
+    text = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+    data = np.frombuffer(text, dtype=np.uint8)
+    inside, depth, deepest, top_keys, separators = False, 0, 0, 0, 0
+    for start in range(0, data.size, _CHUNK):
+        kind = _KIND[data[start : start + _CHUNK]]
+        kind = kind[kind != 0]  # the bytes that matter, in order
+        if kind.size == 0:
+            continue
+        within = np.logical_xor.accumulate(kind == _QUOTE)
+        if inside:
+            within = ~within
+        outside = kind[~within]
+        step = (outside == _OPEN).astype(np.int32) - (outside == _CLOSE)
+        level = np.cumsum(step, dtype=np.int32) + depth
+        colon = outside == _COLON
+        if level.size:
+            deepest = max(deepest, int(level.max()))
+            depth = int(level[-1])
+        top_keys += int(np.count_nonzero(colon & (level == 1)))
+        separators += int(np.count_nonzero(colon)) + int(np.count_nonzero(outside == _COMMA))
+        inside = bool(within[-1])
+    return Outline(deepest, top_keys, separators)
+
+
+def parse_json(
+    raw: bytes, where: object, *, max_keys: int | None = None, max_separators: int | None = None
+) -> Any:
+    """Parse ``raw`` (UTF-8 JSON) within the limits of the module docstring and, when
+    given, with at most ``max_keys`` keys in its top-level object and ``max_separators``
+    separators (a bound on the values built), all counted before parsing; or raise
     :class:`CheckpointError` naming ``where``."""
     if len(raw) > MAX_JSON_BYTES:
         _fail(where, f"JSON of {len(raw)} bytes, more than the {MAX_JSON_BYTES} read")
-    depth = json_depth(raw)
-    if depth > MAX_JSON_DEPTH:
-        _fail(where, f"JSON nested {depth} levels deep, more than the {MAX_JSON_DEPTH} read")
+    outline = json_outline(raw)
+    if outline.depth > MAX_JSON_DEPTH:
+        _fail(
+            where, f"JSON nested {outline.depth} levels deep, more than the {MAX_JSON_DEPTH} read"
+        )
+    if max_keys is not None and outline.top_keys > max_keys:
+        _fail(where, f"a JSON object of {outline.top_keys} keys, more than the {max_keys} read")
+    if max_separators is not None and outline.separators > max_separators:
+        _fail(
+            where,
+            f"JSON of {outline.separators} separators (',' and ':'), more than the "
+            f"{max_separators} read",
+        )
     try:
         return json.loads(raw.decode("utf-8"), parse_int=_int, parse_constant=_refuse_constant)
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
@@ -252,6 +302,17 @@ def check_shape(shape: object, limit: int, where: object, what: str) -> tuple[in
 
 
 # ============================================================================ folder
+def _node(st: os.stat_result) -> str:
+    """What a file system entry that is not a regular file is, in words."""
+    if stat.S_ISDIR(st.st_mode):
+        return "a directory"
+    if stat.S_ISFIFO(st.st_mode):
+        return "a named pipe"
+    if stat.S_ISSOCK(st.st_mode):
+        return "a socket"
+    return "a device" if stat.S_ISBLK(st.st_mode) or stat.S_ISCHR(st.st_mode) else "a special file"
+
+
 class CheckpointFolder:
     """The regular files inside a checkpoint folder, and nothing else.
 
@@ -274,6 +335,12 @@ class CheckpointFolder:
         if not isinstance(name, str) or not name or "\x00" in name or "\\" in name:
             _fail(self.root, f"{what} {short(name)}: not a file name inside the checkpoint")
         parts = PurePosixPath(name).parts
+        if not parts:  # ".", "./": the folder itself
+            _fail(
+                self.root,
+                f"{what} {short(name)}: expected a regular file inside the checkpoint, found "
+                "a directory (the checkpoint folder itself)",
+            )
         if PurePosixPath(name).is_absolute() or any(p in ("..", ".") for p in parts):
             _fail(
                 self.root,
@@ -296,10 +363,16 @@ class CheckpointFolder:
                     "inside its folder)",
                 )
         if not stat.S_ISREG(st.st_mode):
-            _fail(self.root, f"{what} {short(name)}: not a regular file")
+            _fail(self.root, f"{what} {short(name)}: expected a regular file, found {_node(st)}")
         if not path.resolve().is_relative_to(self.real):  # pragma: no cover - belt and braces
             _fail(self.root, f"{what} {short(name)}: resolves outside the checkpoint")
         return path
+
+    def present(self, names: Iterable[str]) -> list[Path]:
+        """The members among ``names`` that the folder has (:meth:`has`), each checked by
+        :meth:`member`: the one containment check of every auxiliary file an output reads or
+        copies (tokenizer files, chat templates, generation config...)."""
+        return [self.member(name, what="file") for name in names if self.has(name)]
 
     def json(self, name: str) -> dict[str, Any]:
         """The JSON object in member ``name``."""
@@ -323,8 +396,3 @@ class CheckpointFolder:
                 if entry.is_symlink() or entry.is_file(follow_symlinks=False):
                     out.append(entry.name)
         return sorted(out)
-
-
-def config_fields(config: Mapping[str, Any], where: object) -> Fields:
-    """A model config (``config.json``, or the copy a GGUF records) as :class:`Fields`."""
-    return Fields(dict(config), where)

@@ -39,6 +39,7 @@ from .flavours import CheckpointError, Flavour
 from .folder import CheckpointFolder, Fields, short
 from .safetensors_io import (
     DTYPES,
+    MAX_HEADER_TENSORS,
     SafetensorsFile,
     SafetensorsWriter,
     TensorInfo,
@@ -107,7 +108,8 @@ class SafetensorsStore:
             if not by_file:
                 raise CheckpointError(f"{root / INDEX_FILE}: 'weight_map' is empty")
             for fname, names in by_file.items():
-                sf = SafetensorsFile(folder.member(fname, what=f"{INDEX_FILE} shard"))
+                where = f"{INDEX_FILE}: key {short('weight_map.' + names[0])}: shard"
+                sf = SafetensorsFile(folder.member(fname, what=where))
                 self.files.append(sf)
                 for name in names:
                     if name not in sf:
@@ -116,6 +118,8 @@ class SafetensorsStore:
                             f"{short(fname)}, which does not hold it"
                         )
                     self.where[name] = sf
+            for (fname, names), sf in zip(by_file.items(), self.files, strict=True):
+                _refuse_unmapped(root / INDEX_FILE, fname, sf, frozenset(names), weight_map)
         else:
             paths = [n for n in folder.listing() if n.endswith(".safetensors")]
             if not paths:
@@ -144,6 +148,21 @@ class SafetensorsStore:
 
     def get(self, name: str) -> npt.NDArray[Any]:
         return self.where[name].get(name)
+
+
+def _refuse_unmapped(
+    index: Path, fname: str, sf: SafetensorsFile, mapped: frozenset[str], weight_map: Fields
+) -> None:
+    """Index and shard agree both ways: every tensor of a shard the index names is mapped
+    to that shard (a tensor left out would otherwise be silently dropped)."""
+    for name in sf.names():
+        if name not in mapped:
+            other = weight_map.raw(name)
+            found = "no entry" if other is None else f"an entry naming {short(other)}"
+            raise CheckpointError(
+                f"{index}: shard {short(fname)} holds tensor {short(name)}: expected "
+                f"'weight_map' to map it to {short(fname)}, found {found}"
+            )
 
 
 class HFCheckpoint(Checkpoint):
@@ -381,13 +400,16 @@ def _write_hf(
         units.append((it, entries))
     sizes = [sum(math.prod(s) * DTYPES[d].itemsize for _, d, s in e) for _, e in units]
     shards: list[list[int]] = [[]]
-    acc = 0
+    acc = count = 0
     for i, size in enumerate(sizes):
-        if shards[-1] and acc + size > max_shard_bytes:
+        n_entries = len(units[i][1])
+        # a shard this package's reader reads: at most MAX_HEADER_TENSORS tensors
+        if shards[-1] and (acc + size > max_shard_bytes or count + n_entries > MAX_HEADER_TENSORS):
             shards.append([])
-            acc = 0
+            acc = count = 0
         shards[-1].append(i)
         acc += size
+        count += n_entries
     total_bytes, total_items = sum(sizes), len(units)
     configs = fmt.config_files(src, layout)
 
@@ -440,13 +462,13 @@ def _extra_files(origin: Checkpoint | None) -> list[Path]:
     the output: regular files inside it only (a symlink is refused, naming it)."""
     if not isinstance(origin, HFCheckpoint):
         return []
-    return [
-        origin.folder.member(name, what="file")
+    return origin.folder.present(
+        name
         for name in origin.folder.listing()
         if name not in _HF_CONFIG_FILES
         and name != MLX_LM_MODEL_FILE
         and not name.endswith(".safetensors")
-    ]
+    )
 
 
 def write_hf(fmt: HFFormat, dst_tmp: Path, src: Source, options: WriteOptions) -> list[str]:

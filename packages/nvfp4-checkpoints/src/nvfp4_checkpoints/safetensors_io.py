@@ -10,7 +10,9 @@ which every tensor covers exactly (no holes, no overlaps, nothing after the last
   size is read with the memory of the tensor in use. A header that lies (length beyond the
   file, offsets out of range, overlapping or leaving holes, a byte size that disagrees with
   dtype and shape, an unknown dtype) is refused with :class:`SafetensorsError` naming the
-  file and the tensor.
+  file and the tensor; so is a header beyond the limits of its cost
+  (:data:`MAX_HEADER_BYTES`, :data:`MAX_HEADER_TENSORS`, :data:`MAX_HEADER_SEPARATORS`,
+  counted before parsing; :data:`MAX_METADATA_CHARS`).
 * :class:`SafetensorsWriter` writes the header first, from the names, dtypes and shapes
   given up front, then takes the tensors one by one in that order, so a file is written
   without holding its tensors together in memory. :func:`save_file` is the one-call form.
@@ -36,10 +38,14 @@ import numpy as np
 import numpy.typing as npt
 
 from .closing import Closing
-from .folder import MAX_JSON_BYTES, CheckpointError, check_shape, one_line, parse_json, short
+from .folder import CheckpointError, check_shape, one_line, parse_json, short
 
 __all__ = [
     "DTYPES",
+    "MAX_HEADER_BYTES",
+    "MAX_HEADER_SEPARATORS",
+    "MAX_HEADER_TENSORS",
+    "MAX_METADATA_CHARS",
     "SafetensorsError",
     "SafetensorsFile",
     "SafetensorsWriter",
@@ -69,8 +75,16 @@ DTYPES: Final[Mapping[str, np.dtype[Any]]] = {
     "F8_E8M0": np.dtype(ml_dtypes.float8_e8m0fnu),
 }
 
-#: The longest header this reader accepts (the safetensors library's limit is 100 MB).
-MAX_HEADER_BYTES: Final = MAX_JSON_BYTES
+#: The longest header read: 256 bytes for each of :data:`MAX_HEADER_TENSORS` entries (a
+#: real entry takes 100 to 150; the safetensors library's limit is 100 MB).
+MAX_HEADER_BYTES: Final = 1 << 25
+#: The most tensors one file may list: four times a shard of the largest MoE checkpoints
+#: (tens of thousands of per-expert tensors), and more than any single-file model.
+MAX_HEADER_TENSORS: Final = 1 << 17
+#: The most ``,`` and ``:`` in a header: 16 per tensor (an entry of rank 8 needs 15).
+MAX_HEADER_SEPARATORS: Final = 16 * MAX_HEADER_TENSORS
+#: The longest ``__metadata__`` key or value (in characters).
+MAX_METADATA_CHARS: Final = 1 << 20
 _ALIGN: Final = 8
 
 
@@ -136,18 +150,18 @@ def read_header(path: str | os.PathLike[str]) -> tuple[dict[str, TensorInfo], di
         if n > MAX_HEADER_BYTES:
             raise _fail(p, f"header length {n} exceeds {MAX_HEADER_BYTES} bytes")
         raw = f.read(n)
-    try:
-        header = parse_json(raw, f"safetensors file {p}: header")
+    try:  # tensors (and __metadata__) and values counted before parsing
+        header = parse_json(
+            raw,
+            f"safetensors file {p}: header",
+            max_keys=MAX_HEADER_TENSORS + 1,
+            max_separators=MAX_HEADER_SEPARATORS,
+        )
     except CheckpointError as e:
         raise SafetensorsError(str(e)) from None
     if not isinstance(header, dict):
         raise _fail(p, f"header is a JSON {type(header).__name__}, expected an object")
-    meta_raw = header.pop("__metadata__", {})
-    if not isinstance(meta_raw, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in meta_raw.items()
-    ):
-        raise _fail(p, "__metadata__ must map strings to strings")
-    metadata: dict[str, str] = dict(meta_raw)
+    metadata = _metadata(p, header.pop("__metadata__", {}))
     data_start = 8 + n
     data_size = size - data_start
     entries = [_parse_entry(p, name, entry, data_start, size) for name, entry in header.items()]
@@ -173,6 +187,22 @@ def read_header(path: str | os.PathLike[str]) -> tuple[dict[str, TensorInfo], di
     if cursor != size:
         raise _fail(p, f"{size - cursor} bytes after the last tensor's data")
     return {t.name: t for t in entries}, metadata
+
+
+def _metadata(p: Path, meta: Any) -> dict[str, str]:
+    if not isinstance(meta, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in meta.items()
+    ):
+        raise _fail(p, "__metadata__ must map strings to strings")
+    for key, value in meta.items():
+        longest = max(len(key), len(value))
+        if longest > MAX_METADATA_CHARS:
+            raise _fail(
+                p,
+                f"__metadata__ {short(key)}: expected at most {MAX_METADATA_CHARS} characters "
+                f"per key and value, found {longest}",
+            )
+    return dict(meta)
 
 
 def _parse_entry(p: Path, name: str, entry: Any, data_start: int, size: int) -> TensorInfo:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from .flavours import CheckpointError
+from .folder import CheckpointFolder
 from .gguf.file import GGUFFile
 from .source import Source
 
@@ -93,26 +94,22 @@ def copy_hf_tokenizer(src_dir: Path, out_dir: Path) -> list[str]:
     """Copy the tokenizer files of the Hugging Face directory ``src_dir`` into ``out_dir``;
     returns the names copied (refuses a directory without ``tokenizer.json`` /
     ``tokenizer.model``)."""
-    names = [n for n in HF_TOKENIZER_FILES if (src_dir / n).is_file()]
+    paths = _contained(src_dir) if src_dir.is_dir() else []
+    names = [p.name for p in paths]
     if not {"tokenizer.json", "tokenizer.model"} & set(names):
         raise CheckpointError(
             f"{src_dir}: expected a Hugging Face tokenizer (tokenizer.json or tokenizer.model), "
             f"found {sorted(p.name for p in src_dir.iterdir()) if src_dir.is_dir() else 'no directory'}"
         )
-    _refuse_links(src_dir)
-    for name in names:
-        shutil.copyfile(src_dir / name, out_dir / name)
+    for path in paths:
+        shutil.copyfile(path, out_dir / path.name)
     return names
 
 
-def _refuse_links(src_dir: Path) -> None:
-    """As for checkpoint folders: a tokenizer is the regular files inside its directory."""
-    links = [n for n in HF_TOKENIZER_FILES if (src_dir / n).is_symlink()]
-    if links:
-        raise CheckpointError(
-            f"{src_dir / links[0]}: expected a regular file inside the tokenizer directory, "
-            "found a symlink"
-        )
+def _contained(src_dir: Path) -> list[Path]:
+    """The tokenizer files of ``src_dir``, regular files inside it as for a checkpoint
+    (:meth:`~.folder.CheckpointFolder.present`: a symlink is refused, naming it)."""
+    return CheckpointFolder(src_dir).present(HF_TOKENIZER_FILES)
 
 
 def _auto_tokenizer() -> Any:
@@ -202,7 +199,7 @@ def check_tokenizer_source(path: Path) -> None:
             f"{path}: expected a Hugging Face tokenizer directory (tokenizer.json or "
             "tokenizer.model) or a GGUF file with tokenizer metadata"
         )
-    _refuse_links(path)
+    _contained(path)
 
 
 def output_tokenizer(src: Source, out_dir: Path) -> list[str]:
@@ -237,7 +234,7 @@ def tokenizer_folder(path: str | os.PathLike[str]) -> Iterator[Path]:
             raise TokenizerUnavailable(
                 f"{p}: no tokenizer files (tokenizer.json or tokenizer.model expected)"
             )
-        _refuse_links(p)
+        _contained(p)
         yield p
     elif is_gguf_file(p):
         with tempfile.TemporaryDirectory(prefix="nvfp4-tokenizer-") as tmp:

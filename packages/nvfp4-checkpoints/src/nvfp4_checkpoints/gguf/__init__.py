@@ -2,7 +2,9 @@
 
 **The file** (``NVFP4``, ggml type 40, written through the ``gguf`` package, parsed by
 :mod:`.file`): ``<base>.weight`` NVFP4, ``<base>.scale`` F32 ``[1]`` (``[E]`` for merged
-experts; the DECODE global, absent means 1.0), ``<base>.input_scale`` when present. Names
+experts; the DECODE global: absent means 1.0 in a foreign file, as llama.cpp's converter
+writes it, and is refused in a file recording ``nvfp4.spec_version``, whose writer writes
+every global), ``<base>.input_scale`` when present. Names
 go through gguf-py's tensor-name map of the architecture (``config.model_type``:
 llama/mistral/mixtral -> ``llama``, qwen3_moe -> ``qwen3moe``...), experts are merged into
 ``[E, N, K]`` tensors as llama.cpp expects, q/k rows of the ``llama`` architecture are

@@ -40,7 +40,9 @@ class _GGUFEntry:
 
 class GGUFCheckpoint(Checkpoint):
     """A GGUF file: ``NVFP4`` (type 40) tensors ``<base>.weight`` with their ``<base>.scale``
-    (DECODE global, ``[1]`` or ``[E]``; absent means 1.0) and optional ``<base>.input_scale``.
+    (DECODE global, ``[1]`` or ``[E]``; absent means 1.0, as llama.cpp's converter writes it,
+    except in a file recording ``nvfp4.spec_version``, whose writer writes every global) and
+    optional ``<base>.input_scale``.
 
     Names: when the file carries this package's ``nvfp4.gguf_names`` / ``nvfp4.hf_names``
     map, tensors are presented under their Hugging Face names and merged experts per
@@ -115,6 +117,8 @@ class GGUFCheckpoint(Checkpoint):
                     self._add_q(member, _GGUFEntry(base, hf, i, perm))
             else:
                 self._add_q(hf, _GGUFEntry(base, hf, None, perm))
+        if KV_SPEC in kv:
+            self._require_globals()
         self._plain: dict[str, tuple[str, int | None]] = {}
         for t in self.tensors.values():
             if t.name in owned:
@@ -132,6 +136,18 @@ class GGUFCheckpoint(Checkpoint):
             want = self._hf_dtypes.get(hf_name)
             if want:
                 self._check_dtype(hf_name, t, want)
+
+    def _require_globals(self) -> None:
+        """A file of this package's writer (it records ``nvfp4.spec_version``) holds every
+        NVFP4 tensor's global: a missing ``<base>.scale`` is a lie, not the 1.0 that a
+        foreign file (llama.cpp's converter omits a global of 1.0) means by it."""
+        for entry in self._q.values():
+            if f"{entry.gguf_base}.scale" not in self.tensors:
+                raise CheckpointError(
+                    f"{self.path}: NVFP4 tensor {short(entry.gguf_base + '.weight')}: expected "
+                    f"its global {short(entry.gguf_base + '.scale')} (a file recording "
+                    f"{KV_SPEC} holds every global), found none"
+                )
 
     def _bad(self, key: str, expected: str, found: object) -> NoReturn:
         raise CheckpointError(

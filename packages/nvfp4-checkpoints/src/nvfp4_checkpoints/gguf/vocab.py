@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from ..flavours import CheckpointError, import_gguf
+from ..folder import MAX_JSON_BYTES, CheckpointFolder, read_json_file
 from .file import GGUFFile
 
 __all__ = [
@@ -66,6 +67,18 @@ logger = logging.getLogger(__name__)
 
 #: The Hugging Face ``tokenizers`` file a directory must hold for a GGUF tokenizer.
 TOKENIZER_FILE: Final = "tokenizer.json"
+#: What gguf-py's SpecialVocab reads from a tokenizer directory (and ``*.jinja`` in
+#: ``additional_chat_templates``), then the JSON among them that read_hf_vocab does not read.
+_SPECIAL_VOCAB_READS: Final = (
+    TOKENIZER_FILE,
+    "tokenizer_config.json",
+    "config.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "merges.txt",
+)
+_SPECIAL_VOCAB_JSON: Final = frozenset({"config.json", "chat_template.json"})
+_EXTRA_TEMPLATES: Final = "additional_chat_templates"
 #: GGUF keys of the tokenizer all start with this.
 GGUF_TOKENIZER_PREFIX: Final = "tokenizer."
 
@@ -131,17 +144,32 @@ class HFVocab:
 
 
 def has_hf_tokenizer(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` is a directory holding a Hugging Face ``tokenizer.json``."""
+    """Whether ``path`` is a directory with a ``tokenizer.json`` entry (a symlink included:
+    reading it refuses it, as a folder output refuses to copy it)."""
     p = Path(path)
-    return p.is_dir() and (p / TOKENIZER_FILE).is_file()
+    return p.is_dir() and CheckpointFolder(p).has(TOKENIZER_FILE)
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: not a readable JSON file ({e})") from None
+def _check_reads(folder: CheckpointFolder) -> None:
+    """Every file gguf-py's :class:`gguf.SpecialVocab` may read from ``folder``, checked as
+    a folder output checks the files it copies (regular files inside the folder,
+    :meth:`~..folder.CheckpointFolder.present`), before gguf-py reads them whole: the JSON
+    this module does not read itself within the limits of every JSON read, the text files
+    (templates, merges) within the same size."""
+    names = list(_SPECIAL_VOCAB_READS)
+    extra = folder.root / _EXTRA_TEMPLATES
+    if extra.is_dir():  # its *.jinja (a symlinked folder is refused by member)
+        with os.scandir(extra) as it:
+            names += [f"{_EXTRA_TEMPLATES}/{e.name}" for e in it if e.name.endswith(".jinja")]
+    for path in folder.present(names):
+        if path.name in _SPECIAL_VOCAB_JSON:
+            read_json_file(path)
+        elif path.suffix == ".json":
+            pass  # tokenizer.json, tokenizer_config.json: read_hf_vocab's, within the limits
+        elif (size := path.stat().st_size) > MAX_JSON_BYTES:
+            raise CheckpointError(
+                f"{path}: a tokenizer file of {size} bytes, more than the {MAX_JSON_BYTES} read"
+            )
 
 
 def _steps(pre_tokenizer: Any) -> tuple[tuple[str, ...], bool] | None:
@@ -257,15 +285,15 @@ def read_hf_vocab(path: str | os.PathLike[str], vocab_size: int | None = None) -
     :class:`~nvfp4_checkpoints.CheckpointError` for an unreadable ``tokenizer.json`` or a
     tokenizer with more ids than ``vocab_size``."""
     base = Path(path)
+    folder = CheckpointFolder(base)  # regular files inside it; JSON within the limits
     file = base / TOKENIZER_FILE
-    tok = _read_json(file)
-    if not isinstance(tok, dict) or not isinstance(tok.get("model"), dict):
+    tok = folder.json(TOKENIZER_FILE)
+    if not isinstance(tok.get("model"), dict):
         raise CheckpointError(f"{file}: no 'model' object (not a Hugging Face tokenizer.json)")
-    tok_config_file = base / "tokenizer_config.json"
-    tok_config = _read_json(tok_config_file) if tok_config_file.is_file() else {}
-    if vocab_size is None and (base / "config.json").is_file():
-        cfg = _read_json(base / "config.json")
-        vocab_size = _vocab_size(cfg if isinstance(cfg, dict) else None)
+    has_config = folder.has("tokenizer_config.json")
+    tok_config = folder.json("tokenizer_config.json") if has_config else {}
+    if vocab_size is None and folder.has("config.json"):
+        vocab_size = _vocab_size(folder.json("config.json"))
     model = tok["model"]
     kind = model.get("type")
     vocab: dict[str, int]
@@ -364,7 +392,7 @@ def read_hf_vocab(path: str | os.PathLike[str], vocab_size: int | None = None) -
         scores.append(score)
 
     if gguf_model == "gpt2":
-        pre = gguf_pre_tokenizer(tok, tok_config if isinstance(tok_config, dict) else None)
+        pre = gguf_pre_tokenizer(tok, tok_config)
         if pre is None:
             logger.warning(
                 "nvfp4: note: the pre-tokenizer of %s is not one llama.cpp names; wrote "
@@ -388,6 +416,7 @@ def add_hf_tokenizer(
     template. ``config`` (the model's ``config.json``) gives the vocabulary size. Returns
     what was written, or ``None`` (with a warning) when GGUF cannot hold this tokenizer."""
     gguf = import_gguf()
+    _check_reads(CheckpointFolder(Path(path)))
     vocab = read_hf_vocab(path, _vocab_size(config))
     if vocab is None:
         return None
