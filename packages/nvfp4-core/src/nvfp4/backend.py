@@ -30,7 +30,7 @@ from .contract import (
     Kernels,
 )
 from .dtypes import resolve_dtype
-from .planes import NVFP4Planes, validate
+from .planes import NVFP4Planes, check_decoded_size, check_planes_size, validate
 from .shapes import WeightShape
 
 __all__ = [
@@ -231,10 +231,14 @@ class Backend:
 
     # ------------------------------------------------------------- weights
     def prepare(self, planes: NVFP4Planes) -> Prepared:
-        """Validate ``planes`` (structure, then content) and hand them to the backend once."""
+        """Validate ``planes`` (structure, size, then content) and hand them to the backend
+        once. Planes whose contiguous copy cannot fit in memory (broadcast or overlapping
+        strides claiming terabytes) are a :class:`~nvfp4.PlaneError` before any backend
+        allocates (:func:`nvfp4.planes.check_planes_size`)."""
         if isinstance(planes, Prepared):
             return self._own(planes, "prepare")
         validate(planes)  # the type and the structure first: nothing reads a malformed plane
+        check_planes_size(planes)  # O(1): nothing is copied or read that cannot fit
         validate(planes, content=True)
         self._ready()
         return Prepared._make(self, planes, self.kernels.prepare(planes))
@@ -357,9 +361,16 @@ class Backend:
         )
 
     def _decode(self, verb: str, w: Any, dtype: Any) -> Any:
+        """A decoder: the float32 decode must fit in memory (the reference's refusal, the
+        same message), checked before the weight is prepared and before the kernel runs."""
+        if isinstance(w, NVFP4Planes):
+            validate(w)
+            check_decoded_size(w.name, w.shape)
         pw = self._weight(w, verb)
         kernel = self._kernel(verb, pw.name)
-        return kernel(pw.payload, dtype=frontend.decode_dtype(dtype))
+        out = frontend.decode_dtype(dtype)
+        check_decoded_size(pw.name, pw.shape)
+        return kernel(pw.payload, dtype=out)
 
     def dequantize(self, w: Any, dtype: Any = "float32") -> Any:
         """Decode a prepared weight (or planes) to a dense native array, exactly."""

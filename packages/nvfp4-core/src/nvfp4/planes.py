@@ -23,7 +23,10 @@ the scale bytes and the globals (O(n)); loaders and transcoders call it.
 
 from __future__ import annotations
 
+import functools
 import itertools
+import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +35,16 @@ import numpy.typing as npt
 
 from .spec import BLOCK_SIZE, E4M3_INVALID_BYTES, E4M3_NAN_BYTE
 
-__all__ = ["NVFP4Planes", "PlaneError", "describe", "expand_row_global", "validate"]
+__all__ = [
+    "NVFP4Planes",
+    "PlaneError",
+    "check_decoded_size",
+    "check_planes_size",
+    "describe",
+    "expand_row_global",
+    "memory_bytes",
+    "validate",
+]
 
 #: The invalid scale bytes (:data:`nvfp4.spec.E4M3_INVALID_BYTES`) are every byte from the
 #: NaN byte up, so one comparison finds them.
@@ -51,6 +63,66 @@ class PlaneError(ValueError):
         self.expected = expected
         self.found = found
         super().__init__(f"tensor {tensor!r}: {what}: expected {expected}, found {found}")
+
+
+#: The bound where the physical memory cannot be read: the user address space of a 64-bit
+#: CPU with 4-level page tables (128 TiB).
+_ADDRESS_SPACE = 2**47
+
+
+@functools.cache
+def memory_bytes() -> int:
+    """The most bytes one weight's arrays may take: the machine's physical memory
+    (``os.sysconf``), at most 2**47 (128 TiB, a 64-bit CPU's user address space), which is
+    also the bound where the physical memory cannot be read."""
+    try:
+        pages = os.sysconf("SC_PHYS_PAGES")
+        page_size = os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return _ADDRESS_SPACE
+    if pages <= 0 or page_size <= 0:
+        return _ADDRESS_SPACE
+    return min(int(pages) * int(page_size), _ADDRESS_SPACE)
+
+
+def _refuse_size(name: str, what: str, expected: str, shape: tuple[int, ...], need: int) -> None:
+    limit = memory_bytes()
+    if need > limit:
+        raise PlaneError(
+            name, what, f"{expected} (at most {limit} bytes)", f"{shape}: {need} bytes"
+        )
+
+
+def check_decoded_size(name: str, shape: tuple[int, ...]) -> None:
+    """O(1), before anything is allocated: the float32 decode of a weight of logical shape
+    ``shape`` fits in memory (:func:`memory_bytes`). A plane broadcast with zero strides
+    (``np.broadcast_to``, ``as_strided``) can claim any logical size in a few bytes; every
+    decoder refuses it here, naming the decoded size, instead of asking for terabytes."""
+    _refuse_size(
+        name,
+        "decoded size",
+        "a weight whose float32 decode fits in memory",
+        tuple(int(d) for d in shape),
+        4 * math.prod(int(d) for d in shape),
+    )
+
+
+def check_planes_size(planes: NVFP4Planes) -> None:
+    """O(1), before anything is allocated: a contiguous copy of the planes (what a backend's
+    ``prepare`` makes) fits in memory (:func:`memory_bytes`). Planes that hold their bytes
+    always pass; broadcast (zero-stride) or overlapping ones of a huge logical size are
+    refused here."""
+    need = sum(
+        math.prod(int(d) for d in a.shape) * a.itemsize
+        for a in (planes.codes, planes.scales, planes.global_scale)
+    )
+    _refuse_size(
+        planes.name,
+        "planes size",
+        "planes whose contiguous copy fits in memory",
+        tuple(int(d) for d in planes.shape),
+        need,
+    )
 
 
 def describe(a: object) -> str:
@@ -248,8 +320,17 @@ def _distinct(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
 
 
 def _check_content(p: NVFP4Planes) -> None:
-    """O(n) checks: every scale byte a valid positive E4M3 value, every global finite > 0."""
+    """O(n) checks: every scale byte a valid positive E4M3 value, every global finite > 0.
+    Broadcast axes are read once; scales that still cannot be compared in memory (an
+    ``as_strided`` view whose rows overlap, claiming terabytes) are refused first."""
     s = _distinct(p.scales)
+    _refuse_size(
+        p.name,
+        "scales size",
+        "scale bytes whose check fits in memory",
+        tuple(int(d) for d in p.scales.shape),
+        math.prod(int(d) for d in s.shape),
+    )
     bad = s >= _FIRST_INVALID_SCALE  # E4M3_INVALID_BYTES: the NaN byte and bit 7 set
     if bad.any():
         idx = tuple(int(i) for i in np.argwhere(bad)[0])

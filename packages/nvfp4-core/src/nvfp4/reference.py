@@ -35,6 +35,7 @@ from .frontend import (
 from .planes import (
     NVFP4Planes,
     PlaneError,
+    check_decoded_size,
     check_global_shape,
     check_partitions,
     expand_row_global,
@@ -245,6 +246,7 @@ def quantize(
 def dequantize_unscaled(planes: NVFP4Planes) -> npt.NDArray[np.float32]:
     """``e2m1(code) * e4m3(scale)`` for every element, without the global: exact in float32
     (an E2M1 value times an E4M3 value has at most 6 significant bits)."""
+    check_decoded_size(planes.name, planes.shape)
     try:
         codes = unpack_codes(planes.codes)
         values = E2M1_VALUES[codes].reshape(*planes.scales.shape, BLOCK_SIZE)
@@ -266,6 +268,8 @@ def dequantize(planes: NVFP4Planes, dtype: Any = np.float32) -> npt.NDArray[Any]
     by the (per-row) global rounds once in float32, and float16 / bfloat16 outputs are
     that float32 result cast with round-to-nearest-even.
     """
+    validate(planes)
+    check_decoded_size(planes.name, planes.shape)  # before the content is read
     validate(planes, content=True)
     out_dtype = resolve_dtype(dtype)
     v = dequantize_unscaled(planes)
@@ -288,7 +292,10 @@ def output(y: npt.NDArray[np.float64], out_dtype: Any) -> npt.NDArray[Any]:
 
 def _operands(verb: str, x: Any, w: NVFP4Planes, **options: Any) -> MatmulOperands:
     """The planes validated (content too, as the spec's Validation section asks of every
-    entry point), then the verb's operands checked as core's verbs check them."""
+    entry point), then the verb's operands checked as core's verbs check them. Every
+    matmul here decodes the weight, so its decoded size is checked before anything is read."""
+    validate(w)
+    check_decoded_size(w.name, w.shape)
     validate(w, content=True)
     return matmul_operands(verb, w.name, w.shape, x, **options)
 
