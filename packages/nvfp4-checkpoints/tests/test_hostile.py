@@ -626,6 +626,77 @@ def test_destination_appearing_during_the_run_is_not_replaced(
     assert sorted(os.listdir(tmp_path)) == ["out"]
 
 
+def _flip_a_code_byte(out: Path) -> str:
+    """XOR one byte of the first NVFP4 codes in a written output with 0x77 (two different
+    E2M1 codes, still valid: only a comparison sees it); the name of the tensor hit (its
+    prefix; the GGUF name for a GGUF output)."""
+    if out.is_file():
+        import gguf
+
+        reader = gguf.GGUFReader(out)
+        hit = next(t for t in reader.tensors if int(t.tensor_type) == 40)
+        offset, name = int(hit.data_offset) + 4, str(hit.name)  # bytes 0..3: the scales
+        del reader, hit
+        path = out
+    else:
+        for path in sorted(out.glob("*.safetensors")):
+            with path.open("rb") as f:
+                (n,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(n))
+            codes = [
+                (k, v)
+                for k, v in header.items()
+                if k != "__metadata__"
+                and v["dtype"] in ("U8", "U32")
+                and k.endswith((".weight", ".weight_packed"))
+            ]
+            if codes:
+                key, info = codes[0]
+                offset, name = 8 + n + info["data_offsets"][0], key.rpartition(".")[0]
+                break
+        else:
+            raise AssertionError(f"no NVFP4 codes in {out}")
+    with path.open("r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([byte ^ 0x77]))
+    return name
+
+
+@pytest.mark.parametrize("to", ["modelopt", "compressed-tensors", "mlx", "gguf"])
+def test_convert_refuses_an_output_that_does_not_read_back_as_its_source(
+    tmp_path: Path, good: dict[str, Path], monkeypatch: pytest.MonkeyPatch, to: str
+) -> None:
+    """The round-trip invariant: a writer that corrupts one tensor's bytes makes convert
+    exit 2 naming that tensor and what differs, with no output left (the temporary removed,
+    DST never created)."""
+    import dataclasses
+
+    from nvfp4_checkpoints.api import FLAVOUR_IO
+
+    io = FLAVOUR_IO[to]
+    hit: list[str] = []
+
+    def corrupting(tmp: Path, src: Any, options: Any) -> list[str]:
+        notes = io.write(tmp, src, options)
+        hit.append(_flip_a_code_byte(tmp))
+        return notes
+
+    monkeypatch.setitem(FLAVOUR_IO, to, dataclasses.replace(io, write=corrupting))
+    src = good["modelopt"]
+    (tmp_path / "dst").mkdir()
+    before = tree_hash(src)
+    outcome = run_guarded(["convert", str(src), str(tmp_path / "dst" / "out"), "--to", to])
+    assert_clean_refusal(outcome, source=src, source_hash=before, work=tmp_path, what=to)
+    (name,) = hit
+    if to != "gguf":
+        assert f"tensor {name!r}: codes differ at (" in outcome.stderr, outcome.stderr
+    else:
+        assert "codes differ at (" in outcome.stderr, outcome.stderr
+    assert "does not read back as its source" in outcome.stderr
+
+
 def test_a_killed_replace_is_restored_never_deleted(
     tmp_path: Path, good: dict[str, Path], caplog: pytest.LogCaptureFixture
 ) -> None:

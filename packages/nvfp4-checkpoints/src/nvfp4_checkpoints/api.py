@@ -19,6 +19,7 @@ from nvfp4.planes import NVFP4Planes
 
 from . import compressed_tensors, gguf, mlx, modelopt
 from .checkpoint import Checkpoint
+from .compare import compare
 from .destination import destination
 from .flavour_io import FlavourIO, WriteOptions
 from .flavours import FLAVOURS, CheckpointError, detect_flavour
@@ -69,6 +70,18 @@ def _source(
     return mapping_source(source, tensors or {}, config, input_scales)
 
 
+def _check_written(source: Checkpoint, io: FlavourIO, tmp: Path, target: Path) -> None:
+    """The round-trip invariant: the output at ``tmp`` reads back as ``source``, as
+    ``nvfp4 verify`` compares them (one read of the written files)."""
+    with io.read(tmp) as written:
+        diff, _ = compare(source, written)
+    if diff:
+        raise CheckpointError(
+            f"{target}: the {io.flavour} output does not read back as its source "
+            f"({diff}; source vs output); nothing was written"
+        )
+
+
 def write_checkpoint(
     dst: str | os.PathLike[str],
     source: Checkpoint | Mapping[str, NVFP4Planes],
@@ -81,6 +94,7 @@ def write_checkpoint(
     force: bool = False,
     progress: Progress | None = None,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    verify: bool = True,
 ) -> Path:
     """Write ``source`` as a checkpoint of ``flavour`` (``"modelopt"``,
     ``"compressed-tensors"``, ``"mlx"`` or ``"gguf"``) at ``dst``: streaming, tensor by
@@ -109,6 +123,13 @@ def write_checkpoint(
     ``progress(tensors_done, tensors_total, bytes_done, bytes_total)`` is called after each
     tensor.
 
+    ``verify`` (a conversion only): before the output is renamed into place it is read back
+    and compared with the source tensor by tensor, with the comparison ``nvfp4 verify``
+    makes (:func:`~nvfp4_checkpoints.compare.compare`); a difference is a
+    :class:`~nvfp4_checkpoints.CheckpointError` naming the first differing tensor and what
+    differs, and the output is removed (``dst`` untouched). It costs one read of the
+    written files and one more of the source's tensors.
+
     Raises :class:`~nvfp4_checkpoints.CheckpointError` for an unknown flavour, when ``dst``
     exists and ``force`` is false (or is not something ``force`` replaces: a checkpoint,
     an empty folder, a GGUF file), when ``dst`` is the source, inside it or a parent of it,
@@ -129,6 +150,8 @@ def write_checkpoint(
     origin = source.path if isinstance(source, Checkpoint) else None
     with destination(target, force=force, source=origin) as tmp:
         notes = io.write(tmp, src, WriteOptions(progress, max_shard_bytes))
+        if verify and isinstance(source, Checkpoint):
+            _check_written(source, io, tmp, target)
     for note in notes:
         logger.warning("%s", note)
     return target

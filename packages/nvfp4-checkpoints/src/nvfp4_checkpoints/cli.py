@@ -9,9 +9,10 @@
 
 ``PATH``, ``SRC``, ``A`` and ``B`` are Hugging Face checkpoint directories (ModelOpt,
 compressed-tensors, or this package's MLX layout) or GGUF files. ``convert`` streams tensor
-by tensor with a progress bar on stderr and is atomic: it writes a temporary sibling of DST
-and renames it at the end, so an error, Ctrl-C or SIGTERM leaves no DST (a SIGKILL leaves
-at most a hidden ``.DST.nvfp4-tmp.*`` sibling, removed by the next convert to DST).
+by tensor with a progress bar on stderr and is atomic: it writes a temporary sibling of DST,
+reads it back and compares it with SRC as ``verify`` does, and renames it at the end, so an
+error, an output that does not read back as SRC, Ctrl-C or SIGTERM leaves no DST (a SIGKILL
+leaves at most a hidden ``.DST.nvfp4-tmp.*`` sibling, removed by the next convert to DST).
 
 Exit status: 0 on success; 1 when ``verify`` finds a difference; 2 on bad input (missing
 files, a truncated or lying safetensors header, an unknown flavour, malformed planes, K not
@@ -35,9 +36,8 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 import numpy as np
-import numpy.typing as npt
 from nvfp4 import __version__ as core_version
-from nvfp4.planes import NVFP4Planes, PlaneError
+from nvfp4.planes import PlaneError
 from nvfp4.spec import SUPPORTED_SPEC_VERSIONS, WEIGHT_FORMAT_VERSION
 
 from . import (
@@ -49,6 +49,7 @@ from . import (
     write_checkpoint,
 )
 from ._version import __version__
+from .compare import compare
 from .destination import interrupt_on_signals
 from .folder import one_line
 from .safetensors_io import SafetensorsError
@@ -269,107 +270,14 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         other = len(ck.tensor_names())
     secs = time.monotonic() - start
     print(
-        f"wrote {dst} ({args.to}: {count} NVFP4 tensors, {other} other tensors, {secs:.2f} s)",
+        f"wrote {dst} ({args.to}: {count} NVFP4 tensors, {other} other tensors, read back "
+        f"and verified, {secs:.2f} s)",
         file=sys.stderr,
     )
     return 0
 
 
 # ============================================================================= verify
-def _first_diff(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> str | None:
-    if a.shape != b.shape:
-        return f"shape {tuple(a.shape)} vs {tuple(b.shape)}"
-    neq = a != b
-    if not neq.any():
-        return None
-    idx = tuple(int(i) for i in np.argwhere(neq)[0])
-    return f"at {idx}: {a[idx]!r} vs {b[idx]!r} ({int(neq.sum())} differ)"
-
-
-def _ulps(x: float, y: float) -> int:
-    a = np.asarray([x, y], dtype=np.float32).view(np.int32).astype(np.int64)
-    return int(abs(a[0] - a[1]))
-
-
-def _compare_planes(
-    name: str, pa: NVFP4Planes, pb: NVFP4Planes, ulp_ok: int
-) -> tuple[str | None, int]:
-    for what, x, y in (("codes", pa.codes, pb.codes), ("scale bytes", pa.scales, pb.scales)):
-        d = _first_diff(np.asarray(x), np.asarray(y))
-        if d:
-            return f"tensor {name!r}: {what} differ {d}", 0
-    ga = np.asarray(pa.global_scale, dtype=np.float32).reshape(-1)
-    gb = np.asarray(pb.global_scale, dtype=np.float32).reshape(-1)
-    if ga.shape != gb.shape:
-        return (
-            f"tensor {name!r}: global shape {pa.global_scale.shape} vs {pb.global_scale.shape}",
-            0,
-        )
-    worst = max((_ulps(float(x), float(y)) for x, y in zip(ga, gb, strict=True)), default=0)
-    if worst > ulp_ok:
-        return (
-            f"tensor {name!r}: global {ga.tolist()} vs {gb.tolist()} ({worst} ulp apart, "
-            f"{ulp_ok} allowed)"
-        ), worst
-    if pa.partitions != pb.partitions:
-        return f"tensor {name!r}: partitions {pa.partitions} vs {pb.partitions}", 0
-    return None, worst
-
-
-def _verify(
-    a: Checkpoint, b: Checkpoint, ulps: int | None = None
-) -> tuple[str | None, dict[str, int]]:
-    """The first difference beyond ``ulps`` (``None``: none), and what was compared: counts
-    of NVFP4 tensors, of globals and input scales within ``ulps`` but not bit-identical
-    (with the most ulps seen), and of other tensors."""
-    ulp_ok = ulps if ulps is not None else int("compressed-tensors" in (a.flavour, b.flavour))
-    qa, qb = a.quantized_names(), set(b.quantized_names())
-    for n in qa:
-        if n not in qb:
-            return f"NVFP4 tensor {n!r} is in A but not in B", {}
-    for n in b.quantized_names():
-        if n not in set(qa):
-            return f"NVFP4 tensor {n!r} is in B but not in A", {}
-    stats = dict.fromkeys(
-        ("nvfp4", "globals_apart", "global_ulps", "inputs_apart", "input_ulps", "other"), 0
-    )
-    stats["ulp_ok"] = ulp_ok
-    for n in qa:
-        diff, ulps = _compare_planes(n, a.planes(n), b.planes(n), ulp_ok)
-        if diff:
-            return diff, stats
-        ia, ib = a.input_scale(n), b.input_scale(n)
-        if (ia is None) != (ib is None):
-            return f"tensor {n!r}: input_scale {ia} vs {ib}", stats
-        input_ulps = _ulps(ia, ib) if ia is not None and ib is not None else 0
-        if input_ulps > ulp_ok:
-            return (
-                f"tensor {n!r}: input_scale {ia!r} vs {ib!r} ({input_ulps} ulp apart, {ulp_ok} allowed)",
-                stats,
-            )
-        stats["nvfp4"] += 1
-        stats["globals_apart"] += int(ulps > 0)
-        stats["global_ulps"] = max(stats["global_ulps"], ulps)
-        stats["inputs_apart"] += int(input_ulps > 0)
-        stats["input_ulps"] = max(stats["input_ulps"], input_ulps)
-    ta, tb = a.tensor_names(), set(b.tensor_names())
-    for n in ta:
-        if n not in tb:
-            return f"tensor {n!r} is in A but not in B", stats
-    for n in b.tensor_names():
-        if n not in set(ta):
-            return f"tensor {n!r} is in B but not in A", stats
-    for n in ta:
-        x, y = np.asarray(a.tensor(n)), np.asarray(b.tensor(n))
-        if x.dtype != y.dtype:
-            x, y = x.astype(np.float64), y.astype(np.float64)
-        d = _first_diff(x, y)
-        if d:
-            return f"tensor {n!r}: values differ {d}", stats
-        stats["other"] += 1
-    return None, stats
-
-
 def _same(flavours: str, stats: dict[str, int]) -> str:
     """The verdict of two checkpoints within the allowance: "bit-identical" only when every
     NVFP4 byte, global and input scale is; otherwise what differs, and by how much."""
@@ -399,7 +307,7 @@ def _same(flavours: str, stats: dict[str, int]) -> str:
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     with open_checkpoint(args.a) as a, open_checkpoint(args.b) as b:
-        diff, stats = _verify(a, b, args.global_ulps)
+        diff, stats = compare(a, b, args.global_ulps)
         flavours = f"{a.flavour} vs {b.flavour}"
     if diff:
         print(f"DIFFER ({flavours}): {diff}")
