@@ -324,6 +324,22 @@ CASES: list[tuple[str, str, Any, list[str] | str]] = [
         "inspect",
     ),
     (
+        # found by test_fuzz.py (NVFP4_FUZZ_SEED=2, compressed-tensors example 972): an
+        # internal error "unhashable type: 'list'"
+        "config_groups format a list",
+        "3",
+        _hf(
+            "compressed-tensors",
+            lambda ck: _json(
+                ck / "config.json",
+                lambda d: d["quantization_config"]["config_groups"]["group_0"].__setitem__(
+                    "format", [64, 4]
+                ),
+            ),
+        ),
+        "inspect",
+    ),
+    (
         "shape [0, 2**63+5]",
         "3",
         _hf(

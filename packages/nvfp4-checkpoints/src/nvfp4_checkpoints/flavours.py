@@ -108,7 +108,8 @@ def detect_flavour(path: str | os.PathLike[str]) -> Flavour:
             groups = qc.obj("config_groups")
             group_formats = set()
             for key, _ in groups.items() if groups is not None else ():
-                group_formats.add(groups.obj(key, required=True).raw("format"))  # type: ignore[union-attr]
+                # a string or absent, checked where it is read (a list is no set member)
+                group_formats.add(groups.obj(key, required=True).text("format"))  # type: ignore[union-attr]
             if fmt == CT_NVFP4_FORMAT or (
                 fmt == "mixed-precision" and CT_NVFP4_FORMAT in group_formats
             ):
