@@ -939,6 +939,148 @@ def test_a_gguf_of_ours_without_a_global_is_refused(tmp_path: Path) -> None:
     ) in outcome.stderr
 
 
+def _gguf_llama(
+    kv: dict[str, tuple[str, Any]], embd: Any = None, embd_type: Any = None
+) -> Callable[[Path], Path]:
+    """A llama GGUF with an NVFP4 ``attn_q`` of 64 rows (RoPE-permuted by its head count)
+    and a token embedding of 32 x 64 (F32 unless ``embd`` / ``embd_type`` say otherwise)."""
+
+    def build(work: Path) -> Path:
+        gguf = pytest.importorskip("gguf")
+        rng = np.random.default_rng(2)
+        data, scale = to_gguf(quantize(rng.standard_normal((64, 64)).astype(np.float32)))
+        e = embd if embd is not None else rng.standard_normal((32, 64)).astype(np.float32)
+        path = work / "m.gguf"
+        _gguf(
+            path,
+            kv={"llama.embedding_length": ("uint32", 64), **kv},
+            tensors=[
+                ("blk.0.attn_q.weight", data, gguf.GGMLQuantizationType.NVFP4),
+                ("blk.0.attn_q.scale", np.resize(scale, 1).astype(np.float32)),
+                ("token_embd.weight", e, *([embd_type] if embd_type is not None else [])),
+                ("output_norm.weight", np.ones(64, np.float32)),
+            ],
+        )
+        return path
+
+    return build
+
+
+HEADS = "llama.attention.head_count"
+HF_CONFIG = "nvfp4.hf_config"
+
+
+@pytest.mark.parametrize(
+    ("build", "said"),
+    [
+        (_gguf_llama({HEADS: ("uint32", 0)}), f"{HEADS}: expected an integer in [1, "),
+        (_gguf_llama({HEADS: ("int32", -4)}), f"{HEADS}: expected an integer in [1, "),
+        (_gguf_llama({HEADS: ("string", "4")}), f"{HEADS}: expected an integer in [1, "),
+        (_gguf_llama({HEADS: ("bool", True)}), f"{HEADS}: expected an integer in [1, "),
+        (
+            _gguf_llama({HEADS: ("uint32", 4), f"{HEADS}_kv": ("uint32", 3)}),
+            f"{HEADS}_kv: expected a divisor of {HEADS} = 4, found 3",
+        ),
+        (
+            _gguf_llama({HEADS: ("uint32", 4), f"{HEADS}_kv": ("int32", 0)}),
+            f"{HEADS}_kv: expected an integer in [1, 4], found 0",
+        ),
+        (
+            _gguf_llama({HEADS: ("uint32", 3)}),
+            "tensor 'blk.0.attn_q.weight': expected rows a multiple of 2 x 3 heads",
+        ),
+        (
+            _gguf_llama(
+                {HEADS: ("uint32", 4), HF_CONFIG: ("string", '{"num_attention_heads": 8}')}
+            ),
+            f"{HEADS}: expected 8 (config.json's num_attention_heads, {HF_CONFIG}), found 4",
+        ),
+        (
+            _gguf_llama({HF_CONFIG: ("string", '{"num_attention_heads": 4}')}),
+            f"{HEADS}: expected 4 (config.json's num_attention_heads), found None",
+        ),
+        (
+            _gguf_llama({}, embd=np.ones((32, 64), np.int16)),
+            "tensor 'token_embd.weight': expected a float type (F32, F16, BF16, F64), found I16",
+        ),
+        (
+            _gguf_llama({}, embd=np.ones((32, 64), np.int8)),
+            "tensor 'token_embd.weight': expected a float type (F32, F16, BF16, F64), found I8",
+        ),
+        (
+            _gguf_llama({"llama.vocab_size": ("uint32", 48)}),
+            "tensor 'token_embd.weight': expected shape [48 x 64] (vocab size x hidden size), "
+            "found [32, 64]",
+        ),
+        (
+            _gguf_llama({HF_CONFIG: ("string", '{"vocab_size": 31}')}),
+            "tensor 'token_embd.weight': expected shape [31 x 64]",
+        ),
+        (
+            _gguf_llama({"llama.embedding_length": ("uint32", 0)}),
+            "llama.embedding_length: expected an integer in [1, ",
+        ),
+        (
+            _gguf_llama({"llama.vocab_size": ("string", "32")}),
+            "llama.vocab_size: expected an integer in [1, ",
+        ),
+    ],
+    ids=[
+        "head_count 0",
+        "head_count -4",
+        "head_count a string",
+        "head_count a bool",
+        "head_count_kv 3 of 4",
+        "head_count_kv 0",
+        "head_count 3 for 64 rows",
+        "head_count against the config",
+        "head_count missing, the config has it",
+        "embedding I16",
+        "embedding I8",
+        "embedding rows against vocab_size",
+        "embedding rows against the config",
+        "embedding_length 0",
+        "vocab_size a string",
+    ],
+)
+def test_gguf_counts_are_checked_against_the_tensors_and_the_config(
+    tmp_path: Path, build: Callable[[Path], Path], said: str
+) -> None:
+    """A head count or vocabulary size that is not a positive integer, disagrees with the
+    recorded config or with the tensors, or an embedding of an integer type, is refused
+    where it is read, naming the file and the key or tensor: before, a head count of 0, -4
+    or "4" was read as absent (the q / k rows left RoPE-permuted: silently wrong weights)
+    and an I16 embedding was converted as one."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "dst").mkdir()
+    src = build(tmp_path / "src")
+    before = tree_hash(src)
+    for argv in (
+        ["inspect", str(src)],
+        ["convert", str(src), str(tmp_path / "dst" / "o"), "--to", "modelopt"],
+    ):
+        outcome = run_guarded(argv)
+        assert_clean_refusal(outcome, source=src, source_hash=before, work=tmp_path, what=said)
+        assert f"nvfp4: error: {src}: " in outcome.stderr, outcome.stderr
+        assert said in outcome.stderr, outcome.stderr
+
+
+def test_a_valid_llama_gguf_is_read_with_its_heads(tmp_path: Path) -> None:
+    """The builder above makes a valid file when its counts are right: the refusals are the
+    counts' doing."""
+    src = _gguf_llama(
+        {
+            HEADS: ("uint32", 4),
+            f"{HEADS}_kv": ("uint32", 2),
+            "llama.vocab_size": ("uint32", 32),
+            HF_CONFIG: ("string", '{"num_attention_heads": 4, "vocab_size": 32}'),
+        },
+        embd=np.ones((32, 64), np.float16),
+    )(tmp_path)
+    outcome = run_guarded(["inspect", str(src)])
+    assert outcome.status == 0, outcome.stderr
+
+
 #: A byte-level BPE tokenizer.json small enough to spell out (what a GGUF output converts).
 TOKENIZER_JSON = {
     "version": "1.0",

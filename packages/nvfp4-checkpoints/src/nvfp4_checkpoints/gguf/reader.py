@@ -29,6 +29,12 @@ from .metadata import (
 
 __all__ = ["GGUFCheckpoint"]
 
+_UINT32_MAX = 2**32 - 1
+#: The GGUF tensors that hold one row per vocabulary entry and one column per hidden unit.
+_VOCAB_ROWS = ("token_embd.weight", "output.weight")
+#: The plain GGUF types that hold real numbers: an embedding is stored in one of them.
+_FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
+
 
 @dataclass
 class _GGUFEntry:
@@ -108,6 +114,7 @@ class GGUFCheckpoint(Checkpoint):
             owned.update({t.name, f"{base}.scale", f"{base}.input_scale"})
             hf = names_map.get(base, base)
             perm = heads.get(base.rpartition(".")[2]) if self.arch == "llama" else None
+            self._check_permutable(t, perm, t.shape[-2])
             if len(t.shape) == 3:
                 fmt = hf if "{}" in hf else f"{hf}.{{}}"
                 if fmt.count("{}") != 1 or fmt.replace("{}", "").count("{") + fmt.count("}") > 1:
@@ -130,12 +137,14 @@ class GGUFCheckpoint(Checkpoint):
                 if (stem and self.arch == "llama" and len(t.shape) == 2)
                 else None
             )
+            self._check_permutable(t, perm, t.shape[0] if perm is not None else 0)
             if hf_name in self._plain or hf_name in self._q:
                 self._bad(KV_HF_NAMES, "unique names", hf_name)
             self._plain[hf_name] = (t.name, perm)
             want = self._hf_dtypes.get(hf_name)
             if want:
                 self._check_dtype(hf_name, t, want)
+        self._check_vocab_tensors()
 
     def _require_globals(self) -> None:
         """A file of this package's writer (it records ``nvfp4.spec_version``) holds every
@@ -178,17 +187,85 @@ class GGUFCheckpoint(Checkpoint):
             return
         self._bad(KV_HF_DTYPES, f"{stored} for {short(name)} (stored as {stored})", want)
 
+    def _count(self, key: str, config_key: str, at_most: int = _UINT32_MAX) -> int | None:
+        """A count of the metadata (``None`` when the file has no ``key``), checked where it
+        is read: an integer in ``[1, at_most]`` (a bool, a string, 0 or a negative is
+        refused), and equal to ``config_key`` of the recorded ``config.json``
+        (``nvfp4.hf_config``) where that has it."""
+        value = self.file.value(key)
+        want = self.config.get(config_key)
+        if value is None:
+            return None
+        if type(value) is not int or not 1 <= value <= at_most:
+            self._bad(key, f"an integer in [1, {at_most}]", value)
+        if type(want) is int and want != value:
+            self._bad(key, f"{want} (config.json's {config_key}, {KV_HF_CONFIG})", value)
+        return value
+
     def _heads(self) -> dict[str, int]:
-        key_h, key_kv = f"{self.arch}.attention.head_count", f"{self.arch}.attention.head_count_kv"
-        n_head = self.file.value(key_h)
-        if not isinstance(n_head, int) or n_head <= 0:
+        """The head counts by which the llama architecture's q / k rows are RoPE-permuted
+        (llama.cpp's converter permutes them; this reader undoes it). A head count that is
+        not a positive integer, disagrees with the recorded config or (for the kv heads) does
+        not divide the head count is refused: read as absent, it would leave the rows
+        permuted, silently wrong weights."""
+        if self.arch != "llama":
             return {}
-        n_kv = self.file.value(key_kv, n_head)
-        if not isinstance(n_kv, int) or n_kv <= 0:
-            raise CheckpointError(
-                f"{self.path}: {key_kv} must be a positive integer, found {n_kv!r}"
-            )
+        key_h, key_kv = f"{self.arch}.attention.head_count", f"{self.arch}.attention.head_count_kv"
+        n_head = self._count(key_h, "num_attention_heads")
+        if n_head is None:
+            want = self.config.get("num_attention_heads")
+            if type(want) is int:  # our writer permuted by it, and recorded it
+                self._bad(key_h, f"{want} (config.json's num_attention_heads)", None)
+            return {}
+        n_kv = self._count(key_kv, "num_key_value_heads", n_head) or n_head
+        if n_head % n_kv:
+            self._bad(key_kv, f"a divisor of {key_h} = {n_head}", n_kv)
         return {"attn_q": n_head, "attn_k": n_kv}
+
+    def _check_permutable(self, t: GGUFTensorInfo, heads: int | None, rows: int) -> None:
+        """The rows of a q / k tensor split into ``2 x heads`` equal halves (the RoPE
+        permutation undone when it is read)."""
+        if heads is not None and rows % (2 * heads):
+            raise CheckpointError(
+                f"{self.path}: tensor {short(t.name)}: expected rows a multiple of 2 x "
+                f"{heads} heads ({self.arch}.attention.head_count*), found {rows}"
+            )
+
+    def _check_vocab_tensors(self) -> None:
+        """The token embedding and the output head: a real-number type (an integer type is
+        no embedding; a block type is decoded to numbers), one row per vocabulary entry and one column per hidden unit, as the
+        metadata (``<arch>.vocab_size``, ``<arch>.embedding_length``) and the recorded
+        config (``vocab_size``, ``hidden_size``) say where they say it."""
+        vocab = self._count(f"{self.arch}.vocab_size", "vocab_size") or self._config_int(
+            "vocab_size"
+        )
+        hidden = self._count(f"{self.arch}.embedding_length", "hidden_size") or self._config_int(
+            "hidden_size"
+        )
+        for name in _VOCAB_ROWS:
+            t = self.tensors.get(name)
+            if t is None:
+                continue
+            if t.ggml_type in PLAIN_TYPES:  # block types (NVFP4, Q8_0...) are numbers too
+                stored = PLAIN_TYPES[t.ggml_type][0]
+                if stored not in _FLOAT_TYPES:
+                    raise CheckpointError(
+                        f"{self.path}: tensor {name!r}: expected a float type "
+                        f"({', '.join(_FLOAT_TYPES)}), found {stored}"
+                    )
+            want = (vocab, hidden)
+            if len(t.shape) != 2 or any(
+                w is not None and d != w for d, w in zip(t.shape, want, strict=True)
+            ):
+                said = " x ".join("?" if w is None else str(w) for w in want)
+                raise CheckpointError(
+                    f"{self.path}: tensor {name!r}: expected shape [{said}] (vocab size x "
+                    f"hidden size), found {list(t.shape)}"
+                )
+
+    def _config_int(self, key: str) -> int | None:
+        v = self.config.get(key)
+        return v if type(v) is int and v > 0 else None
 
     def quantized_names(self) -> list[str]:
         return list(self._q)
