@@ -328,7 +328,44 @@ def build(session: nox.Session) -> None:
             py, "-c", f"import {module}; print({module!r}, {module}.__version__)", external=True
         )
         shutil.rmtree(venv)  # ours, in the session's temporary folder: keeps .nox/ small
+    _one_backend_one_command(session, chosen, venvs / "one-command")
     _discard_venv(session)
+
+
+#: README's single command that installs one backend with its core from the clone.
+ONE_BACKEND_COMMAND = ("pip", "install", "./packages/nvfp4-core", "./packages/nvfp4-cpu")
+
+
+def _one_backend_one_command(session: nox.Session, chosen: targets.Plan, venv: Path) -> None:
+    """README's one-command install of the cpu backend (:data:`ONE_BACKEND_COMMAND`), run as
+    written from the clone's root in a fresh environment, then a product on it: nothing else
+    is built or installed."""
+    session.run("python", "-m", "venv", "--clear", str(venv), silent=True)
+    constraints = Path(session.create_tmp()) / "constraints.txt"
+    constraints.write_text(chosen.constraints_text())
+    pip, *args = ONE_BACKEND_COMMAND
+    session.chdir(ROOT)
+    session.run(
+        str(venv / "bin" / "python"),
+        "-m",
+        pip,
+        *args,
+        "-q",
+        "-c",
+        str(constraints),
+        external=True,
+    )
+    session.run(
+        str(venv / "bin" / "python"),
+        "-c",
+        "import numpy as np, nvfp4, nvfp4_cpu; b = nvfp4.get_backend('cpu'); "
+        "w = b.prepare(nvfp4.quantize(np.ones((32, 64), np.float32))); "
+        "y = b.to_numpy(b.qmm(np.ones((2, 64), np.float32), w)); "
+        "assert y.shape == (2, 32) and float(y[0, 0]) == 64.0, y; "
+        "print('one command: nvfp4-core + nvfp4-cpu', nvfp4_cpu.__version__, b.info.name)",
+        external=True,
+    )
+    shutil.rmtree(venv)
 
 
 @nox.session(name="cpu-aarch64", venv_backend="none")
