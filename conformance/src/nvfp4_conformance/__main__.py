@@ -1,13 +1,15 @@
-"""Command line: ``python -m nvfp4_conformance run``.
+"""Command line: python -m nvfp4_conformance run.
 
-``run [--backend NAME] [--certificate PATH] [--spec VERSION] [-- PYTEST ARGS]``
-    Certify a backend: runs the shipped tiers (``pytest --pyargs nvfp4_conformance.tiers``)
-    with the package's own pytest configuration, so the caller's ``pytest.ini`` or
-    ``pyproject.toml`` cannot change the suite. Exit status is pytest's (0 = certified).
+run [--backend NAME] [--certificate PATH] [--spec VERSION] [-- PYTEST ARGS]
+    Certify a backend: runs the shipped tiers (pytest --pyargs nvfp4_conformance.tiers)
+    with the package's own pytest configuration, so the caller's pytest.ini or
+    pyproject.toml cannot change the suite. Exit status is pytest's: 0 when every selected
+    test passed (the certificate says certified, or partial when tiers were left out),
+    1 when one failed. The certificate's "result" is the verdict.
 
-``generate ...``
-    Deprecated (removed in the next release): moved to nvfp4-torch, ``python -m nvfp4_torch
-    generate`` (or ``nvfp4-generate``); this forwards its arguments there.
+generate ...
+    Deprecated (removed in the next release): moved to nvfp4-torch, python -m nvfp4_torch
+    generate (or nvfp4-generate); this forwards its arguments there.
 """
 
 from __future__ import annotations
