@@ -27,13 +27,12 @@ def _cpuinfo() -> dict[str, str]:
 
 
 def cpu_model() -> str:
-    """``"AMD EPYC (x86 family 25, model 17)"``: the model name and, on x86, its family and
-    model numbers; else the platform's processor or machine name."""
-    f = _cpuinfo()
-    name = f.get("model name") or platform.processor() or platform.machine()
-    if f.get("cpu family") and f.get("model"):
-        return f"{name} (x86 family {f['cpu family']}, model {f['model']})"
-    return name
+    """``"AMD EPYC (x86 family 25, model 17)"``: nvfp4-core's probe (the one the certificates
+    use: the model name and, on x86, its family and model numbers), else the platform's
+    processor or machine name."""
+    from nvfp4.hardware import cpu_model as probe
+
+    return probe() or platform.processor() or platform.machine()
 
 
 def simd_flags() -> list[str]:

@@ -34,6 +34,7 @@ model that uses them. There is no autograd formula (NVFP4 weights are inference 
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -109,9 +110,18 @@ def clear_cache() -> None:
 
 
 # -------------------------------------------------------------------- conversions
+#: Whether each backend's native arrays are torch tensors, asked once per backend.
+_NATIVE: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
 def _torch_native(b: Backend) -> bool:
-    """Whether the backend's native arrays are torch tensors (the Triton backends)."""
-    return isinstance(b.from_numpy(np.zeros((1, 1), np.float32)), torch.Tensor)
+    """Whether the backend's native arrays are torch tensors (the Triton backends); every op
+    call asks, so the answer is kept per backend object."""
+    native = _NATIVE.get(b)
+    if native is None:
+        native = isinstance(b.from_numpy(np.zeros((1, 1), np.float32)), torch.Tensor)
+        _NATIVE[b] = native
+    return native
 
 
 def _to_numpy(t: torch.Tensor) -> np.ndarray[Any, Any]:
