@@ -270,9 +270,17 @@ def test_generate_transformers_forward_prints_the_same_reply(smollm2_checkpoint:
     assert "lm_head" not in plain.stderr  # only the lean forward times it
 
 
+#: Greedy steps per golden prompt in the lean-vs-transformers comparison.
+LEAN_STEPS = 10
+
+
 def test_lean_decoder_is_the_transformers_forward_on_smollm2(smollm2_checkpoint: Path) -> None:
-    """On the T6 model and every golden prompt, the lean decoder's 40 greedy steps have the
-    transformers forward's logits bit for bit (fused products), hence the golden tokens."""
+    """On the T6 model and every golden prompt, the lean decoder's first greedy steps have
+    the transformers forward's logits bit for bit (fused products), hence the golden tokens.
+    Ten steps cover what the two decoders could disagree on (the prefill, the cached steps,
+    the positions past the prompt) at a quarter of the 40 steps' cost on the float64
+    reference; the CLI test above runs the lean decoder for 20 golden tokens, and T6 runs
+    all 40 of every prompt."""
     import nvfp4
     from nvfp4_torch import decode, loader
     from nvfp4_torch.lean_decoder import LeanDecoder
@@ -281,10 +289,10 @@ def test_lean_decoder_is_the_transformers_forward_on_smollm2(smollm2_checkpoint:
     golden = load_t6_golden()
     lean = LeanDecoder(loaded.model, 256)
     for p in golden["prompts"]:
-        n = len(p["golden_ids"])
+        n = min(LEAN_STEPS, len(p["golden_ids"]))
         want = decode.greedy(loaded.model, p["prompt_ids"], n)
         got = decode.greedy(loaded.model, p["prompt_ids"], n, lean=lean)
-        assert got.new_ids == p["golden_ids"], p["name"]
+        assert got.new_ids == p["golden_ids"][:n], p["name"]
         np.testing.assert_array_equal(got.logits, want.logits, err_msg=p["name"])
 
 
