@@ -72,7 +72,16 @@ if (SUITE / "pyproject.toml").exists() and (SUITE / "tests").is_dir():
 #: The repository's own tests (install targets, CI workflow files): not a package.
 PACKAGES["repository"] = ROOT
 #: What the repository's tests need: nox (they import the noxfile), the workflow schemas.
-REPOSITORY_TEST_DEPS = ("pytest>=8", "nox", "packaging", "pyyaml", "check-jsonschema==0.39.0")
+#: ``pip``: the install-target tests ask pip itself which torch it would take (uv's
+#: environments have no pip of their own).
+REPOSITORY_TEST_DEPS = (
+    "pytest>=8",
+    "nox",
+    "packaging",
+    "pyyaml",
+    "check-jsonschema==0.39.0",
+    "pip",
+)
 
 
 def _backends() -> dict[str, Path | None]:
