@@ -124,10 +124,10 @@ def _plan(session: nox.Session, hw: str = "cpu", *, interpret: bool = True) -> t
     try:
         target = targets.choose_target(hw, interpret=interpret)
         requirement = targets.torch_requirement()
-        index = tuple(targets.index_args(target))
-        key = (target.name, requirement, index)
+        key = (target.name, requirement, tuple(targets.index_args(target)))
         if key not in _PLANS:
-            torch = targets.lookup_torch([sys.executable, "-m", "pip"], requirement, index)
+            pip = [sys.executable, "-m", "pip"]
+            torch, index = targets.choose_torch(pip, target, requirement)
             _PLANS[key] = targets.plan(
                 target, torch, requirement=requirement, index=index, triton_backend=True
             )
