@@ -78,3 +78,37 @@ def test_the_split_table_check_can_fail() -> None:
 def test_no_table_is_split_by_a_blank_line(document: Path) -> None:
     cut = split_tables(document.read_text(encoding="utf-8"))
     assert not cut, f"{document.relative_to(ROOT)}: a blank line splits a table at line(s) {cut}"
+
+
+def _long_descriptions() -> list[Path]:
+    """The README each distribution publishes as its long description."""
+    import tomllib
+
+    found = []
+    for pyproject in [
+        *ROOT.glob("packages/*/pyproject.toml"),
+        ROOT / "conformance" / "pyproject.toml",
+    ]:
+        readme = tomllib.loads(pyproject.read_text())["project"].get("readme")
+        assert isinstance(readme, str), f"{pyproject}: project.readme should name a file"
+        found.append(pyproject.parent / readme)
+    return found
+
+
+#: A Markdown link whose target is a file beside the document: it breaks on a package
+#: index's page, where only the README itself is shown.
+_RELATIVE_LINK = re.compile(
+    r"\]\((?!#)(?![a-z]+:)[^)\s]+\)|^\[[^\]\n]+\]:[ \t]*(?!#)(?![a-z]+:)\S+", re.M
+)
+
+
+def test_the_relative_link_check_can_fail() -> None:
+    assert _RELATIVE_LINK.search("see [core](../nvfp4-core) here")
+    assert _RELATIVE_LINK.search("[x]: docs/a.md")
+    assert not _RELATIVE_LINK.search("see [the table](#verbs) and `../nvfp4-core`")
+
+
+@pytest.mark.parametrize("readme", _long_descriptions(), ids=lambda p: p.parent.name)
+def test_long_descriptions_have_no_relative_links(readme: Path) -> None:
+    links = [m.group(0) for m in _RELATIVE_LINK.finditer(readme.read_text(encoding="utf-8"))]
+    assert not links, f"{readme.relative_to(ROOT)} (a package's long description) links {links}"
