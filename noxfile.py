@@ -10,6 +10,8 @@ Sessions:
                           the suite in a fresh environment, run the plugin, write
                           ``reports/conformance-<hw>.json`` and ``.md``;
 * ``conformance``      - every backend this machine can run, then a summary table;
+* ``certificates``     - publish the certificates in reports/ to docs/certificates/ and
+  README's excerpt (after ``conformance``: ``nox -s conformance certificates``);
 * ``engines``          - certify one third-party engine (``engines(engine='ggml')``, ...)
                           through nvfp4-engines with its pinned release, write
                           ``reports/engines/<engine>.json`` and re-render ``docs/engines.md``;
@@ -124,10 +126,10 @@ def _plan(session: nox.Session, hw: str = "cpu", *, interpret: bool = True) -> t
     try:
         target = targets.choose_target(hw, interpret=interpret)
         requirement = targets.torch_requirement()
-        index = tuple(targets.index_args(target))
-        key = (target.name, requirement, index)
+        key = (target.name, requirement, tuple(targets.index_args(target)))
         if key not in _PLANS:
-            torch = targets.lookup_torch([sys.executable, "-m", "pip"], requirement, index)
+            pip = [sys.executable, "-m", "pip"]
+            torch, index = targets.choose_torch(pip, target, requirement)
             _PLANS[key] = targets.plan(
                 target, torch, requirement=requirement, index=index, triton_backend=True
             )
@@ -687,3 +689,10 @@ def conformance_all(session: nox.Session) -> None:
             f"{row[i]!s:>{w}}" if i in (2, 3) else f"{row[i]!s:<{w}}" for i, w in enumerate(widths)
         ]
         session.log("  ".join([*cells, str(row[4])]))
+
+
+@nox.session(venv_backend="none")
+def certificates(session: nox.Session) -> None:
+    """Publish the conformance certificates in reports/ (run the conformance sessions first)
+    to docs/certificates/, with README's excerpt; tools/publish_certificates.py."""
+    session.run(sys.executable, str(ROOT / "tools" / "publish_certificates.py"), external=True)

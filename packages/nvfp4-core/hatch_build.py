@@ -31,6 +31,7 @@ _VERSION_DIR = re.compile(r"\d+\.\d+")
 #: Files of ``spec/draft/`` the package reads (one line each, so helpers add theirs apart).
 DRAFT_FILES: tuple[str, ...] = (
     "deviations.toml",  # nvfp4.deviation_registry
+    "tolerances.toml",  # nvfp4.tolerances.draft_tolerances ([row_parallel], spec 1.2 draft)
 )
 
 

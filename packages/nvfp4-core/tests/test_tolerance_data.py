@@ -176,6 +176,7 @@ def test_the_build_packages_every_released_version(hook: types.ModuleType) -> No
             for name in hook.DRAFT_FILES
         }, target
         assert "deviations.toml" in hook.DRAFT_FILES
+        assert "tolerances.toml" in hook.DRAFT_FILES  # draft_tolerances: [row_parallel]
 
 
 def test_a_wheel_from_an_sdist_takes_the_files_it_carries(
