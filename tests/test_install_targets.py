@@ -17,6 +17,7 @@ and asserts the rule that matters there: nothing may require PyPI's ``triton``.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import tempfile
@@ -236,3 +237,96 @@ def test_no_static_constraints_file_pins_triton() -> None:
         for line in path.read_text().splitlines():
             if line.strip() and not line.startswith("#"):
                 assert canonicalize_name(Requirement(line).name) not in t.TRITON_DISTRIBUTIONS
+
+
+def _fake_lookup(builds: dict[str, t.TorchBuild | None]):
+    """A ``lookup`` for :func:`install_targets.choose_torch`: the build each index serves
+    (key: the index URL, '' for the configured one; None: unreachable)."""
+
+    def lookup(pip, requirement, extra):
+        build = builds[extra[-1] if extra else ""]
+        if build is None:
+            raise t.TargetError("pip cannot find torch: unreachable")
+        return build
+
+    return lookup
+
+
+CUDA_TORCH = t.TorchBuild(
+    version=t.TORCH_VERSION,
+    url="(PyPI)",
+    requires=(
+        'nvidia-cublas==13.1.1.3; platform_system == "Linux"',
+        'triton==3.8.0; platform_system == "Linux"',
+    ),
+)
+CPU_TORCH = t.TorchBuild(
+    version=f"{t.TORCH_VERSION}+cpu", url="(CPU index)", requires=("filelock",)
+)
+
+
+def test_a_cpu_machine_takes_pytorchs_cpu_index_over_a_cuda_build() -> None:
+    """The cpu target: where the configured index offers only a CUDA build, the CPU index's
+    build is taken; where that index is unreachable, or the configured index already serves a
+    CPU build, or NVFP4_TORCH_INDEX_URL is set, or the target is a GPU one, nothing changes."""
+    cpu, cuda = t.TARGETS["cpu"], t.TARGETS["cuda"]
+    req = f"torch=={t.TORCH_VERSION}"
+    lookup = _fake_lookup({"": CUDA_TORCH, t.PYTORCH_CPU_INDEX: CPU_TORCH})
+    torch, index = t.choose_torch(PIP, cpu, req, {}, lookup=lookup)
+    assert torch == CPU_TORCH
+    assert index == ["--extra-index-url", t.PYTORCH_CPU_INDEX]
+    plan = t.plan(cpu, torch, requirement=req, index=index)
+    assert any("offers only a CUDA build" in r for r in plan.reasons)
+    assert f"triton=={t.INTERPRETER_TRITON}" in plan.constraints
+
+    unreachable = _fake_lookup({"": CUDA_TORCH, t.PYTORCH_CPU_INDEX: None})
+    assert t.choose_torch(PIP, cpu, req, {}, lookup=unreachable) == (CUDA_TORCH, [])
+    served = _fake_lookup({"": CPU_TORCH, t.PYTORCH_CPU_INDEX: None})
+    assert t.choose_torch(PIP, cpu, req, {}, lookup=served) == (CPU_TORCH, [])
+    mine = "https://example.invalid/whl/mine"
+    chosen = _fake_lookup({mine: CUDA_TORCH, t.PYTORCH_CPU_INDEX: CPU_TORCH})
+    env = {t.ENV_TORCH_INDEX: mine}
+    assert t.choose_torch(PIP, cpu, req, env, lookup=chosen) == (
+        CUDA_TORCH,
+        ["--extra-index-url", mine],
+    )
+    assert t.choose_torch(PIP, cuda, req, {}, lookup=lookup) == (CUDA_TORCH, [])
+
+
+def test_gpu_and_cpu_builds_are_told_apart(pypi_torch: dict[str, t.TorchBuild]) -> None:
+    """PyPI's Linux torch is a GPU build; this machine's configured one is a CPU build."""
+    assert not t.is_cpu_build(pypi_torch["cuda"], t.TARGETS["cpu"])
+    here = t.lookup_torch(PIP, f"torch=={t.TORCH_VERSION}")
+    assert t.is_cpu_build(here, t.TARGETS["cpu"]), here
+
+
+def test_the_parity_extra_installs_no_nvidia_package_on_a_cpu_machine() -> None:
+    """What pip resolves for the suite's ``parity`` extra (torch, transformers, the T6 model's
+    loader) with the torch a cpu session chooses: a CPU build of torch, and no nvidia, cuda or
+    Triton distribution in the whole set (PyPI's default torch brings about 3 GB of them)."""
+    target = t.TARGETS["cpu"]
+    req = t.torch_requirement()
+    torch, index = t.choose_torch(PIP, target, req)
+    chosen = t.plan(target, torch, requirement=req, index=index)
+    local = noxfile._local_packages()
+    suite = noxfile.SUITE
+    deps = [str(d) for d in noxfile._local_deps(suite)]
+    with tempfile.TemporaryDirectory() as tmp:
+        constraints = Path(tmp) / "constraints.txt"
+        constraints.write_text(chosen.constraints_text())
+        report = Path(tmp) / "report.json"
+        args = [*PIP, "install", "--dry-run", "--ignore-installed", "--quiet"]
+        args += ["--report", str(report), "-c", str(constraints), *chosen.index_args]
+        done = subprocess.run(
+            [*args, *deps, f"{suite}[parity]"], capture_output=True, text=True, check=False
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        items = json.loads(report.read_text())["install"]
+    names = {canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"] for i in items}
+    assert "nvfp4-torch" in names
+    assert "transformers" in names
+    assert "nvfp4-checkpoints" in names
+    assert set(local) >= {n for n in names if n.startswith("nvfp4")}
+    gpu = sorted(n for n in names if n.startswith(("nvidia-", "cuda-", "triton", "pytorch-triton")))
+    assert not gpu, f"the parity extra pulls GPU packages on a CPU machine: {gpu}"
+    assert names["torch"] == torch.version

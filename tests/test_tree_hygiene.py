@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FORBIDDEN = {
     r"\.\./shared\b": "a folder beside the repository",
     r"\]\(\.\./\.\./": "a link that climbs out of the repository",
+    r"\]\(https?://|^\[[^\]\n]+\]:[ \t]*https?://": "a Markdown link to a web page",
     r"\b[Ii]ssues? #?\d+\b(?!-)": "an internal issue number",
     r"\bgoal G\d+\b": "an internal planning label",
     r"\bresearch (notes|section)\b": "notes that are not in the repository",
@@ -42,7 +43,7 @@ def _findings(text: str) -> list[str]:
     return [
         f"{why}: {m.group(0)!r}"
         for pattern, why in FORBIDDEN.items()
-        for m in re.finditer(pattern, text)
+        for m in re.finditer(pattern, text, flags=re.MULTILINE)
     ]
 
 
@@ -54,8 +55,13 @@ def test_the_patterns_catch_what_they_should() -> None:
         f"see {up}/design/ARCHITECTURE.md; ({issue} 7, item 5); {issue.title()} #12; goal "
         f"{label} in the {notes} notes; {machine}/devenv/bin/python; {root}/.cache"
     )
-    assert len(_findings(bad)) == 7
-    good = "each warp issues 16-byte loads; os.path; /tmp/x; /dev/nvidiactl; spec/1.0/nvfp4.md"
+    web = "h" + "ttps://example.org"
+    bad += f"; [a]({web}/x)\n[b]: {web}/y\n"
+    assert len(_findings(bad)) == 9
+    good = (
+        "each warp issues 16-byte loads; os.path; /tmp/x; /dev/nvidiactl; spec/1.0/nvfp4.md; "
+        "[the spec](spec/1.1/nvfp4.md); pip install --extra-index-url h" + "ttps://x.org/whl/cpu"
+    )
     assert _findings(good) == []
 
 

@@ -8,6 +8,10 @@ version's file (every ``spec/<X.Y>/`` folder holding ``nvfp4.md`` and ``toleranc
 * the sdist as ``src/nvfp4/spec_data/<X.Y>/tolerances.toml``, so that a wheel built from
   the sdist (no ``spec/`` there) finds them inside the package like any other file.
 
+The draft's spec data files named in :data:`DRAFT_FILES` (``spec/draft/<name>``, for
+example the deviation registry read by ``nvfp4.deviation_registry``) go to
+``nvfp4/spec_data/draft/<name>`` in the same way.
+
 An editable install gets nothing: it maps ``nvfp4`` to ``src/nvfp4``, and
 ``nvfp4.tolerances`` reads the checkout's ``spec/`` folder itself. A checkout must not hold
 ``src/nvfp4/spec_data/`` (a stale copy would shadow ``spec/``); the build refuses one.
@@ -24,6 +28,11 @@ from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 #: Where the package data lives inside the package.
 SPEC_DATA = "spec_data"
 _VERSION_DIR = re.compile(r"\d+\.\d+")
+#: Files of ``spec/draft/`` the package reads (one line each, so helpers add theirs apart).
+DRAFT_FILES: tuple[str, ...] = (
+    "deviations.toml",  # nvfp4.deviation_registry
+    "tolerances.toml",  # nvfp4.tolerances.draft_tolerances ([row_parallel], spec 1.2 draft)
+)
 
 
 def released_tolerance_files(spec_dir: Path) -> dict[str, Path]:
@@ -36,6 +45,15 @@ def released_tolerance_files(spec_dir: Path) -> dict[str, Path]:
         and (d / "nvfp4.md").is_file()
         and (d / "tolerances.toml").is_file()
     }
+
+
+def draft_data_files(spec_dir: Path) -> dict[str, Path]:
+    """``draft/<name>`` -> the file, for every name of :data:`DRAFT_FILES` in ``spec/draft``."""
+    draft = spec_dir / "draft"
+    missing = [name for name in DRAFT_FILES if not (draft / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"no {draft / missing[0]}: the package reads it")
+    return {f"draft/{name}": draft / name for name in DRAFT_FILES}
 
 
 def spec_data_map(root: Path, target: str) -> dict[str, str]:
@@ -61,7 +79,11 @@ def spec_data_map(root: Path, target: str) -> dict[str, str]:
     files = released_tolerance_files(spec_dir)
     if not files:
         raise FileNotFoundError(f"no released spec folder under {spec_dir}")
-    return {str(path): f"{prefix}/{version}/tolerances.toml" for version, path in files.items()}
+    mapping = {str(path): f"{prefix}/{version}/tolerances.toml" for version, path in files.items()}
+    mapping.update(
+        {str(path): f"{prefix}/{name}" for name, path in draft_data_files(spec_dir).items()}
+    )
+    return mapping
 
 
 class SpecDataHook(BuildHookInterface):

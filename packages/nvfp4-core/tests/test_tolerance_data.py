@@ -171,7 +171,12 @@ def test_the_build_packages_every_released_version(hook: types.ModuleType) -> No
         assert mapping == {
             str(spec_dir / v / "tolerances.toml"): f"{prefix}/spec_data/{v}/tolerances.toml"
             for v in spec.SUPPORTED_SPEC_VERSIONS
+        } | {
+            str(spec_dir / "draft" / name): f"{prefix}/spec_data/draft/{name}"
+            for name in hook.DRAFT_FILES
         }, target
+        assert "deviations.toml" in hook.DRAFT_FILES
+        assert "tolerances.toml" in hook.DRAFT_FILES  # draft_tolerances: [row_parallel]
 
 
 def test_a_wheel_from_an_sdist_takes_the_files_it_carries(

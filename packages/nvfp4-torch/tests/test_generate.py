@@ -1,7 +1,7 @@
 """The ``generate`` command and the decoding under it.
 
 * ``python -m nvfp4_torch generate`` reproduces the conformance suite's T6 golden tokens (the
-  suite's public data, :func:`nvfp4_conformance.load_t6_golden`) the golden tokens when pointed at the
+  suite's public data, :func:`nvfp4_conformance.load_t6_golden`) when pointed at the
   ModelOpt checkpoint the suite writes with nvfp4's writer.
 * ``generate`` reads checkpoints exported by nvidia-modelopt itself (a tiny Llama in
   float32 with W4A4 ``NVFP4`` layers, and in bfloat16 with ``MIXED_PRECISION`` layers, built

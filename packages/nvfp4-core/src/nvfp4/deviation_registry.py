@@ -1,0 +1,331 @@
+"""The deviation registry of the draft spec (1.2), read from ``spec/draft/deviations.toml``.
+
+The registry is spec data (``nvfp4.md``, section "Conformance classes and declared
+deviations"): every way a real engine was seen to depart from the spec, with the rule it
+departs from, its scope (``real`` checkpoints or ``malformed`` input only), its severity
+(``benign``, ``lossy``, ``unsafe``), its bound and the evidence. This module reads it and
+restates none of it. Where the file is found (:func:`data_file`): an installed wheel carries
+it as package data, ``nvfp4/spec_data/draft/deviations.toml`` (``hatch_build.py``); a source
+checkout reads the repository's ``spec/draft/``.
+
+The file is input like any other: every value is checked for type and range where it is
+read, and an error is one line naming the file, the entry, the key, the expected and the
+found (:class:`DeviationRegistryError`, a ``ValueError``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: tomli is the same parser (a dependency there)
+    import tomli as tomllib
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from importlib.resources.abc import Traversable
+
+__all__ = [
+    "BOUNDS",
+    "CLASSES",
+    "SCOPES",
+    "SEVERITIES",
+    "Deviation",
+    "DeviationRegistryError",
+    "data_file",
+    "deviation",
+    "deviations",
+    "parse",
+]
+
+#: The conformance classes, best first (the ``verdict`` of a certificate).
+CLASSES: Final = ("conformant", "compatible", "incompatible")
+#: Who meets a deviation: real checkpoints / models, or malformed input only.
+SCOPES: Final = ("real", "malformed")
+#: How bad it is; ``unsafe`` makes an engine ``incompatible`` even when declared.
+SEVERITIES: Final = ("benign", "lossy", "unsafe")
+#: Bound kinds -> whether ``bound_value`` is required (a number) or forbidden.
+BOUNDS: Final[Mapping[str, bool]] = {
+    "ulps": True,
+    "element_relative": True,
+    "max_relative": True,
+    "global_relative": True,
+    "scale_steps": True,
+    "refuses": False,
+    "unbounded": False,
+}
+TIERS: Final = ("T0", "T1", "T2", "T3", "T4", "T5", "T6")
+#: The file's own version: the draft's.
+REGISTRY_SPEC_VERSION: Final = "1.2"
+_ID: Final = re.compile(r"[a-z0-9_]{1,64}")
+_ENGINE: Final = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+_MAX_TEXT: Final = 2000
+_MAX_BYTES: Final = 1 << 20
+_MAX_ENTRIES: Final = 1000
+_FIELDS: Final = frozenset(
+    {
+        "id",
+        "rule",
+        "differs",
+        "scope",
+        "severity",
+        "bound",
+        "bound_value",
+        "bound_text",
+        "why",
+        "tiers",
+        "seen_in",
+        "evidence",
+        "emulated",
+        "impact",
+    }
+)
+
+SPEC_DATA: Final = "spec_data"
+_CHECKOUT_SPEC: Final = Path(__file__).resolve().parent.parent.parent.parent.parent / "spec"
+
+
+class DeviationRegistryError(ValueError):
+    """The registry file is malformed; the one-line message names where and what."""
+
+
+@dataclass(frozen=True)
+class Deviation:
+    """One declared deviation (the fields of ``deviations.toml``; see the spec)."""
+
+    id: str
+    rule: str
+    differs: str
+    scope: str
+    severity: str
+    bound: str
+    bound_value: float | None
+    bound_text: str
+    why: str
+    tiers: tuple[str, ...]
+    seen_in: tuple[str, ...]
+    evidence: tuple[str, ...]
+    emulated: bool
+    #: Measured effect on the T6 model (key -> number), where measured.
+    impact: Mapping[str, float] | None = None
+
+    @property
+    def admissible(self) -> bool:
+        """Whether it can explain a failure of a ``compatible`` engine (not ``unsafe``)."""
+        return self.severity != "unsafe"
+
+
+def data_file() -> Traversable:
+    """``deviations.toml``: the package data of an installed wheel, else the checkout's
+    ``spec/draft/``. Raises FileNotFoundError naming both places."""
+    packaged = resources.files(__package__ or "nvfp4").joinpath(
+        SPEC_DATA, "draft", "deviations.toml"
+    )
+    if packaged.is_file():
+        return packaged
+    checkout = _CHECKOUT_SPEC / "draft" / "deviations.toml"
+    if checkout.is_file():
+        return checkout
+    raise FileNotFoundError(
+        f"deviation registry: neither the package data {packaged} nor the source "
+        f"checkout's {checkout} exists; reinstall nvfp4-core from a wheel or an sdist"
+    )
+
+
+def _text(where: str, entry: Mapping[str, Any], key: str) -> str:
+    value = entry.get(key)
+    if not isinstance(value, str) or not value.strip() or len(value) > _MAX_TEXT:
+        raise DeviationRegistryError(
+            f"{where}: key {key!r}: expected a non-empty string of at most {_MAX_TEXT} "
+            f"characters, found {_show(value)}"
+        )
+    return value
+
+
+def _choice(where: str, entry: Mapping[str, Any], key: str, allowed: tuple[str, ...]) -> str:
+    value = entry.get(key)
+    if value not in allowed:
+        raise DeviationRegistryError(
+            f"{where}: key {key!r}: expected one of {', '.join(allowed)}, found {_show(value)}"
+        )
+    return str(value)
+
+
+def _strings(
+    where: str, entry: Mapping[str, Any], key: str, pattern: re.Pattern[str] | None = None
+) -> tuple[str, ...]:
+    value = entry.get(key)
+    ok = isinstance(value, list) and 0 < len(value) <= 100
+    ok = ok and all(isinstance(v, str) and 0 < len(v) <= _MAX_TEXT for v in value)  # type: ignore[union-attr]
+    if ok and pattern is not None:
+        ok = all(pattern.fullmatch(v) for v in value)  # type: ignore[union-attr]
+    if not ok or len(set(value)) != len(value):  # type: ignore[arg-type]
+        what = f"strings matching {pattern.pattern}" if pattern is not None else "strings"
+        raise DeviationRegistryError(
+            f"{where}: key {key!r}: expected a non-empty list of distinct {what}, "
+            f"found {_show(value)}"
+        )
+    return tuple(value)  # type: ignore[arg-type]
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _impact(where: str, value: Any) -> Mapping[str, float] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not value or len(value) > 50:
+        raise DeviationRegistryError(
+            f"{where}: key 'impact': expected a table of numbers, found {_show(value)}"
+        )
+    out: dict[str, float] = {}
+    for k, v in value.items():
+        if not _ID.fullmatch(k) or isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise DeviationRegistryError(
+                f"{where}: key 'impact.{k}': expected a finite number, found {_show(v)}"
+            )
+        if not math.isfinite(v) or v < 0:
+            raise DeviationRegistryError(
+                f"{where}: key 'impact.{k}': expected a finite number >= 0, found {v!r}"
+            )
+        out[k] = float(v)
+    return out
+
+
+def _entry(source: str, index: int, entry: Any) -> Deviation:
+    where = f"{source}: deviation {index}"
+    if not isinstance(entry, dict):
+        raise DeviationRegistryError(f"{where}: expected a table, found {_show(entry)}")
+    ident = entry.get("id")
+    if not isinstance(ident, str) or not _ID.fullmatch(ident):
+        raise DeviationRegistryError(
+            f"{where}: key 'id': expected a string matching {_ID.pattern}, found {_show(ident)}"
+        )
+    where = f"{source}: deviation {ident!r}"
+    unknown = sorted(set(entry) - _FIELDS)
+    if unknown:
+        raise DeviationRegistryError(
+            f"{where}: unknown key {unknown[0]!r}; expected only {', '.join(sorted(_FIELDS))}"
+        )
+    scope = _choice(where, entry, "scope", SCOPES)
+    severity = _choice(where, entry, "severity", SEVERITIES)
+    bound = _choice(where, entry, "bound", tuple(BOUNDS))
+    value = entry.get("bound_value")
+    if BOUNDS[bound]:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or value < 0
+        ):
+            raise DeviationRegistryError(
+                f"{where}: key 'bound_value': expected a finite number >= 0 for bound "
+                f"{bound!r}, found {_show(value)}"
+            )
+        value = float(value)
+    elif value is not None:
+        raise DeviationRegistryError(
+            f"{where}: key 'bound_value': expected none for bound {bound!r}, found {_show(value)}"
+        )
+    if bound == "unbounded" and scope != "malformed" and severity == "benign":
+        raise DeviationRegistryError(
+            f"{where}: key 'bound': 'unbounded' needs scope 'malformed' or severity 'lossy' / "
+            f"'unsafe', found scope {scope!r} and severity {severity!r}"
+        )
+    emulated = entry.get("emulated")
+    if not isinstance(emulated, bool):
+        raise DeviationRegistryError(
+            f"{where}: key 'emulated': expected true or false, found {_show(emulated)}"
+        )
+    tiers = _strings(where, entry, "tiers")
+    bad = [t for t in tiers if t not in TIERS]
+    if bad:
+        raise DeviationRegistryError(
+            f"{where}: key 'tiers': expected tiers among {', '.join(TIERS)}, found {bad[0]!r}"
+        )
+    return Deviation(
+        id=ident,
+        rule=_text(where, entry, "rule"),
+        differs=_text(where, entry, "differs"),
+        scope=scope,
+        severity=severity,
+        bound=bound,
+        bound_value=value,
+        bound_text=_text(where, entry, "bound_text"),
+        why=_text(where, entry, "why"),
+        tiers=tiers,
+        seen_in=_strings(where, entry, "seen_in", _ENGINE),
+        evidence=_strings(where, entry, "evidence"),
+        emulated=emulated,
+        impact=_impact(where, entry.get("impact")),
+    )
+
+
+def parse(text: str, source: str = "deviations.toml") -> tuple[Deviation, ...]:
+    """The deviations of a registry file's ``text`` (``source`` names it in errors), in
+    file order. Raises :class:`DeviationRegistryError` for anything malformed."""
+    if len(text.encode("utf-8", "surrogatepass")) > _MAX_BYTES:
+        raise DeviationRegistryError(
+            f"{source}: expected at most {_MAX_BYTES} bytes, found {len(text.encode())}"
+        )
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise DeviationRegistryError(f"{source}: not TOML: {exc}") from None
+    stated = data.get("spec_version")
+    if stated != REGISTRY_SPEC_VERSION:
+        raise DeviationRegistryError(
+            f"{source}: key 'spec_version': expected {REGISTRY_SPEC_VERSION!r}, "
+            f"found {_show(stated)}"
+        )
+    extra = sorted(set(data) - {"spec_version", "deviation"})
+    if extra:
+        raise DeviationRegistryError(
+            f"{source}: unknown key {extra[0]!r}; expected only spec_version and [[deviation]]"
+        )
+    entries = data.get("deviation")
+    if not isinstance(entries, list) or not 0 < len(entries) <= _MAX_ENTRIES:
+        raise DeviationRegistryError(
+            f"{source}: key 'deviation': expected 1 to {_MAX_ENTRIES} [[deviation]] tables, "
+            f"found {_show(entries)}"
+        )
+    out = tuple(_entry(source, i, e) for i, e in enumerate(entries))
+    seen: set[str] = set()
+    for d in out:
+        if d.id in seen:
+            raise DeviationRegistryError(
+                f"{source}: deviation {d.id!r}: id declared twice; expected each id once"
+            )
+        seen.add(d.id)
+    return out
+
+
+_CACHE: dict[str, tuple[Deviation, ...]] = {}
+
+
+def deviations() -> tuple[Deviation, ...]:
+    """Every declared deviation of the registry, in file order (read once)."""
+    if "draft" not in _CACHE:
+        source = data_file()
+        _CACHE["draft"] = parse(source.read_text(encoding="utf-8"), str(source))
+    return _CACHE["draft"]
+
+
+def deviation(ident: str) -> Deviation:
+    """The deviation ``ident``; KeyError naming the known ids when there is none."""
+    for d in deviations():
+        if d.id == ident:
+            return d
+    raise KeyError(
+        f"deviation registry: no deviation {ident!r}; expected one of "
+        f"{', '.join(d.id for d in deviations())}"
+    )
