@@ -60,6 +60,7 @@ __all__ = [
     "base_config",
     "exclude_modules",
     "leading_dims",
+    "one_global",
     "packed_plane_entries",
     "refuse_partitions",
     "write_hf",
@@ -188,6 +189,8 @@ class HFCheckpoint(Checkpoint):
     GLOBAL: str | None = None
     #: The input scale's suffix.
     INPUT: str = "input_scale"
+    #: The global's suffix, required or not.
+    GLOBAL_TENSOR: str = "global_scale"
 
     def __init__(self, path: Path, flavour: Flavour) -> None:
         self.path = path
@@ -285,7 +288,15 @@ class HFCheckpoint(Checkpoint):
     def plane_shape(self, prefix: str) -> PlaneShape:
         self._check_prefix(prefix)
         codes = self.store.info(f"{prefix}.{self.CODES}")
-        return PlaneShape((*codes.shape[:-1], self._k_of(codes)))
+        return PlaneShape(
+            (*codes.shape[:-1], self._k_of(codes)),
+            shared_global=len(codes.shape) == 3 and self._global_size(prefix) == 1,
+        )
+
+    def _global_size(self, prefix: str) -> int:
+        """Values in the prefix's global tensor (1 when it has none: a global of 1)."""
+        name = f"{prefix}.{self.GLOBAL_TENSOR}"
+        return math.prod(self.store.info(name).shape) if name in self.store else 1
 
     def _k_of(self, codes: TensorInfo) -> int:
         return codes.shape[-1] * self.CODES_PER_ELEMENT
@@ -327,6 +338,15 @@ class HFFormat:
 
 def leading_dims(item: PlaneItem) -> tuple[int, ...]:
     return item.shape.shape[:-2]
+
+
+def one_global(item: PlaneItem, a: npt.NDArray[Any], shape: tuple[int, ...]) -> npt.NDArray[Any]:
+    """A layout's global array ``a`` as written for ``item``: its one value in ``shape`` for
+    a stack of experts sharing one global (:attr:`PlaneShape.shared_global`; the layouts
+    broadcast it to ``(E,)``), else as it is."""
+    if not item.shape.shared_global:
+        return a
+    return np.array(np.asarray(a, dtype=np.float32).reshape(-1)[:1].reshape(shape))
 
 
 def refuse_partitions(item: PlaneItem, flavour: str) -> None:

@@ -1,0 +1,186 @@
+"""Tensor- and expert-parallel NVFP4 layers on ``torch.distributed`` (spec 1.2 draft,
+"Sharding"): each rank holds its shard of the weight, cut by a shard plan
+(:mod:`nvfp4.shard_plan`, :mod:`nvfp4.shard_planes`), and computes with
+:class:`~nvfp4_torch.modules.NVFP4Linear` / :class:`~nvfp4_torch.modules.NVFP4Experts`
+(through ``torch.ops.nvfp4``, or bound to one backend object).
+
+* :class:`ColumnParallelLinear` - output rows split by an ``"n"`` plan (a fused q/k/v or
+  gate/up weight by one plan a partition); the output gathered across ranks (no arithmetic)
+  or kept local for a paired row-parallel layer;
+* :class:`RowParallelLinear` - K split by a ``"k"`` plan (whole blocks); every rank's
+  partial output, its global applied, is kept in float32 and summed in float32
+  (:func:`~nvfp4_torch.collectives.all_reduce_f32`), then cast once;
+* :class:`ExpertParallelExperts` - experts split by an ``"experts"`` plan; a rank's rows
+  for other ranks' experts come out exactly zero, so the float32 sum is exact.
+
+A padded shard (a plan with alignment) pads codes with 0 and scales with 0x00: padded output
+rows are exactly zero, and padded K columns add exactly zero whatever x holds there (the
+layers put zeros there anyway). A column-parallel layer that feeds a row-parallel one takes
+that layer's K plan (:func:`nvfp4.shard_plan.paired_plan`) with ``gather_output=False``: its
+local output, padding included, is exactly the row-parallel layer's local input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from nvfp4.planes import NVFP4Planes
+from nvfp4.shard_plan import ShardPlan
+from nvfp4.shard_planes import shard_fused, shard_planes
+
+from .collectives import all_gather_last, all_reduce_f32, rank_and_world
+from .modules import NVFP4Experts, NVFP4Linear
+
+__all__ = ["ColumnParallelLinear", "ExpertParallelExperts", "RowParallelLinear"]
+
+
+def _check_plan(plan: ShardPlan, dim: str, world: int, what: str) -> None:
+    if plan.dim != dim:
+        raise ValueError(f"{what} ({plan.name!r}): expected a {dim!r} plan, found {plan.dim!r}")
+    if plan.world != world:
+        raise ValueError(
+            f"{what} ({plan.name!r}): the plan is for {plan.world} ranks, the group has {world}"
+        )
+
+
+class ColumnParallelLinear(torch.nn.Module):  # type: ignore[misc]
+    """This rank's output rows of ``planes`` (``y = x @ W[rows].T``).
+
+    Args:
+        planes: the whole weight ``[N, K]`` (every rank cuts its own shard).
+        plan: an ``"n"`` plan of N, or one ``"n"`` plan a partition of a fused weight.
+        group: the process group (default: the default group).
+        gather_output: gather every rank's columns into ``[..., N]`` (default); ``False``
+            returns the local ``[..., padded rows]`` for a paired row-parallel layer.
+        backend: bind the local linear to this backend object (:meth:`NVFP4Linear.bind`).
+    """
+
+    def __init__(
+        self,
+        planes: NVFP4Planes,
+        plan: ShardPlan | Sequence[ShardPlan],
+        *,
+        group: Any = None,
+        gather_output: bool = True,
+        backend: Any = None,
+    ) -> None:
+        super().__init__()
+        self.rank, world = rank_and_world(group)
+        self.group = group
+        self.plans: tuple[ShardPlan, ...] = (plan,) if isinstance(plan, ShardPlan) else tuple(plan)
+        for p in self.plans:
+            _check_plan(p, "n", world, f"ColumnParallelLinear({planes.name!r})")
+        if isinstance(plan, ShardPlan):
+            shard = shard_planes(planes, plan, self.rank)
+        else:
+            shard = shard_fused(planes, self.plans, self.rank)
+        self.gather_output = gather_output
+        self.linear = NVFP4Linear(shard, backend=backend)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        local: torch.Tensor = self.linear(x)
+        if not self.gather_output:
+            return local
+        # each partition's logical columns (padding dropped), gathered across ranks
+        out, lo = [], 0
+        for p in self.plans:
+            r = p[self.rank]
+            piece = local[..., lo : lo + r.size]
+            lo += r.padded
+            out.append(all_gather_last(piece, p.sizes, self.group))
+        return out[0] if len(out) == 1 else torch.cat(out, dim=-1)
+
+
+class RowParallelLinear(torch.nn.Module):  # type: ignore[misc]
+    """This rank's K columns of ``planes``; the ranks' partial outputs summed in float32.
+
+    Args:
+        planes: the whole weight ``[N, K]``.
+        plan: a ``"k"`` plan of K (whole blocks; an alignment pads the last rank).
+        group: the process group.
+        input_is_parallel: ``forward`` gets this rank's columns of x (``[..., size]`` or,
+            from a paired column-parallel layer, ``[..., padded]``) instead of the whole x.
+        bias: an optional ``[N]`` bias, added once after the sum.
+        backend: bind the local linear to this backend object.
+    """
+
+    def __init__(
+        self,
+        planes: NVFP4Planes,
+        plan: ShardPlan,
+        *,
+        group: Any = None,
+        input_is_parallel: bool = False,
+        bias: torch.Tensor | None = None,
+        backend: Any = None,
+    ) -> None:
+        super().__init__()
+        self.rank, world = rank_and_world(group)
+        _check_plan(plan, "k", world, f"RowParallelLinear({planes.name!r})")
+        self.group = group
+        self.plan = plan
+        self.input_is_parallel = input_is_parallel
+        self.linear = NVFP4Linear(shard_planes(planes, plan, self.rank), backend=backend)
+        self.bias = None if bias is None else torch.nn.Parameter(bias, requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        r = self.plan[self.rank]
+        local = x if self.input_is_parallel else x[..., r.start : r.stop]
+        if local.shape[-1] not in (r.size, r.padded):
+            raise ValueError(
+                f"RowParallelLinear({self.linear.name!r}) rank {self.rank}: x has "
+                f"{local.shape[-1]} columns, expected {r.size} (or {r.padded} padded)"
+            )
+        # float32 in (exact for float16 / bfloat16 x), zeros in the padded columns
+        xf = torch.zeros((*local.shape[:-1], r.padded), dtype=torch.float32)
+        xf[..., : r.size] = local[..., : r.size].to(torch.float32)
+        y = all_reduce_f32(self.linear(xf), self.group)
+        if self.bias is not None:
+            y = y + self.bias.to(torch.float32)
+        return y.to(x.dtype)
+
+
+class ExpertParallelExperts(torch.nn.Module):  # type: ignore[misc]
+    """This rank's experts of ``planes [E, N, K]``: ``forward(x [M, K], expert_ids [M])``
+    gives every row its expert's product, summed over ranks in float32 (exactly: the other
+    ranks' rows are zero). Global scales travel with their experts.
+
+    Args:
+        planes: the whole expert stack.
+        plan: an ``"experts"`` plan of E.
+        group: the process group.
+        backend: compute with this backend object's ``gather_qmm`` (eager) instead of
+            ``torch.ops.nvfp4.gather_qmm``.
+    """
+
+    def __init__(
+        self, planes: NVFP4Planes, plan: ShardPlan, *, group: Any = None, backend: Any = None
+    ) -> None:
+        super().__init__()
+        self.rank, world = rank_and_world(group)
+        _check_plan(plan, "experts", world, f"ExpertParallelExperts({planes.name!r})")
+        self.group = group
+        self.first = plan[self.rank].start
+        shard = shard_planes(planes, plan, self.rank)
+        self.experts = NVFP4Experts(shard)
+        self.backend = backend
+        self.handle = None if backend is None else backend.prepare(shard)
+
+    def forward(self, x: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
+        # ids of other ranks' experts fall outside [0, local E): their rows are exactly 0
+        local_ids = expert_ids.to(torch.int64) - self.first
+        xf = x.to(torch.float32)
+        if self.backend is None:
+            partial = self.experts(xf, local_ids)
+        else:
+            y = self.backend.gather_qmm(
+                self.backend.from_numpy(xf.contiguous().numpy()),
+                self.handle,
+                self.backend.from_numpy(local_ids.numpy()),
+                sorted_indices=False,
+            )
+            partial = torch.from_numpy(np.ascontiguousarray(self.backend.to_numpy(y), np.float32))
+        return all_reduce_f32(partial, self.group).to(x.dtype)
