@@ -25,6 +25,7 @@ from ._version import __version__
 from .certificate_read import number, tier_summary
 from .certificate_render import render_markdown
 from .certificate_schema import SCHEMA_VERSION, validate
+from .certificate_t7 import t7_section
 from .recording import ConformanceRun, TestOutcome, jsonable
 
 __all__ = [
@@ -261,6 +262,7 @@ def build_certificate(run: ConformanceRun) -> dict[str, Any]:
         "capabilities_not_certified": sorted(c for c, (s, _) in status.items() if s != "certified"),
         "illegal_skips": [o.nodeid for o in run.illegal_skips()],
         "t6": _t6_summary(run),
+        **t7_section(run),  # only when T7 (sharding, spec 1.2 draft) ran
         "tests": tests,
     }
 
