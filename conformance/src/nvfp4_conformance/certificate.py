@@ -22,6 +22,7 @@ from typing import Any
 from nvfp4.hardware import cpu_model
 
 from ._version import __version__
+from .attribution import failing_explanation, verdict
 from .certificate_read import number, tier_summary
 from .certificate_render import render_markdown
 from .certificate_schema import SCHEMA_VERSION, validate
@@ -216,6 +217,9 @@ def build_certificate(run: ConformanceRun) -> dict[str, Any]:
         }
         for o in outcomes
     ]
+    for test in tests:  # the declared deviations that explain a failure, or null
+        failing = test["outcome"] in ("failed", "error")
+        test["explained_by"] = failing_explanation(test) if failing else None
     return {
         "schema_version": SCHEMA_VERSION,
         "result": result,
@@ -261,6 +265,7 @@ def build_certificate(run: ConformanceRun) -> dict[str, Any]:
         "capabilities_not_certified": sorted(c for c, (s, _) in status.items() if s != "certified"),
         "illegal_skips": [o.nodeid for o in run.illegal_skips()],
         "t6": _t6_summary(run),
+        "verdict": verdict(tests, result),
         "tests": tests,
     }
 
