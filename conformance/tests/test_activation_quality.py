@@ -51,7 +51,7 @@ def _run_with_quality() -> ConformanceRun:
 
 def test_certificate_carries_the_quality_of_each_activation_mode() -> None:
     cert = build_certificate(_run_with_quality())
-    assert cert["schema_version"] == SCHEMA_VERSION == 3
+    assert cert["schema_version"] == SCHEMA_VERSION == 4
     certificate_schema.validate(cert, "a certificate with T6 activation quality")
     quality = cert["t6"]["activation_quality"]
     assert list(quality) == ["w4a4", "w4a8", "w4a8_fp8"]

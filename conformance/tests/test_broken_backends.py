@@ -118,6 +118,41 @@ def test_flipped_code_fails_codec_decode_and_matmul(run_suite: Run) -> None:
     assert cert["capabilities"]["quantize_activations"]["state"] == "partial"
 
 
+def test_flipped_code_is_incompatible_its_failures_unexplained(run_suite: Run) -> None:
+    """A defect no declared deviation emulates stays a failure: class incompatible, every
+    failing test ``explained_by`` null."""
+    result, cert = run_suite("broken-flip-code", "T3")
+    assert result.ret == 1
+    failed = _by_outcome(cert, "failed")
+    assert failed
+    assert all(t["explained_by"] is None for t in failed.values())
+    assert cert["verdict"]["class"] == "incompatible"
+    assert sorted(cert["verdict"]["unexplained"]) == sorted(failed)
+    assert cert["verdict"]["explained"] == {}
+
+
+def test_scale_times_global_first_is_attributed_and_compatible(run_suite: Run) -> None:
+    """A backend that multiplies scale x global first fails T3 (the spec says exact) and
+    every failure is attributed to the declared deviation by emulation: class compatible.
+    The tolerance is untouched: the run still fails."""
+    result, cert = run_suite("test-scale-global-first", "T3")
+    assert result.ret == 1
+    assert cert["result"] == "failed"
+    failed = _by_outcome(cert, "failed", "T3")
+    assert len(failed) >= 5
+    for nodeid, t in failed.items():
+        assert t["explained_by"] == ["scale_times_global_first"], nodeid
+        assert "elements differ (exact match required)" in t["message"]
+    assert cert["verdict"] == {
+        "class": "compatible",
+        "explained": {"scale_times_global_first": len(failed)},
+        "unexplained": [],
+        "unsafe": [],
+        "registry_spec_version": "1.2",
+    }
+    assert all(t["explained_by"] is None for t in cert["tests"] if t["outcome"] == "passed")
+
+
 def test_dropped_global_fails_partitions_and_experts_only(run_suite: Run) -> None:
     result, cert = run_suite("broken-drop-global", "T0,T1,T3,T4")
     assert result.ret == 1

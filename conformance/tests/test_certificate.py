@@ -167,7 +167,7 @@ def test_values_render_readably(cert: dict[str, Any]) -> None:
 
 def test_the_json_names_its_schema_version(cert: dict[str, Any]) -> None:
     assert cert["schema_version"] == 2  # the recorded certificate's form
-    assert SCHEMA_VERSION == 3
+    assert SCHEMA_VERSION == 4
     assert "certificate_format" not in cert
     assert cert["left_out"] == [
         {"tier": "T6", "tests": 5, "reason": "not selected: --nvfp4-tiers T0,T1,T2,T3,T4,T5"}

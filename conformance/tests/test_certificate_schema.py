@@ -105,7 +105,7 @@ def test_a_broken_certificate_is_refused_with_its_path(
 
 def test_an_unknown_schema_version_is_refused(cert: dict[str, Any]) -> None:
     with pytest.raises(
-        CertificateSchemaError, match=r"schema_version: expected one of \(2, 3\), found 9"
+        CertificateSchemaError, match=r"schema_version: expected one of \(2, 3, 4\), found 9"
     ):
         validate(_broken(cert, ("schema_version",), 9))
     with pytest.raises(CertificateSchemaError, match=r"\$: expected a JSON object, found list"):

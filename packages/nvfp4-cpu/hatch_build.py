@@ -8,6 +8,7 @@ Translation units, one per instruction-set level (runtime dispatch picks one per
 
 * ``api.c``               - entry points, dispatch, thread pool; baseline flags only;
 * ``route.c``             - the matmul drivers' work plan (rows by expert, chunks, items);
+* ``plan.c``              - the cache plan: cache sizes (env, sysfs, CPUID) and the blocking;
 * ``kernels_portable.c``  - plain C, every architecture;
 * ``kernels_avx2.c``      - x86-64 only, ``-mavx2 -mfma -mf16c``;
 * ``kernels_avx512.c``    - x86-64 only, ``-mavx512f -mavx512bw -mavx512vl`` (+ AVX2/FMA/F16C);
@@ -81,7 +82,7 @@ AARCH64_UNITS = {
     "w4a8_neon_dotprod.c": (["-march=armv8.2-a+dotprod"], "NVFP4CPU_HAVE_W4A8_NEON_DOTPROD"),
 }
 #: Units every build needs (plain C): a failure to compile them fails the build.
-REQUIRED_UNITS = ("route.c", "kernels_portable.c", "w4a8_portable.c", "w4a8_fp8.c")
+REQUIRED_UNITS = ("route.c", "plan.c", "kernels_portable.c", "w4a8_portable.c", "w4a8_fp8.c")
 #: Baseline units that get the defines of the SIMD units linked in.
 DISPATCH_UNITS = ("api.c", "w4a8_api.c")
 

@@ -22,6 +22,7 @@ from typing import Any
 from nvfp4.hardware import cpu_model
 
 from ._version import __version__
+from .attribution import failing_explanation, verdict
 from .certificate_read import number, tier_summary
 from .certificate_render import render_markdown
 from .certificate_schema import SCHEMA_VERSION, validate
@@ -217,6 +218,9 @@ def build_certificate(run: ConformanceRun) -> dict[str, Any]:
         }
         for o in outcomes
     ]
+    for test in tests:  # the declared deviations that explain a failure, or null
+        failing = test["outcome"] in ("failed", "error")
+        test["explained_by"] = failing_explanation(test) if failing else None
     return {
         "schema_version": SCHEMA_VERSION,
         "result": result,
@@ -263,6 +267,7 @@ def build_certificate(run: ConformanceRun) -> dict[str, Any]:
         "illegal_skips": [o.nodeid for o in run.illegal_skips()],
         "t6": _t6_summary(run),
         **t7_section(run),  # only when T7 (sharding, spec 1.2 draft) ran
+        "verdict": verdict(tests, result),
         "tests": tests,
     }
 

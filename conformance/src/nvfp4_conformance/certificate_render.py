@@ -114,7 +114,23 @@ def _result_line(cert: dict[str, Any]) -> str:
         if not reasons:
             reasons.append(f"pytest exit status {cert['exit_status']}")
         why = "; ".join(reasons)
-    return f"**Result: {result.upper()}** - {why}."
+    return f"**Result: {result.upper()}** - {why}." + _verdict_sentence(cert)
+
+
+def _verdict_sentence(cert: dict[str, Any]) -> str:
+    """Schema 4's conformance class (spec 1.2 draft) after the result; nothing before."""
+    v = cert.get("verdict")
+    if not v:
+        return ""
+    text = f" **Class: {v['class']}**"
+    if v["explained"]:
+        shown = ", ".join(f"`{k}` ({n})" for k, n in v["explained"].items())
+        text += f"; failures explained by declared deviations: {shown}"
+    if v["unexplained"]:
+        text += f"; {_plural(len(v['unexplained']), 'failing test')} unexplained"
+    if v["unsafe"]:
+        text += f"; unsafe deviations: {', '.join(f'`{u}`' for u in v['unsafe'])}"
+    return text + "."
 
 
 def _summary(cert: dict[str, Any]) -> list[str]:
@@ -375,7 +391,7 @@ def _tests(cert: dict[str, Any]) -> list[str]:
         for t in failures:
             lines += [
                 "",
-                f"**{t['outcome']}**: `{_short(t['nodeid'])}`",
+                f"**{t['outcome']}**: `{_short(t['nodeid'])}`" + _explained(t),
                 "",
                 "```",
                 t["message"] or _skip_reason(t),
@@ -383,6 +399,15 @@ def _tests(cert: dict[str, Any]) -> list[str]:
             ]
         lines.append("")
     return lines
+
+
+def _explained(t: dict[str, Any]) -> str:
+    """`` - explained by `id` `` for a failing test of schema 4, `` - unexplained`` where
+    nothing explains it; nothing for older schemas."""
+    if "explained_by" not in t or t["outcome"] not in ("failed", "error"):
+        return ""
+    ids = t["explained_by"]
+    return f" - explained by {', '.join(f'`{i}`' for i in ids)}" if ids else " - unexplained"
 
 
 def render_markdown(cert: dict[str, Any]) -> str:

@@ -28,9 +28,12 @@ __all__ = ["SCHEMA_VERSION", "SCHEMA_VERSIONS", "CertificateSchemaError", "schem
 #: carried ``"certificate_format": 1`` in its place. 3 added ``t6.activation_quality``
 #: (per quantized activation mode: KL and top-1 agreement against W4A16 and float32),
 #: ``platform.cpu`` (the CPU model) and ``platform.emulation`` (qemu-user evidence or null).
-SCHEMA_VERSION = 3
+#: 4 added ``verdict`` (the conformance class of spec 1.2's draft and the declared
+#: deviations that explain the failures) and each test's ``explained_by`` (deviation ids, or
+#: null: unexplained or not failing).
+SCHEMA_VERSION = 4
 #: The schema versions this suite can check (each has a schema file).
-SCHEMA_VERSIONS = (2, 3)
+SCHEMA_VERSIONS = (2, 3, 4)
 
 
 class CertificateSchemaError(ValueError):

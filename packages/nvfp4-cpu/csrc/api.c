@@ -53,7 +53,7 @@ uint8_t nv_e4m3_nan;            /* E4M3_NAN_BYTE: the scale byte of a block hold
 
 /* ------------------------------------------------------------------ init and ISA facts */
 
-NV_API int nvfp4cpu_abi_version(void) { return 5; }
+NV_API int nvfp4cpu_abi_version(void) { return 6; }
 
 /* The spec tables from nvfp4.spec: E2M1_VALUES (16), E4M3_VALUES (256), E2M1_BOUNDS (7),
  * E2M1_ODD_BOUNDS (3), and the encoder's constants (ENCODER_CONSTANTS): E2M1_MAX,

@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "plan.h"
 #include "route.h"
 
 void nv_route_free(nv_route *r) {
@@ -15,7 +16,8 @@ int nv_route_plan(nv_route *r, const int64_t *ids, int64_t m, int64_t e, int64_t
                   int64_t mc_max, float *out) {
     memset(r, 0, sizeof(*r));
     r->tiles = nv_tiles(n);
-    r->groups = (r->tiles + NV_GROUP - 1) / NV_GROUP;
+    r->group = nv_plan_now().group;
+    r->groups = (r->tiles + r->group - 1) / r->group;
     /* count[i + 1] = rows of expert i, then prefix sums: count[i] = expert i's first slot */
     int64_t *count = (int64_t *)calloc((size_t)(e + 1), sizeof(int64_t));
     r->order = (int64_t *)malloc((size_t)(m ? m : 1) * sizeof(int64_t));
@@ -105,8 +107,8 @@ static void nv_route_task(void *ctx, int64_t lo, int64_t hi) {
         w.rowg = j->rowg + e * r->tiles * NV_TILE;
         w.n = j->n;
         w.k = j->k;
-        const int64_t t0 = group * NV_GROUP;
-        const int64_t nt = (r->tiles - t0) < NV_GROUP ? (r->tiles - t0) : NV_GROUP;
+        const int64_t t0 = group * r->group;
+        const int64_t nt = (r->tiles - t0) < r->group ? (r->tiles - t0) : r->group;
         j->fn(j->ctx, &w, t0, nt, r->act_chunk0[a] + ci);
     }
 }

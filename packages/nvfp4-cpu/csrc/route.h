@@ -4,10 +4,11 @@
  * The rows of x whose expert id is in [0, E) are grouped by expert (a stable counting sort:
  * within an expert the rows keep their order), and each expert's rows are cut into balanced
  * chunks of at most mc_max rows (the first rows % nch chunks get one row more). A work item
- * is (chunk, group of NV_GROUP tiles of that expert's matrix). Items are numbered expert by
+ * is (chunk, group of tiles of that expert's matrix: the plan's `group`, 4 or 8, plan.h). Items are numbered expert by
  * expert, tile group by tile group, and inside a tile group chunk by chunk, so a thread's
  * contiguous range of items streams its tiles once and reuses each from cache for every
- * chunk of rows. The plan depends on the ids and mc_max alone, never on the thread count.
+ * chunk of rows. The plan depends on the ids, mc_max and the cache plan alone, never on the
+ * thread count (and no item split changes a result: each output is one tile's, summed whole).
  *
  * Each chunk's rows are consecutive in `order`, so a driver that gives every row the same
  * number of panel bytes places chunk c's panel at (c's first slot in `order`) * bytes per row.
@@ -17,7 +18,6 @@
 
 #include "nvfp4cpu.h"
 
-#define NV_GROUP 4 /* tiles per work item */
 
 typedef struct {
     const int64_t *rows; /* the chunk's row indices of x (= of out): a slice of order */
@@ -30,7 +30,8 @@ typedef struct {
     int64_t nact;           /* experts that have rows */
     int64_t nchunks;        /* chunks over all experts */
     int64_t items;          /* work items over all experts */
-    int64_t tiles, groups;  /* tiles per matrix, and groups of NV_GROUP of them */
+    int64_t tiles, groups;  /* tiles per matrix, and groups of `group` of them */
+    int64_t group;          /* tiles per work item (the cache plan's, plan.h) */
     int64_t *order;         /* [m]: the valid rows, stable-sorted by expert */
     int64_t *act_expert;    /* [nact]: the active experts, increasing */
     int64_t *act_chunk0;    /* [nact + 1]: each one's first chunk */

@@ -47,3 +47,31 @@ def test_what_compressed_tensors_lacks_is_absent(backend) -> None:
         assert not backend.has(verb)
     with pytest.raises(NotImplementedError, match=r"compressed-tensors.*no qmm kernel"):
         backend.qmm(np.ones((1, 64), np.float32), weight(4, 64, 6))
+
+
+def test_the_emulated_deviations_are_what_compressed_tensors_computes(backend) -> None:
+    """nvfp4.deviation_emulators' ct_bfloat16_decompress is the decompressor's output (every
+    dtype), and ct_encode_global its encoder's planes for bfloat16 and float16 x (the
+    plain reference's global or scales differ there)."""
+    from nvfp4 import deviation_emulators as emu
+
+    w = weight(32, 128, seed=12)
+    prepared = backend.prepare(w)
+    for dtype in ("float32", "float16", "bfloat16"):
+        got = np.asarray(backend.to_numpy(backend.dequantize(prepared, dtype)), np.float32)
+        want = emu.dequantize(w, dtype, deviations=["ct_bfloat16_decompress"])
+        np.testing.assert_array_equal(got, want.astype(np.float32), err_msg=dtype)
+    x = np.random.default_rng(13).standard_normal((32, 128)).astype(np.float32)
+    differs = 0
+    for scale in (1.0, 0.37):  # (at 3.1 some block scales differ by a step: open)
+        for dtype in (ml_dtypes.bfloat16, np.float16):
+            xs = (x * np.float32(scale)).astype(dtype)
+            got = backend.quantize_activations(xs)
+            want = emu.quantize_activations(xs, deviations=["ct_encode_global"])
+            np.testing.assert_array_equal(got.codes, want.codes)
+            np.testing.assert_array_equal(got.scales, want.scales)
+            assert float(got.global_scale) == float(want.global_scale)
+            ref = reference.quantize_activations(xs)
+            differs += float(got.global_scale) != float(ref.global_scale)
+            differs += not np.array_equal(got.scales, ref.scales)
+    assert differs > 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from nvfp4_engines import matrix
 from nvfp4_engines.whole_model import results
@@ -42,4 +43,36 @@ def test_committed_doc_is_generated_from_the_committed_certificates() -> None:
         "torchao",
     }
     whole = results.load_all(ROOT / "reports" / "engines" / results.FOLDER)
-    assert (ROOT / "docs" / "engines.md").read_text() == matrix.render(certs, whole)
+    impact_file = ROOT / "reports" / matrix.IMPACT
+    impact = json.loads(impact_file.read_text()) if impact_file.is_file() else None
+    assert (ROOT / "docs" / "engines.md").read_text() == matrix.render(certs, whole, impact)
+
+
+def _cert(tests: list[dict[str, Any]], result: str = "failed") -> dict[str, Any]:
+    return {"backend": {"name": "modelopt", "notes": []}, "result": result, "tests": tests}
+
+
+def test_an_engine_verdict_follows_the_registry() -> None:
+    """Explained by emulation or by a declared deviation's message: compatible; an unsafe
+    deviation or an unexplained failure: incompatible; nothing failing: conformant."""
+    first = {
+        "nodeid": "a",
+        "outcome": "failed",
+        "message": "",
+        "explained_by": ["scale_times_global_first"],
+    }
+    v = matrix.engine_verdict(_cert([first]))
+    assert v["class"] == "compatible"
+    assert v["claimed"] == {"scale_times_global_first": 1}
+    assert v["by"] == {"emulation": 1, "message": 0}
+    unsafe = {**first, "explained_by": ["zero_amax_global"]}
+    v = matrix.engine_verdict(_cert([first, unsafe]))
+    assert v["class"] == "incompatible"
+    assert v["unsafe"] == ["zero_amax_global"]
+    odd = {"nodeid": "b", "outcome": "failed", "message": "something else", "explained_by": None}
+    v = matrix.engine_verdict(_cert([first, odd]))
+    assert v["class"] == "incompatible"
+    assert v["unexplained"] == ["b"]
+    passed = {"nodeid": "c", "outcome": "passed", "message": ""}
+    assert matrix.engine_verdict(_cert([passed], "certified"))["class"] == "conformant"
+    assert matrix.engine_verdict(_cert([passed], "failed"))["class"] == "incompatible"

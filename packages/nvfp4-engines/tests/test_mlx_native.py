@@ -53,3 +53,17 @@ def test_quantize_activations_global_bit_identical(backend, rng) -> None:
     ref = reference.quantize_activations(x, None)
     assert got.global_scale.tobytes() == ref.global_scale.tobytes()
     assert np.array_equal(got.scales, ref.scales)
+
+
+def test_the_encoder_is_the_emulated_negative_zero_code(backend) -> None:
+    """nvfp4.deviation_emulators' mlx_negative_zero_code gives mx.quantize's planes for
+    float32 x bit for bit (the plain reference differs in the codes of small negatives)."""
+    from nvfp4 import deviation_emulators as emu
+
+    x = np.random.default_rng(14).standard_normal((32, 128)).astype(np.float32)
+    got = backend.quantize_activations(x)
+    want = emu.quantize_activations(x, deviations=["mlx_negative_zero_code"])
+    np.testing.assert_array_equal(got.codes, want.codes)
+    np.testing.assert_array_equal(got.scales, want.scales)
+    assert float(got.global_scale) == float(want.global_scale)
+    assert not np.array_equal(got.codes, reference.quantize_activations(x).codes)

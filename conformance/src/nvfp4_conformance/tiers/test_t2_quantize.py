@@ -24,10 +24,12 @@ import numpy.typing as npt
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from nvfp4 import deviation_emulators as emu
 from nvfp4 import reference
 from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import BLOCK_SIZE, E2M1_BOUNDS
 
+from nvfp4_conformance.attribution import explain_encoding, explain_refusal
 from nvfp4_conformance.corpus import CorpusTally
 from nvfp4_conformance.encoders import compare_encoding
 
@@ -53,9 +55,43 @@ def compare_encodings(
 
 
 def _run(backend: Any, x: npt.NDArray[Any], input_scale: float | None) -> tuple[Any, NVFP4Planes]:
-    got = backend.quantize_activations(backend.from_numpy(x), input_scale)
+    try:
+        got = backend.quantize_activations(backend.from_numpy(x), input_scale)
+    except Exception as exc:
+        # a refusal a declared deviation also makes (spec 1.2 draft) is named in the failure
+        ids = explain_refusal(lambda d: emu.quantize_activations(x, input_scale, deviations=d))
+        if ids:
+            raise AssertionError(f"quantize_activations raised {exc!r}{_EXPLAINED}{ids}") from exc
+        raise
     ref = reference.quantize_activations(x, input_scale)
     return got, ref
+
+
+#: How a failure message names the declared deviations that explain it.
+_EXPLAINED = "; explained by declared deviation(s) "
+
+
+def _compare_or_explain(
+    record: Any,
+    case: str,
+    x: npt.NDArray[Any],
+    input_scale: float | None,
+    got: Any,
+    ref: NVFP4Planes,
+    *,
+    exact: bool,
+    tolerance: Callable[[str, Any], float],
+    **figures: Any,
+) -> dict[str, Any]:
+    """:func:`compare_encodings`; where it fails, the case is recorded with the declared
+    deviations whose emulation gives exactly ``got`` (``explained_by``, spec 1.2 draft),
+    and the test fails as before."""
+    try:
+        return compare_encodings(x, got, ref, exact=exact, tolerance=tolerance)
+    except AssertionError:
+        ids = explain_encoding(x, input_scale, got) if isinstance(got, NVFP4Planes) else None
+        record(case, input_scale=input_scale, explained_by=ids, **figures)
+        raise
 
 
 def _tie_blocks(rng: np.random.Generator, m: int, k: int, amax: float) -> npt.NDArray[np.float32]:
@@ -122,10 +158,32 @@ def test_quantize_activations(
     zero blocks, float16 / bfloat16 inputs."""
     build, input_scale = CASES[case]
     x = build(np.random.default_rng(zlib.crc32(case.encode())))
-    got, ref = _run(nvfp4_backend, x, input_scale)
+    try:
+        got, ref = _run(nvfp4_backend, x, input_scale)
+    except AssertionError as exc:
+        _record_refusal(nvfp4_record, case, input_scale, exc)
+        raise
     exact = nvfp4_backend.info.name == "reference"
-    figures = compare_encodings(x, got, ref, exact=exact, tolerance=nvfp4_tolerance)
+    figures = _compare_or_explain(
+        nvfp4_record,
+        case,
+        x,
+        input_scale,
+        got,
+        ref,
+        exact=exact,
+        tolerance=nvfp4_tolerance,
+        shape=list(x.shape),
+    )
     nvfp4_record(case, shape=list(x.shape), input_scale=input_scale, **figures)
+
+
+def _record_refusal(record: Any, case: str, input_scale: Any, exc: AssertionError) -> None:
+    """Record the deviations :func:`_run` named for a refusal as the case's explanation."""
+    text = str(exc)
+    if _EXPLAINED in text:
+        ids = [i.strip(" '[]") for i in text.split(_EXPLAINED, 1)[1].split(",")]
+        record(case, input_scale=input_scale, explained_by=ids)
 
 
 #: The random corpus whose disagreements are counted against ``others``: 2^20 + elements,
@@ -148,6 +206,7 @@ def test_random_corpus_disagreement_fraction(
     the reference)."""
     exact = nvfp4_backend.info.name == "reference"
     tally = CorpusTally()
+    runs: list[tuple[Any, Any, Any]] = []
     for name, shape, _dtype, input_scale, scale in RANDOM_CORPUS:
         rng = np.random.default_rng(zlib.crc32(name.encode()))
         if scale == "t3":
@@ -156,10 +215,41 @@ def test_random_corpus_disagreement_fraction(
             x = rng.standard_normal(shape) * np.exp(rng.normal(0.0, 1.0, size=(shape[0], 1)))
         x = x.astype(np.float32)
         got, ref = _run(nvfp4_backend, x, input_scale)
-        figures = compare_encodings(x, got, ref, exact=exact, tolerance=nvfp4_tolerance)
+        figures = _compare_or_explain(
+            nvfp4_record,
+            name,
+            x,
+            input_scale,
+            got,
+            ref,
+            exact=exact,
+            tolerance=nvfp4_tolerance,
+            shape=list(shape),
+        )
         tally.add(figures)
         nvfp4_record(name, shape=list(shape), input_scale=input_scale, **figures)
-    tally.judge(nvfp4_record, nvfp4_tolerance, table="quantize", exact=exact, unit="elements")
+        runs.append((x, input_scale, got))
+    try:
+        tally.judge(nvfp4_record, nvfp4_tolerance, table="quantize", exact=exact, unit="elements")
+    except AssertionError:
+        # explained when one set of declared deviations gives every corpus item's planes
+        x0, s0, got0 = runs[0]
+        ids = explain_encoding(x0, s0, got0)
+        if ids and all(
+            _same(got, emu.quantize_activations(x, s, deviations=ids)) for x, s, got in runs[1:]
+        ):
+            nvfp4_record("random corpus attribution", explained_by=ids)
+        else:
+            nvfp4_record("random corpus attribution", explained_by=None)
+        raise
+
+
+def _same(got: Any, want: NVFP4Planes) -> bool:
+    return (
+        isinstance(got, NVFP4Planes)
+        and np.array_equal(got.codes, want.codes)
+        and np.array_equal(got.scales, want.scales)
+    )
 
 
 _finite = st.floats(-3.0e4, 3.0e4, width=32, allow_nan=False, allow_infinity=False)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import numpy.typing as npt
-from nvfp4.planes import NVFP4Planes
+from nvfp4.planes import NVFP4Planes, PlaneError
 
 from . import compressed_tensors, gguf, mlx, modelopt
 from .checkpoint import Checkpoint
@@ -70,11 +70,31 @@ def _source(
     return mapping_source(source, tensors or {}, config, input_scales)
 
 
+def _refuse_other_quantization(src: Source, flavour: str) -> None:
+    """Layers of another quantization than NVFP4 (a ModelOpt ``MIXED_PRECISION`` source's
+    FP8 layers) are carried by a ModelOpt output only: another flavour's config cannot say
+    what they are, and would present an FP8 weight as a plain one."""
+    others = modelopt.other_quantized_layers(src.origin)
+    if others and flavour != "modelopt":
+        layer, entry = next(iter(others.items()))
+        assert src.origin is not None
+        raise CheckpointError(
+            f"{src.origin.path}: layer {layer!r} is {entry.get('quant_algo')!r} "
+            f"(hf_quant_config.json's quantized_layers; {len(others)} such layers): expected "
+            f"NVFP4 layers only for a {flavour} output, which cannot describe it; convert "
+            "to modelopt"
+        )
+
+
 def _check_written(source: Checkpoint, io: FlavourIO, tmp: Path, target: Path) -> None:
     """The round-trip invariant: the output at ``tmp`` reads back as ``source``, as
-    ``nvfp4 verify`` compares them (one read of the written files)."""
-    with io.read(tmp) as written:
-        diff, _ = compare(source, written)
+    ``nvfp4 verify`` compares them (one read of the written files). An output that cannot
+    be read back is refused as one that differs, under the destination's name."""
+    try:
+        with io.read(tmp) as written:
+            diff, _ = compare(source, written)
+    except (CheckpointError, PlaneError) as e:
+        diff = f"it cannot be read back: {str(e).replace(str(tmp), str(target))}"
     if diff:
         raise CheckpointError(
             f"{target}: the {io.flavour} output does not read back as its source "
@@ -144,6 +164,7 @@ def write_checkpoint(
     if tokenizer is not None:
         src.tokenizer_dir = Path(tokenizer)
     io.check(src)
+    _refuse_other_quantization(src, flavour)
     if max_shard_bytes <= 0:
         raise CheckpointError(f"max_shard_bytes must be positive, found {max_shard_bytes}")
     target = Path(dst)

@@ -57,10 +57,13 @@ class PlaneShape(WeightShape):
     """Shape facts of a quantized tensor, read from headers only.
 
     ``shape`` is the logical ``(E?, N, K)``; ``partitions`` the number of fused partitions
-    (``None`` when unfused)."""
+    (``None`` when unfused); ``shared_global``: a stacked ``[E, N, K]`` tensor whose one
+    global serves every expert (stored with shape ``()`` or ``(1,)``, not ``(E,)``), which
+    a writer keeps as one value."""
 
     shape: tuple[int, ...]
     partitions: int | None = None
+    shared_global: bool = False
 
     @property
     def nbytes(self) -> int:

@@ -35,6 +35,7 @@ from .hf import (
     base_config,
     exclude_modules,
     leading_dims,
+    one_global,
     packed_plane_entries,
     spec_record,
     write_hf,
@@ -61,6 +62,7 @@ class CompressedTensorsCheckpoint(HFCheckpoint):
 
     CLAIMS = ("weight_packed", "weight_global_scale", "weight_scale")
     GLOBAL = "weight_global_scale"
+    GLOBAL_TENSOR = "weight_global_scale"
     INPUT = "input_global_scale"
 
     def __init__(self, path: Path) -> None:
@@ -92,7 +94,7 @@ class CompressedTensorsFormat(HFFormat):
     flavour = "compressed-tensors"
 
     def plane_entries(self, item: PlaneItem) -> list[Entry]:
-        global_shape = leading_dims(item) or (1,)
+        global_shape = (1,) if item.shape.shared_global else leading_dims(item) or (1,)
         out = packed_plane_entries(
             item, "compressed-tensors", "weight_packed", "weight_global_scale", global_shape
         )
@@ -103,7 +105,11 @@ class CompressedTensorsFormat(HFFormat):
 
     def plane_arrays(self, item: PlaneItem, planes: NVFP4Planes) -> list[npt.NDArray[Any]]:
         t = to_compressed_tensors(planes)
-        out = [t["weight_packed"], t["weight_scale"], t["weight_global_scale"]]
+        out = [
+            t["weight_packed"],
+            t["weight_scale"],
+            one_global(item, t["weight_global_scale"], (1,)),
+        ]
         if item.input_scale is not None:
             out.append(input_global_scale_from_input_scale(item.input_scale, item.key))
         return out

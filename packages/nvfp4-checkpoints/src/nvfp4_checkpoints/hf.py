@@ -22,7 +22,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -60,6 +59,7 @@ __all__ = [
     "base_config",
     "exclude_modules",
     "leading_dims",
+    "one_global",
     "packed_plane_entries",
     "refuse_partitions",
     "write_hf",
@@ -109,7 +109,7 @@ class SafetensorsStore:
                 raise CheckpointError(f"{root / INDEX_FILE}: 'weight_map' is empty")
             for fname, names in by_file.items():
                 where = f"{INDEX_FILE}: key {short('weight_map.' + names[0])}: shard"
-                sf = SafetensorsFile(folder.member(fname, what=where))
+                sf = _open_shard(folder, fname, where)
                 self.files.append(sf)
                 for name in names:
                     if name not in sf:
@@ -125,7 +125,7 @@ class SafetensorsStore:
             if not paths:
                 raise CheckpointError(f"{root}: no *.safetensors files")
             for fname in paths:
-                sf = SafetensorsFile(folder.member(fname, what="file"))
+                sf = _open_shard(folder, fname, "file")
                 self.files.append(sf)
                 for name in sf.names():
                     if name in self.where:
@@ -148,6 +148,14 @@ class SafetensorsStore:
 
     def get(self, name: str) -> npt.NDArray[Any]:
         return self.where[name].get(name)
+
+
+def _open_shard(folder: CheckpointFolder, fname: str, what: str) -> SafetensorsFile:
+    """The safetensors member ``fname``, opened (now and for every tensor read) through
+    :meth:`~.folder.CheckpointFolder.open_member`: never followed if swapped for a symlink."""
+    return SafetensorsFile(
+        folder.member(fname, what=what), lambda: folder.open_member(fname, what=what)
+    )
 
 
 def _refuse_unmapped(
@@ -188,6 +196,8 @@ class HFCheckpoint(Checkpoint):
     GLOBAL: str | None = None
     #: The input scale's suffix.
     INPUT: str = "input_scale"
+    #: The global's suffix, required or not.
+    GLOBAL_TENSOR: str = "global_scale"
 
     def __init__(self, path: Path, flavour: Flavour) -> None:
         self.path = path
@@ -285,7 +295,15 @@ class HFCheckpoint(Checkpoint):
     def plane_shape(self, prefix: str) -> PlaneShape:
         self._check_prefix(prefix)
         codes = self.store.info(f"{prefix}.{self.CODES}")
-        return PlaneShape((*codes.shape[:-1], self._k_of(codes)))
+        return PlaneShape(
+            (*codes.shape[:-1], self._k_of(codes)),
+            shared_global=len(codes.shape) == 3 and self._global_size(prefix) == 1,
+        )
+
+    def _global_size(self, prefix: str) -> int:
+        """Values in the prefix's global tensor (1 when it has none: a global of 1)."""
+        name = f"{prefix}.{self.GLOBAL_TENSOR}"
+        return math.prod(self.store.info(name).shape) if name in self.store else 1
 
     def _k_of(self, codes: TensorInfo) -> int:
         return codes.shape[-1] * self.CODES_PER_ELEMENT
@@ -327,6 +345,15 @@ class HFFormat:
 
 def leading_dims(item: PlaneItem) -> tuple[int, ...]:
     return item.shape.shape[:-2]
+
+
+def one_global(item: PlaneItem, a: npt.NDArray[Any], shape: tuple[int, ...]) -> npt.NDArray[Any]:
+    """A layout's global array ``a`` as written for ``item``: its one value in ``shape`` for
+    a stack of experts sharing one global (:attr:`PlaneShape.shared_global`; the layouts
+    broadcast it to ``(E,)``), else as it is."""
+    if not item.shape.shared_global:
+        return a
+    return np.array(np.asarray(a, dtype=np.float32).reshape(-1)[:1].reshape(shape))
 
 
 def refuse_partitions(item: PlaneItem, flavour: str) -> None:
@@ -445,8 +472,8 @@ def _write_hf(
         _write_json(dst_tmp / INDEX_FILE, index)
     for name, content in configs.items():
         _write_json(dst_tmp / name, content)
-    for extra in extra_files:
-        shutil.copy2(extra, dst_tmp / extra.name, follow_symlinks=False)
+    for extra in extra_files:  # read through the checked file, never its path again
+        CheckpointFolder(extra.parent).copy_member(extra.name, dst_tmp / extra.name)
     for name, text in fmt.generated_files().items():
         (dst_tmp / name).write_text(text, encoding="utf-8")
 

@@ -125,6 +125,8 @@ class MLXFormat(HFFormat):
         lead, (n, k) = leading_dims(item), item.shape.shape[-2:]
         parts = item.shape.partitions
         gshape = lead + ((parts,) if parts is not None else ())
+        if item.shape.shared_global:
+            gshape = ()
         out: list[Entry] = [
             (f"{item.key}.weight", "U32", (*lead, n, k // 8)),
             (f"{item.key}.scales", "U8", (*lead, n, k // BLOCK_SIZE)),
@@ -141,6 +143,8 @@ class MLXFormat(HFFormat):
         lead = leading_dims(item)
         parts = item.shape.partitions
         gshape = lead + ((parts,) if parts is not None else ())
+        if item.shape.shared_global:
+            gshape = ()
         out: list[npt.NDArray[Any]] = [
             m.weight,
             m.scales,

@@ -12,6 +12,7 @@ per-layer ``quant_algo`` when converted to ModelOpt.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -33,13 +34,20 @@ from .hf import (
     base_config,
     exclude_modules,
     leading_dims,
+    one_global,
     packed_plane_entries,
     spec_record,
     write_hf,
 )
 from .source import Plan, PlaneItem, Source, plane_items
 
-__all__ = ["IO", "ModelOptCheckpoint", "ModelOptFormat", "modelopt_config_json"]
+__all__ = [
+    "IO",
+    "ModelOptCheckpoint",
+    "ModelOptFormat",
+    "modelopt_config_json",
+    "other_quantized_layers",
+]
 
 
 class ModelOptCheckpoint(HFCheckpoint):
@@ -54,6 +62,7 @@ class ModelOptCheckpoint(HFCheckpoint):
 
     CLAIMS = ("weight_scale", "weight_scale_2")
     GLOBAL = "weight_scale_2"
+    GLOBAL_TENSOR = "weight_scale_2"
 
     def __init__(self, path: Path) -> None:
         super().__init__(path, "modelopt")
@@ -108,14 +117,15 @@ class ModelOptFormat(HFFormat):
     flavour = "modelopt"
 
     def plane_entries(self, item: PlaneItem) -> list[Entry]:
-        out = packed_plane_entries(item, "ModelOpt", "weight", "weight_scale_2", leading_dims(item))
+        gshape = () if item.shape.shared_global else leading_dims(item)
+        out = packed_plane_entries(item, "ModelOpt", "weight", "weight_scale_2", gshape)
         if item.input_scale is not None:
             out.append((f"{item.key}.input_scale", "F32", tuple(item.input_scale.shape)))
         return out
 
     def plane_arrays(self, item: PlaneItem, planes: NVFP4Planes) -> list[npt.NDArray[Any]]:
         t = to_modelopt(planes)
-        out = [t["weight"], t["weight_scale"], t["weight_scale_2"]]
+        out = [t["weight"], t["weight_scale"], one_global(item, t["weight_scale_2"], ())]
         if item.input_scale is not None:
             out.append(item.input_scale)
         return out
@@ -128,9 +138,10 @@ class ModelOptFormat(HFFormat):
             or ("NVFP4" if it.input_scale is not None else "W4A16_NVFP4")
             for it in items
         }
+        others = other_quantized_layers(src.origin)
         distinct = set(per_layer.values())
         quant: dict[str, Any]
-        if len(distinct) == 1:
+        if len(distinct) == 1 and not others:
             quant = {
                 "quant_algo": distinct.pop(),
                 "kv_cache_quant_algo": None,
@@ -142,7 +153,10 @@ class ModelOptFormat(HFFormat):
                 "quant_algo": "MIXED_PRECISION",
                 "kv_cache_quant_algo": None,
                 "quantized_layers": {
-                    k: {"quant_algo": a, "group_size": BLOCK_SIZE} for k, a in per_layer.items()
+                    **{
+                        k: {"quant_algo": a, "group_size": BLOCK_SIZE} for k, a in per_layer.items()
+                    },
+                    **others,
                 },
             }
         hf_quant = {"producer": dict(PRODUCER), "quantization": quant, "nvfp4": spec_record()}
@@ -152,6 +166,13 @@ class ModelOptFormat(HFFormat):
 
 
 def _modelopt_group(algo: str) -> dict[str, Any]:
+    """ModelOpt's config group of ``algo`` (its ``_quant_algo_to_group_config``): NVFP4
+    algorithms, FP8 (a ``MIXED_PRECISION`` source's FP8 layers), else the name alone."""
+    if algo == "FP8":
+        fp8 = {"dynamic": False, "num_bits": 8, "type": "float"}
+        return {"input_activations": dict(fp8), "weights": dict(fp8)}
+    if algo not in MODELOPT_NVFP4_ALGOS:
+        return {"quant_algo": algo}
     weights = {"dynamic": False, "num_bits": 4, "type": "float", "group_size": BLOCK_SIZE}
     if algo == "W4A16_NVFP4":
         return {"weights": weights}
@@ -166,12 +187,13 @@ def modelopt_config_json(hf_quant: Mapping[str, Any]) -> dict[str, Any]:
     algo = q["quant_algo"]
     out: dict[str, Any] = {}
     if algo == "MIXED_PRECISION":
-        by_cfg: dict[tuple[Any, ...], list[str]] = {}
+        by_cfg: dict[str, tuple[str, list[str]]] = {}  # one group per distinct layer config
         for layer, cfg in q["quantized_layers"].items():
-            by_cfg.setdefault(tuple(sorted(cfg.items())), []).append(layer)
+            key = json.dumps(cfg, sort_keys=True)
+            by_cfg.setdefault(key, (str(cfg.get("quant_algo", "")), []))[1].append(layer)
         groups = {}
-        for i, (cfg_key, layers) in enumerate(by_cfg.items()):
-            g = _modelopt_group(str(dict(cfg_key).get("quant_algo", "")))
+        for i, (layer_algo, layers) in enumerate(by_cfg.values()):
+            g = _modelopt_group(layer_algo)
             g["targets"] = sorted(layers)
             groups[f"group_{i}"] = g
         out["config_groups"] = groups
@@ -186,6 +208,22 @@ def modelopt_config_json(hf_quant: Mapping[str, Any]) -> dict[str, Any]:
     out["producer"] = hf_quant["producer"]
     out["quant_method"] = "modelopt"
     return out
+
+
+def other_quantized_layers(origin: Checkpoint | None) -> dict[str, dict[str, Any]]:
+    """A ModelOpt ``MIXED_PRECISION`` source's layers of another algorithm than NVFP4 (FP8,
+    INT4_AWQ...) whose tensors it holds, with their ``quantized_layers`` entry: their
+    tensors pass through as plain tensors, and only a ModelOpt output can say what they
+    are (without it, an FP8 ``weight`` would be read as a plain weight, its scale ignored)."""
+    if not isinstance(origin, ModelOptCheckpoint) or origin.quant_algo != "MIXED_PRECISION":
+        return {}
+    plain = set(origin.tensor_names())
+    entries = origin.quant_config.get("quantization", {}).get("quantized_layers", {})
+    return {
+        layer: dict(entries[layer])
+        for layer, algo in origin.layer_algos.items()
+        if algo not in MODELOPT_NVFP4_ALGOS and any(n.startswith(f"{layer}.") for n in plain)
+    }
 
 
 def _algos_of(origin: Checkpoint | None) -> dict[str, str] | None:

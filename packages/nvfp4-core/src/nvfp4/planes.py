@@ -38,6 +38,7 @@ from .spec import BLOCK_SIZE, E4M3_INVALID_BYTES, E4M3_NAN_BYTE
 __all__ = [
     "NVFP4Planes",
     "PlaneError",
+    "cgroup_memory_limit",
     "check_decoded_size",
     "check_planes_size",
     "describe",
@@ -70,19 +71,92 @@ class PlaneError(ValueError):
 _ADDRESS_SPACE = 2**47
 
 
+#: Where the cgroup file systems are mounted (v2 unified; v1 memory controller).
+CGROUP_ROOT = "/sys/fs/cgroup"
+#: More bytes than a cgroup limit file holds: its number and a newline.
+_LIMIT_FILE_BYTES = 64
+
+
+def _read_limit(path: str) -> int | None:
+    """The byte limit in a cgroup file (``memory.max`` / ``memory.limit_in_bytes``), or
+    ``None``: no such file, unreadable, ``max`` (no limit), or contents that are not one
+    positive decimal integer (empty, a sign, a fraction, text, a huge file), which are
+    read as no limit rather than trusted."""
+    try:  # non-blocking: a FIFO in its place is read as empty, not waited on
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except (OSError, ValueError):
+        return None
+    try:
+        raw = os.read(fd, _LIMIT_FILE_BYTES + 1)
+    except OSError:  # a directory, a FIFO without a writer on some systems
+        return None
+    finally:
+        os.close(fd)
+    text = raw.strip()
+    if len(raw) > _LIMIT_FILE_BYTES or not text.isdigit():
+        return None  # "max", garbage, or more than a number
+    value = int(text)
+    return value if 0 < value < _ADDRESS_SPACE else None  # v1 says "none" with ~2**63
+
+
+def _own_cgroups(proc_self_cgroup: str) -> tuple[str | None, str | None]:
+    """This process's cgroup paths, v2 (``0::/path``) and v1 memory controller
+    (``N:...memory...:/path``), from ``/proc/self/cgroup``; ``None`` when not found. A
+    path that climbs (``..``) is ignored."""
+    v2 = v1 = None
+    try:
+        with open(proc_self_cgroup, encoding="utf-8", errors="replace") as f:
+            lines = f.read(1 << 16).splitlines()
+    except (OSError, ValueError):
+        return None, None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3 or not parts[2].startswith("/") or ".." in parts[2].split("/"):
+            continue
+        if parts[0] == "0" and parts[1] == "":
+            v2 = parts[2]
+        elif "memory" in parts[1].split(","):
+            v1 = parts[2]
+    return v2, v1
+
+
+def cgroup_memory_limit(
+    root: str = CGROUP_ROOT, proc_self_cgroup: str = "/proc/self/cgroup"
+) -> int | None:
+    """The memory limit of this process's cgroup in bytes (a container's limit), or
+    ``None`` when there is none or it cannot be read. cgroup v2: ``memory.max`` of the
+    process's own cgroup, else of the root the container sees; v1: the memory controller's
+    ``memory.limit_in_bytes``, likewise. The smallest limit found wins (a parent's limit
+    binds its children). Hostile contents are handled: see :func:`_read_limit`."""
+    v2, v1 = _own_cgroups(proc_self_cgroup)
+    candidates = [os.path.join(root, "memory.max")]
+    if v2 is not None:
+        candidates.append(os.path.join(root, v2.lstrip("/"), "memory.max"))
+    candidates.append(os.path.join(root, "memory", "memory.limit_in_bytes"))
+    if v1 is not None:
+        candidates.append(os.path.join(root, "memory", v1.lstrip("/"), "memory.limit_in_bytes"))
+    limits = [v for v in map(_read_limit, candidates) if v is not None]
+    return min(limits) if limits else None
+
+
 @functools.cache
 def memory_bytes() -> int:
     """The most bytes one weight's arrays may take: the machine's physical memory
-    (``os.sysconf``), at most 2**47 (128 TiB, a 64-bit CPU's user address space), which is
-    also the bound where the physical memory cannot be read."""
+    (``os.sysconf``) or, when lower, the memory limit of the process's cgroup (a
+    container's, :func:`cgroup_memory_limit`), at most 2**47 (128 TiB, a 64-bit CPU's user
+    address space), which is also the bound where neither can be read."""
+    limit = _ADDRESS_SPACE
     try:
         pages = os.sysconf("SC_PHYS_PAGES")
         page_size = os.sysconf("SC_PAGE_SIZE")
     except (AttributeError, ValueError, OSError):
-        return _ADDRESS_SPACE
-    if pages <= 0 or page_size <= 0:
-        return _ADDRESS_SPACE
-    return min(int(pages) * int(page_size), _ADDRESS_SPACE)
+        pages = page_size = 0
+    if pages > 0 and page_size > 0:
+        limit = min(limit, int(pages) * int(page_size))
+    cgroup = cgroup_memory_limit()
+    if cgroup is not None:
+        limit = min(limit, cgroup)
+    return limit
 
 
 def _refuse_size(name: str, what: str, expected: str, shape: tuple[int, ...], need: int) -> None:

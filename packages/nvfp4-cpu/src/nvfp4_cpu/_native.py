@@ -14,7 +14,9 @@ Environment:
   this CPU or this build lacks is refused with a clear error);
 * ``NVFP4_CPU_THREADS`` = a positive integer: the default thread count (else the CPUs this
   process may run on);
-* ``NVFP4_CPU_LIBRARY`` = a path: load this library instead of the one in the package.
+* ``NVFP4_CPU_LIBRARY`` = a path: load this library instead of the one in the package;
+* ``NVFP4_CPU_CACHE`` = e.g. ``l1d=32K,l2=512K,l3=32M``: the caches the blocking is derived
+  from, instead of this machine's (:mod:`nvfp4_cpu.plan`).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ ISA_ENV = "NVFP4_CPU_ISA"
 THREADS_ENV = "NVFP4_CPU_THREADS"
 LIBRARY_ENV = "NVFP4_CPU_LIBRARY"
 #: ABI version this Python code speaks (``nvfp4cpu_abi_version()``).
-ABI_VERSION = 5
+ABI_VERSION = 6
 #: The AVX2 one-row decodes by name, as nvfp4cpu_avx2_m1_decode numbers them (csrc/nvfp4cpu.h's
 #: NV_AVX2_DECODE_AUTO / _F16 / _BF16); 0, "default", only sets.
 _AVX2_M1_DECODES = {"default": 0, "float16": 1, "bfloat16 pairs": 2}
@@ -89,6 +91,11 @@ _SIGNATURES: dict[str, tuple[object, list[object]]] = {
     "nvfp4cpu_isa_compiled": (_int, [_int]),
     "nvfp4cpu_isa_supported": (_int, [_int]),
     "nvfp4cpu_avx2_m1_decode": (_int, [_int]),
+    "nvfp4cpu_plan_parse_cache": (_int, [ctypes.c_char_p, _i64p, ctypes.c_char_p, _int]),
+    "nvfp4cpu_plan_detect": (_int, [_i64p]),
+    "nvfp4cpu_plan_derive": (_int, [_i64p, _i64p]),
+    "nvfp4cpu_plan_set": (_int, [_i64p, _int, _i64p]),
+    "nvfp4cpu_plan_get": (_int, [_i64p]),
     "nvfp4cpu_qmm": (_int, [_int, _int, _u8p, _u8p, _f32p, _i64, _i64, _f32p, _i64, _f32p]),
     "nvfp4cpu_gather_qmm": (
         _int,

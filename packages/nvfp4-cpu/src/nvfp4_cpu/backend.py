@@ -18,7 +18,7 @@ from nvfp4.backend import Backend
 from nvfp4.contract import Availability, BackendInfo
 from nvfp4.planes import NVFP4Planes
 
-from . import ops, w4a8
+from . import ops, plan, w4a8
 from ._native import (
     ISA_ENV,
     THREADS_ENV,
@@ -30,6 +30,7 @@ from ._native import (
     resolve_threads,
 )
 from .layout import PreparedWeight, prepare
+from .plan import CACHE_ENV
 
 __all__ = ["CAPABILITIES", "PRIORITY", "SPEC_VERSIONS", "CPUBackend", "CPUKernels", "backend"]
 
@@ -103,12 +104,13 @@ class CPUKernels:
         ``$NVFP4_CPU_ISA`` / ``$NVFP4_CPU_THREADS`` (read on every call, so changing them
         takes effect at once): resolving costs a system call and a few checks, which matter
         at decode, where a model makes hundreds of small calls per token."""
-        key = (os.environ.get(ISA_ENV), os.environ.get(THREADS_ENV))
+        key = (os.environ.get(ISA_ENV), os.environ.get(THREADS_ENV), os.environ.get(CACHE_ENV))
         cached = self._resolved
         if cached is not None and cached[0] == key:
             return cached[1]
         native = load()
         config = (native, resolve_isa(native, self._isa), resolve_threads(self._threads))
+        plan.apply(native, config[1])  # the cache plan (one per process; $NVFP4_CPU_CACHE)
         self._resolved = (key, config)
         return config
 
@@ -127,7 +129,10 @@ class CPUKernels:
         except (NativeUnavailable, IsaUnavailable, ValueError) as exc:
             return Availability(False, str(exc))
         plural = "s" if threads != 1 else ""
-        return Availability(True, device=f"{native.describe(isa)}, {threads} thread{plural}")
+        blocking = plan.current(native).describe()
+        return Availability(
+            True, device=f"{native.describe(isa)}, {threads} thread{plural}; plan: {blocking}"
+        )
 
     # ----------------------------------------------------------------------- kernels
     def prepare(self, planes: NVFP4Planes) -> PreparedWeight:

@@ -27,19 +27,33 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from nvfp4 import deviation_registry as registry
 from nvfp4.contract import CAPABILITIES as CONTRACT_CAPABILITIES
 
 from ._common import ENGINE_NOTE
 from .deviations import Deviation, classify
 from .whole_model import results as whole_model
 
-__all__ = ["engine_of", "load_certificates", "main", "record", "render", "sanitize"]
+__all__ = [
+    "engine_of",
+    "engine_verdict",
+    "load_certificates",
+    "main",
+    "record",
+    "render",
+    "sanitize",
+]
 
 TIERS = ("T0", "T1", "T2", "T3", "T4", "T5", "T6")
 #: The table's capability columns: the contract's, in its order.
 CAPABILITIES = tuple(CONTRACT_CAPABILITIES)
 _FAILED = ("failed", "error")
 _SITE = re.compile(r"[^\s'\"(]*site-packages/")
+#: The measured T6 impact of the deviations (tools/measure_deviation_impact.py), beside
+#: the reports' engines folder.
+IMPACT = "deviation-impact.json"
+#: Adapters that exist but need CUDA: rows "not run" until a GPU runner certifies them.
+GPU_ADAPTERS = ("flashinfer", "vllm", "transformer-engine")
 
 
 def sanitize(value: Any, root: Path) -> Any:
@@ -157,7 +171,151 @@ def _deviations(cert: dict[str, Any]) -> tuple[list[tuple[Deviation, list[Test]]
     return list(found.values()), unclassified
 
 
-def render(certs: list[dict[str, Any]], whole: list[dict[str, Any]] | None = None) -> str:
+def engine_verdict(cert: dict[str, Any]) -> dict[str, Any]:
+    """The class of an engine's certificate (spec 1.2 draft): every failed test explained
+    by the suite's emulation (``explained_by``, certificate schema 4) or, where the suite
+    has no emulation, by the message of a declared deviation
+    (:func:`nvfp4_engines.deviations.classify`); ``incompatible`` when a failure is
+    unexplained or an explaining deviation is ``unsafe``."""
+    claimed: dict[str, int] = {}
+    by = {"emulation": 0, "message": 0}
+    unexplained: list[str] = []
+    for t in _failed(cert):
+        ids = t.get("explained_by")
+        if ids:
+            by["emulation"] += 1
+        else:
+            d = classify(t.get("message") or "", t["nodeid"], cert["backend"]["name"])
+            ids = [d.key] if d is not None else []
+            by["message"] += bool(ids)
+        if not ids:
+            unexplained.append(t["nodeid"])
+        for i in ids:
+            claimed[i] = claimed.get(i, 0) + 1
+    unsafe = [i for i in claimed if not registry.deviation(i).admissible]
+    if not claimed and not unexplained and cert["result"] != "failed":
+        cls = "conformant"
+    elif unexplained or unsafe or not claimed:
+        cls = "incompatible"
+    else:
+        cls = "compatible"
+    return {
+        "class": cls,
+        "claimed": claimed,
+        "unexplained": unexplained,
+        "unsafe": unsafe,
+        "by": by,
+    }
+
+
+def _impact_cell(ids: Iterable[str], impact: dict[str, Any]) -> str:
+    """The measured T6 impact of the real-checkpoint deviations among ``ids``."""
+    cells = []
+    for i in ids:
+        m = (impact.get("deviations") or {}).get(i)
+        if m and m.get("kl") is not None:
+            cells.append(f"`{i}`: {m['tokens']}/{m.get('of', 160)} tokens, KL {m['kl']:.2g}")
+    return "; ".join(cells) or "-"
+
+
+def _meaning(v: dict[str, Any], impact: dict[str, Any]) -> str:
+    if v["class"] == "conformant":
+        return "computes what the spec says, bit for bit where it is exact"
+    parts = []
+    if v["unsafe"]:
+        bounds = "; ".join(registry.deviation(i).bound_text for i in v["unsafe"])
+        parts.append(f"unsafe: {bounds}")
+    if v["unexplained"]:
+        parts.append(
+            f"{len(v['unexplained'])} failing test(s) no declared deviation explains: "
+            "treat as bugs until explained"
+        )
+    if v["class"] == "compatible":
+        real = [i for i in v["claimed"] if registry.deviation(i).scope == "real"]
+        worst = [
+            (impact.get("deviations") or {}).get(i, {}).get("tokens")
+            for i in real
+            if (impact.get("deviations") or {}).get(i, {}).get("kl") is not None
+        ]
+        tail = f"; T6: {min(worst)}/160 tokens at worst" if worst else ""
+        parts.append("every difference is a declared deviation within its bound" + tail)
+    return "; ".join(parts)
+
+
+def _verdict_section(certs: list[dict[str, Any]], impact: dict[str, Any]) -> list[str]:
+    lines = [
+        "## Verdicts",
+        "",
+        'The class of each engine (spec 1.2 draft, "Conformance classes and declared '
+        'deviations"): **conformant**: every test passes; **compatible**: every failing '
+        "test is explained by a declared deviation of `spec/draft/deviations.toml` that is "
+        "not `unsafe`; **incompatible**: a failure no declared deviation explains, or one "
+        "only an `unsafe` deviation explains. A failing test is explained by **emulation** "
+        "when the suite's reference with that deviation (`nvfp4.deviation_emulators`) "
+        "gives exactly the engine's output (certificate schema 4, `explained_by`), else by "
+        "**message** when its failure message is the one the deviation's reading predicts "
+        "(`nvfp4_engines.deviations`). **Real checkpoints**: the deviation changes what "
+        "real weights or models compute; **malformed input**: only NaN / Inf, all-zero or "
+        "subnormal tensors, or out-of-range ids meet it. The T6 impact "
+        "(`reports/deviation-impact.json`, `tools/measure_deviation_impact.py`) is the "
+        "T6 model's greedy tokens matching the reference's of 160 and the mean KL when "
+        "its weights are encoded / decoded with that deviation alone.",
+        "",
+    ]
+    rows = []
+    for c in certs:
+        v = engine_verdict(c)
+        claimed = ", ".join(
+            f"`{i}` ({registry.deviation(i).severity}, {n})" for i, n in v["claimed"].items()
+        )
+        how = f"{v['by']['emulation']} by emulation, {v['by']['message']} by message"
+        if "verdict" not in c:
+            how += " (certificate schema " + str(c["schema_version"]) + ": no emulation)"
+        rows.append(
+            [
+                f"`{c['backend']['name']}`",
+                engine_of(c),
+                f"**{v['class']}**",
+                claimed or "-",
+                f"{len(v['unexplained'])}; {how}",
+                _impact_cell(v["claimed"], impact),
+                _meaning(v, impact),
+            ]
+        )
+    done = {c["backend"]["name"] for c in certs}
+    for name in GPU_ADAPTERS:
+        if name not in done:
+            rows.append(
+                [
+                    f"`{name}`",
+                    "-",
+                    "not run: needs CUDA",
+                    "-",
+                    "-",
+                    "-",
+                    "its adapter exists; `benchmarks/gpu/run.sh` certifies it on a GPU",
+                ]
+            )
+    lines += _table(
+        [
+            "adapter",
+            "engine",
+            "class",
+            "deviations claimed (severity, failing tests)",
+            "unexplained; how explained",
+            "T6 impact",
+            "what this means",
+        ],
+        rows,
+    )
+    return [*lines, ""]
+
+
+def render(
+    certs: list[dict[str, Any]],
+    whole: list[dict[str, Any]] | None = None,
+    impact: dict[str, Any] | None = None,
+) -> str:
     """The Markdown of ``docs/engines.md`` for these certificates and the whole-model
     results ``whole`` (:mod:`.whole_model.results`: a section after the runs)."""
     lines = [
@@ -173,6 +331,7 @@ def render(certs: list[dict[str, Any]], whole: list[dict[str, Any]] | None = Non
         "how many failed; **absent**: the engine has nothing the tier or capability tests; "
         "**not run**: left out of the run.",
         "",
+        *_verdict_section(certs, impact or {}),
         "## Tiers",
         "",
     ]
@@ -256,8 +415,12 @@ def main(argv: list[str] | None = None) -> int:
         for p in record(args.certificates, args.out, args.root.resolve()):
             print(f"recorded {p}")
         return 0
+    impact_file = args.reports.parent / IMPACT
+    impact = json.loads(impact_file.read_text()) if impact_file.is_file() else None
     text = render(
-        load_certificates(args.reports), whole_model.load_all(args.reports / whole_model.FOLDER)
+        load_certificates(args.reports),
+        whole_model.load_all(args.reports / whole_model.FOLDER),
+        impact,
     )
     if args.check:
         if not args.out.is_file() or args.out.read_text() != text:

@@ -317,6 +317,12 @@ class GGUFFile:
         data_start = pos + (-pos % alignment)
 
         for name, shape, ggml_type, rel in infos:
+            if rel % alignment:  # the spec, gguf-py's writer and llama.cpp's loader agree
+                raise self._error(
+                    f"the data offset of {short(name)} a multiple of general.alignment "
+                    f"({alignment})",
+                    str(rel),
+                )
             nbytes = self._nbytes(name, shape, ggml_type)
             offset = data_start + rel
             if offset + nbytes > self.size:

@@ -42,6 +42,7 @@ class _GGUFEntry:
     hf_key: str  # HF prefix, or "...experts.{}.proj" for merged experts
     index: int | None  # expert index within a merged tensor
     permute_heads: int | None  # RoPE permutation to undo (number of heads)
+    stacked: bool = False  # an [E, N, K] tensor presented whole (not per expert)
 
 
 class GGUFCheckpoint(Checkpoint):
@@ -115,7 +116,10 @@ class GGUFCheckpoint(Checkpoint):
             hf = names_map.get(base, base)
             perm = heads.get(base.rpartition(".")[2]) if self.arch == "llama" else None
             self._check_permutable(t, perm, t.shape[-2])
-            if len(t.shape) == 3:
+            if len(t.shape) == 3 and base in names_map and "{}" not in hf:
+                # our writer's record of a stack the source stored as one [E, N, K] tensor
+                self._add_q(hf, _GGUFEntry(base, hf, None, perm, stacked=True))
+            elif len(t.shape) == 3:
                 fmt = hf if "{}" in hf else f"{hf}.{{}}"
                 if fmt.count("{}") != 1 or fmt.replace("{}", "").count("{") + fmt.count("}") > 1:
                     self._bad(KV_HF_NAMES, "one '{}' in a merged-expert name", hf)
@@ -276,11 +280,16 @@ class GGUFCheckpoint(Checkpoint):
         except KeyError:
             raise CheckpointError(f"{self.path}: {prefix!r} is not an NVFP4 tensor") from None
 
-    def _side(self, base: str, suffix: str, index: int | None) -> npt.NDArray[Any] | None:
+    def _side(
+        self, base: str, suffix: str, index: int | None, stacked: bool = False
+    ) -> npt.NDArray[Any] | None:
+        """``<base>.<suffix>``: ``[E]`` for merged experts (one value per expert), ``[1]``
+        else; a whole stack's input scale is its one value ``[1]``."""
         t = self.tensors.get(f"{base}.{suffix}")
         if t is None:
             return None
-        experts = self.tensors[f"{base}.weight"].shape[0] if index is not None else 1
+        per_expert = index is not None or (stacked and suffix == "scale")
+        experts = self.tensors[f"{base}.weight"].shape[0] if per_expert else 1
         if t.ggml_type != 0 or t.shape != (experts,):
             raise CheckpointError(
                 f"{self.path}: tensor {short(t.name)}: expected F32 of shape [{experts}], "
@@ -291,15 +300,15 @@ class GGUFCheckpoint(Checkpoint):
 
     def plane_shape(self, prefix: str) -> PlaneShape:
         entry = self._entry(prefix)
-        n, k = self.tensors[f"{entry.gguf_base}.weight"].shape[-2:]
-        return PlaneShape((n, k))
+        shape = self.tensors[f"{entry.gguf_base}.weight"].shape
+        return PlaneShape(tuple(shape) if entry.stacked else tuple(shape[-2:]))
 
     def planes(self, prefix: str) -> NVFP4Planes:
         entry = self._entry(prefix)
         data = self.file.array(self.tensors[f"{entry.gguf_base}.weight"])
         if entry.index is not None:
             data = data[entry.index]
-        scale = self._side(entry.gguf_base, "scale", entry.index)
+        scale = self._side(entry.gguf_base, "scale", entry.index, entry.stacked)
         planes = from_gguf(data, scale, name=prefix)
         if entry.permute_heads is not None:
             planes = planes.replace(

@@ -105,7 +105,8 @@ class _Header:
 
     def add_planes(self, it: PlaneItem) -> None:
         """``<base>.weight`` NVFP4, ``<base>.scale`` F32 and ``<base>.input_scale`` when the
-        item has one (``[E]`` for merged experts, else ``[1]``)."""
+        item has one (``[E]`` for merged experts, else ``[1]``; a stack the source stored
+        whole has its ``[E]`` globals and its one input scale ``[1]``)."""
         hf = it.key.replace(".{}", "")
         mapped = self._mapped(hf + ".weight", (".weight",))
         base = mapped[: -len(".weight")] if mapped else hf
@@ -125,8 +126,9 @@ class _Header:
         if it.input_scale is not None:
             names.append(f"{base}.input_scale")
             self._claim(names[-1], it.key)
-            self.w.add_tensor_info(names[-1], (scale_n,), np.dtype(np.float32), 4 * scale_n)
-            self.total_bytes += 4 * scale_n
+            input_n = int(it.input_scale.size)
+            self.w.add_tensor_info(names[-1], (input_n,), np.dtype(np.float32), 4 * input_n)
+            self.total_bytes += 4 * input_n
         self._record(base, it.key, "", _Job(it, names, perm, False))
 
     def add_tensor(self, it: TensorItem) -> None:
@@ -180,7 +182,17 @@ def _layers_present(layout: Plan) -> int:
 
 
 def _refuse_k(layout: Plan) -> None:
+    """What a GGUF NVFP4 tensor cannot hold: K % 64 (a super-block is 64 elements), one
+    global shared by a stack of experts (``<base>.scale`` is one global per expert)."""
     for it in plane_items(layout):
+        if it.shape.shared_global:
+            e = it.shape.shape[0]
+            raise PlaneError(
+                it.key,
+                "global for a GGUF expert stack",
+                f"one global per expert (a .scale of shape [{e}]; GGUF keeps no shared global)",
+                "one global for all experts (shape () or (1,))",
+            )
         if it.shape.k % GGUF_SUPER_BLOCK:
             raise PlaneError(
                 it.key,

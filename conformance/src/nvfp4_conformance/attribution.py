@@ -1,0 +1,139 @@
+"""Attribution of failing cases to declared deviations, and the certificate's verdict
+(spec 1.2 draft, "Conformance classes and declared deviations").
+
+When a bit-exact comparison fails, the tier asks :func:`explain_dequantize` or
+:func:`explain_encoding` whether the backend's output is what the reference computes with
+one declared deviation switched on (or two, where no single one explains it): the
+emulations of :mod:`nvfp4.deviation_emulators`. The answer (a list of deviation ids, or
+``None``) is recorded with the failing case as ``explained_by``; nothing is loosened: the
+test still fails. A backend that raises where an emulated ``refuses`` deviation refuses the
+same input is explained by that deviation.
+
+:func:`verdict` turns a certificate's tests into its class: ``conformant`` (no failure),
+``compatible`` (every failing test explained, by deviations none of which is ``unsafe``),
+``incompatible`` (anything else).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from nvfp4 import deviation_emulators as emu
+from nvfp4 import deviation_registry as registry
+from nvfp4.planes import NVFP4Planes
+
+from .checks import exact_mismatches
+
+__all__ = ["explain_dequantize", "explain_encoding", "explain_refusal", "verdict"]
+
+_REFUSALS = tuple(d.id for d in registry.deviations() if d.emulated and d.bound == "refuses")
+_DECODE = tuple(sorted(emu.DECODER_DEVIATIONS - set(_REFUSALS)))
+_ENCODE = tuple(sorted(emu.ENCODER_DEVIATIONS - set(_REFUSALS)))
+
+
+def _first(
+    candidates: Sequence[str], matches: Callable[[tuple[str, ...]], bool]
+) -> list[str] | None:
+    """The first single deviation, then pair, whose emulation ``matches``."""
+    for size in (1, 2):
+        for chosen in itertools.combinations(candidates, size):
+            try:
+                if matches(chosen):
+                    return list(chosen)
+            except (ValueError, ArithmeticError):
+                continue
+    return None
+
+
+def explain_dequantize(found: Any, planes: NVFP4Planes, dtype: str) -> list[str] | None:
+    """The declared decoder deviations whose emulation gives exactly ``found`` (NaN
+    matches NaN, -0 matches 0, as the tier compares), or ``None``."""
+    f = np.asarray(found)
+
+    def matches(chosen: tuple[str, ...]) -> bool:
+        want = emu.dequantize(planes, dtype, deviations=chosen)
+        return f.shape == want.shape and not exact_mismatches(f, want).any()
+
+    return _first(_DECODE, matches)
+
+
+def _same_planes(got: NVFP4Planes, want: NVFP4Planes, chosen: Iterable[str]) -> bool:
+    """Codes and scale bytes equal; the global equal, or within one float32 ulp where a
+    ``global_relative`` deviation is chosen (its reciprocal's last rounding)."""
+    if got.codes.shape != want.codes.shape or got.scales.shape != want.scales.shape:
+        return False
+    if not (np.array_equal(got.codes, want.codes) and np.array_equal(got.scales, want.scales)):
+        return False
+    g, w = np.float32(got.global_scale), np.float32(want.global_scale)
+    if g == w:
+        return True
+    reciprocal = any(registry.deviation(i).bound == "global_relative" for i in chosen)
+    return bool(reciprocal and abs(float(g) - float(w)) <= float(np.spacing(w)))
+
+
+def explain_encoding(x: Any, input_scale: Any, got: NVFP4Planes) -> list[str] | None:
+    """The declared encoder deviations whose emulation of
+    :func:`nvfp4.reference.quantize_activations` gives ``got``'s planes, or ``None``."""
+
+    def matches(chosen: tuple[str, ...]) -> bool:
+        want = emu.quantize_activations(x, input_scale, deviations=chosen)
+        return _same_planes(got, want, chosen)
+
+    return _first(_ENCODE, matches)
+
+
+def explain_refusal(run: Callable[[Sequence[str]], Any]) -> list[str] | None:
+    """For a backend that raised: the emulated ``refuses`` deviation whose emulation
+    ``run(deviations)`` raises :class:`nvfp4.deviation_emulators.DeviationRefusal` too."""
+    for ident in _REFUSALS:
+        try:
+            run((ident,))
+        except emu.DeviationRefusal:
+            return [ident]
+        except (ValueError, ArithmeticError):
+            continue
+    return None
+
+
+def failing_explanation(test: Mapping[str, Any]) -> list[str] | None:
+    """What explains a failed certificate test: the ``explained_by`` of its last recorded
+    case (a tier records the failing case last, then fails), else ``None``."""
+    cases = test.get("cases") or []
+    if not cases:
+        return None
+    last = cases[-1].get("explained_by")
+    return list(last) if isinstance(last, list) and last else None
+
+
+def verdict(tests: Sequence[Mapping[str, Any]], result: str) -> dict[str, Any]:
+    """The certificate's ``verdict``: its class, how many failing tests each deviation
+    explains, the unexplained failing tests and the unsafe deviations claimed."""
+    explained: dict[str, int] = {}
+    unexplained: list[str] = []
+    for t in tests:
+        if t.get("outcome") not in ("failed", "error"):
+            continue
+        ids = t.get("explained_by")
+        if not ids:
+            unexplained.append(str(t.get("nodeid")))
+            continue
+        for i in ids:
+            explained[i] = explained.get(i, 0) + 1
+    unsafe = sorted(i for i in explained if not registry.deviation(i).admissible)
+    failing = bool(unexplained or explained) or result == "failed"
+    if not failing:
+        cls = "conformant"
+    elif unexplained or unsafe or (result == "failed" and not explained):
+        cls = "incompatible"
+    else:
+        cls = "compatible"
+    return {
+        "class": cls,
+        "explained": dict(sorted(explained.items())),
+        "unexplained": unexplained,
+        "unsafe": unsafe,
+        "registry_spec_version": registry.REGISTRY_SPEC_VERSION,
+    }

