@@ -26,6 +26,7 @@ from .attribution import failing_explanation, verdict
 from .certificate_read import number, tier_summary
 from .certificate_render import render_markdown
 from .certificate_schema import SCHEMA_VERSION, validate
+from .certificate_t7 import t7_section
 from .recording import ConformanceRun, TestOutcome, jsonable
 
 __all__ = [
@@ -265,6 +266,7 @@ def build_certificate(run: ConformanceRun) -> dict[str, Any]:
         "capabilities_not_certified": sorted(c for c, (s, _) in status.items() if s != "certified"),
         "illegal_skips": [o.nodeid for o in run.illegal_skips()],
         "t6": _t6_summary(run),
+        **t7_section(run),  # only when T7 (sharding, spec 1.2 draft) ran
         "verdict": verdict(tests, result),
         "tests": tests,
     }

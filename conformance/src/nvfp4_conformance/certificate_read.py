@@ -24,6 +24,7 @@ TIER_NAMES = {
     "T4": "matmul",
     "T5": "golden",
     "T6": "parity",
+    "T7": "sharded",
 }
 #: Figures a test measures against the ``tolerance`` it records, most telling first.
 _MEASURED = ("max_rel_err", "disagreement_fraction")

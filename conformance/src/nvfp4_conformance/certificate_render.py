@@ -12,6 +12,7 @@ import math
 from typing import Any
 
 from .certificate_read import TIER_NAMES, number, tier_summary
+from .certificate_t7 import t7_markdown
 
 __all__ = ["render_markdown"]
 
@@ -419,6 +420,7 @@ def render_markdown(cert: dict[str, Any]) -> str:
         "",
         *_details(cert),
         *_t6(cert),
+        *t7_markdown(cert),
         *_tests(cert),
     ]
     return "\n".join(lines).rstrip("\n") + "\n"

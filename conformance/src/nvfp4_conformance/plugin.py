@@ -202,10 +202,18 @@ def pytest_collection_modifyitems(
     tiers = config.getoption("nvfp4_tiers")
     if tiers:
         wanted = {t.strip().upper() for t in tiers.split(",") if t.strip()}
-        unknown = wanted - {f"T{i}" for i in range(7)}
+        unknown = wanted - {f"T{i}" for i in range(8)}
         if unknown:
-            raise pytest.UsageError(f"--nvfp4-tiers: unknown tiers {sorted(unknown)} (T0..T6)")
+            raise pytest.UsageError(f"--nvfp4-tiers: unknown tiers {sorted(unknown)} (T0..T7)")
         run.tiers_selected = frozenset(wanted)
+    # T7 (sharding, spec 1.2 draft) is collected only for spec >= 1.2 or when named
+    from .t7 import t7_applies
+
+    if not t7_applies(run.spec_version, run.tiers_selected):
+        t7 = {id(i) for i in conformance if tier_of(stable_test_id(i)) == "T7"}
+        items[:] = [i for i in items if id(i) not in t7]
+        conformance = [i for i in conformance if id(i) not in t7]
+    if tiers:
         dropped = [i for i in conformance if tier_of(stable_test_id(i)) not in wanted]
         if dropped:
             keep = set(map(id, dropped))

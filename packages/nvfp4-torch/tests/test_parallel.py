@@ -7,7 +7,6 @@ the same result."""
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +14,6 @@ import numpy as np
 import nvfp4
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from nvfp4 import reference
 from nvfp4.fusion import fuse
 from nvfp4.planes import NVFP4Planes
@@ -24,6 +21,7 @@ from nvfp4.shard_plan import expert_plan, paired_plan, shard_plan
 from nvfp4.tolerances import draft_tolerances, tolerance
 from nvfp4_torch.collectives import all_gather_last, all_reduce_f32, rank_and_world
 from nvfp4_torch.parallel import ColumnParallelLinear, ExpertParallelExperts, RowParallelLinear
+from nvfp4_torch.ranks import run_worlds
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -37,9 +35,10 @@ def x_of(seed: int, m: int, k: int) -> torch.Tensor:
     return torch.from_numpy(np.random.default_rng(seed).standard_normal((m, k)).astype(np.float32))
 
 
-def cases(world: int) -> dict[str, torch.Tensor]:
-    """Every layer on this rank; returns its outputs (the same on every rank). The layers
-    are bound to the cpu backend (eager: no torch.compile machinery to import per rank)."""
+def cases(world: int, g: Any) -> dict[str, torch.Tensor]:
+    """Every layer on this rank of group ``g``; returns its outputs (the same on every
+    rank). The layers are bound to the cpu backend (eager: no torch.compile machinery to
+    import per rank)."""
     out: dict[str, torch.Tensor] = {}
     be = nvfp4.get_backend("cpu")
     down = weight(1, (24, 1856), "down_proj")
@@ -47,59 +46,51 @@ def cases(world: int) -> dict[str, torch.Tensor]:
         x = x_of(2, 3, 1856).to(dt)
         for align in (1, 8):  # 8 blocks: the last rank holds a padded unit
             plan = shard_plan(1856, world, dim="k", align=align, name="down_proj")
-            out[f"row {dname} align{align}"] = RowParallelLinear(down, plan, backend=be)(x)
+            row = RowParallelLinear(down, plan, group=g, backend=be)
+            out[f"row {dname} align{align}"] = row(x)
     up = weight(3, (100, 64), "up_proj")
-    out["column"] = ColumnParallelLinear(up, shard_plan(100, world, dim="n"), backend=be)(
-        x_of(4, 5, 64)
-    )
+    column = ColumnParallelLinear(up, shard_plan(100, world, dim="n"), group=g, backend=be)
+    out["column"] = column(x_of(4, 5, 64))
     # a paired MLP: fused gate/up column-parallel by down's K plan, local, then row-parallel
     gate, upm = weight(5, (1856, 64), "gate"), weight(6, (1856, 64), "up")
     mlp_down = weight(7, (64, 1856), "down")
     k_plan = shard_plan(1856, world, dim="k", align=4, name="down")
     col = paired_plan(k_plan)
-    gu = ColumnParallelLinear(
-        fuse([gate, upm], "gate_up"), [col, col], gather_output=False, backend=be
-    )
-    xm = x_of(8, 4, 64)
-    local = gu(xm)
-    half = k_plan[rank_and_world()[0]].padded
+    gate_up = fuse([gate, upm], "gate_up")
+    gu = ColumnParallelLinear(gate_up, [col, col], group=g, gather_output=False, backend=be)
+    local = gu(x_of(8, 4, 64))
+    rank, _ = rank_and_world(g)
+    half = k_plan[rank].padded
     h = torch.nn.functional.silu(local[:, :half]) * local[:, half:]
-    out["mlp"] = RowParallelLinear(mlp_down, k_plan, input_is_parallel=True, backend=be)(h)
+    down_row = RowParallelLinear(mlp_down, k_plan, group=g, input_is_parallel=True, backend=be)
+    out["mlp"] = down_row(h)
     experts = weight(9, (5, 16, 64), "experts")
     ids = torch.tensor([0, 4, -1, 2, 5, 1, 3, 3])
-    out["experts"] = ExpertParallelExperts(experts, expert_plan(5, world), backend=be)(
-        x_of(10, 8, 64), ids
-    )
+    ep = ExpertParallelExperts(experts, expert_plan(5, world), group=g, backend=be)
+    out["experts"] = ep(x_of(10, 8, 64), ids)
     # the collectives alone: uneven gather, float32 sum
-    rank, _ = rank_and_world()
     widths = [3 + (r % 2) for r in range(world)]
-    out["gather"] = all_gather_last(torch.full((2, widths[rank]), float(rank)), widths)
-    out["reduce"] = all_reduce_f32(torch.full((2,), 0.5 + rank, dtype=torch.bfloat16))
+    out["gather"] = all_gather_last(torch.full((2, widths[rank]), float(rank)), widths, g)
+    out["reduce"] = all_reduce_f32(torch.full((2,), 0.5 + rank, dtype=torch.bfloat16), g)
     return out
 
 
-def _rank_main(rank: int, world: int, port: int, folder: str) -> None:
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
-    )
-    try:
-        torch.save(cases(world), Path(folder) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+def _rank_main(ops: Any, folder: str) -> None:
+    torch.save(cases(ops.world, ops.group), Path(folder) / f"world{ops.world}_rank{ops.rank}.pt")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+@pytest.fixture(scope="module")
+def spawned(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One spawn of 3 gloo processes: groups of 2 and of 3 ranks (nvfp4_torch.ranks)."""
+    folder = tmp_path_factory.mktemp("ranks")
+    run_worlds(_rank_main, (2, 3), (str(folder),))
+    return folder
 
 
-@pytest.fixture(scope="module", params=[2, 3], ids=lambda w: f"world{w}")
-def ranks(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+@pytest.fixture(params=[2, 3], ids=lambda w: f"world{w}")
+def ranks(request: pytest.FixtureRequest, spawned: Path) -> Any:
     world = request.param
-    folder = tmp_path_factory.mktemp(f"world{world}")
-    mp.spawn(_rank_main, args=(world, _free_port(), str(folder)), nprocs=world, join=True)
-    return world, [torch.load(folder / f"rank{r}.pt") for r in range(world)]
+    return world, [torch.load(spawned / f"world{world}_rank{r}.pt") for r in range(world)]
 
 
 def rel(y: torch.Tensor, ref: np.ndarray) -> float:

@@ -19,14 +19,17 @@ found values, before anything is read outside the folder or anything large is bu
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import math
 import os
+import shutil
 import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Final, NoReturn
+from typing import Any, BinaryIO, Final, NoReturn
 
 import numpy as np
 
@@ -170,14 +173,17 @@ def parse_json(
         _fail(where, f"not valid UTF-8 JSON ({e})")
 
 
-def read_json_file(path: Path) -> dict[str, Any]:
-    """A JSON object from the file ``path`` (size checked before reading)."""
+def read_json_file(path: Path, opened: BinaryIO | None = None) -> dict[str, Any]:
+    """A JSON object from the file ``path``, or from ``opened`` (that file, already opened:
+    :meth:`CheckpointFolder.open_member`), its size checked before reading."""
     try:
-        with open(path, "rb") as f:
+        with contextlib.nullcontext(opened) if opened is not None else open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size > MAX_JSON_BYTES:
                 _fail(path, f"JSON of {size} bytes, more than the {MAX_JSON_BYTES} read")
-            raw = f.read()
+            raw = f.read(MAX_JSON_BYTES + 1)
+            if len(raw) > MAX_JSON_BYTES:
+                _fail(path, f"JSON of more than the {MAX_JSON_BYTES} bytes read")
     except FileNotFoundError:
         _fail(path, "no such file")
     except OSError as e:
@@ -332,6 +338,67 @@ class CheckpointFolder:
     def member(self, name: object, *, what: str = "entry") -> Path:
         """The path of the regular file ``name`` inside the folder, or
         :class:`CheckpointError` naming it."""
+        return self._checked(name, what)[0]
+
+    def open_member(self, name: object, *, what: str = "entry") -> BinaryIO:
+        """The regular file ``name`` inside the folder, checked as :meth:`member` checks
+        it and then opened as that very file: component by component from the folder with
+        ``O_NOFOLLOW`` (a file or folder swapped for a symlink after the check is refused,
+        not followed), non-blocking (a named pipe swapped in is not waited on), and its
+        device and inode compared with the ones checked (a file swapped for another after
+        the check is refused). Read what a check allowed through this, never by its path
+        again."""
+        _, checked = self._checked(name, what)
+        assert isinstance(name, str)
+        fd = self._open_nofollow(name, what)
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != (checked.st_dev, checked.st_ino) or not stat.S_ISREG(
+                st.st_mode
+            ):
+                _fail(
+                    self.root,
+                    f"{what} {short(name)}: expected the regular file checked a moment before, "
+                    f"found {'another file' if stat.S_ISREG(st.st_mode) else _node(st)} "
+                    "(replaced during the read)",
+                )
+            os.set_blocking(fd, True)
+        except BaseException:
+            os.close(fd)
+            raise
+        return os.fdopen(fd, "rb")
+
+    def copy_member(self, name: str, dst: Path, *, what: str = "file") -> None:
+        """Copy the member ``name`` (opened by :meth:`open_member`) to the new file ``dst``."""
+        with self.open_member(name, what=what) as f, open(dst, "xb") as out:
+            shutil.copyfileobj(f, out)
+
+    def _open_nofollow(self, name: str, what: str) -> int:
+        flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+        nofollow = getattr(os, "O_NOFOLLOW", 0)
+        parts = PurePosixPath(name).parts
+        try:
+            dirfd = os.open(self.root, flags | getattr(os, "O_DIRECTORY", 0))
+        except OSError as e:
+            _fail(self.root, f"cannot open the checkpoint folder ({e.strerror or e})")
+        try:
+            for part in parts[:-1]:
+                nxt = os.open(part, flags | nofollow | getattr(os, "O_DIRECTORY", 0), dir_fd=dirfd)
+                os.close(dirfd)
+                dirfd = nxt
+            return os.open(parts[-1], flags | nofollow | getattr(os, "O_NONBLOCK", 0), dir_fd=dirfd)
+        except OSError as e:
+            found = "a symlink" if e.errno in (errno.ELOOP, errno.ENOTDIR) else e.strerror
+            _fail(
+                self.root,
+                f"{what} {short(name)}: expected the regular file checked a moment before, "
+                f"found {found or e} (replaced during the read)",
+            )
+        finally:
+            os.close(dirfd)
+
+    def _checked(self, name: object, what: str) -> tuple[Path, os.stat_result]:
+        """:meth:`member`'s checks; the path and the ``lstat`` of the file checked."""
         if not isinstance(name, str) or not name or "\x00" in name or "\\" in name:
             _fail(self.root, f"{what} {short(name)}: not a file name inside the checkpoint")
         parts = PurePosixPath(name).parts
@@ -366,7 +433,7 @@ class CheckpointFolder:
             _fail(self.root, f"{what} {short(name)}: expected a regular file, found {_node(st)}")
         if not path.resolve().is_relative_to(self.real):  # pragma: no cover - belt and braces
             _fail(self.root, f"{what} {short(name)}: resolves outside the checkpoint")
-        return path
+        return path, st
 
     def present(self, names: Iterable[str]) -> list[Path]:
         """The members among ``names`` that the folder has (:meth:`has`), each checked by
@@ -375,8 +442,9 @@ class CheckpointFolder:
         return [self.member(name, what="file") for name in names if self.has(name)]
 
     def json(self, name: str) -> dict[str, Any]:
-        """The JSON object in member ``name``."""
-        return read_json_file(self.member(name, what="file"))
+        """The JSON object in member ``name`` (read through :meth:`open_member`)."""
+        with self.open_member(name, what="file") as f:
+            return read_json_file(self.root / name, f)
 
     def fields(self, name: str) -> Fields | None:
         """The JSON object in member ``name`` as :class:`Fields`, ``None`` when absent."""

@@ -22,7 +22,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -110,7 +109,7 @@ class SafetensorsStore:
                 raise CheckpointError(f"{root / INDEX_FILE}: 'weight_map' is empty")
             for fname, names in by_file.items():
                 where = f"{INDEX_FILE}: key {short('weight_map.' + names[0])}: shard"
-                sf = SafetensorsFile(folder.member(fname, what=where))
+                sf = _open_shard(folder, fname, where)
                 self.files.append(sf)
                 for name in names:
                     if name not in sf:
@@ -126,7 +125,7 @@ class SafetensorsStore:
             if not paths:
                 raise CheckpointError(f"{root}: no *.safetensors files")
             for fname in paths:
-                sf = SafetensorsFile(folder.member(fname, what="file"))
+                sf = _open_shard(folder, fname, "file")
                 self.files.append(sf)
                 for name in sf.names():
                     if name in self.where:
@@ -149,6 +148,14 @@ class SafetensorsStore:
 
     def get(self, name: str) -> npt.NDArray[Any]:
         return self.where[name].get(name)
+
+
+def _open_shard(folder: CheckpointFolder, fname: str, what: str) -> SafetensorsFile:
+    """The safetensors member ``fname``, opened (now and for every tensor read) through
+    :meth:`~.folder.CheckpointFolder.open_member`: never followed if swapped for a symlink."""
+    return SafetensorsFile(
+        folder.member(fname, what=what), lambda: folder.open_member(fname, what=what)
+    )
 
 
 def _refuse_unmapped(
@@ -465,8 +472,8 @@ def _write_hf(
         _write_json(dst_tmp / INDEX_FILE, index)
     for name, content in configs.items():
         _write_json(dst_tmp / name, content)
-    for extra in extra_files:
-        shutil.copy2(extra, dst_tmp / extra.name, follow_symlinks=False)
+    for extra in extra_files:  # read through the checked file, never its path again
+        CheckpointFolder(extra.parent).copy_member(extra.name, dst_tmp / extra.name)
     for name, text in fmt.generated_files().items():
         (dst_tmp / name).write_text(text, encoding="utf-8")
 

@@ -24,14 +24,15 @@ Dtypes map to numpy as the safetensors library's numpy/torch front ends do, with
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import struct
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import IO, Any, BinaryIO, Final
 
 import ml_dtypes
 import numpy as np
@@ -128,7 +129,9 @@ def _fail(path: Path, what: str, tensor: str | None = None) -> SafetensorsError:
     return SafetensorsError(one_line(f"safetensors file {where}: {what}"))
 
 
-def read_header(path: str | os.PathLike[str]) -> tuple[dict[str, TensorInfo], dict[str, str]]:
+def read_header(
+    path: str | os.PathLike[str], opened: BinaryIO | None = None
+) -> tuple[dict[str, TensorInfo], dict[str, str]]:
     """Parse and validate the header of a safetensors file without reading its data.
 
     Returns ``(tensors, metadata)``: the entries in file order (by offset) and the
@@ -136,11 +139,13 @@ def read_header(path: str | os.PathLike[str]) -> tuple[dict[str, TensorInfo], di
     for a truncated file, a header length beyond the file, invalid JSON, an unknown dtype,
     a negative or non-integer shape, offsets out of range, overlapping or leaving holes,
     a byte size that disagrees with dtype and shape, or bytes after the last tensor;
-    :class:`FileNotFoundError` when the file is missing.
+    :class:`FileNotFoundError` when the file is missing. ``opened``: the file, already
+    opened (read from where it stands; ``path`` names it in messages).
     """
     p = Path(path)
-    size = p.stat().st_size
-    with open(p, "rb") as f:
+    with contextlib.nullcontext(opened) if opened is not None else open(p, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        f.seek(0)
         head = f.read(8)
         if len(head) < 8:
             raise _fail(p, f"truncated: {size} bytes, too short for the 8-byte header length")
@@ -246,9 +251,22 @@ class SafetensorsFile(Closing):
     holds its own map, released when the array is garbage-collected).
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], opener: Callable[[], BinaryIO] | None = None
+    ) -> None:
+        """``opener``: how to open the file each time it is read (a checkpoint folder's
+        :meth:`~.folder.CheckpointFolder.open_member`, which refuses a file swapped for a
+        symlink); by default ``open(path, "rb")``. Every later open must find the file
+        whose header was read (same device and inode), or the read is refused."""
         self.path = Path(path)
-        self._tensors, self.metadata = read_header(self.path)
+        self._opener = opener if opener is not None else self._open_path
+        with self._opener() as f:
+            st = os.fstat(f.fileno())
+            self._node = (st.st_dev, st.st_ino)
+            self._tensors, self.metadata = read_header(self.path, f)
+
+    def _open_path(self) -> BinaryIO:
+        return open(self.path, "rb")
 
     def names(self) -> list[str]:
         """Tensor names in file order."""
@@ -278,9 +296,17 @@ class SafetensorsFile(Closing):
         if t.nbytes == 0:
             return np.zeros(t.shape, dtype=dt)
         try:
-            arr: npt.NDArray[Any] = np.memmap(
-                self.path, dtype=dt, mode="r", offset=t.start, shape=t.shape
-            )
+            with self._opener() as f:
+                st = os.fstat(f.fileno())
+                if (st.st_dev, st.st_ino) != self._node:
+                    raise _fail(
+                        self.path, "replaced since its header was read (another file now)", name
+                    )
+                arr: npt.NDArray[Any] = np.memmap(
+                    f, dtype=dt, mode="r", offset=t.start, shape=t.shape
+                )
+        except CheckpointError:
+            raise
         except (OSError, ValueError) as e:
             raise _fail(self.path, f"cannot map the tensor's data ({e})", name) from None
         return arr

@@ -101,8 +101,9 @@ def copy_hf_tokenizer(src_dir: Path, out_dir: Path) -> list[str]:
             f"{src_dir}: expected a Hugging Face tokenizer (tokenizer.json or tokenizer.model), "
             f"found {sorted(p.name for p in src_dir.iterdir()) if src_dir.is_dir() else 'no directory'}"
         )
-    for path in paths:
-        shutil.copyfile(path, out_dir / path.name)
+    folder = CheckpointFolder(src_dir)
+    for path in paths:  # read through the checked file, never its path again
+        folder.copy_member(path.name, out_dir / path.name)
     return names
 
 

@@ -6,7 +6,9 @@ The plan is one per process, held by the library. Where it comes from, first mat
 1. ``NVFP4_CPU_CACHE`` (e.g. ``l1d=32K,l2=512K,l3=32M``; any subset of the keys, the others
    detected): the plan derived from those caches, so any machine can run, and time, the plan
    another machine would choose. A malformed value is refused with a one-line error.
-2. The plan derived from this machine's caches (sysfs, else CPUID, else defaults).
+2. The tuner's choice for this CPU model, level and caches, if ``python -m nvfp4_cpu.tune``
+   stored one (:mod:`nvfp4_cpu.tune`; a malformed file is ignored with a one-line warning).
+3. The plan derived from this machine's caches (sysfs, else CPUID, else defaults).
 
 No plan changes a result, only speed: the tests compare the bytes of every kernel across plans.
 """
@@ -18,10 +20,13 @@ import os
 from dataclasses import dataclass
 
 from ._native import Native
+from .plans_file import stored_blocking
 
 __all__ = ["CACHE_ENV", "Plan", "apply", "current", "derive", "detect_caches", "parse_cache", "put"]
 
 CACHE_ENV = "NVFP4_CPU_CACHE"
+#: The (caches, blocking) apply() took from the tuner's file, if any.
+_TUNED: tuple[tuple[int, int, int], tuple[int, int, int]] | None = None
 #: Where the cache sizes came from, by the C enum value (plan.h's NV_CACHE_*).
 SOURCES = ("defaults", "NVFP4_CPU_CACHE", "sysfs", "CPUID", "given")
 
@@ -37,6 +42,7 @@ class Plan:
     kc: int  # k per slab; 0 = the whole K in one slab
     kp: int  # k per decoded L1 panel (16 or 32)
     group: int  # tiles of 16 output rows per work item (4 or 8)
+    tuned: bool = False  # the blocking is the tuner's (nvfp4_cpu.tune), not derived
 
     @property
     def caches(self) -> tuple[int, int, int]:
@@ -51,7 +57,7 @@ class Plan:
         kc = "whole K" if self.kc == 0 else str(self.kc)
         return (
             f"L1d {_size(self.l1d)}, L2 {_size(self.l2)}, L3 {_size(self.l3)} ({self.source}); "
-            f"kc {kc}, kp {self.kp}, {self.group} tiles per item"
+            f"kc {kc}, kp {self.kp}, {self.group} tiles per item{' (tuned)' if self.tuned else ''}"
         )
 
 
@@ -103,7 +109,9 @@ def current(native: Native) -> Plan:
     out = _arr([0] * 7)
     native.check(native.lib.nvfp4cpu_plan_get(out), "plan_get")
     v = [int(x) for x in out]
-    return Plan(v[0], v[1], v[2], SOURCES[v[3]], v[4], v[5], v[6])
+    caches, blocking = (v[0], v[1], v[2]), (v[4], v[5], v[6])
+    tuned = (caches, blocking) == _TUNED and SOURCES[v[3]] != "NVFP4_CPU_CACHE"
+    return Plan(v[0], v[1], v[2], SOURCES[v[3]], v[4], v[5], v[6], tuned)
 
 
 def put(
@@ -130,4 +138,7 @@ def apply(native: Native, isa: str) -> Plan:
     if text:
         caches = parse_cache(native, text, detected)
         return put(native, caches, "NVFP4_CPU_CACHE", derive(native, caches))
-    return put(native, detected, source, derive(native, detected))
+    global _TUNED
+    tuned = stored_blocking(native, isa, detected)
+    _TUNED = None if tuned is None else (detected, tuned)
+    return put(native, detected, source, tuned or derive(native, detected))

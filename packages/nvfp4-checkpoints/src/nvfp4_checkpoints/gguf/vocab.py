@@ -44,6 +44,8 @@ import json
 import logging
 import os
 import re
+import shutil
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,26 +152,31 @@ def has_hf_tokenizer(path: str | os.PathLike[str]) -> bool:
     return p.is_dir() and CheckpointFolder(p).has(TOKENIZER_FILE)
 
 
-def _check_reads(folder: CheckpointFolder) -> None:
+def _copy_reads(folder: CheckpointFolder, private: Path) -> None:
     """Every file gguf-py's :class:`gguf.SpecialVocab` may read from ``folder``, checked as
     a folder output checks the files it copies (regular files inside the folder,
-    :meth:`~..folder.CheckpointFolder.present`), before gguf-py reads them whole: the JSON
-    this module does not read itself within the limits of every JSON read, the text files
+    :meth:`~..folder.CheckpointFolder.present`) and copied into ``private`` through
+    :meth:`~..folder.CheckpointFolder.open_member`, which gguf-py then reads: the JSON this
+    module does not read itself within the limits of every JSON read, the text files
     (templates, merges) within the same size."""
     names = list(_SPECIAL_VOCAB_READS)
     extra = folder.root / _EXTRA_TEMPLATES
     if extra.is_dir():  # its *.jinja (a symlinked folder is refused by member)
         with os.scandir(extra) as it:
             names += [f"{_EXTRA_TEMPLATES}/{e.name}" for e in it if e.name.endswith(".jinja")]
+    (private / _EXTRA_TEMPLATES).mkdir()
     for path in folder.present(names):
+        name = path.relative_to(folder.root).as_posix()
+        with folder.open_member(name, what="file") as f:
+            if (size := os.fstat(f.fileno()).st_size) > MAX_JSON_BYTES:
+                kind = "JSON" if path.suffix == ".json" else "a tokenizer file"
+                raise CheckpointError(
+                    f"{path}: {kind} of {size} bytes, more than the {MAX_JSON_BYTES} read"
+                )
+            with open(private / name, "xb") as out:
+                shutil.copyfileobj(f, out)
         if path.name in _SPECIAL_VOCAB_JSON:
-            read_json_file(path)
-        elif path.suffix == ".json":
-            pass  # tokenizer.json, tokenizer_config.json: read_hf_vocab's, within the limits
-        elif (size := path.stat().st_size) > MAX_JSON_BYTES:
-            raise CheckpointError(
-                f"{path}: a tokenizer file of {size} bytes, more than the {MAX_JSON_BYTES} read"
-            )
+            read_json_file(private / name)
 
 
 def _steps(pre_tokenizer: Any) -> tuple[tuple[str, ...], bool] | None:
@@ -416,10 +423,19 @@ def add_hf_tokenizer(
     template. ``config`` (the model's ``config.json``) gives the vocabulary size. Returns
     what was written, or ``None`` (with a warning) when GGUF cannot hold this tokenizer."""
     gguf = import_gguf()
-    _check_reads(CheckpointFolder(Path(path)))
-    vocab = read_hf_vocab(path, _vocab_size(config))
-    if vocab is None:
-        return None
+    folder = CheckpointFolder(Path(path))
+    with tempfile.TemporaryDirectory(prefix="nvfp4-tokenizer-") as private:
+        # gguf-py reads by path: it reads a private copy of the checked files, so a file
+        # swapped for a symlink after the check is never followed
+        _copy_reads(folder, Path(private))
+        vocab = read_hf_vocab(path, _vocab_size(config))
+        if vocab is None:
+            return None
+        _add_special(gguf, writer, vocab, Path(private), path)
+    return vocab
+
+
+def _add_special(gguf: Any, writer: Any, vocab: HFVocab, private: Path, path: object) -> None:
     writer.add_tokenizer_model(vocab.model)
     writer.add_tokenizer_pre(vocab.pre)
     writer.add_token_list(vocab.tokens)
@@ -430,12 +446,12 @@ def add_hf_tokenizer(
         writer.add_add_space_prefix(vocab.add_space_prefix)
     try:
         special = gguf.SpecialVocab(
-            Path(path), load_merges=vocab.model == "gpt2", n_vocab=len(vocab.tokens)
+            private, load_merges=vocab.model == "gpt2", n_vocab=len(vocab.tokens)
         )
     except (ValueError, OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: unreadable tokenizer files ({e})") from None
+        msg = str(e).replace(str(private), str(path))
+        raise CheckpointError(f"{path}: unreadable tokenizer files ({msg})") from None
     special.add_to_gguf(writer, quiet=True)
-    return vocab
 
 
 def copy_gguf_tokenizer(source: GGUFFile, writer: Any) -> list[str]:

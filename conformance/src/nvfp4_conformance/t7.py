@@ -1,0 +1,258 @@
+"""Tier T7 (sharded, spec 1.2 draft "Sharding"): the backend under test on every rank of a
+real ``torch.distributed`` process group (gloo on CPUs), its weights cut by the shard plan.
+
+One spawn of :data:`MAX_WORLD` processes runs every world size: for each ``world`` in
+:data:`WORLDS`, ranks ``0 .. world-1`` form a group (``torch.distributed.new_group``) and run
+every case of :data:`CASES` on it. Each rank resolves the backend by its name
+(:func:`nvfp4.get_backend`, the path users take), cuts its shard with
+:func:`nvfp4.shard_planes.shard_planes` and computes with the backend's own verbs:
+
+* ``row``: a row-parallel ``qmm`` (K split in whole blocks, optionally in 64-value units
+  with a zero-padded last rank): the rank's float32 partial (``out_dtype="float32"``, x in
+  the case's dtype), summed over the group in float32, cast once;
+* ``column``: a column-parallel ``qmm`` (N rows, or a fused q/k/v weight split per
+  partition by the attention head plan): each rank's own rows, and for an unreplicated split
+  the columns gathered across ranks;
+* ``experts``: expert-parallel ``gather_qmm``: experts by index, ids of other ranks'
+  experts out of range on a rank (zero rows), the float32 partials summed.
+
+Every rank writes its outputs (as float32: float16 / bfloat16 values convert exactly) to
+``<folder>/w<world>_r<rank>.npz``; the tier's tests
+(:mod:`nvfp4_conformance.tiers.test_t7_sharded`) compare them with the float64 unsharded
+reference. The inputs are made once by the parent (:func:`write_inputs`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "CASES",
+    "MAX_WORLD",
+    "T7_FROM_SPEC",
+    "WORLDS",
+    "Case",
+    "run_ranks",
+    "t7_applies",
+    "write_inputs",
+]
+
+#: The spec version T7 belongs to (the 1.2 draft's "Sharding" section).
+T7_FROM_SPEC = "1.2"
+
+
+def _version_key(v: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(p) for p in v.split("."))
+    except ValueError:
+        return (-1,)
+
+
+def t7_applies(spec_version: str | None, tiers_selected: frozenset[str] | None) -> bool:
+    """Whether a run collects T7: the certified version is :data:`T7_FROM_SPEC` or later,
+    or ``--nvfp4-tiers`` names T7. Otherwise T7 is not collected at all (neither run nor
+    "left out"), so a 1.0 / 1.1 certificate means what it meant before T7 existed."""
+    if tiers_selected is not None and "T7" in tiers_selected:
+        return True
+    return spec_version is not None and _version_key(spec_version) >= _version_key(T7_FROM_SPEC)
+
+
+WORLDS = (2, 3, 4, 8)
+MAX_WORLD = max(WORLDS)
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One T7 case: a layer of a real model, split one way.
+
+    Attributes:
+        name: the case id.
+        kind: ``"row"``, ``"column"``, ``"qkv"`` (fused q/k/v by the head plan) or
+            ``"experts"``.
+        source: the model (and layer) the shape comes from.
+        m, n, k: rows of x, output rows, contraction length.
+        align: the K plan's alignment in blocks (``"row"``).
+        experts: E for ``"experts"``.
+        heads: ``(heads, kv_heads, head_dim)`` for ``"qkv"`` and the head-planned ``"row"``.
+        capability: the backend capability the case certifies.
+    """
+
+    name: str
+    kind: str
+    source: str
+    m: int
+    n: int
+    k: int
+    align: int = 1
+    experts: int = 0
+    heads: tuple[int, int, int] | None = None
+    capability: str = "qmm"
+
+
+SMOLLM2_HEADS = (9, 3, 64)
+CASES: tuple[Case, ...] = (
+    Case("down_1856", "row", "Nemotron-3-Nano-30B-A3B routed expert down_proj (K 1,856)", 3, 32, 1856),
+    Case("down_1856_align128", "row", "the same, kernel alignment 128 (padded last rank)", 3, 32, 1856, align=8),
+    Case("o_2880", "row", "a 2,880 hidden size (o_proj / down_proj K)", 2, 24, 2880),
+    Case("down_640_align64", "row", "a 640-wide MoE expert down_proj, kernel alignment 64", 3, 32, 640, align=4),
+    Case("o_576_heads", "row", "SmolLM2-135M o_proj, K split by 9 / 3 heads", 2, 40, 576, heads=SMOLLM2_HEADS),
+    Case("gate_1856", "column", "Nemotron-3-Nano-30B-A3B routed expert gate_proj (N 1,856)", 3, 1856, 64),
+    Case("hidden_2880", "column", "a 2,880 hidden size (N 2,880 at any row)", 2, 2880, 32),
+    Case("qkv_576", "qkv", "SmolLM2-135M fused q/k/v by 9 / 3 heads", 2, 960, 576, heads=SMOLLM2_HEADS),
+    Case("experts_1856", "experts", "Nemotron-3-Nano-30B-A3B experts (E 16 of 128, K 1,856)", 12, 16, 1856, experts=16, capability="gather_qmm"),
+)  # fmt: skip
+
+
+def _rng(*key: object) -> np.random.Generator:
+    import zlib
+
+    return np.random.default_rng(zlib.crc32(repr(key).encode()))
+
+
+def write_inputs(folder: Path) -> None:
+    """The weights (reference-quantized, realistic) and activations of every case, one
+    ``<case>.npz`` each, with expert ids for ``"experts"``."""
+    from nvfp4.fusion import fuse
+    from nvfp4.testing import activations
+
+    from .cases import realistic_weight
+
+    for c in CASES:
+        rng = _rng("t7", c.name)
+        if c.kind == "experts":
+            # expert e scaled by 2**(e - 10): globals 2**15 apart, outputs finite in float16
+            w = realistic_weight(rng, c.n, c.k, name=c.name, experts=c.experts, expert_base=2**-10)
+            ids = rng.integers(-2, c.experts + 2, size=c.m)  # a few out of range
+        elif c.kind == "qkv":
+            heads, kv, hd = c.heads or SMOLLM2_HEADS
+            parts = [
+                realistic_weight(rng, rows, c.k, name=f"{c.name}.{p}")
+                for p, rows in (("q", heads * hd), ("k", kv * hd), ("v", kv * hd))
+            ]
+            w, ids = fuse(parts, c.name), np.zeros(0, np.int64)
+        else:
+            w, ids = realistic_weight(rng, c.n, c.k, name=c.name), np.zeros(0, np.int64)
+        x = activations(rng, c.m, c.k, "float32")
+        np.savez(
+            folder / f"{c.name}.npz",
+            codes=w.codes,
+            scales=w.scales,
+            global_scale=w.global_scale,
+            partitions=np.asarray(w.partitions or (), np.int64),
+            x=x,
+            ids=ids.astype(np.int64),
+        )
+
+
+def load_case(folder: Path, c: Case) -> tuple[Any, np.ndarray, np.ndarray]:
+    """``(planes, x float32, ids)`` of case ``c`` from :func:`write_inputs`' file."""
+    from nvfp4.planes import NVFP4Planes
+
+    d = np.load(folder / f"{c.name}.npz")
+    parts = tuple(int(b) for b in d["partitions"]) or None
+    w = NVFP4Planes(d["codes"], d["scales"], d["global_scale"], partitions=parts, name=c.name)
+    return w, d["x"], d["ids"]
+
+
+def x_in(x: np.ndarray, dtype: str) -> np.ndarray:
+    """x rounded to ``dtype`` (the x a backend is given for that output dtype)."""
+    from nvfp4.dtypes import OUTPUT_DTYPES
+
+    return x.astype(OUTPUT_DTYPES[dtype])
+
+
+def plans_of(c: Case, world: int) -> Any:
+    """The plan(s) of case ``c`` at ``world`` ranks."""
+    from nvfp4.shard_plan import expert_plan, head_plan, shard_plan
+
+    if c.kind == "row":
+        if c.heads is not None:
+            return head_plan(*c.heads, world, name=c.name).o_k()
+        return shard_plan(c.k, world, dim="k", align=c.align, name=c.name)
+    if c.kind == "column":
+        return shard_plan(c.n, world, dim="n", name=c.name)
+    if c.kind == "qkv":
+        h = head_plan(*(c.heads or SMOLLM2_HEADS), world, name=c.name)
+        kv = h.kv_rows_plan(name=f"{c.name}.kv")
+        return [h.q_rows(), kv, kv]
+    return expert_plan(c.experts, world, name=c.name)
+
+
+def rank_cases(ops: Any, folder: str, backend_name: str, caps: tuple[str, ...]) -> None:
+    """Every case on this rank (``ops``: a :class:`nvfp4_torch.ranks.GroupOps`); writes
+    ``<folder>/w<world>_r<rank>.npz``."""
+    import nvfp4
+    from nvfp4.shard_planes import shard_fused, shard_planes
+
+    backend = nvfp4.get_backend(backend_name)
+    rank, world = ops.rank, ops.world
+    out: dict[str, np.ndarray] = {}
+
+    def qmm(x: np.ndarray, handle: Any, **kw: Any) -> np.ndarray:
+        return np.asarray(backend.to_numpy(backend.qmm(backend.from_numpy(x), handle, **kw)))
+
+    for c in CASES:
+        if c.capability not in caps:
+            continue
+        w, x32, ids = load_case(Path(folder), c)
+        plan = plans_of(c, world)
+        if c.kind == "qkv":
+            shard = shard_fused(w, plan, rank)
+        else:
+            shard = shard_planes(w, plan, rank)
+        handle = backend.prepare(shard)
+        for dtype in DTYPES:
+            x = x_in(x32, dtype)
+            key = f"{c.name}|{dtype}"
+            if c.kind == "row":
+                r = plan[rank]
+                xr = np.zeros((c.m, r.padded), dtype=x.dtype)
+                xr[:, : r.size] = x[:, r.start : r.stop]
+                partial = qmm(xr, handle, out_dtype="float32")
+                out[key] = ops.all_reduce_f32(partial).astype(x.dtype).astype(np.float32)
+            elif c.kind in ("column", "qkv"):
+                local = qmm(x, handle).astype(np.float32)  # exact: float16 / bfloat16 values
+                out[key] = local
+                if c.kind == "column":  # the gather: no arithmetic
+                    out[f"{key}|gathered"] = ops.all_gather_last(local, plan.sizes)
+            else:
+                r = plan[rank]
+                local_ids = (ids - r.start).astype(np.int64)
+                y = backend.gather_qmm(
+                    backend.from_numpy(x),
+                    handle,
+                    backend.from_numpy(local_ids),
+                    out_dtype="float32",
+                )
+                partial = np.asarray(backend.to_numpy(y), dtype=np.float32)
+                out[key] = ops.all_reduce_f32(partial).astype(x.dtype).astype(np.float32)
+    np.savez(Path(folder) / f"w{world}_r{rank}.npz", **out)
+
+
+def run_ranks(
+    folder: Path, backend_name: str, capabilities: frozenset[str]
+) -> dict[int, list[dict[str, np.ndarray]]]:
+    """Write the inputs, run every world size on spawned gloo ranks
+    (:func:`nvfp4_torch.ranks.run_worlds`), and return ``{world: [outputs of rank r]}``.
+
+    Raises:
+        Exception: a rank failed (torch.multiprocessing re-raises its error).
+    """
+    from nvfp4_torch.ranks import run_worlds
+
+    write_inputs(folder)
+    run_worlds(
+        rank_cases,
+        WORLDS,
+        (str(folder), backend_name, tuple(sorted(capabilities))),
+        env={"NVFP4_CPU_THREADS": "1"},  # 8 ranks share the machine's cores
+    )
+    return {
+        world: [dict(np.load(folder / f"w{world}_r{r}.npz")) for r in range(world)]
+        for world in WORLDS
+    }

@@ -1,0 +1,203 @@
+"""T7 sharded (spec 1.2 draft, "Sharding for tensor and expert parallelism"): the backend
+under test on every rank of gloo process groups of 2, 3, 4 and 8 ranks
+(:mod:`nvfp4_conformance.t7`), weights cut by the shard plan, against the float64 unsharded
+reference.
+
+* row-parallel ``qmm`` (K in whole blocks; 64-value units; a padded last rank; o_proj by
+  SmolLM2's 9 / 3 heads): the float32-reduced sum within the draft's ``[row_parallel]``;
+* column-parallel ``qmm`` (N at any row; fused q/k/v by the head plan): each rank's rows
+  within ``[qmm]`` of the certified version, and the gathered output equal to the ranks'
+  outputs bit for bit;
+* expert-parallel ``gather_qmm``: within ``[gather_qmm]``, out-of-range ids exactly zero.
+
+Every rank must hold the same reduced result. T7 runs when the certified spec version is
+1.2 or later, or when ``--nvfp4-tiers`` names it: it never changes a 1.1 certificate.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from nvfp4 import reference
+
+from nvfp4_conformance.checks import error_figures
+from nvfp4_conformance.t7 import CASES, DTYPES, WORLDS, Case, load_case, plans_of, x_in
+
+ROW = [c for c in CASES if c.kind == "row"]
+COLUMN = [c for c in CASES if c.kind in ("column", "qkv")]
+EXPERTS = [c for c in CASES if c.kind == "experts"]
+
+
+@pytest.fixture(scope="session")
+def t7_run(
+    nvfp4_conformance_run: Any, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, dict[int, list[dict[str, np.ndarray]]]]:
+    """Spawn the ranks once for the whole tier; ``(inputs folder, {world: rank outputs})``."""
+    try:
+        from nvfp4_torch.ranks import distributed_available
+    except ImportError as exc:
+        pytest.fail(
+            f"T7 needs torch (torch.distributed) and nvfp4-torch: {exc}; install "
+            "nvfp4-conformance[parity]",
+            pytrace=False,
+        )
+    if not distributed_available():
+        pytest.fail("T7: this torch build has no torch.distributed (gloo)", pytrace=False)
+    from nvfp4_conformance.t7 import run_ranks
+
+    folder = tmp_path_factory.mktemp("t7")
+    run = nvfp4_conformance_run
+    return folder, run_ranks(folder, run.backend_name, run.declared_capabilities)
+
+
+def _ids(cases: list[Case]) -> list[str]:
+    return [c.name for c in cases]
+
+
+def _same_on_every_rank(outs: list[dict[str, np.ndarray]], key: str) -> np.ndarray:
+    first = outs[0][key]
+    for r, o in enumerate(outs[1:], start=1):
+        assert np.array_equal(o[key], first, equal_nan=True), (
+            f"{key}: rank {r} holds another result than rank 0 after the all-reduce"
+        )
+    return first
+
+
+def _draft_tolerance(dtype: str) -> float:
+    from nvfp4.tolerances import draft_tolerances
+
+    return float(draft_tolerances()["row_parallel"][dtype])
+
+
+@pytest.mark.requires_capability("qmm")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", ROW, ids=_ids(ROW))
+@pytest.mark.parametrize("world", WORLDS, ids=[f"tp{w}" for w in WORLDS])
+def test_row_parallel_qmm(
+    t7_run: Any, nvfp4_record: Any, world: int, case: Case, dtype: str
+) -> None:
+    folder, results = t7_run
+    w, x32, _ = load_case(folder, case)
+    x = x_in(x32, dtype)
+    y = _same_on_every_rank(results[world], f"{case.name}|{dtype}")
+    ref = reference.qmm(x, w, out_dtype=None)
+    tol = _draft_tolerance(dtype)
+    figs = error_figures(y, ref)
+    plan = plans_of(case, world)
+    nvfp4_record(
+        f"{case.name} TP{world} {dtype}",
+        source=case.source,
+        dtype=dtype,
+        world=world,
+        ranks=[[r.start, r.stop, r.padded] for r in plan],
+        tolerance=tol,
+        tolerance_of="[row_parallel] (spec 1.2 draft)",
+        **figs,
+    )
+    assert y.shape == (case.m, case.n)
+    assert figs["max_rel_err"] <= tol, (
+        f"{case.name} ({case.source}) at TP{world}, {dtype}: row-parallel sum "
+        f"max|y - ref| / max|ref| = {figs['max_rel_err']:.3e} > [row_parallel] {tol:g}"
+    )
+
+
+def _column_reference(case: Case, world: int, rank: int, ref: np.ndarray) -> np.ndarray:
+    """The reference columns rank ``rank`` computes (per partition for q/k/v)."""
+    plan = plans_of(case, world)
+    if case.kind == "column":
+        r = plan[rank]
+        return ref[:, r.start : r.stop]
+    heads, kv, hd = case.heads or (0, 0, 0)
+    offsets = (0, heads * hd, heads * hd + kv * hd)
+    return np.concatenate(
+        [ref[:, o + p[rank].start : o + p[rank].stop] for o, p in zip(offsets, plan, strict=True)],
+        axis=1,
+    )
+
+
+@pytest.mark.requires_capability("qmm")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", COLUMN, ids=_ids(COLUMN))
+@pytest.mark.parametrize("world", WORLDS, ids=[f"tp{w}" for w in WORLDS])
+def test_column_parallel_qmm(
+    t7_run: Any,
+    nvfp4_record: Any,
+    nvfp4_tolerance: Any,
+    world: int,
+    case: Case,
+    dtype: str,
+) -> None:
+    folder, results = t7_run
+    w, x32, _ = load_case(folder, case)
+    x = x_in(x32, dtype)
+    ref = reference.qmm(x, w, out_dtype=None)
+    tol = float(nvfp4_tolerance("qmm", dtype))
+    key = f"{case.name}|{dtype}"
+    locals_ = []
+    for rank, outs in enumerate(results[world]):
+        y = outs[key]
+        want = _column_reference(case, world, rank, ref)
+        assert y.shape == want.shape, f"{key} rank {rank}: shape {y.shape}, expected {want.shape}"
+        figs = error_figures(y, want)
+        nvfp4_record(
+            f"{case.name} TP{world} rank {rank} {dtype}",
+            source=case.source,
+            dtype=dtype,
+            world=world,
+            rank=rank,
+            tolerance=tol,
+            tolerance_of="[qmm]",
+            **figs,
+        )
+        assert figs["max_rel_err"] <= tol, (
+            f"{case.name} ({case.source}) at TP{world}, rank {rank}, {dtype}: "
+            f"max_rel_err {figs['max_rel_err']:.3e} > [qmm] {tol:g}"
+        )
+        locals_.append(y)
+    if case.kind == "column":  # a gather has no arithmetic: the ranks' values, bit for bit
+        gathered = _same_on_every_rank(results[world], f"{key}|gathered")
+        assert np.array_equal(gathered, np.concatenate(locals_, axis=1)), (
+            f"{key}: the gathered output differs from the ranks' own outputs"
+        )
+        assert gathered.shape == (case.m, case.n)
+
+
+@pytest.mark.requires_capability("gather_qmm")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", EXPERTS, ids=_ids(EXPERTS))
+@pytest.mark.parametrize("world", WORLDS, ids=[f"tp{w}" for w in WORLDS])
+def test_expert_parallel_gather_qmm(
+    t7_run: Any,
+    nvfp4_record: Any,
+    nvfp4_tolerance: Any,
+    world: int,
+    case: Case,
+    dtype: str,
+) -> None:
+    folder, results = t7_run
+    w, x32, ids = load_case(folder, case)
+    x = x_in(x32, dtype)
+    y = _same_on_every_rank(results[world], f"{case.name}|{dtype}")
+    ref = reference.gather_qmm(x, w, ids, out_dtype=None)
+    tol = float(nvfp4_tolerance("gather_qmm", dtype))
+    figs = error_figures(y, ref)
+    outside = (ids < 0) | (ids >= case.experts)
+    nvfp4_record(
+        f"{case.name} TP{world} {dtype}",
+        source=case.source,
+        dtype=dtype,
+        world=world,
+        out_of_range_rows=int(outside.sum()),
+        tolerance=tol,
+        tolerance_of="[gather_qmm]",
+        **figs,
+    )
+    assert outside.any()
+    assert not np.any(y[outside]), f"{case.name} TP{world}: rows of out-of-range ids not zero"
+    assert figs["max_rel_err"] <= tol, (
+        f"{case.name} ({case.source}) at TP{world}, {dtype}: expert-parallel "
+        f"max_rel_err {figs['max_rel_err']:.3e} > [gather_qmm] {tol:g}"
+    )

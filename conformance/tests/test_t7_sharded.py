@@ -1,0 +1,99 @@
+"""T7 (sharding, spec 1.2 draft) is collected only for spec >= 1.2 or when ``--nvfp4-tiers``
+names it, so a 1.1 certificate means what it meant before T7; asked for, it spawns gloo
+ranks at 2, 3, 4 and 8 and certifies the reference backend, with a T7 certificate section."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from nvfp4_conformance.t7 import CASES, DTYPES, WORLDS, t7_applies
+
+
+@pytest.mark.parametrize(
+    ("spec", "tiers", "applies"),
+    [
+        ("1.1", None, False),
+        ("1.0", None, False),
+        ("1.1", frozenset({"T4", "T6"}), False),
+        ("1.1", frozenset({"T7"}), True),
+        ("1.0", frozenset({"T0", "T7"}), True),
+        ("1.2", None, True),
+        ("2.0", None, True),
+        (None, None, False),
+    ],
+)
+def test_t7_applies_from_spec_1_2_or_when_named(
+    spec: str | None, tiers: frozenset[str] | None, applies: bool
+) -> None:
+    assert t7_applies(spec, tiers) is applies
+
+
+def _collect(pytester: pytest.Pytester, *args: str) -> str:
+    result = pytester.runpytest(
+        "--pyargs",
+        "nvfp4_conformance.tiers",
+        "--nvfp4-backend=reference",
+        "--collect-only",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        *args,
+    )
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    return result.stdout.str()
+
+
+def test_a_1_1_run_does_not_collect_t7(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("NVFP4_BACKEND", raising=False)
+    out = _collect(pytester, "--nvfp4-spec=1.1")
+    assert "test_t7_sharded" not in out
+    assert "test_t4_matmul" in out
+    assert "deselected" not in out  # not "left out": T7 is simply not part of 1.1
+
+
+def test_naming_t7_collects_every_world_and_case(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("NVFP4_BACKEND", raising=False)
+    out = _collect(pytester, "--nvfp4-tiers=T7")
+    t7 = [line for line in out.splitlines() if "test_t7_sharded.py::" in line]
+    assert len(t7) == len(WORLDS) * len(CASES) * len(DTYPES)
+    for w in WORLDS:
+        assert any(f"[tp{w}-down_1856-float32]" in line for line in t7)
+
+
+def test_t7_certifies_the_reference_backend(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("nvfp4_torch.ranks")  # the parity extra (torch)
+    monkeypatch.delenv("NVFP4_BACKEND", raising=False)
+    cert_path = pytester.path / "cert.json"
+    result = pytester.runpytest(
+        "--pyargs",
+        "nvfp4_conformance.tiers",
+        "--nvfp4-backend=reference",
+        "--nvfp4-tiers=T7",
+        f"--nvfp4-certificate={cert_path}",
+        "-p",
+        "no:cacheprovider",
+    )
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    cert: dict[str, Any] = json.loads(cert_path.read_text(encoding="utf-8"))
+    t7 = [t for t in cert["tests"] if t["tier"] == "T7"]
+    assert len(t7) == len(WORLDS) * len(CASES) * len(DTYPES)
+    assert all(t["outcome"] == "passed" for t in t7)
+    assert cert["result"] == "partial"  # the other tiers were left out
+    section = cert["t7"]
+    assert section["world_sizes"] == [2, 3, 4, 8]
+    for path in ("row_parallel", "column_parallel", "expert_parallel"):
+        for dtype in DTYPES:
+            worst = section["worst"][path][dtype]
+            assert 0 < worst["max_rel_err"] <= worst["tolerance"], (path, dtype, worst)
+    assert section["worst"]["row_parallel"]["bfloat16"]["tolerance"] == 1e-2
+    md = cert_path.with_suffix(".md").read_text(encoding="utf-8")
+    assert "## T7 sharded (spec 1.2 (draft))" in md
+    assert "| row_parallel | float32 |" in md

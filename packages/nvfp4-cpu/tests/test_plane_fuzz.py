@@ -1,0 +1,333 @@
+"""A seeded fuzz of the backends' verbs on random and hostile planes.
+
+Each case draws, from ``random.Random((SEED, backend, i))``, planes of a random shape
+(``[N, K]`` or ``[E, N, K]``, K a multiple of 16), with random codes and scale bytes and,
+as often as not, something hostile: invalid (NaN) scale bytes, a global that is NaN, an
+infinity, zero, negative or subnormal, views with negative, doubled or zero strides, a
+plane of another dtype, transposed codes, a scale plane one block short; and a verb
+(``prepare``, ``dequantize`` to float32 / float16 / bfloat16, ``qmm`` and ``gather_qmm``
+with float32 / float16 activations that may hold NaN or infinities, a wrong K, or expert
+ids out of range). The same call goes to the bit-exact reference (:mod:`nvfp4.reference`
+through the ``reference`` backend) and to the backend under test, and the two must agree:
+
+* both accept, and the output equals the reference's bit for bit where the spec says
+  decoding is exact (``dequantize``; NaN where the reference has NaN) or is within the
+  spec tolerance of the float64 reference (``qmm``, ``gather_qmm``; ``nvfp4.testing``'s
+  measure, on the finite outputs, with non-finite outputs where the reference's are);
+* or both refuse with the documented :class:`~nvfp4.PlaneError` (or, for activations the
+  contract refuses, the same exception type as the reference).
+
+Never a crash, never another exception. Backends: ``cpu``, and ``metal`` (nvfp4-metal,
+MLX's kernels on its CPU device) where it is installed, each against the reference; bugs
+found in a backend this package does not own are listed in :data:`KNOWN_BUGS`, tallied
+apart and checked to still exist. CI runs :data:`CASES` cases per backend
+(``NVFP4_PLANE_FUZZ_CASES``, default 2,000: 4,000 cases with both backends, about 5 s on a
+2-core VM); the nightly run sets ``NVFP4_PLANE_FUZZ_CASES=100000`` and a fresh
+``NVFP4_PLANE_FUZZ_SEED``. The counts of outcomes are printed (``-s``) at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import nvfp4
+import pytest
+from nvfp4.planes import NVFP4Planes, PlaneError
+from nvfp4.registry import discover
+from nvfp4.testing import assert_within
+from nvfp4.tolerances import tolerance
+
+CASES = int(os.environ.get("NVFP4_PLANE_FUZZ_CASES", "2000"))
+SEED = int(os.environ.get("NVFP4_PLANE_FUZZ_SEED", "0"))
+#: The backends fuzzed against the reference: ``cpu``, and ``metal`` (nvfp4-metal: MLX's
+#: kernels, on its CPU device here) where it is installed; only those this environment has
+#: are parametrized, so nothing is skipped to pass.
+BACKENDS = tuple(
+    name
+    for name in os.environ.get("NVFP4_PLANE_FUZZ_BACKENDS", "cpu,metal").split(",")
+    if name == "cpu" or name in discover()
+)
+#: Exceptions the contract documents for input it refuses (besides PlaneError): the
+#: reference must raise the same type for the same call.
+DOCUMENTED = (PlaneError, ValueError, TypeError)
+
+_GLOBALS_HOSTILE = (
+    float("nan"),
+    float("inf"),
+    -float("inf"),
+    0.0,
+    -1.0,
+    1e-45,
+    3.4e38,
+)
+
+
+@dataclass
+class Case:
+    what: list[str] = field(default_factory=list)  # the hostile parts, for the message
+    verb: str = "dequantize"
+    planes: NVFP4Planes | None = None
+    build_error: BaseException | None = None  # the planes themselves were refused
+    x: Any = None
+    ids: Any = None
+    dtype: str = "float32"
+
+
+def _planes(rng: random.Random, gen: np.random.Generator, case: Case) -> None:
+    experts = rng.choice([None, None, 1, 2, 3])
+    n = rng.randint(1, 24)
+    k = 16 * rng.randint(1, 12)
+    lead = () if experts is None else (experts,)
+    codes = gen.integers(0, 256, (*lead, n, k // 2), dtype=np.uint8)
+    scales = gen.integers(0, 0x7F, (*lead, n, k // 16), dtype=np.uint8)  # valid E4M3 bytes
+    g: Any = np.float32(2.0 ** rng.uniform(-20, 20))
+    if experts is not None and rng.random() < 0.7:
+        g = np.asarray([2.0 ** rng.uniform(-20, 20) for _ in range(experts)], np.float32)
+    hostile = rng.random()
+    if hostile < 0.12:
+        case.what.append("NaN scale byte")
+        idx = tuple(rng.randrange(d) for d in scales.shape)
+        scales[idx] = rng.choice([0x7F, 0xFF, 0x80 | rng.randrange(0x7F)])
+    elif hostile < 0.22:
+        v = rng.choice(_GLOBALS_HOSTILE)
+        case.what.append(f"global {v}")
+        g = np.array(g, np.float32)
+        g.reshape(-1)[rng.randrange(g.size)] = v
+    elif hostile < 0.30:
+        case.what.append("reversed rows")
+        codes, scales = codes[..., ::-1, :], scales[..., ::-1, :]
+    elif hostile < 0.36:
+        case.what.append("every other row of a taller plane")
+        codes = np.repeat(codes, 2, axis=-2)[..., ::2, :]
+        scales = np.repeat(scales, 2, axis=-2)[..., ::2, :]
+    elif hostile < 0.42:
+        case.what.append("broadcast rows (zero stride)")
+        codes = np.broadcast_to(codes[..., :1, :], codes.shape)
+        scales = np.broadcast_to(scales[..., :1, :], scales.shape)
+    elif hostile < 0.47:
+        dt = rng.choice([np.int8, np.uint16, np.float32, np.int64, np.bool_])
+        case.what.append(f"codes of dtype {np.dtype(dt).name}")
+        codes = codes.astype(dt)
+    elif hostile < 0.51:
+        case.what.append("scales one block short")
+        scales = scales[..., :-1]
+    elif hostile < 0.54:
+        case.what.append("codes transposed")
+        codes = np.ascontiguousarray(codes).swapaxes(-1, -2)
+    elif hostile < 0.57:
+        case.what.append("global of dtype float64")
+        g = np.asarray(g, np.float64)
+    elif hostile < 0.60:
+        case.what.append("Fortran-order planes")
+        codes, scales = np.asfortranarray(codes), np.asfortranarray(scales)
+    try:
+        case.planes = NVFP4Planes(codes=codes, scales=scales, global_scale=g, name="fuzz")
+    except BaseException as e:
+        case.build_error = e
+
+
+def draw(seed: tuple[int, str, int], allowed: set[str]) -> Case:
+    rng = random.Random(repr(seed))
+    gen = np.random.default_rng([SEED, seed[2], 7])
+    case = Case()
+    _planes(rng, gen, case)
+    p = case.planes
+    verbs = ["prepare", "dequantize", "qmm", "qmm"]
+    if p is not None and p.num_experts is not None:  # qmm refuses a stack (ValueError)
+        verbs = ["prepare", "dequantize", "qmm", "gather_qmm", "gather_qmm", "gather_qmm"]
+    case.verb = rng.choice([v for v in verbs if v in allowed])
+    if case.verb == "dequantize":
+        case.dtype = rng.choice(["float32", "float32", "float16", "bfloat16"])
+    if case.verb in ("qmm", "gather_qmm") and p is not None:
+        m = rng.randint(1, 5)
+        k = p.k
+        case.dtype = rng.choice(["float32", "float16"])
+        x = gen.standard_normal((m, k)).astype(np.float32)
+        r = rng.random()
+        if r < 0.08:
+            case.what.append("x holds NaN / inf")
+            x.reshape(-1)[rng.randrange(x.size)] = rng.choice([np.nan, np.inf, -np.inf])
+        elif r < 0.13:
+            case.what.append("x of the wrong K")
+            x = gen.standard_normal((m, k + 16)).astype(np.float32)
+        elif r < 0.16:
+            case.what.append("x of rank 3")
+            x = x.reshape(1, m, k)
+        case.x = x.astype(case.dtype)
+        if case.verb == "gather_qmm":
+            e = p.num_experts or 1
+            ids = np.asarray([rng.randrange(e) for _ in range(m)], np.int64)
+            if rng.random() < 0.1:
+                case.what.append("an expert id out of range")
+                ids[rng.randrange(m)] = rng.choice([e, -1, 2**40])
+            case.ids = ids
+    return case
+
+
+def call(backend: nvfp4.Backend, case: Case) -> Any:
+    assert case.planes is not None
+    if case.verb == "prepare":
+        backend.prepare(case.planes)
+        return None
+    if case.verb == "dequantize":
+        return np.asarray(backend.dequantize(case.planes, case.dtype))
+    if case.verb == "qmm":
+        return np.asarray(backend.qmm(case.x, case.planes))
+    return np.asarray(backend.gather_qmm(case.x, case.planes, case.ids))
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).view(np.dtype(f"u{a.dtype.itemsize}"))
+
+
+def compare(case: Case, got: Any, want: Any) -> None:
+    if case.verb == "prepare":
+        return
+    assert got.shape == want.shape, (got.shape, want.shape)
+    assert str(got.dtype) == str(want.dtype), (got.dtype, want.dtype)
+    if case.verb == "dequantize":  # exact: bit for bit, NaN where the reference has NaN
+        g64, w64 = got.astype(np.float64), want.astype(np.float64)
+        nan = np.isnan(w64)
+        assert np.array_equal(np.isnan(g64), nan), "NaN where the reference has none"
+        assert np.array_equal(_bits(got)[~nan], _bits(want)[~nan]), "decode differs"
+        return
+    g64, w64 = got.astype(np.float64), want.astype(np.float64)
+    finite = np.isfinite(w64)
+    assert np.array_equal(np.isfinite(g64), finite), "non-finite outputs differ"
+    assert np.array_equal(np.isnan(g64), np.isnan(w64)), "NaN outputs differ"
+    if finite.any() and np.abs(w64[finite]).max() > 0:
+        assert_within(g64[finite], w64[finite], tolerance(case.verb, case.dtype), f"{case.verb}")
+
+
+def outcome(fn: Any) -> tuple[str, Any]:
+    try:
+        return "ok", fn()
+    except BaseException as e:
+        return type(e).__name__, e
+
+
+#: Refusals a backend documents for its format where the reference accepts: ``name ->``
+#: the ``PlaneError`` text (gguf-py decodes through GGUF, whose super-block is 64 values).
+DECLARED_LIMITS = {"gguf-py": "K for GGUF NVFP4: expected a multiple of 64"}
+#: Bugs this fuzzer found in a backend this package does not own, tallied (and printed)
+#: apart rather than failed; ``test_known_bugs_are_still_there`` fails once one is fixed,
+#: so the entry is removed then. nvfp4-metal: planes with negative strides (a reversed
+#: view) and a bfloat16 dequantize raise ValueError where the reference accepts them.
+KNOWN_BUGS = {
+    "metal": (
+        "Cannot convert DLPack arrays with negative strides to mlx array",
+        "'bfloat16' is not a valid PEP 3118 buffer format string",
+    )
+}
+
+
+def judge(backend_name: str, case: Case, ref: Any, backend: Any) -> str:
+    """The outcome of one case (a tally key); AssertionError naming what broke."""
+    if case.build_error is not None:
+        assert isinstance(case.build_error, PlaneError), repr(case.build_error)
+        return "refused at construction"
+    kind_ref, want = outcome(lambda: call(ref, case))
+    kind, got = outcome(lambda: call(backend, case))
+    assert kind_ref == "ok" or isinstance(want, DOCUMENTED), f"reference {want!r}"
+    assert kind == "ok" or isinstance(got, DOCUMENTED), f"{backend_name} {got!r}"
+    known = [b for b in KNOWN_BUGS.get(backend_name, ()) if kind != "ok" and b in str(got)]
+    if known and kind_ref == "ok":
+        return f"known bug: {known[0][:40]}"
+    limit = DECLARED_LIMITS.get(backend_name)
+    if kind == "PlaneError" and kind_ref == "ok" and limit and limit in str(got):
+        return f"{case.verb} refused (declared limit)"
+    assert kind == kind_ref, f"{backend_name} {kind} {str(got)[:150]}, reference {kind_ref}"
+    if kind != "ok":
+        return f"{case.verb} refused ({kind})"
+    compare(case, got, want)
+    return f"{case.verb} agreed"
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_plane_fuzz_agrees_with_the_reference(backend_name: str) -> None:
+    try:
+        backend = nvfp4.get_backend(backend_name)
+    except nvfp4.BackendUnavailable as e:
+        pytest.skip(str(e))
+    ref = nvfp4.get_backend("reference")
+    verbs = {"prepare"} | set(backend.info.capabilities)
+    tally: Counter[str] = Counter()
+    failures: list[str] = []
+    for i in range(CASES):
+        case = draw((SEED, backend_name, i), verbs)
+        try:
+            tally[judge(backend_name, case, ref, backend)] += 1
+        except AssertionError as e:
+            tally["failed"] += 1
+            label = f"NVFP4_PLANE_FUZZ_SEED={SEED} case {i} ({case.verb}, {case.what or 'valid'})"
+            failures.append(f"{label}: {str(e).splitlines()[0][:300]}")
+    print(f"\nplane fuzz {backend_name} seed {SEED}, {CASES} cases: {dict(sorted(tally.items()))}")
+    assert not failures, f"{len(failures)} of {CASES} cases failed:\n" + "\n".join(failures[:20])
+    assert sum(tally.values()) == CASES
+    assert any("agreed" in k for k in tally), "no call was compared"
+    assert any("refused" in k for k in tally), "no hostile call was refused"
+
+
+@pytest.mark.parametrize("backend_name", sorted(set(KNOWN_BUGS) & set(BACKENDS)))
+def test_known_bugs_are_still_there(backend_name: str) -> None:
+    """Each known bug still shows within the first cases (else remove it from KNOWN_BUGS)."""
+    backend, ref = nvfp4.get_backend(backend_name), nvfp4.get_backend("reference")
+    verbs = {"prepare"} | set(backend.info.capabilities)
+    seen = Counter(
+        judge(backend_name, draw((0, backend_name, i), verbs), ref, backend) for i in range(400)
+    )
+    for bug in KNOWN_BUGS[backend_name]:
+        assert seen[f"known bug: {bug[:40]}"] > 0, f"fixed? {bug!r} no longer happens"
+
+
+class _OffByOne:
+    """The cpu backend with one decoded value nudged by one ulp, one matmul output scaled
+    by 1.01, and a PlaneError turned into a RuntimeError: what the fuzzer must catch."""
+
+    def __init__(self, inner: Any, fault: str) -> None:
+        self.inner, self.fault, self.info = inner, fault, inner.info
+
+    def prepare(self, planes: Any) -> Any:
+        try:
+            return self.inner.prepare(planes)
+        except PlaneError as e:
+            if self.fault == "exception":
+                raise RuntimeError(str(e)) from None
+            raise
+
+    def dequantize(self, planes: Any, dtype: Any) -> Any:
+        y = np.array(self.inner.dequantize(planes, dtype))
+        if self.fault == "decode" and y.size:
+            flat = y.reshape(-1)
+            flat[0] = np.nextafter(flat[0], np.inf).astype(flat.dtype)
+        return y
+
+    def qmm(self, x: Any, planes: Any) -> Any:
+        y = np.array(self.inner.qmm(x, planes))
+        return y * y.dtype.type(1.01) if self.fault == "matmul" else y
+
+    def gather_qmm(self, x: Any, planes: Any, ids: Any) -> Any:
+        return self.inner.gather_qmm(x, planes, ids)
+
+
+@pytest.mark.parametrize(
+    ("fault", "said"),
+    [("decode", "decode differs"), ("matmul", "max_rel_err|tolerance"), ("exception", "Runtime")],
+)
+def test_the_fuzzer_catches_a_faulty_backend(fault: str, said: str) -> None:
+    bad, ref = _OffByOne(nvfp4.get_backend("cpu"), fault), nvfp4.get_backend("reference")
+    caught = []
+    for i in range(200):
+        case = draw((SEED, "faulty", i), {"prepare", "dequantize", "qmm"})
+        try:
+            judge("faulty", case, ref, bad)
+        except AssertionError as e:
+            caught.append(str(e))
+    assert caught, f"a {fault} fault went unnoticed in 200 cases"
+    assert any(re.search(said, c) for c in caught), caught[:3]
