@@ -52,6 +52,7 @@ CONFIG = {
 }
 Q = "model.layers.0.self_attn.q_proj"
 K = "model.layers.0.self_attn.k_proj"
+ODD = "model.layers.0.adapter.proj"  # no config dimension says its shape
 STACK = "model.layers.0.mlp.experts.gate_up_proj"
 UP = "model.layers.0.mlp.experts.{}.up_proj"
 NORM = {"model.norm.weight": np.ones(64, np.float32)}
@@ -157,7 +158,7 @@ def _stack(**kw: Any) -> dict[str, Any]:
 
 
 def _mixed_fp8(path: Path) -> Path:
-    fp8 = np.random.default_rng(3).standard_normal((64, 64)).astype(ml_dtypes.float8_e4m3fn)
+    fp8 = np.random.default_rng(3).standard_normal((32, 64)).astype(ml_dtypes.float8_e4m3fn)
     tensors = {
         **_modelopt_tensors(Q, _planes(4), inp=0.5),
         f"{K}.weight": fp8,
@@ -246,10 +247,10 @@ CASES: dict[str, tuple[Callable[[Path], Path], dict[str, str | None]]] = {
         },
     ),
     "K = 48": (
-        lambda p: _modelopt_folder(p, {**_modelopt_tensors(Q, _planes(7, k=48)), **NORM}),
+        lambda p: _modelopt_folder(p, {**_modelopt_tensors(ODD, _planes(7, k=48)), **NORM}),
         {
             **dict.fromkeys(FLAVOURS[:3], LOSSLESS),
-            "gguf": rf"tensor '{Q}': K for GGUF NVFP4: expected a multiple of 64, found K = 48",
+            "gguf": rf"tensor '{ODD}': K for GGUF NVFP4: expected a multiple of 64, found K = 48",
         },
     ),
     "a BOOL tensor": (
