@@ -22,7 +22,7 @@ AARCH64 = platform.machine().lower() in ("aarch64", "arm64")
 
 
 def test_abi_version(native: Any) -> None:
-    assert native.lib.nvfp4cpu_abi_version() == ABI_VERSION == 5
+    assert native.lib.nvfp4cpu_abi_version() == ABI_VERSION == 6
 
 
 def test_feature_bits_come_from_the_library(native: Any) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from nvfp4_cpu import CPUBackend, plan, tune
+from nvfp4_cpu import plans_file as plans_file_mod
 from nvfp4_cpu._native import Native
 
 
@@ -121,7 +122,7 @@ def test_hostile_plans_file_refused_in_one_line(native: Native, case: str) -> No
     assert "\n" not in msg
     assert len(msg) < 300
     # the backend warns in one line and runs the derived plan
-    tune._WARNED.clear()  # warned once per process otherwise
+    plans_file_mod._WARNED.clear()  # warned once per process otherwise
     with pytest.warns(UserWarning, match="tuned plans ignored: ") as rec:
         a = CPUBackend(isa=native.best_isa()).availability()
     assert a.ok, a.reason

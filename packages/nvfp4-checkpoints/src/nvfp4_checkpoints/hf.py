@@ -151,6 +151,14 @@ class SafetensorsStore:
         return self.where[name].get(name)
 
 
+def _rank_of_sharded(path: Path) -> bool:
+    """Whether ``path`` is a rank folder of ``nvfp4 shard``'s output: it keeps the whole
+    model's ``config.json`` while the manifest beside it gives its shapes."""
+    from .shard import MANIFEST  # late: the shard module reads checkpoints through this one
+
+    return (path.parent / MANIFEST).is_file()
+
+
 def _open_shard(folder: CheckpointFolder, fname: str, what: str) -> SafetensorsFile:
     """The safetensors member ``fname``, opened (now and for every tensor read) through
     :meth:`~.folder.CheckpointFolder.open_member`: never followed if swapped for a symlink."""
@@ -213,7 +221,8 @@ class HFCheckpoint(Checkpoint):
         owned = {f"{p}.{s}" for p in self._qset for s in self.OWNED}
         self._plain = [n for n in self.store.names() if n not in owned]
         self._pset = frozenset(self._plain)
-        check_config_dims(self.path, self.config, self._shapes())
+        if not _rank_of_sharded(self.path):
+            check_config_dims(self.path, self.config, self._shapes())
 
     def _shapes(self) -> dict[str, Callable[[], tuple[int, ...]]]:
         """Header shapes by name for :func:`~.config_dims.check_config_dims`: each NVFP4

@@ -20,6 +20,7 @@ import os
 from dataclasses import dataclass
 
 from ._native import Native
+from .plans_file import stored_blocking
 
 __all__ = ["CACHE_ENV", "Plan", "apply", "current", "derive", "detect_caches", "parse_cache", "put"]
 
@@ -137,8 +138,6 @@ def apply(native: Native, isa: str) -> Plan:
     if text:
         caches = parse_cache(native, text, detected)
         return put(native, caches, "NVFP4_CPU_CACHE", derive(native, caches))
-    from .tune import stored_blocking
-
     global _TUNED
     tuned = stored_blocking(native, isa, detected)
     _TUNED = None if tuned is None else (detected, tuned)
