@@ -489,7 +489,7 @@ def test_version_and_every_argument_is_described(capsys: pytest.CaptureFixture[s
     assert f"nvfp4-core {nvfp4.__version__}" in out
     parser = _parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    assert set(sub.choices) == {"inspect", "convert", "verify", "example-checkpoint"}
+    assert set(sub.choices) == {"inspect", "convert", "verify", "example-checkpoint", "shard"}
     for name, command in sub.choices.items():
         for action in command._actions:
             if isinstance(action, argparse._HelpAction):

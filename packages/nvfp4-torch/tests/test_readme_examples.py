@@ -11,7 +11,8 @@ folder (the examples' checkpoints are made there by ``nvfp4 example-checkpoint``
 
 A block runs unless :data:`ALLOWLIST` names it (by file and first line) with the reason it
 cannot run here: installs from an index, a GPU, CI itself. A fenced block without a language
-fails (``text`` marks one that is not code), as does an allowlist entry that names no block.
+fails (``text`` marks one that is not code), as does a block of another language that starts
+with a ``$ `` prompt (a console session) and an allowlist entry that names no block.
 
 The test lives in nvfp4-torch's suite because its session installs what the blocks use
 (nvfp4-torch[models], nvfp4-checkpoints, nvfp4-cpu, nvfp4-metal[lm], the conformance suite,
@@ -191,6 +192,8 @@ def test_every_block_declares_a_language_and_every_allowlist_entry_names_a_block
     assert every, "no Markdown blocks found"
     unlabelled = [str(b) for b in every if not b.lang]
     assert unlabelled == [], f"fenced blocks without a language (text if not code): {unlabelled}"
+    prompts = [str(b) for b in every if b.lang not in RUNNABLE and b.first_line.startswith("$ ")]
+    assert prompts == [], f"shell sessions not marked console (so not run): {prompts}"
     keys = {(b.path, b.first_line) for b in every if b.lang in RUNNABLE}
     stale = [k for k in ALLOWLIST if k not in keys]
     assert stale == [], f"allowlist entries that name no runnable block: {stale}"

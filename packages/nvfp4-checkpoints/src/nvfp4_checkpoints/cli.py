@@ -6,6 +6,7 @@
     nvfp4 convert SRC DST --to {modelopt,compressed-tensors,mlx,gguf} [--force]
                   [--max-shard-bytes N]
     nvfp4 verify A B
+    nvfp4 shard SRC DST --tp N [--align A]
     nvfp4 example-checkpoint DST [--model tiny|smollm2] [--flavour FLAVOUR]
 
 ``PATH``, ``SRC``, ``A`` and ``B`` are Hugging Face checkpoint directories (ModelOpt,
@@ -308,6 +309,11 @@ def _same(flavours: str, stats: dict[str, int]) -> str:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
+    from .shard import is_sharded, verify_sharded
+
+    if is_sharded(args.b):  # a pre-sharded DST of nvfp4 shard, against its SRC
+        print(verify_sharded(args.a, args.b))
+        return 0
     with open_checkpoint(args.a) as a, open_checkpoint(args.b) as b:
         diff, stats = compare(a, b, args.global_ulps)
         flavours = f"{a.flavour} vs {b.flavour}"
@@ -315,6 +321,20 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         print(f"DIFFER ({flavours}): {diff}")
         return 1
     print(_same(flavours, stats))
+    return 0
+
+
+# ============================================================================ shard
+def _cmd_shard(args: argparse.Namespace) -> int:
+    from .shard import shard_checkpoint
+
+    start = time.monotonic()
+    dst = shard_checkpoint(args.src, args.dst, tp=args.tp, align=args.align)
+    secs = time.monotonic() - start
+    print(
+        f"wrote {dst} ({args.tp} ranks, alignment {args.align} blocks, {secs:.2f} s)",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -384,6 +404,24 @@ def _parser() -> argparse.ArgumentParser:
         "side is compressed-tensors, whose reciprocal global may move by 1 ulp, else 0)",
     )
     v.set_defaults(func=_cmd_verify)
+    sh = sub.add_parser(
+        "shard",
+        help="write a pre-sharded checkpoint for tensor parallelism (spec 1.2 draft)",
+        description="Write DST/rank-<r>/ (SRC's flavour; GGUF refused) and "
+        "DST/shard-manifest.json: every NVFP4 tensor cut by the shard plan (K in whole "
+        "blocks, heads whole, gate/up paired with down), padding zero. `nvfp4 verify SRC "
+        "DST` checks it.",
+    )
+    sh.add_argument("src", help="the checkpoint folder to shard")
+    sh.add_argument("dst", help="a new folder")
+    sh.add_argument("--tp", type=int, required=True, help="tensor-parallel ranks")
+    sh.add_argument(
+        "--align",
+        type=int,
+        default=1,
+        help="the K unit in 16-value blocks (4: multiples of 64 values; default 1)",
+    )
+    sh.set_defaults(func=_cmd_shard)
     e = sub.add_parser(
         "example-checkpoint",
         help="write a small example checkpoint (the one the READMEs use)",
