@@ -11,7 +11,8 @@ float32 model computes with the decoded weights (W4A16), and for the golden prom
 ``t6_golden.json`` (4 prompts x 40 greedy tokens = 160):
 
 * ``tokens``: greedy tokens equal to the reference run's, up to each prompt's first
-  divergence, summed (of 160);
+  divergence, summed (of 160): read from the teacher-forced pass (greedy decoding agrees
+  with the reference tokens exactly until the first step whose argmax differs);
 * ``kl``: mean KL(reference || deviation) of the next-token distributions, teacher-forced
   on the reference run's tokens, over every step;
 * ``max_abs_logit_diff`` over those steps; ``weights_changed``: the fraction of decoded
@@ -65,28 +66,41 @@ def _weights(
     return out
 
 
-def _run(model: Any, prompts: list[dict[str, Any]], ref_tokens: list[list[int]] | None) -> Any:
-    """Greedy tokens per prompt; with ``ref_tokens``, the teacher-forced log-probabilities
-    of every step on them as well."""
+def _generate(model: Any, prompts: list[dict[str, Any]]) -> list[list[int]]:
+    """The reference run's greedy tokens per prompt."""
     import torch
 
-    tokens, logprobs = [], []
+    tokens = []
     with torch.no_grad():
-        for i, pr in enumerate(prompts):
+        for pr in prompts:
             ids = torch.tensor([pr["prompt_ids"]])
             gen = model.generate(
                 ids,
                 max_new_tokens=len(pr["golden_ids"]),
+                min_new_tokens=len(pr["golden_ids"]),  # past EOS, as the T6 golden tokens
                 do_sample=False,
                 pad_token_id=0,
                 attention_mask=torch.ones_like(ids),
             )
             tokens.append(gen[0, ids.shape[1] :].tolist())
-            forced = ref_tokens[i] if ref_tokens is not None else tokens[-1]
+    return tokens
+
+
+def _forced(model: Any, prompts: list[dict[str, Any]], tokens: list[list[int]]) -> list[Any]:
+    """Float64 log-probabilities of every step, teacher-forced on ``tokens``: one forward
+    pass per prompt. Greedy decoding with the same model agrees with ``tokens`` exactly up
+    to the first step whose argmax differs from the forced token (the contexts are equal
+    until then), so the matching prefix is read from these too."""
+    import torch
+
+    out = []
+    with torch.no_grad():
+        for pr, forced in zip(prompts, tokens, strict=True):
+            n = len(pr["prompt_ids"])
             full = torch.tensor([pr["prompt_ids"] + forced])
-            logits = model(full).logits[0, ids.shape[1] - 1 : -1].double()
-            logprobs.append(torch.log_softmax(logits, dim=-1))
-    return tokens, logprobs
+            logits = model(full).logits[0, n - 1 : -1].double()
+            out.append(torch.log_softmax(logits, dim=-1))
+    return out
 
 
 def _load(model: Any, weights: dict[str, np.ndarray]) -> None:
@@ -101,7 +115,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="the JSON file to write")
     parser.add_argument("--only", default="", help="comma-separated deviation ids")
+    parser.add_argument(
+        "--doc", help="also write this Markdown page (docs/deviation-impact.md) from --out"
+    )
+    parser.add_argument(
+        "--render-only", action="store_true", help="only write --doc from the existing --out"
+    )
+    parser.add_argument(
+        "--update-registry",
+        action="store_true",
+        help="write each measured deviation's impact into spec/draft/deviations.toml",
+    )
     args = parser.parse_args(argv)
+    if args.update_registry:
+        return update_registry(json.loads(Path(args.out).read_text(encoding="utf-8")))
+    if args.render_only:
+        return _write_doc(Path(args.out), args.doc)
 
     import torch
     from nvfp4 import deviation_emulators as emu
@@ -124,7 +153,11 @@ def main(argv: list[str] | None = None) -> int:
     ref_weights = _weights(source, planes)
     _load(model, ref_weights)
     t0 = time.perf_counter()
-    ref_tokens, ref_lp = _run(model, prompts, None)
+    ref_tokens = _generate(model, prompts)
+    ref_lp = _forced(model, prompts, ref_tokens)
+    self_check = sum(
+        _prefix(lp.argmax(-1).tolist(), toks) for lp, toks in zip(ref_lp, ref_tokens, strict=True)
+    )
     golden_match = sum(
         _prefix(a, pr["golden_ids"]) for a, pr in zip(ref_tokens, prompts, strict=True)
     )
@@ -177,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         "baseline": {
             "what": "float32 model, reference-decoded NVFP4 weights (W4A16), greedy",
             "tokens_equal_to_t6_golden": golden_match,
+            "forced_argmax_equal_to_generated": self_check,
             "seconds": round(time.perf_counter() - t0, 1),
         },
         "machine": {
@@ -194,7 +228,127 @@ def main(argv: list[str] | None = None) -> int:
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(json.dumps(report, indent=2) + "\n")
     os.replace(tmp, out)
+    return _write_doc(out, args.doc) if args.doc else 0
+
+
+def _write_doc(report_path: Path, doc: str | None) -> int:
+    if not doc:
+        raise SystemExit("--doc names the page to write")
+    text = render_doc(json.loads(report_path.read_text(encoding="utf-8")))
+    Path(doc).write_text(text, encoding="utf-8")
+    print(f"wrote {doc}")
     return 0
+
+
+def update_registry(report: dict[str, Any]) -> int:
+    """Set ``impact = {t6_tokens = .., t6_kl = ..}`` in every measured entry of the
+    registry (the line after its ``emulated``), through a temporary file and a rename."""
+    path = REPO / "spec" / "draft" / "deviations.toml"
+    lines = path.read_text(encoding="utf-8").splitlines()
+    out: list[str] = []
+    current = None
+    for line in lines:
+        if line.startswith("impact = "):
+            continue  # replaced below
+        out.append(line)
+        if line.startswith("id = "):
+            current = json.loads(line.split("=", 1)[1])
+        if line.startswith("emulated = ") and current in report["deviations"]:
+            m = report["deviations"][current]
+            if m.get("kl") is not None:
+                out.append(f"impact = {{t6_tokens = {m['tokens']}, t6_kl = {m['kl']:.3g}}}")
+    fd, tmp = tempfile.mkstemp(prefix=path.name, dir=path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write("\n".join(out) + "\n")
+    os.replace(tmp, path)
+    print(f"wrote {path}")
+    return 0
+
+
+def _fig(m: dict[str, Any]) -> str:
+    return f"{m['tokens']}/{m['of']}, KL {m['kl']:.2g}"
+
+
+def render_doc(report: dict[str, Any]) -> str:
+    """``docs/deviation-impact.md``: what each deviation and each quantizer / server pair
+    does to the T6 model, from the report."""
+    from nvfp4 import deviation_registry as reg
+
+    lines = [
+        "# Can I quantize with X and serve with Y?",
+        "",
+        "<!-- Generated by `python tools/measure_deviation_impact.py --out "
+        "reports/deviation-impact.json --doc docs/deviation-impact.md --render-only` from the "
+        "report; do not edit by hand. -->",
+        "",
+        "Engines depart from the NVFP4 spec in declared, bounded ways (`spec/draft/"
+        "deviations.toml`; [the engines matrix](engines.md) says which engine has which). "
+        "This page measures what those that real checkpoints meet do to a real model: the "
+        "T6 model (SmolLM2-135M-Instruct, every decoder linear NVFP4, float32 activations: "
+        "W4A16) with its weights encoded and decoded by the reference with the deviations "
+        "switched on (`nvfp4.deviation_emulators`), against the same model with the "
+        "reference's weights. **tokens**: greedy tokens equal to the reference run's, up to "
+        "each prompt's first divergence, of 160 (4 golden prompts x 40); **KL**: mean "
+        "KL(reference || deviation) of the next-token distributions, teacher-forced on the "
+        "reference's tokens. These are emulations of the engines' arithmetic (each checked "
+        "against the engine where it is installed), not runs of the engines themselves; "
+        "ggml / llama.cpp serve W4A8 (Q8_0 activations), which this page does not model.",
+        "",
+        f"Reference run: {report['baseline']['tokens_equal_to_t6_golden']} of 160 tokens "
+        "equal to the T6 golden tokens (the reference backend computes in float64; this run "
+        "in float32).",
+        "",
+        "## Quantizer x server",
+        "",
+    ]
+    consumers: list[str] = []
+    for row in report["interchange"]:
+        if row["consumer"] not in consumers:
+            consumers.append(row["consumer"])
+    lines += [
+        "| quantized with \\ served by | " + " | ".join(consumers) + " |",
+        "|---|" + "---|" * len(consumers),
+    ]
+    producers: list[str] = []
+    for row in report["interchange"]:
+        if row["producer"] not in producers:
+            producers.append(row["producer"])
+    for p in producers:
+        cells = [
+            _fig(r)
+            for c in consumers
+            for r in report["interchange"]
+            if r["producer"] == p and r["consumer"] == c
+        ]
+        lines.append(f"| {p} | " + " | ".join(cells) + " |")
+    lines += ["", "Deviations per quantizer and server:", ""]
+    seen = set()
+    for row in report["interchange"]:
+        for side, key in (("producer", "encode"), ("consumer", "decode")):
+            name = row[side]
+            if name in seen:
+                continue
+            seen.add(name)
+            ids = ", ".join(f"`{i}`" for i in row[key]) or "none (the spec's arithmetic)"
+            lines.append(f"- {name}: {ids}")
+    lines += ["", "## Each deviation alone", ""]
+    lines += [
+        "| deviation | severity | bound | tokens of 160 | mean KL | weights changed |",
+        "|---|---|---|--:|--:|--:|",
+    ]
+    for ident, m in report["deviations"].items():
+        d = reg.deviation(ident)
+        if m.get("kl") is None or "weights_changed" not in m:
+            figures = f"{m['tokens']} | - | - (refuses: {', '.join(m.get('refused_weights') or []) or 'no weight of this model'})"
+        else:
+            figures = f"{m['tokens']} | {m['kl']:.2g} | {m['weights_changed']:.3g}"
+        lines.append(f"| `{ident}` | {d.severity} | {d.bound_text} | {figures} |")
+    lines += [
+        "",
+        f"Measured on {report['machine']['system']} {report['machine']['machine']}, "
+        f"torch {report['machine']['torch']}.",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 #: Quantizers (weights) and the encoder deviations of theirs that real weights meet.
@@ -226,16 +380,18 @@ def _measure(
     changed = sum(int((weights[k] != ref_weights[k]).sum()) for k in weights)
     total = sum(v.size for v in weights.values())
     if changed == 0:  # the same weights compute the same tokens: nothing to run
-        tokens, kl, worst = ref_tokens, [0.0], 0.0
+        matched, kl, worst = sum(len(t) for t in ref_tokens), [0.0], 0.0
     else:
         _load(model, weights)
-        tokens, lp = _run(model, prompts, ref_tokens)
-        kl, worst = [], 0.0
-        for a, b in zip(ref_lp, lp, strict=True):
+        lp = _forced(model, prompts, ref_tokens)
+        kl, worst, matched = [], 0.0, 0
+        for a, b, toks in zip(ref_lp, lp, ref_tokens, strict=True):
             kl.append(float((a.exp() * (a - b)).sum(-1).mean()))
             worst = max(worst, float((a - b).abs().max()))
+            greedy = b.argmax(-1).tolist()
+            matched += _prefix(greedy, toks)
     return {
-        "tokens": sum(_prefix(a, b) for a, b in zip(tokens, ref_tokens, strict=True)),
+        "tokens": matched,
         "of": sum(len(t) for t in ref_tokens),
         "kl": float(np.mean(kl)),
         "max_abs_logprob_diff": worst,

@@ -27,7 +27,14 @@ from nvfp4.planes import NVFP4Planes
 
 from .checks import exact_mismatches
 
-__all__ = ["explain_dequantize", "explain_encoding", "explain_refusal", "verdict"]
+__all__ = [
+    "decode_or_explain",
+    "exact_or_explain",
+    "explain_dequantize",
+    "explain_encoding",
+    "explain_refusal",
+    "verdict",
+]
 
 _REFUSALS = tuple(d.id for d in registry.deviations() if d.emulated and d.bound == "refuses")
 _DECODE = tuple(sorted(emu.DECODER_DEVIATIONS - set(_REFUSALS)))
@@ -96,6 +103,38 @@ def explain_refusal(run: Callable[[Sequence[str]], Any]) -> list[str] | None:
         except (ValueError, ArithmeticError):
             continue
     return None
+
+
+def decode_or_explain(
+    record: Callable[..., None], case: str, planes: NVFP4Planes, dtype: str, call: Callable[[], Any]
+) -> Any:
+    """``call()`` (a backend's decode of ``planes``); where it raises, the case is recorded
+    with the emulated refusal that explains it (or ``None``) and the error propagates."""
+    try:
+        return call()
+    except Exception:
+        record(
+            case,
+            explained_by=explain_refusal(lambda d: emu.dequantize(planes, dtype, deviations=d)),
+        )
+        raise
+
+
+def exact_or_explain(
+    record: Callable[..., None],
+    case: str,
+    planes: NVFP4Planes,
+    dtype: str,
+    check: Callable[[], None],
+    found: Any,
+) -> None:
+    """``check()`` (an exact comparison of a decode ``found`` of ``planes``); where it
+    fails, the case is recorded with the decoder deviations that explain ``found``."""
+    try:
+        check()
+    except AssertionError:
+        record(case, explained_by=explain_dequantize(found, planes, dtype))
+        raise
 
 
 def failing_explanation(test: Mapping[str, Any]) -> list[str] | None:

@@ -17,6 +17,7 @@ import pytest
 from nvfp4.planes import NVFP4Planes, PlaneError
 from nvfp4.spec import E2M1_VALUES, E4M3_INVALID_BYTES, E4M3_VALUES
 
+from nvfp4_conformance.attribution import decode_or_explain
 from nvfp4_conformance.cases import codes_probe, scales_probe
 from nvfp4_conformance.checks import assert_exact, exact_mismatches
 
@@ -58,10 +59,23 @@ def _per_code_summary(
     return "wrong codes: " + "; ".join(parts)
 
 
-def _decode(backend: Any, planes: NVFP4Planes, verb: str) -> npt.NDArray[Any]:
+def _decode(
+    backend: Any, planes: NVFP4Planes, verb: str, record: Any = None, case: str = ""
+) -> npt.NDArray[Any]:
     handle = backend.prepare(planes)
     if verb == "dequantize":
-        return np.asarray(backend.to_numpy(backend.dequantize(handle, "float32")))
+        if record is None:
+            return np.asarray(backend.to_numpy(backend.dequantize(handle, "float32")))
+        # a refusal a declared deviation also makes is recorded as explained by it
+        return np.asarray(
+            decode_or_explain(
+                record,
+                case,
+                planes,
+                "float32",
+                lambda: backend.to_numpy(backend.dequantize(handle, "float32")),
+            )
+        )
     # qmm against the identity: y[k, n] = w[n, k] exactly (one nonzero product per sum)
     eye = np.eye(planes.k, dtype=np.float32)
     y = np.asarray(backend.to_numpy(backend.qmm(backend.from_numpy(eye), handle)))
@@ -82,7 +96,7 @@ def test_all_e2m1_codes(nvfp4_backend: Any, nvfp4_record: Any, verb: str) -> Non
     global 1.0; code 8 is -0.0)."""
     planes, codes = codes_probe()
     expected = _expected(planes, codes)
-    found = _decode(nvfp4_backend, planes, verb)
+    found = _decode(nvfp4_backend, planes, verb, nvfp4_record, "16 codes x 2 nibbles x 16 rows")
     bad = int(exact_mismatches(found, expected).sum()) if found.shape == expected.shape else -1
     nvfp4_record("16 codes x 2 nibbles x 16 rows", mismatches=bad, elements=expected.size)
     summary = _per_code_summary(found, expected, codes) if bad > 0 else ""
@@ -101,7 +115,7 @@ def test_all_valid_scale_bytes(nvfp4_backend: Any, nvfp4_record: Any, verb: str)
     ``spec.E4M3_VALUES``, times every code."""
     planes, codes = scales_probe()
     expected = _expected(planes, codes)
-    found = _decode(nvfp4_backend, planes, verb)
+    found = _decode(nvfp4_backend, planes, verb, nvfp4_record, "127 valid bytes x 2 blocks")
     bad_mask = exact_mismatches(found, expected) if found.shape == expected.shape else None
     bad = int(bad_mask.sum()) if bad_mask is not None else -1
     wrong_bytes: list[int] = []

@@ -19,6 +19,7 @@ backend declares the capability it needs.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +32,7 @@ from nvfp4.activations import Q8Activations
 from nvfp4.contract import KERNELS
 from nvfp4.planes import NVFP4Planes, PlaneError
 
+from nvfp4_conformance.attribution import decode_or_explain, exact_or_explain
 from nvfp4_conformance.checks import as_float64, assert_exact, assert_within, error_figures
 from nvfp4_conformance.encoders import compare_encoding
 from nvfp4_conformance.w4a8_encoders import compare_fp8, compare_q8
@@ -89,6 +91,10 @@ def _stored(
     a = arrays[key]
     view = meta.get("view")
     return a.view(VIEWS[view]) if view else a
+
+
+def _decoded(backend: Any, handle: Any, dtype: str) -> Any:
+    return backend.to_numpy(backend.dequantize(handle, dtype))
 
 
 def planes_of(arrays: dict[str, npt.NDArray[Any]], name: str) -> NVFP4Planes:
@@ -193,9 +199,25 @@ def test_golden(
         args = {k: _arg(arrays, planes, v) for k, v in meta.get("args", {}).items()}
         what = f"{name}: {op} -> {key}"
         if op == "dequantize":
-            found = np.asarray(b.to_numpy(b.dequantize(handle, meta["dtype"])))
+            assert planes is not None
+            found = np.asarray(
+                decode_or_explain(
+                    nvfp4_record,
+                    key,
+                    planes,
+                    meta["dtype"],
+                    functools.partial(_decoded, b, handle, meta["dtype"]),
+                )
+            )
             want = _stored(arrays, key, meta)
-            assert_exact(found, want, what, dtype=want.dtype)
+            exact_or_explain(
+                nvfp4_record,
+                key,
+                planes,
+                meta["dtype"],
+                functools.partial(assert_exact, found, want, what, dtype=want.dtype),
+                found,
+            )
             nvfp4_record(key, dtype=meta["dtype"], mismatches=0, elements=int(want.size))
             continue
         if op == "quantize_activations":
