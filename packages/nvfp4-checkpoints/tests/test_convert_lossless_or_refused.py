@@ -52,6 +52,7 @@ CONFIG = {
 }
 Q = "model.layers.0.self_attn.q_proj"
 K = "model.layers.0.self_attn.k_proj"
+ODD = "model.layers.0.adapter.proj"  # no config dimension says its shape
 STACK = "model.layers.0.mlp.experts.gate_up_proj"
 UP = "model.layers.0.mlp.experts.{}.up_proj"
 NORM = {"model.norm.weight": np.ones(64, np.float32)}
@@ -157,7 +158,7 @@ def _stack(**kw: Any) -> dict[str, Any]:
 
 
 def _mixed_fp8(path: Path) -> Path:
-    fp8 = np.random.default_rng(3).standard_normal((64, 64)).astype(ml_dtypes.float8_e4m3fn)
+    fp8 = np.random.default_rng(3).standard_normal((32, 64)).astype(ml_dtypes.float8_e4m3fn)
     tensors = {
         **_modelopt_tensors(Q, _planes(4), inp=0.5),
         f"{K}.weight": fp8,
@@ -246,10 +247,10 @@ CASES: dict[str, tuple[Callable[[Path], Path], dict[str, str | None]]] = {
         },
     ),
     "K = 48": (
-        lambda p: _modelopt_folder(p, {**_modelopt_tensors(Q, _planes(7, k=48)), **NORM}),
+        lambda p: _modelopt_folder(p, {**_modelopt_tensors(ODD, _planes(7, k=48)), **NORM}),
         {
             **dict.fromkeys(FLAVOURS[:3], LOSSLESS),
-            "gguf": rf"tensor '{Q}': K for GGUF NVFP4: expected a multiple of 64, found K = 48",
+            "gguf": rf"tensor '{ODD}': K for GGUF NVFP4: expected a multiple of 64, found K = 48",
         },
     ),
     "a BOOL tensor": (
@@ -339,3 +340,24 @@ def test_convert_is_lossless_or_refused(
     assert len(lines[0]) <= 400, lines[0]
     assert re.search(want, lines[0]), lines[0]
     assert os.listdir(tmp_path / "dst") == [], "a refusal left something behind"
+
+
+@pytest.mark.parametrize("alignment", [None, 64, 256])
+def test_our_gguf_is_laid_out_as_llama_cpp_requires(tmp_path: Path, alignment: int | None) -> None:
+    """llama.cpp's loader requires every tensor's data offset to be the running sum of
+    the previous tensors' sizes, each padded to ``general.alignment``: read by gguf-py
+    (independent of our parser), the GGUF we write (from a foreign GGUF of any alignment,
+    odd-sized tensors included) is laid out exactly so."""
+    src = _gguf_file(tmp_path / "src.gguf", alignment=alignment)
+    (tmp_path / "dst").mkdir()
+    dst = tmp_path / "dst" / "out.gguf"
+    status, _, err = _run(["convert", str(src), str(dst), "--to", "gguf"])
+    assert status == 0, err
+    r = gguf.GGUFReader(str(dst))
+    align = int(r.alignment)
+    assert r.data_offset % align == 0
+    running = 0
+    for t in r.tensors:  # in the order of the tensor-info records, as llama.cpp walks them
+        assert t.data_offset - r.data_offset == running, (t.name, t.data_offset, running)
+        running += -(-int(t.n_bytes) // align) * align
+    assert len(r.tensors) == 5  # two NVFP4 weights with their scales, one norm

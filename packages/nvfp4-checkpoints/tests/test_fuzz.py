@@ -57,7 +57,7 @@ CONFIG = {
     "hidden_size": 64,
     "intermediate_size": 64,
     "num_attention_heads": 4,
-    "num_key_value_heads": 2,
+    "num_key_value_heads": 4,
     "vocab_size": 64,
 }
 Q = "model.layers.0.self_attn.q_proj"

@@ -262,6 +262,27 @@ def test_a_available_plugin_with_lower_priority_is_not_chosen(
     assert get_backend(FAKE).info.name == FAKE
 
 
+def test_a_plugin_below_the_reference_is_never_probed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The automatic choice asks availability() in priority order and stops at the first
+    available backend: a plugin ranked below the always-available reference (as the engine
+    adapters are, whose probes import whole frameworks) is loaded but never probed."""
+    probed = tmp_path / "probed"
+    install_plugin(
+        tmp_path,
+        monkeypatch,
+        priority=-100,
+        availability=f"open({str(probed)!r}, 'w').close()\nreturn Availability(True)",
+    )
+    b, caught = auto()
+    assert_fell_back(b)
+    assert not [m for m in caught if FAKE in m]
+    assert not probed.exists(), "the automatic choice probed a backend ranked below the reference"
+    assert get_backend(FAKE).info.name == FAKE  # asked by name, it is probed
+    assert probed.exists()
+
+
 def test_b_unavailable_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     err = refusal(
         tmp_path,

@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -33,6 +33,7 @@ from nvfp4.spec import BLOCK_SIZE, WEIGHT_FORMAT_VERSION
 
 from ._version import __version__
 from .checkpoint import Checkpoint, PlaneShape, scalar
+from .config_dims import check_config_dims
 from .flavour_io import WriteOptions
 from .flavours import CheckpointError, Flavour
 from .folder import CheckpointFolder, Fields, short
@@ -150,6 +151,14 @@ class SafetensorsStore:
         return self.where[name].get(name)
 
 
+def _rank_of_sharded(path: Path) -> bool:
+    """Whether ``path`` is a rank folder of ``nvfp4 shard``'s output: it keeps the whole
+    model's ``config.json`` while the manifest beside it gives its shapes."""
+    from .shard import MANIFEST  # late: the shard module reads checkpoints through this one
+
+    return (path.parent / MANIFEST).is_file()
+
+
 def _open_shard(folder: CheckpointFolder, fname: str, what: str) -> SafetensorsFile:
     """The safetensors member ``fname``, opened (now and for every tensor read) through
     :meth:`~.folder.CheckpointFolder.open_member`: never followed if swapped for a symlink."""
@@ -212,6 +221,21 @@ class HFCheckpoint(Checkpoint):
         owned = {f"{p}.{s}" for p in self._qset for s in self.OWNED}
         self._plain = [n for n in self.store.names() if n not in owned]
         self._pset = frozenset(self._plain)
+        if not _rank_of_sharded(self.path):
+            check_config_dims(self.path, self.config, self._shapes())
+
+    def _shapes(self) -> dict[str, Callable[[], tuple[int, ...]]]:
+        """Header shapes by name for :func:`~.config_dims.check_config_dims`: each NVFP4
+        prefix's logical ``[E?, N, K]``, each plain tensor's, and a plain ``<x>.weight``'s
+        also under ``<x>`` (a linear layer left unquantized)."""
+        shapes: dict[str, Callable[[], tuple[int, ...]]] = {}
+        for p in self._quantized:
+            shapes[p] = lambda p=p: self.plane_shape(p).shape  # type: ignore[misc]
+        for n in self._plain:
+            shapes[n] = lambda n=n: self.store.info(n).shape  # type: ignore[misc]
+            if n.endswith(".weight"):
+                shapes.setdefault(n[: -len(".weight")], shapes[n])
+        return shapes
 
     def _read_quant_config(self, config: Fields) -> None:
         """Read and check the flavour's quantization config (sets :attr:`quant_config`)."""

@@ -48,7 +48,7 @@ from .hf import (
     spec_record,
     write_hf,
 )
-from .source import Plan, PlaneItem, Source
+from .source import Plan, PlaneItem, Source, TensorItem, plane_items
 
 __all__ = ["IO", "MLXCheckpoint", "MLXFormat"]
 
@@ -71,6 +71,37 @@ class MLXCheckpoint(HFCheckpoint):
 
     def __init__(self, path: Path) -> None:
         super().__init__(path, "mlx")
+        self._check_recorded()
+
+    def _check_recorded(self) -> None:
+        """Our writer records the NVFP4 prefixes and the other tensors in ``config.json``'s
+        ``nvfp4.tensors`` / ``nvfp4.other_tensors``: a tensor removed from the folder (a
+        plain one, or an NVFP4 one's sidecar, which would make it read as a plain U32
+        tensor) is refused, naming it, instead of converting without it. Folders without
+        the record (mlx_lm's own) are not checked."""
+        block = Fields(self.quant_config.get("nvfp4") or {}, self.path / "config.json", "nvfp4")
+        for key, found in (
+            ("tensors", self._quantized),
+            ("other_tensors", self._plain),
+        ):
+            recorded = block.str_list(key)
+            if recorded is None:
+                continue
+            have = set(found)
+            missing = [n for n in recorded if n not in have]
+            extra = sorted(have - set(recorded))
+            what = "NVFP4" if key == "tensors" else "non-NVFP4"
+            if missing or extra:
+                raise CheckpointError(
+                    f"{self.path / 'config.json'}: key 'nvfp4.{key}': expected the folder's "
+                    f"{what} tensors to be the {len(recorded)} recorded, found "
+                    + (
+                        f"{short(missing[0])} missing"
+                        if missing
+                        else f"{short(extra[0])} unrecorded"
+                    )
+                    + f" ({len(missing)} missing, {len(extra)} unrecorded)"
+                )
 
     def _read_quant_config(self, config: Fields) -> None:
         q = config.obj("quantization", required=True)
@@ -166,6 +197,8 @@ class MLXFormat(HFFormat):
             "global_scale": "global_scale",
             "input_scale": "input_scale",
             "partitions": "partitions",
+            "tensors": [it.key for it in plane_items(layout)],
+            "other_tensors": [it.name for it in layout.items if isinstance(it, TensorItem)],
         }
         return {"config.json": config}
 

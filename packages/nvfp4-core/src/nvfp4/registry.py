@@ -176,13 +176,21 @@ def get_backend(name: str | None = None) -> Backend:
             raise BackendUnavailable(requested, mismatch, installed)
         return b
 
-    candidates: list[Backend] = []
+    # Loading an entry imports its module only; asking availability() may import a whole
+    # framework (an engine adapter's torch, compressed-tensors, ...). So every entry is
+    # loaded (its load errors reported), then availability is asked in priority order
+    # (installation order among equals) and the first available backend wins: a backend
+    # below the best available one is never probed. The reference (priority 0) is always
+    # available, so nothing below it is ever asked.
+    loaded: list[tuple[BackendEntry, Backend]] = []
     for entry in entries.values():
-        if entry.availability().ok and entry.backend is not None and not _spec_ok(entry.backend):
-            candidates.append(entry.backend)
+        b = entry.load()
+        if b is not None:
+            loaded.append((entry, b))
         elif entry.error:
             warnings.warn(f"NVFP4 backend {entry.name!r} skipped: {entry.error}", stacklevel=2)
-    best = max(candidates, key=lambda b: b.info.priority)
+    loaded.sort(key=lambda pair: -pair[1].info.priority)  # stable: installation order kept
+    best = next(b for entry, b in loaded if entry.availability().ok and not _spec_ok(b))
     if best.info.name == "reference":
         hint = _missing_hardware_hint(set(entries))
         if hint:
