@@ -10,9 +10,10 @@ global as the engines' checkpoints do) or decoded (decoder deviations) with it, 
 float32 model computes with the decoded weights (W4A16), and for the golden prompts of
 ``t6_golden.json`` (4 prompts x 40 greedy tokens = 160):
 
-* ``tokens``: greedy tokens equal to the reference run's, up to each prompt's first
-  divergence, summed (of 160): read from the teacher-forced pass (greedy decoding agrees
-  with the reference tokens exactly until the first step whose argmax differs);
+* ``tokens``: steps, up to each prompt's first disagreement, where the deviation's greedy
+  choice equals the reference's, both teacher-forced on the reference's generated tokens
+  (one full pass each, the same arithmetic for both: greedy decoding of the two agrees
+  until that step), summed (of 160);
 * ``kl``: mean KL(reference || deviation) of the next-token distributions, teacher-forced
   on the reference run's tokens, over every step;
 * ``max_abs_logit_diff`` over those steps; ``weights_changed``: the fraction of decoded
@@ -227,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     fd, tmp = tempfile.mkstemp(prefix=out.name, dir=out.parent)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(json.dumps(report, indent=2) + "\n")
+    os.chmod(tmp, 0o644)  # mkstemp's 0600 is no mode for a committed file
     os.replace(tmp, out)
     return _write_doc(out, args.doc) if args.doc else 0
 
@@ -260,6 +262,7 @@ def update_registry(report: dict[str, Any]) -> int:
     fd, tmp = tempfile.mkstemp(prefix=path.name, dir=path.parent)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write("\n".join(out) + "\n")
+    os.chmod(tmp, 0o644)
     os.replace(tmp, path)
     print(f"wrote {path}")
     return 0
@@ -287,16 +290,17 @@ def render_doc(report: dict[str, Any]) -> str:
         "T6 model (SmolLM2-135M-Instruct, every decoder linear NVFP4, float32 activations: "
         "W4A16) with its weights encoded and decoded by the reference with the deviations "
         "switched on (`nvfp4.deviation_emulators`), against the same model with the "
-        "reference's weights. **tokens**: greedy tokens equal to the reference run's, up to "
-        "each prompt's first divergence, of 160 (4 golden prompts x 40); **KL**: mean "
+        "reference's weights. **tokens**: steps where the greedy choice equals the "
+        "reference's, up to each prompt's first disagreement, both teacher-forced on the "
+        "reference's generated tokens, of 160 (4 golden prompts x 40); **KL**: mean "
         "KL(reference || deviation) of the next-token distributions, teacher-forced on the "
         "reference's tokens. These are emulations of the engines' arithmetic (each checked "
         "against the engine where it is installed), not runs of the engines themselves; "
         "ggml / llama.cpp serve W4A8 (Q8_0 activations), which this page does not model.",
         "",
-        f"Reference run: {report['baseline']['tokens_equal_to_t6_golden']} of 160 tokens "
-        "equal to the T6 golden tokens (the reference backend computes in float64; this run "
-        "in float32).",
+        f"Reference run: {report['baseline']['tokens_equal_to_t6_golden']} of 160 generated "
+        "tokens equal to the T6 golden tokens up to each prompt's first divergence (the "
+        "reference backend computes in float64, this run in float32 with a KV cache).",
         "",
         "## Quantizer x server",
         "",
@@ -342,7 +346,8 @@ def render_doc(report: dict[str, Any]) -> str:
             figures = f"{m['tokens']} | - | - (refuses: {', '.join(m.get('refused_weights') or []) or 'no weight of this model'})"
         else:
             figures = f"{m['tokens']} | {m['kl']:.2g} | {m['weights_changed']:.3g}"
-        lines.append(f"| `{ident}` | {d.severity} | {d.bound_text} | {figures} |")
+        bound = d.bound_text.replace("|", "\\|")  # a table cell
+        lines.append(f"| `{ident}` | {d.severity} | {bound} | {figures} |")
     lines += [
         "",
         f"Measured on {report['machine']['system']} {report['machine']['machine']}, "
@@ -385,11 +390,10 @@ def _measure(
         _load(model, weights)
         lp = _forced(model, prompts, ref_tokens)
         kl, worst, matched = [], 0.0, 0
-        for a, b, toks in zip(ref_lp, lp, ref_tokens, strict=True):
+        for a, b in zip(ref_lp, lp, strict=True):
             kl.append(float((a.exp() * (a - b)).sum(-1).mean()))
             worst = max(worst, float((a - b).abs().max()))
-            greedy = b.argmax(-1).tolist()
-            matched += _prefix(greedy, toks)
+            matched += _prefix(b.argmax(-1).tolist(), a.argmax(-1).tolist())
     return {
         "tokens": matched,
         "of": sum(len(t) for t in ref_tokens),

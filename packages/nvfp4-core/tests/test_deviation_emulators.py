@@ -65,6 +65,18 @@ def test_nonfinite_blocks_as_the_reference() -> None:
     one = emu.quantize_activations(x, deviations=["ct_nonfinite_global_one"])
     assert float(one.global_scale) == 1.0
     assert float(ref.global_scale) != 1.0
+    tiny = np.full((1, 16), 2.0**-149, np.float32)  # 2688 / amax overflows float32
+    assert (
+        float(emu.quantize_activations(tiny, deviations=["ct_nonfinite_global_one"]).global_scale)
+        == 1.0
+    )
+    assert float(emu.quantize_activations(tiny).global_scale) == 1.0  # the spec's 1.0 for 0
+    small = np.full((1, 16), 1e-37, np.float32)  # 2688 / 1e-37 overflows; amax / 2688 does not
+    assert (
+        float(emu.quantize_activations(small, deviations=["ct_nonfinite_global_one"]).global_scale)
+        == 1.0
+    )
+    assert float(reference.quantize_activations(small).global_scale) != 1.0
 
 
 def _ulps(a: np.ndarray, b: np.ndarray) -> np.ndarray:

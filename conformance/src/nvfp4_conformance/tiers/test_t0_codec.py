@@ -62,20 +62,22 @@ def _per_code_summary(
 def _decode(
     backend: Any, planes: NVFP4Planes, verb: str, record: Any = None, case: str = ""
 ) -> npt.NDArray[Any]:
-    handle = backend.prepare(planes)
     if verb == "dequantize":
         if record is None:
+            handle = backend.prepare(planes)
             return np.asarray(backend.to_numpy(backend.dequantize(handle, "float32")))
-        # a refusal a declared deviation also makes is recorded as explained by it
+        # a refusal (in prepare or dequantize) a declared deviation also makes is recorded
+        # as explained by it
         return np.asarray(
             decode_or_explain(
                 record,
                 case,
                 planes,
                 "float32",
-                lambda: backend.to_numpy(backend.dequantize(handle, "float32")),
+                lambda: backend.to_numpy(backend.dequantize(backend.prepare(planes), "float32")),
             )
         )
+    handle = backend.prepare(planes)
     # qmm against the identity: y[k, n] = w[n, k] exactly (one nonzero product per sum)
     eye = np.eye(planes.k, dtype=np.float32)
     y = np.asarray(backend.to_numpy(backend.qmm(backend.from_numpy(eye), handle)))

@@ -193,7 +193,13 @@ def test_golden(
     if op not in BACKEND_OPS:
         raise AssertionError(f"{name}: the manifest uses op {op!r}, which this suite does not know")
     b = nvfp4_backend
-    handle = b.prepare(planes) if planes is not None and op not in ENCODER_OPS else None
+    if op == "dequantize" and planes is not None:
+        # a refusal in prepare a declared deviation also makes is recorded as explained by it
+        handle = decode_or_explain(
+            nvfp4_record, name, planes, "float32", functools.partial(b.prepare, planes)
+        )
+    else:
+        handle = b.prepare(planes) if planes is not None and op not in ENCODER_OPS else None
     act_cache: dict[Any, Any] = {}
     for key, meta in sorted((k, m) for k, m in expected.items() if m["op"] == op):
         args = {k: _arg(arrays, planes, v) for k, v in meta.get("args", {}).items()}

@@ -14,7 +14,8 @@ deviation                   the step it changes
                             global ``float32(1 / float64(encode))`` (static: ``1 / (1 /
                             s)``); block scale ``encode * (amax / 6)``, the quotient in
                             x's dtype
-``ct_nonfinite_global_one`` step 1: a tensor holding NaN / Inf gets global 1.0
+``ct_nonfinite_global_one`` step 1: a tensor holding NaN / Inf, or whose 2688 / amax
+                            overflows, gets global 1.0
 ``ggml_no_global``          step 1: global 1.0 whatever the amax or input scale
 ``mlx_float16_encoder``     step 2: ``(amax / 6) * (1 / global)`` in x's dtype
 ``ct_zero_scale_eps``       step 2: no 1.0 for 0, no 2^-9 floor; a scale byte 0 -> 0x20
@@ -151,10 +152,14 @@ def _global(
             encode = _reciprocal(g)
             return _reciprocal(encode), encode
         return g, None
-    if "ct_nonfinite_global_one" in chosen and not np.isfinite(a).all():
-        one = np.float32(1.0)  # generate_gparam: a non-finite ENCODE global becomes 1.0
-        return one, (one if "ct_encode_global" in chosen else None)
     amax = np.float32(np.abs(clean).max()) if clean.size else np.float32(0.0)
+    with np.errstate(divide="ignore", over="ignore"):
+        overflows = amax > 0 and not np.isfinite(np.float32(GLOBAL_AMAX_DIVISOR) / amax)
+    if "ct_nonfinite_global_one" in chosen and (not np.isfinite(a).all() or overflows):
+        # generate_gparam: a NaN / infinite ENCODE global (x holding NaN / Inf, or 2688 /
+        # amax beyond float32) becomes 1.0
+        one = np.float32(1.0)
+        return one, (one if "ct_encode_global" in chosen else None)
     if "ct_encode_global" in chosen and amax > 0:
         # generate_gparam: ENCODE global 2688 / amax in x's dtype, then float32; a reader
         # decodes with its reciprocal

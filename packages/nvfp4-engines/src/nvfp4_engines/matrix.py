@@ -259,7 +259,9 @@ def _verdict_section(certs: list[dict[str, Any]], impact: dict[str, Any]) -> lis
         "subnormal tensors, or out-of-range ids meet it. The T6 impact "
         "(`reports/deviation-impact.json`, `tools/measure_deviation_impact.py`) is the "
         "T6 model's greedy tokens matching the reference's of 160 and the mean KL when "
-        "its weights are encoded / decoded with that deviation alone.",
+        "its weights are encoded / decoded with that deviation alone; "
+        '[deviation-impact.md](deviation-impact.md) answers "can I quantize with X and '
+        'serve with Y" from the same measurements.',
         "",
     ]
     rows = []
