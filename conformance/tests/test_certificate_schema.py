@@ -117,14 +117,22 @@ REPOSITORY = Path(__file__).resolve().parents[2]
 
 #: The folder of the engines' whole-model results (nvfp4_engines.whole_model.results.FOLDER).
 WHOLE_MODEL_RESULTS = "whole-model"
+#: The measured impact of the declared deviations (tools/measure_deviation_impact.py): a
+#: report, not a certificate, checked by tests/test_deviation_impact.py.
+DEVIATION_IMPACT = "deviation-impact.json"
 
 
 def _committed_certificates() -> list[Path]:
     """Every certificate committed in the repository (the engines matrix's among them). The
     whole-model results beside them (``reports/engines/whole-model/``) are not certificates:
-    they have their own schema, checked by nvfp4-engines' tests."""
+    they have their own schema, checked by nvfp4-engines' tests; nor is the deviations'
+    impact report."""
     found = [*sorted((REPOSITORY / "reports").glob("**/*.json")), DATA]
-    return [p for p in found if p.is_file() and p.parent.name != WHOLE_MODEL_RESULTS]
+    return [
+        p
+        for p in found
+        if p.is_file() and p.parent.name != WHOLE_MODEL_RESULTS and p.name != DEVIATION_IMPACT
+    ]
 
 
 def test_every_committed_certificate_validates() -> None:

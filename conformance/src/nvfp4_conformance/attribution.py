@@ -16,6 +16,7 @@ same input is explained by that deviation.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -92,10 +93,32 @@ def explain_encoding(x: Any, input_scale: Any, got: NVFP4Planes) -> list[str] | 
     return _first(_ENCODE, matches)
 
 
+@functools.cache
+def _refusals_most_specific_first() -> tuple[str, ...]:
+    """The emulated refusals ordered by how many probe inputs they refuse, fewest first:
+    where two refuse the same input (K = 48 is neither a multiple of 32 nor of 64), the
+    narrower claim is the explanation."""
+    probes = [
+        np.ones((1, k), dtype) for k in range(16, 513, 16) for dtype in (np.float32, np.float16)
+    ]
+
+    def refused(ident: str) -> int:
+        n = 0
+        for x in probes:
+            try:
+                emu.quantize_activations(x, deviations=[ident])
+            except emu.DeviationRefusal:
+                n += 1
+        return n
+
+    return tuple(sorted(_REFUSALS, key=lambda i: (refused(i), _REFUSALS.index(i))))
+
+
 def explain_refusal(run: Callable[[Sequence[str]], Any]) -> list[str] | None:
     """For a backend that raised: the emulated ``refuses`` deviation whose emulation
-    ``run(deviations)`` raises :class:`nvfp4.deviation_emulators.DeviationRefusal` too."""
-    for ident in _REFUSALS:
+    ``run(deviations)`` raises :class:`nvfp4.deviation_emulators.DeviationRefusal` too (the
+    most specific one where several do)."""
+    for ident in _refusals_most_specific_first():
         try:
             run((ident,))
         except emu.DeviationRefusal:
