@@ -163,7 +163,9 @@ class MetalKernels:
 
     def from_numpy(self, a: npt.NDArray[Any]) -> Any:
         mx = require()
-        return mx.array(np.asarray(a))
+        from .transcode import mlx_ready
+
+        return mx.array(mlx_ready(a))  # MLX takes no negative strides
 
     def to_numpy(self, a: Any) -> npt.NDArray[Any]:
         mx = require()

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import mlx.core as mx
 import numpy as np
@@ -128,7 +128,18 @@ def transcode(planes: NVFP4Planes) -> MetalWeight:
     sidecar. No dense matrix, no arithmetic on the bytes."""
     mp = to_mlx(planes)  # validates content; a view when the codes are contiguous
     g = np.array(mp.global_scale, dtype=np.float32)
-    return _native_weight(planes, "direct", mx.array(mp.weight), mx.array(mp.scales), g)
+    weight, scales = mlx_ready(mp.weight), mlx_ready(mp.scales)
+    return _native_weight(planes, "direct", mx.array(weight), mx.array(scales), g)
+
+
+def mlx_ready(a: Any) -> npt.NDArray[Any]:
+    """``a`` as MLX can take it from numpy: MLX refuses any negative stride (a reversed view;
+    numpy calls a reversed axis of length 1 contiguous, so ``np.ascontiguousarray`` may keep
+    it), so such an array is copied in C order; any other is passed as it is."""
+    a = np.asarray(a)
+    if a.flags.c_contiguous and all(st >= 0 for st in a.strides):
+        return a
+    return np.array(a, order="C", copy=True)
 
 
 def _native_weight(
@@ -218,8 +229,8 @@ def requantize_dense(planes: NVFP4Planes) -> MetalWeight:
     ``mode="nvfp4"`` and ``global_scale = amax`` of the decoded piece, per expert and
     partition. The result's sidecar is MLX's decode global ``amax / 2688`` (float32)."""
     mp = to_mlx(planes)
-    w_all = mx.array(mp.weight)
-    s_all = mx.array(mp.scales)
+    w_all = mx.array(mlx_ready(mp.weight))
+    s_all = mx.array(mlx_ready(mp.scales))
     out_w, out_s = [], []
     new_g = []
     for e, a, b, g in _pieces(planes):
