@@ -313,6 +313,38 @@ def _verdict_section(certs: list[dict[str, Any]], impact: dict[str, Any]) -> lis
     return [*lines, ""]
 
 
+def _interchange_section(impact: dict[str, Any]) -> list[str]:
+    """The quantizer x server table of the impact report (T6 tokens of 160 and KL), or
+    nothing where the report has none."""
+    rows_in = impact.get("interchange") or []
+    if not rows_in:
+        return []
+    producers = list(dict.fromkeys(r["producer"] for r in rows_in))
+    consumers = list(dict.fromkeys(r["consumer"] for r in rows_in))
+    cell = {(r["producer"], r["consumer"]): r for r in rows_in}
+    rows = [
+        [p]
+        + [
+            f"{cell[p, c]['tokens']}/{cell[p, c]['of']}, KL {cell[p, c]['kl']:.2g}"
+            if (p, c) in cell
+            else "-"
+            for c in consumers
+        ]
+        for p in producers
+    ]
+    return [
+        "## Quantize with X, serve with Y",
+        "",
+        "The T6 model's weights quantized with each quantizer's declared encoder deviations "
+        "and decoded with each server's declared decoder deviations (emulated by the "
+        "reference, W4A16): greedy tokens matching the reference of 160 and mean KL; "
+        "[deviation-impact.md](deviation-impact.md) has the details.",
+        "",
+        *_table(["quantized with \\ served by", *consumers], rows),
+        "",
+    ]
+
+
 def render(
     certs: list[dict[str, Any]],
     whole: list[dict[str, Any]] | None = None,
@@ -334,6 +366,7 @@ def render(
         "**not run**: left out of the run.",
         "",
         *_verdict_section(certs, impact or {}),
+        *_interchange_section(impact or {}),
         "## Tiers",
         "",
     ]
