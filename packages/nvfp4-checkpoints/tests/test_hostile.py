@@ -1267,3 +1267,21 @@ def test_fuzzed_checkpoint_is_converted_or_cleanly_refused(
 
 
 FUZZ_FIGURES: list[tuple[int | None, bool, float, int]] = []
+
+
+def test_a_deep_folder_does_not_push_the_found_value_off_the_line() -> None:
+    """An error line over the limit gives up the middle of the path it opens with first: the
+    file name, the expected and the found stay whole (a test's temporary folder under
+    pytest-xdist is 140 characters deep)."""
+    from nvfp4_checkpoints.folder import MAX_MESSAGE, one_line
+
+    path = "/tmp/" + "/".join(["a-rather-long-folder-name"] * 10) + "/model.safetensors.index.json"
+    what = (
+        ": shard 'b.safetensors' holds tensor 'w': expected 'b.safetensors', found 'a.safetensors'"
+    )
+    line = one_line(path + what)
+    assert len(line) <= MAX_MESSAGE
+    assert line.endswith("/model.safetensors.index.json" + what)
+    assert line.startswith("/tmp/a-rather-lo...")
+    assert one_line("/short/path: what") == "/short/path: what"
+    assert one_line("x" * 400).endswith("...")

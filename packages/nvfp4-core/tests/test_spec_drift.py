@@ -707,7 +707,7 @@ def test_readme_calls_the_newest_version_current() -> None:
         f"spec/README.md calls {sorted(set(m.groups()))} current; the newest released version "
         f"is {spec.SPEC_VERSION}"
     )
-    layout = re.search(r"```\nspec/\n(.*?)```", text, flags=re.DOTALL)
+    layout = re.search(r"```(?:text)?\nspec/\n(.*?)```", text, flags=re.DOTALL)
     assert layout, "spec/README.md has a ```spec/ ...``` layout block"
     listed = re.findall(r"^  (\d+\.\d+)/ ", layout.group(1), flags=re.MULTILINE)
     assert listed == released_folders(_repo_root()), f"the layout lists {listed}"

@@ -24,6 +24,7 @@ import errno
 import json
 import math
 import os
+import re
 import shutil
 import stat
 from collections.abc import Iterable, Iterator
@@ -87,9 +88,35 @@ def short(value: object, limit: int = 60) -> str:
 
 
 def one_line(text: str) -> str:
-    """``text`` on one line of at most :data:`MAX_MESSAGE` characters."""
+    """``text`` on one line of at most :data:`MAX_MESSAGE` characters. A long path the line
+    opens with (``/a/b/.../file: what``) gives up its middle first, so a deep folder does
+    not push the expected and found values off the end of the line."""
     flat = " ".join(text[: MAX_MESSAGE * 4].split())
+    if len(flat) > MAX_MESSAGE:
+        flat = _shorten_leading_path(flat, len(flat) - MAX_MESSAGE)
     return flat if len(flat) <= MAX_MESSAGE else flat[: MAX_MESSAGE - 3] + "..."
+
+
+#: What a shortened leading path keeps of its start (its last component is always kept).
+_PATH_HEAD: Final = 16
+_LEADING_PATH: Final = re.compile(r"^(/[^\s:]+)(:\s)")
+
+
+def _shorten_leading_path(line: str, excess: int) -> str:
+    """``line`` with ``excess + 3`` characters (or as many as it can spare) taken out of the
+    middle of the absolute path it opens with, replaced by ``...``."""
+    m = _LEADING_PATH.match(line)
+    if not m:
+        return line
+    path = m.group(1)
+    last = path.rsplit("/", 1)[1]
+    spare = len(path) - _PATH_HEAD - len(last) - 1  # what lies between head and "/last"
+    cut = min(excess + 3, spare)
+    if cut <= 3:
+        return line
+    keep_tail = len(path) - _PATH_HEAD - cut
+    short = path[:_PATH_HEAD] + "..." + path[len(path) - keep_tail :]
+    return short + line[len(path) :]
 
 
 def _fail(where: object, what: str) -> NoReturn:
