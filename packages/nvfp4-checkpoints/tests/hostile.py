@@ -120,6 +120,19 @@ def outside_reads(opened: list[str], allowed: list[Path], watched: list[Path]) -
     return bad
 
 
+def assert_names(stderr: str, path: Path, rest: str) -> None:
+    """``stderr`` says ``path: rest``, the path whole or shortened as ``folder.one_line``
+    shortens a deep one (its first 16 characters, ``...``, its end): how deep the test's
+    temporary folder lies decides which, so both are accepted, and never a line without the
+    file's own name."""
+    if f"{path}: {rest}" in stderr:
+        return
+    head = str(path)[:16]
+    assert f"/{path.name}: {rest}" in stderr and f"{head}..." in stderr, (
+        f"expected {path}: {rest!r} (its path whole or shortened), found {stderr!r}"
+    )
+
+
 def assert_clean_refusal(
     outcome: Outcome, *, source: Path, source_hash: str, work: Path, what: str
 ) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hostile import assert_clean_refusal, run_guarded, tree_hash
+from hostile import assert_clean_refusal, assert_names, run_guarded, tree_hash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from nvfp4 import quantize
@@ -846,10 +846,12 @@ def test_an_index_naming_a_directory_is_a_clean_refusal(
     before = tree_hash(ck)
     outcome = run_guarded(argv)
     assert_clean_refusal(outcome, source=ck, source_hash=before, work=tmp_path, what=shard)
-    assert (
-        f"{ck}: model.safetensors.index.json: key 'weight_map.model.norm.weight': shard "
-        f"{shard!r}: expected a regular file"
-    ) in outcome.stderr
+    assert_names(
+        outcome.stderr,
+        ck,
+        f"model.safetensors.index.json: key 'weight_map.model.norm.weight': shard {shard!r}: "
+        "expected a regular file",
+    )
     assert "found a directory" in outcome.stderr
 
 
@@ -932,11 +934,13 @@ def test_a_gguf_of_ours_without_a_global_is_refused(tmp_path: Path) -> None:
     before = tree_hash(src)
     outcome = run_guarded(["inspect", str(src)])
     assert_clean_refusal(outcome, source=src, source_hash=before, work=tmp_path, what="no .scale")
-    assert (
-        f"{src}: NVFP4 tensor 'blk.0.ffn_up_exps.weight': expected its global "
+    assert_names(
+        outcome.stderr,
+        src,
+        "NVFP4 tensor 'blk.0.ffn_up_exps.weight': expected its global "
         "'blk.0.ffn_up_exps.scale' (a file recording nvfp4.spec_version holds every global), "
-        "found none"
-    ) in outcome.stderr
+        "found none",
+    )
 
 
 def _gguf_llama(
@@ -1122,7 +1126,7 @@ def test_an_auxiliary_file_linked_outside_is_refused_by_every_output(
     before = tree_hash(ck)
     outcome = run_guarded(["convert", str(ck), str(dst), "--to", to, *extra])
     assert_clean_refusal(outcome, source=ck, source_hash=before, work=tmp_path, what=linked)
-    assert f"{tok}: file '{linked}': is a symlink" in outcome.stderr
+    assert_names(outcome.stderr, tok, f"file '{linked}': is a symlink")
 
 
 @pytest.mark.parametrize(

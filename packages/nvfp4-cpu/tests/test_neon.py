@@ -104,7 +104,8 @@ def test_isa_env_forces_neon(native: Native, monkeypatch: pytest.MonkeyPatch) ->
         a = CPUBackend(threads=2).availability()
         assert a.ok, a.reason
         dotprod = " (+dotprod)" if native.has("asimddp") else ""
-        assert a.device == f"aarch64 NEON{dotprod}, 2 threads"
+        # the ISA and threads, then the cache plan (its figures are test_plan.py's)
+        assert a.device.startswith(f"aarch64 NEON{dotprod}, 2 threads; plan: L1d "), a.device
         assert native.best_isa() == "neon"  # the default on AArch64 too
     else:
         assert not AARCH64 or not native.has("asimd")

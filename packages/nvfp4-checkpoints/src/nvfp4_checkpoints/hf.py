@@ -151,12 +151,15 @@ class SafetensorsStore:
         return self.where[name].get(name)
 
 
+#: The file ``nvfp4 shard`` writes beside its rank folders (its one source: :mod:`.shard`
+#: imports it from here, as it reads checkpoints through this module).
+SHARD_MANIFEST: Final = "shard-manifest.json"
+
+
 def _rank_of_sharded(path: Path) -> bool:
     """Whether ``path`` is a rank folder of ``nvfp4 shard``'s output: it keeps the whole
     model's ``config.json`` while the manifest beside it gives its shapes."""
-    from .shard import MANIFEST  # late: the shard module reads checkpoints through this one
-
-    return (path.parent / MANIFEST).is_file()
+    return (path.parent / SHARD_MANIFEST).is_file()
 
 
 def _open_shard(folder: CheckpointFolder, fname: str, what: str) -> SafetensorsFile:

@@ -30,7 +30,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 from nvfp4.planes import NVFP4Planes
@@ -40,10 +40,11 @@ from nvfp4.shard_planes import shard_planes
 from .api import open_checkpoint, write_checkpoint
 from .checkpoint import Checkpoint
 from .folder import CheckpointError
+from .hf import SHARD_MANIFEST
 
 __all__ = ["MANIFEST", "plan_for", "shard_checkpoint", "verify_sharded"]
 
-MANIFEST = "shard-manifest.json"
+MANIFEST: Final = SHARD_MANIFEST
 #: The spec version whose plan the manifest follows.
 SHARD_SPEC = "1.2-draft"
 ROW_PARALLEL = ("o_proj", "down_proj", "w2")
