@@ -127,10 +127,9 @@ def assert_names(stderr: str, path: Path, rest: str) -> None:
     file's own name."""
     if f"{path}: {rest}" in stderr:
         return
-    head = str(path)[:16]
-    assert f"/{path.name}: {rest}" in stderr and f"{head}..." in stderr, (
-        f"expected {path}: {rest!r} (its path whole or shortened), found {stderr!r}"
-    )
+    said = f"expected {path}: {rest!r} (its path whole or shortened), found {stderr!r}"
+    assert f"/{path.name}: {rest}" in stderr, said
+    assert f"{str(path)[:16]}..." in stderr, said
 
 
 def assert_clean_refusal(
