@@ -220,15 +220,18 @@ def _local_deps(path: Path) -> list[Path]:
     return order
 
 
-#: Packages whose tests are single-threaded Python (the cpu, metal and torch backends' own
-#: tests use every core already): they run on one pytest worker per core (pytest-xdist), a
-#: test file per worker. NVFP4_TEST_WORKERS sets the number (1: no workers).
+#: Packages whose tests are mostly single-threaded Python or waiting on subprocesses (the
+#: cpu and metal backends' own tests use every core already): they run on one pytest worker
+#: per core (pytest-xdist), a test file per worker. nvfp4-torch's (README examples, the
+#: generate command, gloo ranks) took 6:08 in one process and 3:37 on two workers (2-core
+#: Xeon). NVFP4_TEST_WORKERS sets the number (1: no workers).
 PARALLEL_TESTS = (
     "nvfp4-core",
     "nvfp4-checkpoints",
     "nvfp4-triton",
     "nvfp4-cuda",
     "nvfp4-rocm",
+    "nvfp4-torch",
 )
 TEST_WORKERS = "NVFP4_TEST_WORKERS"
 

@@ -27,6 +27,12 @@ from nvfp4_conformance import load_t6_golden
 
 CHECKPOINTS_TESTS = Path(__file__).resolve().parents[2] / "nvfp4-checkpoints" / "tests"
 
+#: The backend of the tests about the command itself (the chat template, the reply, the
+#: forwards, the flavours, the stop): nvfp4-cpu, certified on T6 to give the golden tokens,
+#: at a tenth of the float64 reference's time. The golden-token and lean-decoder tests below
+#: keep the reference backend, the one the golden tokens were made with.
+COMMAND_BACKEND = "cpu"
+
 
 def _cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "NVFP4_BACKEND"}
@@ -232,7 +238,7 @@ def test_generate_prompt_prints_the_reply_and_its_speed(smollm2_checkpoint: Path
         "--checkpoint",
         str(smollm2_checkpoint),
         "--backend",
-        "reference",
+        COMMAND_BACKEND,
         "--prompt",
         p["text"],
         "--max-new-tokens",
@@ -244,7 +250,7 @@ def test_generate_prompt_prints_the_reply_and_its_speed(smollm2_checkpoint: Path
     want = tokenizer.decode(p["golden_ids"][:12], skip_special_tokens=True)
     assert proc.stdout.strip() == want.strip()
     summary = proc.stderr
-    assert "backend reference" in summary
+    assert f"backend {COMMAND_BACKEND}" in summary
     assert "(chat template)" in summary
     assert "12 new tokens" in summary
     assert "tokens/s" in summary
@@ -258,7 +264,7 @@ def test_generate_prompt_prints_the_reply_and_its_speed(smollm2_checkpoint: Path
 def test_generate_transformers_forward_prints_the_same_reply(smollm2_checkpoint: Path) -> None:
     """``--forward transformers`` (the forward T6 certifies) gives the same reply."""
     p = _golden_chat_prompt()
-    args = ["--checkpoint", str(smollm2_checkpoint), "--backend", "reference"]
+    args = ["--checkpoint", str(smollm2_checkpoint), "--backend", COMMAND_BACKEND]
     args += ["--prompt", p["text"]]
     args += ["--max-new-tokens", "8", "--ignore-eos", "--profile"]
     lean = _cli(*args)
@@ -304,7 +310,7 @@ def test_generate_stops_at_end_of_sequence(smollm2_checkpoint: Path) -> None:
     from nvfp4_torch import decode, generate, loader
 
     tokenizer = load_hf_tokenizer(smollm2_checkpoint)
-    loaded = loader.load_model(smollm2_checkpoint, nvfp4.get_backend("reference"), fuse=True)
+    loaded = loader.load_model(smollm2_checkpoint, nvfp4.get_backend(COMMAND_BACKEND), fuse=True)
     stop = generate._stop_ids(tokenizer, loaded.config)
     assert tokenizer.eos_token_id in stop
     p = _golden_chat_prompt()
@@ -335,7 +341,7 @@ def test_generate_reads_every_flavour(
         p["prompt_ids"]
     )
     out = io.StringIO()
-    args = ["generate", "--checkpoint", str(dst), "--backend", "reference"]
+    args = ["generate", "--checkpoint", str(dst), "--backend", COMMAND_BACKEND]
     args += ["--prompt-ids", ",".join(map(str, p["prompt_ids"])), "--max-new-tokens", "5"]
     with contextlib.redirect_stdout(out):
         assert main(args) == 0
