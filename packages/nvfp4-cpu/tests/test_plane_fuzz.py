@@ -205,6 +205,26 @@ def reference64(case: Case) -> Any:
     return reference.gather_qmm(case.x, case.planes, case.ids, out_dtype=None)
 
 
+def _within_float32_spacing(case: Case, got: np.ndarray, full: np.ndarray) -> bool:
+    """Whether a float32 result that lies below float32's normal range (a subnormal global
+    times small sums) is within one float32 spacing there (2^-149) of the float64 result.
+
+    There the spec's bound, tolerance x max|ref|, can be finer than any float32 holds (at
+    max|ref| = 1e-41 the spacing is 1.2e-4 of it, above the 1e-4 of ``[gather_qmm]``): a
+    correctly rounded output is half a spacing off, and a sum rounded before its product
+    with the global one more. Spec 1.2 (draft, "Tolerances") states this floor; in the
+    normal range it is at most 2^-23 of max|ref|, below every tolerance, so it changes no
+    other case. Found by the nightly fuzz (seed 1, case 28286 of nvfp4-metal: 0.49 of a
+    spacing off the float64 result, 4.6e-5 of max|ref|; the reference's own float32 output
+    a spacing away on another element)."""
+    if case.dtype != "float32":
+        return False
+    peak = float(np.abs(full).max(initial=0.0))
+    if peak >= float(np.finfo(np.float32).tiny):
+        return False
+    return float(np.abs(got - full).max(initial=0.0)) <= 2.0**-149
+
+
 def compare(case: Case, got: Any, want: Any) -> None:
     if case.verb == "prepare":
         return
@@ -220,19 +240,12 @@ def compare(case: Case, got: Any, want: Any) -> None:
     finite = np.isfinite(w64)
     assert np.array_equal(np.isfinite(g64), finite), "non-finite outputs differ"
     assert np.array_equal(np.isnan(g64), np.isnan(w64)), "NaN outputs differ"
-    # as test_qmm.py: float32 outputs against the float64 result, others against the
-    # reference's output in their dtype (a float16 output cannot hold what float64 does);
-    # so too a float32 result below float32's normal range (a subnormal global), where a
-    # float32 output holds fewer than 24 bits
+    # as test_qmm.py and the spec: float32 outputs against the float64 result, others against
+    # the reference's output in their dtype (a float16 output cannot hold what float64 does)
     full = np.asarray(reference64(case), np.float64).reshape(w64.shape)
-    r64 = w64
-    if (
-        case.dtype == "float32"
-        and np.abs(full[finite]).max(initial=0.0) >= np.finfo(np.float32).tiny
-    ):
-        r64 = full
+    r64 = full if case.dtype == "float32" else w64
     if finite.all():
-        if np.abs(r64).max(initial=0.0) > 0:
+        if np.abs(r64).max(initial=0.0) > 0 and not _within_float32_spacing(case, g64, r64):
             assert_within(g64, r64, tolerance(case.verb, case.dtype), case.verb)
         return
     # outputs that overflow the output dtype are compared as infinities above; the measure
@@ -373,3 +386,21 @@ def test_the_fuzzer_catches_a_faulty_backend(fault: str, said: str) -> None:
             caught.append(str(e))
     assert caught, f"a {fault} fault went unnoticed in 200 cases"
     assert any(re.search(said, c) for c in caught), caught[:3]
+
+
+def test_the_float32_spacing_floor_is_one_spacing_and_only_below_the_normal_range() -> None:
+    """Below float32's normal range one spacing (2^-149) off the float64 result passes and
+    two do not; in the normal range the floor never applies (the tolerance decides)."""
+    step = 2.0**-149
+    full = np.array([8000 * step, -3000 * step], dtype=np.float64)  # max|ref| ~ 1.1e-41
+    case = Case(verb="gather_qmm", dtype="float32")
+    assert _within_float32_spacing(case, full + np.array([step, -step]), full)
+    assert not _within_float32_spacing(case, full + np.array([2 * step, 0.0]), full)
+    assert not _within_float32_spacing(Case(verb="qmm", dtype="float16"), full, full)
+    normal = np.array([1.0, -0.5])
+    assert not _within_float32_spacing(case, normal, normal)
+    # two spacings at this magnitude are 2.5e-4 of max|ref|: the tolerance fails them too
+    with pytest.raises(AssertionError, match="tolerance"):
+        assert_within(
+            full + np.array([2 * step, 0.0]), full, tolerance("gather_qmm", "float32"), "t"
+        )
