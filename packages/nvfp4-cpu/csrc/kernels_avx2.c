@@ -641,9 +641,8 @@ int nv_avx2_m1_decode(int mode) {
     if (mode == NV_AVX2_DECODE_F16 || mode == NV_AVX2_DECODE_BF16) {
         atomic_store(&k256_m1_decode, mode);
     } else if (mode == NV_AVX2_DECODE_AUTO || atomic_load(&k256_m1_decode) == 0) {
-        __builtin_cpu_init();
         atomic_store(&k256_m1_decode,
-                     __builtin_cpu_is("intel") ? NV_AVX2_DECODE_F16 : NV_AVX2_DECODE_BF16);
+                     nv_cpu_is_intel() ? NV_AVX2_DECODE_F16 : NV_AVX2_DECODE_BF16);
     }
     return atomic_load(&k256_m1_decode);
 }

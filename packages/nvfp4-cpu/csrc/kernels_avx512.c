@@ -1,6 +1,6 @@
 /* The AVX-512 level (F/BW/VL; the F16C-style conversions are AVX512F): compiled with
  * -mavx512f -mavx512bw -mavx512vl -mfma -mf16c and called only after the dispatcher has
- * checked the CPU (__builtin_cpu_supports).
+ * checked the CPU (CPUID and XCR0, api.c).
  *
  * One zmm register = one tile = 16 output rows (see the layout in nvfp4cpu.h).
  *
@@ -115,13 +115,17 @@ NV_INLINE void k512_large(const nv_weight *w, int64_t t, const nv_chunk *c, cons
 #pragma GCC unroll 8
         for (int m = 0; m < MC; m++) acc2[m] = _mm512_setzero_ps();
     }
-    for (int64_t b = 0; b < nblocks; b++) {
+    /* The panel and code pointers step once per block (not base + b * stride): clang then
+     * addresses the broadcast operands of the FMAs as base + displacement, which Intel cores
+     * keep micro-fused, where an indexed address splits each FMA into two uops at rename
+     * (the likely cause: zig cc's build ran 10% slower at M = 32 before, gcc's ran the same). */
+    const float *xb = c->panel;
+    for (int64_t b = 0; b < nblocks; b++, xb += NV_BLOCK * MC, tc += NV_BLOCK / 2 * NV_TILE) {
         const __m512 s = nv512_scales(ts + b * NV_TILE);
-        const float *xb = c->panel + b * NV_BLOCK * MC;
 #pragma GCC unroll 8
         for (int j = 0; j < NV_BLOCK / 2; j++) {
             __m512 wl, wh;
-            nv512_decode(tc + (b * (NV_BLOCK / 2) + j) * NV_TILE, lut, &wl, &wh);
+            nv512_decode(tc + j * NV_TILE, lut, &wl, &wh);
             wl = _mm512_mul_ps(wl, s);
             wh = _mm512_mul_ps(wh, s);
             const float *x0 = xb + (2 * j) * MC, *x1 = x0 + MC;

@@ -109,6 +109,9 @@ extern const nv_isa_kernels nv_kernels_avx2;
  * effect. Call only where the CPU runs AVX2 (the unit is compiled for it). */
 int nv_avx2_m1_decode(int mode);
 #endif
+#if defined(__x86_64__) || defined(__i386__)
+int nv_cpu_is_intel(void); /* CPUID vendor "GenuineIntel" (api.c) */
+#endif
 #define NV_AVX2_DECODE_AUTO 0
 #define NV_AVX2_DECODE_F16 1  /* float16 patterns through vcvtph2ps (the default on Intel) */
 #define NV_AVX2_DECODE_BF16 2 /* bfloat16 pairs split by shift and mask (elsewhere) */

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # nvfp4-cpu on AArch64 without an AArch64 machine: cross-build the library (NEON + portable)
-# with aarch64-linux-gnu-gcc, run an AArch64 CPython under qemu-user, and run the package's
+# with zig cc against glibc 2.28, as a manylinux_2_28_aarch64 wheel checked by auditwheel
+# (scripts/check_manylinux.py), run an AArch64 CPython under qemu-user, and run the package's
 # own tests there (every NEON kernel call compared bit for bit with the portable level, see
 # tests/conftest.py). With --conformance, also certify the cpu backend on tiers T0-T5
 # (NVFP4_CPU_ISA=neon); the certificate says "aarch64 under emulation".
@@ -9,13 +10,14 @@
 #   nox -s cpu-aarch64 [-- --conformance]          (the same script)
 #
 # Needs: an x86-64 Debian (or derivative with Debian's arm64 archive) machine, root for the
-# one-time `apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user` (skipped
-# when they are there), and the package indexes (Debian's archive for the arm64 Python, PyPI for numpy & co.).
+# one-time `apt-get install qemu-user` (skipped when it is there), and the package indexes
+# (Debian's archive for the arm64 Python, PyPI for numpy & co. and for zig: `ziglang`).
 # The AArch64 Python comes from Debian's arm64 packages, downloaded with a private apt
 # configuration (this machine's dpkg architectures are left alone) and unpacked with
 # dpkg-deb into a sysroot; numpy / ml_dtypes / pytest / hypothesis are PyPI's aarch64
 # wheels, installed with pip --target --platform; nvfp4-core (and the suite) are built as
-# wheels, nvfp4-cpu as a py3-none-linux_aarch64 wheel (CC=aarch64-linux-gnu-gcc).
+# wheels, nvfp4-cpu as a py3-none-manylinux_2_28_aarch64 wheel (CC="python -m ziglang cc
+# -target aarch64-linux-gnu.2.28", the zig of the host venv: ZIGLANG below, as nox -s build).
 #
 # Everything lives under $NVFP4_AARCH64_WORKDIR (default: <repo>/.nox/aarch64-emulated);
 # the sysroot is kept between runs (--fresh rebuilds it), the wheels and site are rebuilt.
@@ -42,7 +44,7 @@ while [ $# -gt 0 ]; do
     --conformance) CONFORMANCE=1 ;;
     --fresh) FRESH=1 ;;
     -h | --help)
-        sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+        sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
         exit 0
         ;;
     --)
@@ -62,18 +64,13 @@ HOST=$(uname -m)
 command -v python3 >/dev/null || die "no python3 on PATH (the host builds the wheels)"
 
 # ------------------------------------------------------------------ 1. toolchain
+# The compiler is zig (PyPI's ziglang, in the host venv of step 4): it carries its own
+# AArch64 glibc 2.28 stubs and headers, so no cross gcc or arm64 libc6-dev is needed.
+# The same release and glibc as noxfile.py's ZIGLANG and CPU_WHEEL_GLIBC (the repository's
+# tests/test_cpu_wheel_build.py compares them).
+ZIGLANG=ziglang==0.17.1
+GLIBC=2.28
 missing=()
-# A cross gcc installed without its recommends has no AArch64 C library headers: it then
-# falls back to the host's /usr/include and fails on <bits/...>. Probe a real compile.
-cross_libc_ok() {
-    printf '#include <string.h>\n#include <pthread.h>\nint f(void) { return (int)strlen(""); }\n' |
-        aarch64-linux-gnu-gcc -x c -c - -o /dev/null >/dev/null 2>&1
-}
-if ! command -v aarch64-linux-gnu-gcc >/dev/null; then
-    missing+=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
-elif ! cross_libc_ok; then
-    missing+=(libc6-dev-arm64-cross)
-fi
 command -v qemu-aarch64 >/dev/null || missing+=(qemu-user)
 command -v dpkg-deb >/dev/null || missing+=(dpkg)
 if [ ${#missing[@]} -gt 0 ]; then
@@ -84,9 +81,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null ||
         die "apt-get install ${missing[*]} failed"
 fi
-cross_libc_ok || die "aarch64-linux-gnu-gcc cannot compile against the AArch64 C library (install libc6-dev-arm64-cross)"
 QEMU_VERSION=$(qemu-aarch64 --version | head -n1 | sed -n 's/.*version \([^ ]*\).*/\1/p')
-log "toolchain: $(aarch64-linux-gnu-gcc -dumpversion) (aarch64-linux-gnu-gcc), qemu-aarch64 $QEMU_VERSION"
 
 # ------------------------------------------------------------------ 2. the arm64 Python sysroot
 SYSROOT=$WORK/sysroot
@@ -154,26 +149,31 @@ log "emulated Python $PYVER ($SYSROOT)"
 
 # ------------------------------------------------------------------ 4. wheels (host) and site (arm64)
 HOSTVENV=$WORK/host-venv
-if [ ! -x "$HOSTVENV/bin/python" ] || ! "$HOSTVENV/bin/python" -c "import hatchling" 2>/dev/null; then
+if [ ! -x "$HOSTVENV/bin/python" ] || ! "$HOSTVENV/bin/python" -c "import hatchling, auditwheel" 2>/dev/null; then
     rm -rf "$HOSTVENV"
     python3 -m venv "$HOSTVENV" || die "python3 -m venv failed"
-    "$HOSTVENV/bin/python" -m pip install -q --upgrade pip "hatchling>=1.24" wheel ||
-        die "installing hatchling into $HOSTVENV failed"
+    "$HOSTVENV/bin/python" -m pip install -q --upgrade pip "hatchling>=1.24" wheel "auditwheel>=6.8" ||
+        die "installing hatchling and auditwheel into $HOSTVENV failed"
 fi
+"$HOSTVENV/bin/python" -m pip install -q "$ZIGLANG" || die "installing $ZIGLANG into $HOSTVENV failed"
+ZIG_CC="\"$HOSTVENV/bin/python\" -m ziglang cc -target aarch64-linux-gnu.$GLIBC" # split as a shell does
+log "toolchain: zig $("$HOSTVENV/bin/python" -m ziglang version) (zig cc -target aarch64-linux-gnu.$GLIBC), qemu-aarch64 $QEMU_VERSION"
 WHEELS=$WORK/wheels
 rm -rf "$WHEELS"
 dirs=("$ROOT/packages/nvfp4-core" "$PKG")
 [ $CONFORMANCE = 0 ] || dirs+=("$ROOT/conformance")
-CC=aarch64-linux-gnu-gcc NVFP4_CPU_ALLOW_NO_LIBRARY=0 "$HOSTVENV/bin/python" -m pip wheel -q \
+CC=$ZIG_CC NVFP4_CPU_ALLOW_NO_LIBRARY=0 "$HOSTVENV/bin/python" -m pip wheel -q \
     --no-deps --no-build-isolation -w "$WHEELS" "${dirs[@]}" || die "building the wheels failed"
-"$HOSTVENV/bin/python" - "$WHEELS" <<'EOF' || die "the nvfp4-cpu wheel is not an AArch64 build"
+"$HOSTVENV/bin/python" - "$WHEELS" "${GLIBC/./_}" <<'EOF' || die "the nvfp4-cpu wheel is not an AArch64 build"
 import struct, sys, zipfile
 from pathlib import Path
-(whl,) = Path(sys.argv[1]).glob("nvfp4_cpu-*-py3-none-linux_aarch64.whl")
+(whl,) = Path(sys.argv[1]).glob(f"nvfp4_cpu-*-py3-none-manylinux_{sys.argv[2]}_aarch64.whl")
 elf = zipfile.ZipFile(whl).read("nvfp4_cpu/libnvfp4cpu.so")[:20]
 assert elf[:4] == b"\x7fELF" and struct.unpack("<H", elf[18:20])[0] == 183, "not EM_AARCH64"
 print(f"aarch64_emulated: {whl.name}: AArch64 library inside", file=sys.stderr)
 EOF
+"$HOSTVENV/bin/python" "$HERE/check_manylinux.py" "$WHEELS"/nvfp4_cpu-*.whl --glibc "$GLIBC" >&2 ||
+    die "the nvfp4-cpu wheel is not manylinux_${GLIBC/./_}_aarch64 (see above)"
 SITE=$WORK/site
 rm -rf "$SITE"
 "$HOSTVENV/bin/python" -m pip install -q --target "$SITE" --only-binary=:all: \

@@ -41,8 +41,8 @@ def test_library_loads_and_portable_always_runs(native: Native) -> None:
 
 def test_dispatch_agrees_with_the_cpu(native: Native) -> None:
     """Every level this CPU can run is built and detected; none it cannot run is offered
-    (checked against /proc/cpuinfo and /proc/self/auxv, independently of
-    __builtin_cpu_supports and getauxval)."""
+    (checked against /proc/cpuinfo and /proc/self/auxv, independently of the library's
+    CPUID + XGETBV and getauxval)."""
     if AARCH64:
         assert native.compiled("neon")
         assert not native.compiled("avx2")
@@ -69,6 +69,39 @@ def test_dispatch_agrees_with_the_cpu(native: Native) -> None:
     assert native.supported("avx2") == ({"avx2", "fma", "f16c"} <= flags)
     assert native.supported("avx512") == (
         {"avx512f", "avx512bw", "avx512vl", "fma", "f16c"} <= flags
+    )
+
+
+#: The library's x86 feature names and Linux's /proc/cpuinfo flags for the same features.
+CPUINFO_NAMES = {
+    "avx2": "avx2",
+    "fma": "fma",
+    "f16c": "f16c",
+    "avx512f": "avx512f",
+    "avx512bw": "avx512bw",
+    "avx512vl": "avx512vl",
+    "avx512vnni": "avx512_vnni",
+    "avx512bf16": "avx512_bf16",
+}
+
+
+def test_x86_features_agree_with_proc_cpuinfo(native: Native) -> None:
+    """The library's own detection (CPUID leaves 1 and 7, XCR0 by XGETBV) reports exactly the
+    features the kernel lists: Linux clears a flag whose register state it does not enable,
+    which is the XCR0 check. Elsewhere no x86 feature is reported."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        assert not native.has("x86")
+        assert not any(native.has(name) for name in CPUINFO_NAMES)
+        return
+    assert native.has("x86")
+    flags = cpuinfo_flags()
+    if not flags:  # x86-64 without procfs (macOS): nothing independent to compare with
+        return
+    ours = {name for name in CPUINFO_NAMES if native.has(name)}
+    linux = {name for name, flag in CPUINFO_NAMES.items() if flag in flags}
+    assert ours == linux, (
+        f"expected the features /proc/cpuinfo lists, {sorted(linux)}; "
+        f"found {sorted(ours)} (missing {sorted(linux - ours)}, extra {sorted(ours - linux)})"
     )
 
 
