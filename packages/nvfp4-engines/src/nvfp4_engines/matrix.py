@@ -261,7 +261,9 @@ def _verdict_section(certs: list[dict[str, Any]], impact: dict[str, Any]) -> lis
         "T6 model's greedy tokens matching the reference's of 160 and the mean KL when "
         "its weights are encoded / decoded with that deviation alone; "
         '[deviation-impact.md](deviation-impact.md) answers "can I quantize with X and '
-        'serve with Y" from the same measurements.',
+        'serve with Y" from the same measurements. Each bug that makes an engine '
+        "incompatible has a drafted upstream report with a standalone reproducer in "
+        "[upstream/README.md](upstream/README.md).",
         "",
     ]
     rows = []
