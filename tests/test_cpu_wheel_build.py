@@ -15,6 +15,7 @@ sys.path.insert(0, str(ROOT))
 import noxfile  # noqa: E402
 
 SCRIPT = ROOT / "packages" / "nvfp4-cpu" / "scripts" / "aarch64_emulated.sh"
+README = ROOT / "packages" / "nvfp4-cpu" / "README.md"
 
 
 def _script_value(name: str) -> str:
@@ -32,3 +33,16 @@ def test_the_build_sessions_compiler_pins_that_glibc() -> None:
     cc = shlex.split(noxfile.zig_cc("a venv/bin/python", "x86_64"))
     assert cc == ["a venv/bin/python", "-m", "ziglang", "cc", "-target", "x86_64-linux-gnu.2.28"]
     assert noxfile.CHECK_MANYLINUX.is_file()
+
+
+def test_the_readme_builds_the_wheel_as_the_build_session_does() -> None:
+    """nvfp4-cpu's README shows the build session's commands (the examples test leaves the
+    block to that session): the same zig pin, target glibc and manylinux check."""
+    text = README.read_text(encoding="utf-8")
+    glibc = ".".join(map(str, noxfile.CPU_WHEEL_GLIBC))
+    for expected in (
+        f"pip install build hatchling {noxfile.ZIGLANG} ",
+        f'CC="python -m ziglang cc -target x86_64-linux-gnu.{glibc}"',
+        f"{noxfile.CHECK_MANYLINUX.relative_to(ROOT)} dist/nvfp4_cpu-*.whl --glibc {glibc}",
+    ):
+        assert expected in text, f"{README.name}: expected {expected!r}; not found"

@@ -67,6 +67,13 @@ ALLOWLIST = {
     ): ("installs and runs a package's test suite (nox -s tests does)"),
     (
         "packages/nvfp4-cpu/README.md",
+        'pip install build hatchling ziglang==0.17.1 "auditwheel>=6.8"',
+    ): (
+        "installs build tools and builds the published wheel: CI's build session (nox -s build); "
+        "tests/test_cpu_wheel_build.py checks the block names that session's zig and glibc"
+    ),
+    (
+        "packages/nvfp4-cpu/README.md",
         "packages/nvfp4-cpu/scripts/aarch64_emulated.sh                 # or: nox -s cpu-aarch64",
     ): ("cross-builds and runs under qemu-user for minutes (CI's nox -s cpu-aarch64)"),
     ("packages/nvfp4-cuda/README.md", "import nvfp4"): "needs an NVIDIA GPU",
