@@ -23,7 +23,7 @@ leaves nothing next to the destination; no file outside the checkpoint (and the
 destination's folder; the original for ``verify``) is opened; the source is not changed;
 and when ``convert`` exits 0 its output verifies equal to the mutated source.
 
-CI runs :data:`EXAMPLES` mutated checkpoints (``NVFP4_FUZZ_EXAMPLES``, default 240, a
+CI runs :data:`EXAMPLES` mutated checkpoints (``NVFP4_FUZZ_EXAMPLES``, default 1,000, a
 quarter per flavour: about 40 s on a 2-core VM). The nightly run sets
 ``NVFP4_FUZZ_EXAMPLES=10000`` (and a fresh ``NVFP4_FUZZ_SEED``); see the README's
 "Safety" section.
