@@ -40,7 +40,7 @@ from nvfp4.planes import NVFP4Planes
 
 from . import ops
 from .config import KernelConfig
-from .weights import DeviceWeight, upload
+from .weights import DeviceWeight, host_array, upload
 
 __all__ = ["BASE_CAPABILITIES", "Platform", "TritonBackend", "TritonKernels", "torch_dtype"]
 
@@ -200,7 +200,7 @@ class TritonKernels:
         import torch
 
         p = self.platform()
-        arr = np.ascontiguousarray(a)
+        arr = host_array(a)
         if not arr.flags.writeable:  # torch.from_numpy warns on read-only memory
             arr = arr.copy()
         if arr.dtype == np.dtype(ml_dtypes.bfloat16):

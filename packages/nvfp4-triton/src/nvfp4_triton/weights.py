@@ -23,7 +23,7 @@ import numpy.typing as npt
 from nvfp4.planes import NVFP4Planes, PlaneError, validate
 from nvfp4.spec import BLOCK_SIZE
 
-__all__ = ["DeviceWeight", "upload"]
+__all__ = ["DeviceWeight", "host_array", "upload"]
 
 
 @dataclass(eq=False, frozen=True)
@@ -119,6 +119,15 @@ class DeviceWeight:
         )
 
 
+def host_array(a: npt.ArrayLike) -> npt.NDArray[Any]:
+    """``a`` C-contiguous with no negative stride, ready for ``torch.from_numpy`` /
+    ``torch.tensor``. ``np.ascontiguousarray`` alone is not enough: numpy calls an array
+    contiguous whatever the stride of a length-1 axis, so a one-row view with its rows
+    reversed (stride -k/2) stays as it is, and torch refuses every negative stride."""
+    arr = np.ascontiguousarray(a)
+    return arr if all(s >= 0 for s in arr.strides) else arr.copy()
+
+
 def upload(planes: NVFP4Planes, device: Any) -> DeviceWeight:
     """Validate ``planes`` (structure and content: scale bytes, globals) and move them to
     ``device`` once. Raises :class:`nvfp4.PlaneError` naming the tensor for any defect."""
@@ -127,8 +136,8 @@ def upload(planes: NVFP4Planes, device: Any) -> DeviceWeight:
     validate(planes, content=True)
     k = planes.k
     rows = planes.n * (planes.num_experts or 1)
-    codes = np.ascontiguousarray(planes.codes.reshape(rows, k // 2))
-    scales = np.ascontiguousarray(planes.scales.reshape(rows, k // BLOCK_SIZE))
+    codes = host_array(planes.codes.reshape(rows, k // 2))
+    scales = host_array(planes.scales.reshape(rows, k // BLOCK_SIZE))
     row_g = np.array(planes.row_global().reshape(rows), dtype=np.float32, copy=True)
     return DeviceWeight(
         name=planes.name,
