@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from nvfp4 import Backend, contract, quantize, reference
+from nvfp4 import Frontend, contract, quantize, reference
 from nvfp4.contract import CAPABILITIES, KERNELS, OPTIONAL_CAPABILITIES, VERBS, Verb
 from nvfp4.reference_backend import ReferenceKernels
 
@@ -26,7 +26,7 @@ def test_the_kernel_contract_and_capabilities_derive_from_the_table() -> None:
     assert {v.kind for v in VERBS.values()} == {"matmul", "encode", "decode"}
     # every verb of the table is a method of the front end, checked as its kind is
     for name in VERBS:
-        assert callable(getattr(Backend(ReferenceKernels()), name))
+        assert callable(getattr(Frontend(ReferenceKernels()), name))
 
 
 def _relu_reference(x: Any, planes: Any) -> Any:
@@ -58,7 +58,7 @@ def toy_verb(monkeypatch: pytest.MonkeyPatch) -> Verb:
 def test_a_new_verb_is_a_table_entry_a_reference_and_a_kernel(toy_verb: Verb) -> None:
     planes = quantize(RNG.standard_normal((24, 64)).astype(np.float32), name="toy.weight")
     x = RNG.standard_normal((2, 3, 64)).astype(np.float32)  # [..., K]: core reshapes
-    toy = Backend(_ToyKernels())
+    toy = Frontend(_ToyKernels())
     assert toy.has("qmm_relu")
     y = toy.qmm_relu(x, toy.prepare(planes))
     want = _relu_reference(x.reshape(6, 64), planes).reshape(2, 3, 24)
@@ -69,7 +69,7 @@ def test_a_new_verb_is_a_table_entry_a_reference_and_a_kernel(toy_verb: Verb) ->
     with pytest.raises(ValueError, match="qmm_relu"):
         toy.qmm_relu(np.ones((2, 48), np.float32), planes)
     # a backend without the kernel refuses it by name
-    ref = Backend(ReferenceKernels())
+    ref = Frontend(ReferenceKernels())
     assert not ref.has("qmm_relu")
     with pytest.raises(NotImplementedError, match="has no qmm_relu kernel"):
         ref.qmm_relu(x, planes)
@@ -77,4 +77,4 @@ def test_a_new_verb_is_a_table_entry_a_reference_and_a_kernel(toy_verb: Verb) ->
 
 def test_a_verb_outside_the_table_is_not_a_verb() -> None:
     with pytest.raises(AttributeError):
-        Backend(ReferenceKernels()).qmm_relu
+        Frontend(ReferenceKernels()).qmm_relu

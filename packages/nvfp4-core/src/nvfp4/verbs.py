@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from .backend import Backend, Prepared
+from .backend import Frontend, Prepared
 from .planes import NVFP4Planes
 from .reference import dequantize as reference_dequantize
-from .reference_backend import backend as reference_kernels
+from .reference_backend import backend as reference_backend
 from .registry import get_backend
 
 __all__ = [
@@ -33,24 +33,24 @@ __all__ = [
 
 
 @functools.lru_cache(maxsize=1)
-def _reference() -> Backend:
-    return Backend(reference_kernels())
+def _reference() -> Frontend:
+    return reference_backend()
 
 
-def _backend_of(w: Any) -> Backend:
+def _backend_of(w: Any) -> Frontend:
     return w.backend if isinstance(w, Prepared) else _reference()
 
 
-def prepare(planes: NVFP4Planes, backend: str | Backend | None = None) -> Prepared:
-    """Prepare ``planes`` on ``backend`` (a name, a :class:`Backend`, or ``None``: the best
+def prepare(planes: NVFP4Planes, backend: str | Frontend | None = None) -> Prepared:
+    """Prepare ``planes`` on ``backend`` (a name, a :class:`Frontend`, or ``None``: the best
     available one, as :func:`nvfp4.get_backend` picks it)."""
-    if not isinstance(backend, Backend):
+    if not isinstance(backend, Frontend):
         backend = get_backend(backend)
     return backend.prepare(planes)
 
 
 def qmm(x: Any, w: Prepared | NVFP4Planes, *, out_dtype: Any = None) -> Any:
-    """:meth:`Backend.qmm` on the weight's backend (the reference for raw planes)."""
+    """:meth:`Frontend.qmm` on the weight's backend (the reference for raw planes)."""
     return _backend_of(w).qmm(x, w, out_dtype=out_dtype)
 
 
@@ -62,7 +62,7 @@ def gather_qmm(
     sorted_indices: bool = False,
     out_dtype: Any = None,
 ) -> Any:
-    """:meth:`Backend.gather_qmm` on the weight's backend (the reference for raw planes)."""
+    """:meth:`Frontend.gather_qmm` on the weight's backend (the reference for raw planes)."""
     return _backend_of(w).gather_qmm(
         x, w, expert_ids, sorted_indices=sorted_indices, out_dtype=out_dtype
     )
@@ -79,12 +79,12 @@ def dequantize(w: Prepared | NVFP4Planes, dtype: Any = np.float32) -> Any:
 def qmm_w4a4(
     x: Any, w: Prepared | NVFP4Planes, *, input_scale: Any = None, out_dtype: Any = None
 ) -> Any:
-    """:meth:`Backend.qmm_w4a4` on the weight's backend (the reference for raw planes)."""
+    """:meth:`Frontend.qmm_w4a4` on the weight's backend (the reference for raw planes)."""
     return _backend_of(w).qmm_w4a4(x, w, input_scale=input_scale, out_dtype=out_dtype)
 
 
 def qmm_w4a8(x: Any, w: Prepared | NVFP4Planes, *, out_dtype: Any = None) -> Any:
-    """:meth:`Backend.qmm_w4a8` on the weight's backend (the reference for raw planes)."""
+    """:meth:`Frontend.qmm_w4a8` on the weight's backend (the reference for raw planes)."""
     return _backend_of(w).qmm_w4a8(x, w, out_dtype=out_dtype)
 
 
@@ -96,7 +96,7 @@ def gather_qmm_w4a8(
     sorted_indices: bool = False,
     out_dtype: Any = None,
 ) -> Any:
-    """:meth:`Backend.gather_qmm_w4a8` on the weight's backend (the reference for raw
+    """:meth:`Frontend.gather_qmm_w4a8` on the weight's backend (the reference for raw
     planes)."""
     return _backend_of(w).gather_qmm_w4a8(
         x, w, expert_ids, sorted_indices=sorted_indices, out_dtype=out_dtype
@@ -106,17 +106,17 @@ def gather_qmm_w4a8(
 def qmm_w4a8_fp8(
     x: Any, w: Prepared | NVFP4Planes, *, input_scale: Any = None, out_dtype: Any = None
 ) -> Any:
-    """:meth:`Backend.qmm_w4a8_fp8` on the weight's backend (the reference for raw planes)."""
+    """:meth:`Frontend.qmm_w4a8_fp8` on the weight's backend (the reference for raw planes)."""
     return _backend_of(w).qmm_w4a8_fp8(x, w, input_scale=input_scale, out_dtype=out_dtype)
 
 
 def quantize_activations(
-    x: Any, input_scale: Any = None, *, backend: str | Backend | None = None
+    x: Any, input_scale: Any = None, *, backend: str | Frontend | None = None
 ) -> NVFP4Planes:
     """Activation planes from ``backend`` (default: the numpy reference)."""
     if backend is None:
         chosen = _reference()
-    elif isinstance(backend, Backend):
+    elif isinstance(backend, Frontend):
         chosen = backend
     else:
         chosen = get_backend(backend)

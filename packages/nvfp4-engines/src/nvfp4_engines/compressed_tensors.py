@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy.typing as npt
-from nvfp4.backend import Backend
+from nvfp4.backend import Frontend
 from nvfp4.contract import Availability
 from nvfp4.fusion import unfuse, unstack_experts
 from nvfp4.layouts.compressed_tensors import (
@@ -211,7 +211,7 @@ class CompressedTensorsKernels:
         return _torch.to_numpy(a)
 
 
-def backend() -> Backend:
+def backend() -> Frontend:
     """Entry-point factory (``compressed-tensors =
     "nvfp4_engines.compressed_tensors:backend"``): cheap, never raises."""
-    return Backend(CompressedTensorsKernels())
+    return Frontend(CompressedTensorsKernels())

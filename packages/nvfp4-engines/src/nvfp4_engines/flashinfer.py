@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 import numpy.typing as npt
-from nvfp4.backend import Backend
+from nvfp4.backend import Frontend
 from nvfp4.contract import Availability
 from nvfp4.layouts.compressed_tensors import decode_global
 from nvfp4.planes import NVFP4Planes
@@ -159,7 +159,7 @@ class FlashinferKernels:
         return _torch.to_numpy(a)
 
 
-def backend() -> Backend:
+def backend() -> Frontend:
     """Entry-point factory (``flashinfer = "nvfp4_engines.flashinfer:backend"``): cheap,
     never raises."""
-    return Backend(FlashinferKernels())
+    return Frontend(FlashinferKernels())

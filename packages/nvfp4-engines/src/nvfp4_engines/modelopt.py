@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy.typing as npt
-from nvfp4.backend import Backend
+from nvfp4.backend import Frontend
 from nvfp4.contract import Availability
 from nvfp4.fusion import unfuse
 from nvfp4.layouts.modelopt import WEIGHT, WEIGHT_SCALE, WEIGHT_SCALE_2, to_modelopt
@@ -164,7 +164,7 @@ class ModeloptKernels:
         return _torch.to_numpy(a)
 
 
-def backend() -> Backend:
+def backend() -> Frontend:
     """Entry-point factory (``modelopt = "nvfp4_engines.modelopt:backend"``): cheap, never
     raises."""
-    return Backend(ModeloptKernels())
+    return Frontend(ModeloptKernels())

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy.typing as npt
-from nvfp4.backend import Backend
+from nvfp4.backend import Frontend
 from nvfp4.contract import Availability
 from nvfp4.fusion import unfuse
 from nvfp4.layouts.modelopt import WEIGHT, WEIGHT_SCALE, WEIGHT_SCALE_2, to_modelopt
@@ -165,7 +165,7 @@ class TorchaoKernels:
         return _torch.to_numpy(a)
 
 
-def backend() -> Backend:
+def backend() -> Frontend:
     """Entry-point factory (``torchao = "nvfp4_engines.torchao:backend"``): cheap, never
     raises."""
-    return Backend(TorchaoKernels())
+    return Frontend(TorchaoKernels())

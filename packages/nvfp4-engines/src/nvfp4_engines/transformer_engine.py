@@ -25,7 +25,7 @@ from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
-from nvfp4.backend import Backend
+from nvfp4.backend import Frontend
 from nvfp4.contract import Availability
 from nvfp4.layouts.swizzle import unswizzle_scales
 from nvfp4.planes import NVFP4Planes
@@ -110,7 +110,7 @@ class TransformerEngineKernels:
         return _torch.to_numpy(a)
 
 
-def backend() -> Backend:
+def backend() -> Frontend:
     """Entry-point factory (``transformer-engine =
     "nvfp4_engines.transformer_engine:backend"``): cheap, never raises."""
-    return Backend(TransformerEngineKernels())
+    return Frontend(TransformerEngineKernels())

@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 import numpy.typing as npt
-from nvfp4.backend import Backend
+from nvfp4.backend import Frontend
 from nvfp4.contract import Availability
 from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import BLOCK_SIZE, E2M1_MAX, E4M3_MAX
@@ -123,6 +123,6 @@ class VllmKernels:
         return _torch.to_numpy(a)
 
 
-def backend() -> Backend:
+def backend() -> Frontend:
     """Entry-point factory (``vllm = "nvfp4_engines.vllm:backend"``): cheap, never raises."""
-    return Backend(VllmKernels())
+    return Frontend(VllmKernels())
