@@ -5,6 +5,8 @@ share. Installed code imports it, so nothing here imports pytest at module level
   (:func:`relative_error`, :func:`error_figures`, :func:`assert_within`);
 * :mod:`nvfp4.testing.data` - seeded test weights and activations (:func:`random_planes`,
   :func:`realistic_weight`, :func:`activations`) and :func:`raw_planes` (unchecked);
+* :mod:`nvfp4.testing.properties` - Hypothesis settings and strategies of the property
+  tests (it imports hypothesis, so this package does not import it);
 * :mod:`nvfp4.testing.oracles` - the pytest hooks of the oracle rule; a suite's
   ``conftest.py`` takes them with::
 
