@@ -36,30 +36,22 @@ from typing import IO, Any, BinaryIO, Final
 
 import numpy as np
 import numpy.typing as npt
-from nvfp4.safetensors_format import (
-    DTYPES,
-    MAX_HEADER_BYTES,
-    MAX_HEADER_SEPARATORS,
-    MAX_HEADER_TENSORS,
-    MAX_METADATA_CHARS,
-    Refusals,
-    TensorInfo,
-    parse_header,
-)
+from nvfp4.safetensors_format import DTYPES as DTYPES
+from nvfp4.safetensors_format import MAX_HEADER_BYTES as MAX_HEADER_BYTES
+from nvfp4.safetensors_format import MAX_HEADER_SEPARATORS as MAX_HEADER_SEPARATORS
+from nvfp4.safetensors_format import MAX_HEADER_TENSORS as MAX_HEADER_TENSORS
+from nvfp4.safetensors_format import MAX_METADATA_CHARS as MAX_METADATA_CHARS
+from nvfp4.safetensors_format import Refusals, parse_header
+from nvfp4.safetensors_format import TensorInfo as TensorInfo
 
 from .closing import Closing
 from .folder import CheckpointError
 
+# (and the names of nvfp4.safetensors_format imported "as" themselves above, public here too)
 __all__ = [
-    "DTYPES",
-    "MAX_HEADER_BYTES",
-    "MAX_HEADER_SEPARATORS",
-    "MAX_HEADER_TENSORS",
-    "MAX_METADATA_CHARS",
     "SafetensorsError",
     "SafetensorsFile",
     "SafetensorsWriter",
-    "TensorInfo",
     "dtype_name",
     "read_header",
     "save_file",
