@@ -18,9 +18,7 @@ which every tensor covers exactly (no holes, no overlaps, nothing after the last
   given up front, then takes the tensors one by one in that order, so a file is written
   without holding its tensors together in memory. :func:`save_file` is the one-call form.
 
-Dtypes map to numpy as the safetensors library's numpy/torch front ends do, with
-``F8_E4M3`` -> ``ml_dtypes.float8_e4m3fn``, ``F8_E5M2`` -> ``ml_dtypes.float8_e5m2``,
-``F8_E8M0`` -> ``ml_dtypes.float8_e8m0fnu`` and ``BF16`` -> ``ml_dtypes.bfloat16``.
+Dtypes map to numpy by :data:`DTYPES` (:mod:`nvfp4.safetensors_format`'s table).
 """
 
 from __future__ import annotations
