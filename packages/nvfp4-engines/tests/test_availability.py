@@ -13,6 +13,7 @@ from conftest import weight
 from nvfp4_engines import (
     ADAPTERS,
     GPU_ONLY,
+    _common,
     _cuda,
     _libggml,
     compressed_tensors,
@@ -74,17 +75,6 @@ def test_gguf_py_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     a = gguf_py.GgufPyKernels().availability()
     assert not a.ok
     assert "pip install 'gguf>=0.18'" in a.reason
-
-
-def test_mlx_native_missing(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(mlx_native, "dist_version", lambda _: "")
-    mlx_native._probe.cache_clear()
-    try:
-        a = mlx_native.MlxNativeKernels().availability()
-    finally:
-        mlx_native._probe.cache_clear()
-    assert not a.ok
-    assert "mlx[cpu]>=0.30" in a.reason
 
 
 @pytest.mark.parametrize(
@@ -151,13 +141,14 @@ def test_ggml_variants_found_by_name(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("module", "install"),
     [
+        (mlx_native, "mlx[cpu]>=0.30"),
         (modelopt, "nvidia-modelopt>=0.47"),
         (compressed_tensors, "compressed-tensors>=0.20"),
         (torchao, "torchao>=0.18"),
     ],
 )
-def test_torch_engine_missing(monkeypatch: pytest.MonkeyPatch, module, install: str) -> None:
-    monkeypatch.setattr(module, "dist_version", lambda _: "")
+def test_cpu_engine_missing(monkeypatch: pytest.MonkeyPatch, module, install: str) -> None:
+    monkeypatch.setattr(_common, "dist_version", lambda _: "")
     module._probe.cache_clear()
     try:
         a = module.backend().availability()
