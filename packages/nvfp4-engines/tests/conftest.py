@@ -106,6 +106,24 @@ def fused_and_stacked(fused_name: str) -> tuple[NVFP4Planes, NVFP4Planes]:
     return fused, stack
 
 
+def assert_dequantize_within_one_ulp(backend, fused_name: str) -> None:
+    """The float32 dequantize of :func:`fused_and_stacked` within 1 ulp of the reference:
+    engines that multiply the block scale by the global first, then by the code (ModelOpt,
+    torchao), round once more than the reference."""
+    for p in fused_and_stacked(fused_name):
+        got = backend.to_numpy(backend.dequantize(p, "float32"))
+        np.testing.assert_array_max_ulp(got, reference.dequantize(p), maxulp=1)
+
+
+def assert_has_no_matmul(backend) -> None:
+    """An engine with no NVFP4 matmul (ModelOpt and compressed-tensors on CPU): every matmul
+    verb absent, and ``qmm`` raises ``NotImplementedError`` naming the adapter."""
+    for verb in ("qmm", "gather_qmm", "qmm_w4a4", "qmm_w4a8"):
+        assert not backend.has(verb)
+    with pytest.raises(NotImplementedError, match=rf"{backend.info.name}.*no qmm kernel"):
+        backend.qmm(np.ones((1, 64), np.float32), weight(4, 64, 6))
+
+
 def assert_quantizer_matches_the_reference(backend, rng, global_maxulp: int) -> None:
     """The engine's encoder on normal float32 data gives the reference's scale bytes and
     codes, and its global within ``global_maxulp`` ulp (0: the same bytes)."""

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
-import pytest
 from conftest import (
     assert_dequantize_is_emulated,
+    assert_has_no_matmul,
     assert_quantizer_matches_the_reference,
     fused_and_stacked,
-    weight,
 )
 from nvfp4 import reference
 
@@ -36,10 +35,7 @@ def test_static_input_scale_goes_in_as_input_global_scale(backend, rng) -> None:
 
 
 def test_what_compressed_tensors_lacks_is_absent(backend) -> None:
-    for verb in ("qmm", "gather_qmm", "qmm_w4a4", "qmm_w4a8"):
-        assert not backend.has(verb)
-    with pytest.raises(NotImplementedError, match=r"compressed-tensors.*no qmm kernel"):
-        backend.qmm(np.ones((1, 64), np.float32), weight(4, 64, 6))
+    assert_has_no_matmul(backend)
 
 
 def test_the_emulated_deviations_are_what_compressed_tensors_computes(backend) -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import (
+    assert_dequantize_within_one_ulp,
     assert_quantizer_matches_the_reference,
-    fused_and_stacked,
     rel_error,
     weight,
 )
@@ -17,10 +17,7 @@ from nvfp4.tolerances import tolerance
 
 
 def test_dequantize_float32_within_one_ulp(backend) -> None:
-    for p in fused_and_stacked("gate_up"):
-        got = backend.to_numpy(backend.dequantize(p, "float32"))
-        # torchao multiplies scale by per_tensor_scale first, then by the code
-        np.testing.assert_array_max_ulp(got, reference.dequantize(p), maxulp=1)
+    assert_dequantize_within_one_ulp(backend, "gate_up")
 
 
 def test_weight_only_linear_float32_within_the_spec(backend, rng) -> None:
