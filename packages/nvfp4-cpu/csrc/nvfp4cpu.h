@@ -75,22 +75,31 @@ typedef struct {
     int64_t k;             /* contraction length, a multiple of 16 */
 } nv_weight;
 
-/* A chunk of activation rows, ready for a kernel. */
+/* A chunk of activation rows, ready for a kernel (W4A16 or W4A8). */
 typedef struct {
-    const float *panel;      /* [K][mc], see above */
+    const void *panel;       /* W4A16: float32 [K][mc], see above (nv_chunk_f32); W4A8: the
+                                Q8 records of w4a8.h (nv_chunk_q8) */
     int mc;                  /* rows in the chunk, 1 .. mc_max */
     float *out;              /* output base: row r of the result is out + r * ldo */
     int64_t ldo;             /* output row stride in floats (= N) */
     const int64_t *out_rows; /* mc output row indices */
 } nv_chunk;
 
-/* The kernels of one ISA level. */
+/* The W4A16 kernels' view of a chunk's panel. */
+NV_INLINE const float *nv_chunk_f32(const nv_chunk *c) { return (const float *)c->panel; }
+
+/* The matmul kernel of one ISA level, W4A16 or W4A8: what the matmul driver (route.h) runs. */
 typedef struct {
     const char *name;
-    int mc_max; /* largest chunk its qmm kernel takes (<= NV_MC_LIMIT) */
-    /* y[out_rows[i]][16t + r] = rowg[16t + r] * sum_k panel[k][i] * w[16t + r][k] for the
-     * tiles t in [t0, t0 + nt); rows >= n are not written. */
+    int mc_max; /* largest chunk it takes (<= NV_MC_LIMIT, W4A8 <= NV_Q8_MC_LIMIT) */
+    /* y[out_rows[i]][16t + r] for the tiles t in [t0, t0 + nt); rows >= n are not written. */
     void (*qmm_tiles)(const nv_weight *w, int64_t t0, int64_t nt, const nv_chunk *c);
+} nv_matmul_kernel;
+
+/* The kernels of one ISA level. */
+typedef struct {
+    /* W4A16: y[out_rows[i]][16t + r] = rowg[16t + r] * sum_k panel[k][i] * w[16t + r][k] */
+    nv_matmul_kernel mm;
     /* Decode tiles [t0, t0 + nt) of w into out ([n][k] of the given kind), exactly. */
     void (*dequant_tiles)(const nv_weight *w, int64_t t0, int64_t nt, void *out, int kind);
 } nv_isa_kernels;
