@@ -146,17 +146,6 @@ NV_INLINE void nv256_interleave(__m256 e, __m256 o, __m256 *r0, __m256 *r1) {
     *r1 = _mm256_permute2f128_ps(lo, hi, 0x31);
 }
 
-/* Stores v (8 rows starting at n0 + 8h) into o, only the rows below n. */
-NV_INLINE void nv256_store_rows(float *o, __m256 v, int64_t live) {
-    if (live >= 8) {
-        _mm256_storeu_ps(o, v);
-    } else if (live > 0) {
-        const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)live),
-                                                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-        _mm256_maskstore_ps(o, mask, v);
-    }
-}
-
 /* The code bytes of one block of tile tc (8 pairs of 16 rows: 2 lines), prefetched ahead
  * (nvfp4cpu.h) as the block starts. */
 NV_INLINE void nv256_prefetch_block(const uint8_t *tc, int64_t b, int64_t left) {

@@ -27,12 +27,6 @@ NV_INLINE void nv512_decode(const uint8_t *p, __m512 lut, __m512 *lo, __m512 *hi
     *hi = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), lut);
 }
 
-/* Lanes of tile t that are real rows (the last tile of a ragged N is partly padding). */
-NV_INLINE __mmask16 nv512_live(const nv_weight *w, int64_t t) {
-    const int64_t live = w->n - t * NV_TILE;
-    return live >= NV_TILE ? (__mmask16)0xFFFF : (__mmask16)((1u << live) - 1u);
-}
-
 /* Small chunks (MC <= 4 rows of x), TN tiles at once.
  *
  * Per block b, each (row m, tile t) sums x * e2m1 over the block's 16 elements in two

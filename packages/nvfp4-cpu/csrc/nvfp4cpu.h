@@ -218,13 +218,34 @@ NV_INLINE uint16_t nv_f32_to_f16(float f) {
     }
 }
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+/* Shared by the AVX2 W4A16 and W4A8 kernels: stores v (8 output rows starting at n0 + 8h)
+ * into o, only the `live` rows below n. */
+NV_INLINE void nv256_store_rows(float *o, __m256 v, int64_t live) {
+    if (live >= 8) {
+        _mm256_storeu_ps(o, v);
+    } else if (live > 0) {
+        const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)live),
+                                                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        _mm256_maskstore_ps(o, mask, v);
+    }
+}
+#endif
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
-/* The 16 scale bytes of one block of one tile -> 16 float32 scales (exact: the float16 trick
- * of NV_E4M3_F16_FACTOR). Shared by the AVX-512 W4A16 and the VNNI W4A8 kernels. */
+/* Shared by the AVX-512 W4A16 and the VNNI W4A8 kernels. The 16 scale bytes of one block of
+ * one tile -> 16 float32 scales (exact: the float16 trick of NV_E4M3_F16_FACTOR). */
 NV_INLINE __m512 nv512_scales(const uint8_t *p) {
     const __m256i h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p)), 7);
     return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(NV_E4M3_F16_FACTOR));
+}
+
+/* Lanes of tile t that are real rows (the last tile of a ragged N is partly padding). */
+NV_INLINE __mmask16 nv512_live(const nv_weight *w, int64_t t) {
+    const int64_t live = w->n - t * NV_TILE;
+    return live >= NV_TILE ? (__mmask16)0xFFFF : (__mmask16)((1u << live) - 1u);
 }
 #endif
 

@@ -116,17 +116,6 @@ NV_INLINE __m256i q8_bcast32(const int8_t *p) {
     return _mm256_set1_epi32(v);
 }
 
-/* Stores v (8 rows starting at n0 + 8hr) into o, only the rows below n. */
-NV_INLINE void q8_256_store_rows(float *o, __m256 v, int64_t live) {
-    if (live >= 8) {
-        _mm256_storeu_ps(o, v);
-    } else if (live > 0) {
-        const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)live),
-                                                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-        _mm256_maskstore_ps(o, mask, v);
-    }
-}
-
 /* MC rows of x, one tile, in one pass over its codes (prefetched, nvfp4cpu.h). Per weight
  * block j = 2b + h the 8 vectors of u are decoded once and feed every row m; for each row
  * group g (rows (0..3 | 8..11), (4..7 | 12..15)):
@@ -194,8 +183,8 @@ NV_INLINE void q8_256_kernel(const nv_weight *w, int64_t t, const nv_chunk *c, c
         float *o = c->out + c->out_rows[m] * c->ldo + n0;
         const __m256 r0 = _mm256_permute2f128_ps(acc[0][m], acc[1][m], 0x20); /* rows 0..7 */
         const __m256 r1 = _mm256_permute2f128_ps(acc[0][m], acc[1][m], 0x31); /* rows 8..15 */
-        q8_256_store_rows(o, _mm256_mul_ps(r0, g0), w->n - n0);
-        q8_256_store_rows(o + 8, _mm256_mul_ps(r1, g1), w->n - n0 - 8);
+        nv256_store_rows(o, _mm256_mul_ps(r0, g0), w->n - n0);
+        nv256_store_rows(o + 8, _mm256_mul_ps(r1, g1), w->n - n0 - 8);
     }
 }
 

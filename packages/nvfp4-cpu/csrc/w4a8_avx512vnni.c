@@ -93,12 +93,6 @@ NV_INLINE __m512i q8_bcast32(const int8_t *p) {
     return _mm512_set1_epi32(v);
 }
 
-/* Lanes of tile t that are real rows (the last tile of a ragged N is partly padding). */
-NV_INLINE __mmask16 q8_512_live(const nv_weight *w, int64_t t) {
-    const int64_t live = w->n - t * NV_TILE;
-    return live >= NV_TILE ? (__mmask16)0xFFFF : (__mmask16)((1u << live) - 1u);
-}
-
 /* MC rows of x times TN tiles from t0. Per activation block b (32 elements = weight blocks
  * 2b and 2b+1) the 8 * TN weight vectors are decoded once and feed every row m:
  *   i_h = corr[h][m] + sum_q vpdpbusd(u[h][q], codes[m][16h + 4q .. +3])   (exact isum)
@@ -162,7 +156,7 @@ NV_INLINE void q8_512_kernel(const nv_weight *w, int64_t t0, const nv_chunk *c, 
     for (int t = 0; t < TN; t++) {
         const int64_t n0 = (t0 + t) * NV_TILE;
         const __m512 g = _mm512_loadu_ps(w->rowg + n0);
-        const __mmask16 live = q8_512_live(w, t0 + t);
+        const __mmask16 live = nv512_live(w, t0 + t);
 #pragma GCC unroll 32
         for (int m = 0; m < MC; m++)
             _mm512_mask_storeu_ps(c->out + c->out_rows[m] * c->ldo + n0, live, _mm512_mul_ps(acc[m][t], g));
