@@ -16,8 +16,9 @@ Every rank must hold the same reduced result. T7 runs when the certified spec ve
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
@@ -29,6 +30,8 @@ from nvfp4_conformance.t7 import CASES, DTYPES, WORLDS, Case, load_case, plans_o
 ROW = [c for c in CASES if c.kind == "row"]
 COLUMN = [c for c in CASES if c.kind in ("column", "qkv")]
 EXPERTS = [c for c in CASES if c.kind == "experts"]
+
+_Test = TypeVar("_Test", bound=Callable[..., None])
 
 
 @pytest.fixture(scope="session")
@@ -53,8 +56,32 @@ def t7_run(
     return folder, run_ranks(folder, run.backend_name, run.declared_capabilities)
 
 
-def _ids(cases: list[Case]) -> list[str]:
-    return [c.name for c in cases]
+def _every_world(capability: str, cases: list[Case]) -> Callable[[_Test], _Test]:
+    """Mark a T7 test as certifying ``capability`` and run it for every world size, case of
+    ``cases`` and dtype (test ids ``[tp<world>-<case>-<dtype>]``)."""
+    marks = (
+        pytest.mark.parametrize("world", WORLDS, ids=[f"tp{w}" for w in WORLDS]),
+        pytest.mark.parametrize("case", cases, ids=[c.name for c in cases]),
+        pytest.mark.parametrize("dtype", DTYPES),
+        pytest.mark.requires_capability(capability),
+    )
+
+    def mark(test: _Test) -> _Test:
+        for m in marks:
+            test = m(test)
+        return test
+
+    return mark
+
+
+def _run_of(
+    t7_run: Any, world: int, case: Case, dtype: str
+) -> tuple[Any, np.ndarray, np.ndarray, list[dict[str, np.ndarray]]]:
+    """``case``'s weights, activations in ``dtype`` and expert ids, as the ranks had them,
+    and the outputs of the ``world`` ranks."""
+    folder, results = t7_run
+    w, x32, ids = load_case(folder, case)
+    return w, x_in(x32, dtype), ids, results[world]
 
 
 def _same_on_every_rank(outs: list[dict[str, np.ndarray]], key: str) -> np.ndarray:
@@ -72,17 +99,12 @@ def _draft_tolerance(dtype: str) -> float:
     return float(draft_tolerances()["row_parallel"][dtype])
 
 
-@pytest.mark.requires_capability("qmm")
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", ROW, ids=_ids(ROW))
-@pytest.mark.parametrize("world", WORLDS, ids=[f"tp{w}" for w in WORLDS])
+@_every_world("qmm", ROW)
 def test_row_parallel_qmm(
     t7_run: Any, nvfp4_record: Any, world: int, case: Case, dtype: str
 ) -> None:
-    folder, results = t7_run
-    w, x32, _ = load_case(folder, case)
-    x = x_in(x32, dtype)
-    y = _same_on_every_rank(results[world], f"{case.name}|{dtype}")
+    w, x, _, outs = _run_of(t7_run, world, case, dtype)
+    y = _same_on_every_rank(outs, f"{case.name}|{dtype}")
     ref = reference.qmm(x, w, out_dtype=None)
     tol = _draft_tolerance(dtype)
     figs = error_figures(y, ref)
@@ -118,10 +140,7 @@ def _column_reference(case: Case, world: int, rank: int, ref: np.ndarray) -> np.
     )
 
 
-@pytest.mark.requires_capability("qmm")
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", COLUMN, ids=_ids(COLUMN))
-@pytest.mark.parametrize("world", WORLDS, ids=[f"tp{w}" for w in WORLDS])
+@_every_world("qmm", COLUMN)
 def test_column_parallel_qmm(
     t7_run: Any,
     nvfp4_record: Any,
@@ -130,15 +149,13 @@ def test_column_parallel_qmm(
     case: Case,
     dtype: str,
 ) -> None:
-    folder, results = t7_run
-    w, x32, _ = load_case(folder, case)
-    x = x_in(x32, dtype)
+    w, x, _, outs = _run_of(t7_run, world, case, dtype)
     ref = reference.qmm(x, w, out_dtype=None)
     tol = float(nvfp4_tolerance("qmm", dtype))
     key = f"{case.name}|{dtype}"
     locals_ = []
-    for rank, outs in enumerate(results[world]):
-        y = outs[key]
+    for rank, rank_outs in enumerate(outs):
+        y = rank_outs[key]
         want = _column_reference(case, world, rank, ref)
         assert y.shape == want.shape, f"{key} rank {rank}: shape {y.shape}, expected {want.shape}"
         figs = error_figures(y, want)
@@ -158,17 +175,14 @@ def test_column_parallel_qmm(
         )
         locals_.append(y)
     if case.kind == "column":  # a gather has no arithmetic: the ranks' values, bit for bit
-        gathered = _same_on_every_rank(results[world], f"{key}|gathered")
+        gathered = _same_on_every_rank(outs, f"{key}|gathered")
         assert np.array_equal(gathered, np.concatenate(locals_, axis=1)), (
             f"{key}: the gathered output differs from the ranks' own outputs"
         )
         assert gathered.shape == (case.m, case.n)
 
 
-@pytest.mark.requires_capability("gather_qmm")
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", EXPERTS, ids=_ids(EXPERTS))
-@pytest.mark.parametrize("world", WORLDS, ids=[f"tp{w}" for w in WORLDS])
+@_every_world("gather_qmm", EXPERTS)
 def test_expert_parallel_gather_qmm(
     t7_run: Any,
     nvfp4_record: Any,
@@ -177,10 +191,8 @@ def test_expert_parallel_gather_qmm(
     case: Case,
     dtype: str,
 ) -> None:
-    folder, results = t7_run
-    w, x32, ids = load_case(folder, case)
-    x = x_in(x32, dtype)
-    y = _same_on_every_rank(results[world], f"{case.name}|{dtype}")
+    w, x, ids, outs = _run_of(t7_run, world, case, dtype)
+    y = _same_on_every_rank(outs, f"{case.name}|{dtype}")
     ref = reference.gather_qmm(x, w, ids, out_dtype=None)
     tol = float(nvfp4_tolerance("gather_qmm", dtype))
     figs = error_figures(y, ref)
