@@ -7,6 +7,8 @@ share. Installed code imports it, so nothing here imports pytest at module level
   :func:`realistic_weight`, :func:`activations`) and :func:`raw_planes` (unchecked);
 * :mod:`nvfp4.testing.modules` - :func:`module_from_file`: a script, benchmark or build
   hook that is not an installed module, imported from its path;
+* :mod:`nvfp4.testing.properties` - Hypothesis settings and strategies of the property
+  tests (it imports hypothesis, so this package does not import it);
 * :mod:`nvfp4.testing.oracles` - the pytest hooks of the oracle rule; a suite's
   ``conftest.py`` takes them with::
 

@@ -1,0 +1,29 @@
+"""How the tiers call a backend's verbs and check what comes back: numpy arrays in
+(through the backend's ``from_numpy``), numpy arrays out (``to_numpy``), the output's shape
+and dtype checked before its values are."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from nvfp4.dtypes import OUTPUT_DTYPES
+
+
+def call_verb(
+    backend: Any, verb: str, x: npt.NDArray[Any], w: Any, *args: Any, **kwargs: Any
+) -> npt.NDArray[Any]:
+    """``backend.<verb>(x, w, *args, **kwargs)`` with ``x`` given as the backend's array,
+    the result as a numpy array."""
+    y = getattr(backend, verb)(backend.from_numpy(x), w, *args, **kwargs)
+    return np.asarray(backend.to_numpy(y))
+
+
+def assert_output(y: npt.NDArray[Any], shape: tuple[int, ...], dtype: str, what: str) -> None:
+    """Fail unless ``y`` has ``shape`` and the output dtype ``dtype`` (x's dtype: the
+    verbs' default)."""
+    assert y.shape == shape, f"{what}: output shape {y.shape}, expected {shape}"
+    assert y.dtype == OUTPUT_DTYPES[dtype], (
+        f"{what}: output dtype {y.dtype}, expected {dtype} (x's dtype)"
+    )
