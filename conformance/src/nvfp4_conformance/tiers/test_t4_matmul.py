@@ -25,7 +25,7 @@ from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import GLOBAL_AMAX_DIVISOR
 from nvfp4.testing import activations
 
-from nvfp4_conformance.calls import assert_output, call_verb, check_matmul
+from nvfp4_conformance.calls import MatmulCheck, assert_output, call_verb
 from nvfp4_conformance.cases import case_rng, realistic_weight
 from nvfp4_conformance.checks import as_float64, assert_within, error_figures
 
@@ -97,8 +97,12 @@ def test_qmm(
     planes = realistic_weight(rng, n, k, name=f"t4.qmm_{n}x{k}")
     x = activations(rng, m, k, dtype)
     ref = reference.qmm(x, planes, out_dtype=None)
-    check_matmul(
-        *(nvfp4_backend, nvfp4_record, tolerance, "qmm", x, planes, ref),
+    check = MatmulCheck(nvfp4_backend, nvfp4_record, tolerance)
+    check(
+        "qmm",
+        x,
+        planes,
+        ref,
         case=f"M{m}_K{k}_N{n}",
         dtype=dtype,
         path="qmm",
@@ -133,8 +137,12 @@ def test_qmm_fused_partitions(
     assert len(set(np.asarray(planes.global_scale).tolist())) == len(parts) - 1
     x = activations(rng, m, k, dtype)
     ref = reference.qmm(x, planes, out_dtype=None)
-    check_matmul(
-        *(nvfp4_backend, nvfp4_record, tolerance, "qmm", x, planes, ref),
+    check = MatmulCheck(nvfp4_backend, nvfp4_record, tolerance)
+    check(
+        "qmm",
+        x,
+        planes,
+        ref,
         case=label,
         dtype=dtype,
         path="qmm",
@@ -384,8 +392,12 @@ def test_qmm_w4a4(
     if scale == "static":
         input_scale = float(np.abs(as_float64(x)).max() / GLOBAL_AMAX_DIVISOR * 1.5)
     ref = w4a4_reference(nvfp4_backend, x, planes, input_scale)
-    check_matmul(
-        *(nvfp4_backend, nvfp4_record, tolerance, "qmm_w4a4", x, planes, ref),
+    check = MatmulCheck(nvfp4_backend, nvfp4_record, tolerance)
+    check(
+        "qmm_w4a4",
+        x,
+        planes,
+        ref,
         case=label,
         dtype=dtype,
         path="w4a4",

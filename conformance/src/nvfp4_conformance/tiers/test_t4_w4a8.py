@@ -21,7 +21,7 @@ from nvfp4.dtypes import OUTPUT_DTYPES
 from nvfp4.planes import NVFP4Planes
 from nvfp4.testing import activations, relative_error
 
-from nvfp4_conformance.calls import assert_output, call_verb, check_matmul
+from nvfp4_conformance.calls import MatmulCheck, assert_output, call_verb
 from nvfp4_conformance.cases import case_rng, realistic_weight
 from nvfp4_conformance.checks import as_float64, assert_within, error_figures
 
@@ -78,8 +78,12 @@ def test_qmm_w4a8(
     planes = realistic_weight(rng, n, k, name=f"t4.w4a8_{n}x{k}")
     x = activations(rng, m, k, dtype)
     ref = q8_reference(nvfp4_backend, x, planes)
-    check_matmul(
-        *(nvfp4_backend, nvfp4_record, nvfp4_tolerance, "qmm_w4a8", x, planes, ref),
+    check = MatmulCheck(nvfp4_backend, nvfp4_record, nvfp4_tolerance)
+    check(
+        "qmm_w4a8",
+        x,
+        planes,
+        ref,
         case=f"M{m}_K{k}_N{n}",
         dtype=dtype,
         path="w4a8",
@@ -270,8 +274,12 @@ def test_qmm_w4a8_fp8(
     elif scale == "saturating":
         input_scale = amax / 448 / 4
     ref = fp8_reference(nvfp4_backend, x, planes, input_scale)
-    check_matmul(
-        *(nvfp4_backend, nvfp4_record, nvfp4_tolerance, "qmm_w4a8_fp8", x, planes, ref),
+    check = MatmulCheck(nvfp4_backend, nvfp4_record, nvfp4_tolerance)
+    check(
+        "qmm_w4a8_fp8",
+        x,
+        planes,
+        ref,
         case=label,
         dtype=dtype,
         path="w4a8_fp8",
