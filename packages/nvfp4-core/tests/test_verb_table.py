@@ -104,3 +104,37 @@ def test_the_module_level_matmul_verbs_take_the_front_ends_arguments() -> None:
         "sorted_indices",
         "out_dtype",
     ]
+
+
+def test_the_front_ends_matmul_verbs_take_their_table_entrys_arguments() -> None:
+    """Each matmul verb's arguments are those of its entry (experts: ``expert_ids`` and
+    ``sorted_indices``; a static scale: ``input_scale``), with their defaults, and others are
+    refused by name; ``verb(name)`` is the same function."""
+    ref = Backend(ReferenceKernels())
+    params = {name: list(inspect.signature(getattr(ref, name)).parameters) for name in KERNELS}
+    assert params["qmm"] == params["qmm_w4a8"] == ["x", "w", "out_dtype"]
+    assert (
+        params["gather_qmm"]
+        == params["gather_qmm_w4a8"]
+        == [
+            "x",
+            "w",
+            "expert_ids",
+            "sorted_indices",
+            "out_dtype",
+        ]
+    )
+    assert params["qmm_w4a4"] == params["qmm_w4a8_fp8"] == ["x", "w", "input_scale", "out_dtype"]
+    planes = quantize(RNG.standard_normal((8, 64)).astype(np.float32), name="w")
+    x = RNG.standard_normal((3, 64)).astype(np.float32)
+    with pytest.raises(TypeError, match=r"gather_qmm\(\) missing 1 required .*'expert_ids'"):
+        ref.gather_qmm(x, planes)
+    with pytest.raises(TypeError, match=r"qmm\(\) got an unexpected keyword argument 'sorted_"):
+        ref.qmm(x, planes, sorted_indices=True)
+    with pytest.raises(TypeError, match=r"qmm_w4a8\(\) takes 3 positional arguments but 4 "):
+        ref.qmm_w4a8(x, planes, 1.0)
+    # the table's function, defaults included, whichever way it is reached
+    np.testing.assert_array_equal(ref.verb("qmm_w4a4")(x, planes), ref.qmm_w4a4(x, planes))
+    np.testing.assert_array_equal(
+        ref.qmm(x=x, w=planes, out_dtype="float16"), reference.qmm(x, planes, out_dtype="float16")
+    )

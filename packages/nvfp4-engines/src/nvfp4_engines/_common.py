@@ -7,6 +7,7 @@ conversion for the engines whose arrays are numpy's.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 from collections.abc import Callable
 from typing import Any, Final
@@ -24,6 +25,7 @@ __all__ = [
     "SPEC_VERSIONS",
     "activation_planes",
     "adapter_info",
+    "cached_probe",
     "dist_version",
     "engine_note",
     "numpy_in",
@@ -89,6 +91,19 @@ def probe_engine(
             False, f"{engine} cannot run {what} here ({type(exc).__name__}: {exc}): {install}"
         )
     return Availability(True, device=device)
+
+
+def cached_probe(
+    engine: str, distribution: str, install: str, what: str, check: Callable[[], str]
+) -> Callable[[], Availability]:
+    """:func:`probe_engine` as a function that answers once per process (an engine's import
+    and first call take seconds); its ``cache_clear()`` makes it ask again."""
+
+    @functools.lru_cache(maxsize=1)
+    def probe() -> Availability:
+        return probe_engine(engine, distribution, install, what, check)
+
+    return probe
 
 
 def require(name: str, availability: Availability) -> None:

@@ -35,6 +35,7 @@ from . import _torch
 from ._common import activation_planes as canonical_activations
 
 __all__ = [
+    "Fp4Kernels",
     "Fp4Ops",
     "SwizzledPart",
     "SwizzledWeight",
@@ -150,3 +151,26 @@ def qmm_w4a4(
     dtype = _torch.torch_dtype(out_dtype)
     ys = [ops.matmul(a, a_sf, p, 1.0 / (gs * p.encode), dtype) for (p,) in w.parts]
     return _torch.cat_parts(ys, dim=-1)
+
+
+class Fp4Kernels(_torch.TorchArrays):
+    """The kernels the FlashInfer and vLLM adapters share, over the engine's :class:`Fp4Ops`
+    (:meth:`ops`: the engine ready, or the adapter's "cannot run here" error): ``prepare``,
+    ``quantize_activations`` and ``qmm_w4a4``, CUDA tensors in and out."""
+
+    DEVICE = DEVICE
+
+    def ops(self) -> Fp4Ops:
+        raise NotImplementedError
+
+    def prepare(self, planes: NVFP4Planes) -> SwizzledWeight:
+        self.ops()
+        return prepare(planes)
+
+    def quantize_activations(self, x: Any, *, input_scale: float | None) -> NVFP4Planes:
+        return quantize_activations(self.ops(), x, input_scale)
+
+    def qmm_w4a4(
+        self, x: Any, w: SwizzledWeight, *, input_scale: float | None, out_dtype: str
+    ) -> Any:
+        return qmm_w4a4(self.ops(), x, w, input_scale, out_dtype)

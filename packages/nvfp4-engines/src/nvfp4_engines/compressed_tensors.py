@@ -50,7 +50,7 @@ from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import BLOCK_SIZE
 
 from . import _torch
-from ._common import activation_planes, adapter_info, dist_version, probe_engine, require
+from ._common import activation_planes, adapter_info, cached_probe, dist_version, require
 
 __all__ = ["DISTRIBUTION", "NAME", "CompressedTensorsKernels", "CtWeight", "backend"]
 
@@ -76,9 +76,7 @@ def _check() -> str:
     return _torch.cpu_device(DISTRIBUTION, dist_version(DISTRIBUTION))
 
 
-@functools.lru_cache(maxsize=1)
-def _probe() -> Availability:
-    return probe_engine("compressed-tensors", DISTRIBUTION, INSTALL, "its NVFP4 compressor", _check)
+_probe = cached_probe("compressed-tensors", DISTRIBUTION, INSTALL, "its NVFP4 compressor", _check)
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,6 @@ from typing import Any, Final
 from nvfp4.backend import Frontend
 from nvfp4.contract import Availability
 from nvfp4.layouts.compressed_tensors import decode_global
-from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import BLOCK_SIZE
 
 from . import _swizzled, _torch
@@ -83,10 +82,10 @@ def _ops(fi: Any) -> Fp4Ops:
     )
 
 
-class FlashinferKernels(_torch.TorchArrays):
-    """The kernel contract over FlashInfer's NVFP4 kernels (CUDA ``torch.Tensor``)."""
-
-    DEVICE = _swizzled.DEVICE
+class FlashinferKernels(_swizzled.Fp4Kernels):
+    """The kernel contract over FlashInfer's NVFP4 kernels (CUDA ``torch.Tensor``):
+    ``prepare``, ``quantize_activations`` and ``qmm_w4a4`` from :class:`_swizzled.Fp4Kernels`
+    over :meth:`ops`."""
 
     def __init__(self) -> None:
         self.info = adapter_info(
@@ -107,9 +106,8 @@ class FlashinferKernels(_torch.TorchArrays):
     def availability(self) -> Availability:
         return probe("FlashInfer", DISTRIBUTION, INSTALL, _check)
 
-    def prepare(self, planes: NVFP4Planes) -> SwizzledWeight:
-        _ready()
-        return _swizzled.prepare(planes)
+    def ops(self) -> Fp4Ops:
+        return _ops(_ready())
 
     def dequantize(self, w: SwizzledWeight, *, dtype: str) -> Any:
         fi = _ready()
@@ -126,14 +124,6 @@ class FlashinferKernels(_torch.TorchArrays):
             for mats in w.parts
         ]
         return _torch.cat_parts(rows, dim=-2).to(_torch.torch_dtype(dtype))
-
-    def quantize_activations(self, x: Any, *, input_scale: float | None) -> NVFP4Planes:
-        return _swizzled.quantize_activations(_ops(_ready()), x, input_scale)
-
-    def qmm_w4a4(
-        self, x: Any, w: SwizzledWeight, *, input_scale: float | None, out_dtype: str
-    ) -> Any:
-        return _swizzled.qmm_w4a4(_ops(_ready()), x, w, input_scale, out_dtype)
 
 
 def backend() -> Frontend:

@@ -27,7 +27,6 @@ bytes as uint32 words, the scale bytes unchanged).
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -40,7 +39,7 @@ from nvfp4.layouts.mlx import MLXPlanes, from_mlx, mlx_global_scale_arg, to_mlx
 from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import BLOCK_SIZE, GLOBAL_AMAX_DIVISOR
 
-from ._common import adapter_info, probe_engine, require
+from ._common import adapter_info, cached_probe, require
 
 __all__ = ["DISTRIBUTION", "NAME", "MlxNativeKernels", "MlxWeight", "backend"]
 
@@ -71,9 +70,7 @@ def _check() -> str:
     return f"MLX {mx.__version__}, {mx.default_device()}"
 
 
-@functools.lru_cache(maxsize=1)
-def _probe() -> Availability:
-    return probe_engine("MLX", DISTRIBUTION, INSTALL, "an nvfp4 matmul", _check)
+_probe = cached_probe("MLX", DISTRIBUTION, INSTALL, "an nvfp4 matmul", _check)
 
 
 def _mx() -> Any:

@@ -26,7 +26,6 @@ expert stack with ``double_scale`` of shape ``(E, 1, 1)``, which ModelOpt broadc
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -36,7 +35,7 @@ from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import BLOCK_SIZE
 
 from . import _torch
-from ._common import activation_planes, adapter_info, dist_version, probe_engine, require
+from ._common import activation_planes, adapter_info, cached_probe, dist_version, require
 from ._modelopt_layout import modelopt_tensors
 
 __all__ = ["DISTRIBUTION", "NAME", "ModeloptKernels", "ModeloptWeight", "backend"]
@@ -73,9 +72,7 @@ def _check() -> str:
     return _torch.cpu_device(DISTRIBUTION, dist_version(DISTRIBUTION))
 
 
-@functools.lru_cache(maxsize=1)
-def _probe() -> Availability:
-    return probe_engine("ModelOpt", DISTRIBUTION, INSTALL, "NVFP4QTensor", _check)
+_probe = cached_probe("ModelOpt", DISTRIBUTION, INSTALL, "NVFP4QTensor", _check)
 
 
 def _qtensor_class() -> Any:

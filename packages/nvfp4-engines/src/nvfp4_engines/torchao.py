@@ -30,7 +30,6 @@ a torchao model quantizes each projection on its own: a fused tensor is one
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -40,7 +39,7 @@ from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import BLOCK_SIZE
 
 from . import _torch
-from ._common import activation_planes, adapter_info, dist_version, probe_engine, require
+from ._common import activation_planes, adapter_info, cached_probe, dist_version, require
 from ._modelopt_layout import modelopt_tensors
 
 __all__ = ["DISTRIBUTION", "NAME", "TorchaoKernels", "TorchaoWeight", "backend"]
@@ -70,9 +69,7 @@ def _check() -> str:
     return _torch.cpu_device(DISTRIBUTION, dist_version(DISTRIBUTION))
 
 
-@functools.lru_cache(maxsize=1)
-def _probe() -> Availability:
-    return probe_engine("torchao", DISTRIBUTION, INSTALL, "NVFP4Tensor", _check)
+_probe = cached_probe("torchao", DISTRIBUTION, INSTALL, "NVFP4Tensor", _check)
 
 
 def _ready() -> Any:

@@ -28,13 +28,12 @@ from typing import Any, Final
 
 from nvfp4.backend import Frontend
 from nvfp4.contract import Availability
-from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import BLOCK_SIZE
 
 from . import _swizzled, _torch
 from ._common import adapter_info, require
 from ._cuda import probe
-from ._swizzled import Fp4Ops, SwizzledWeight
+from ._swizzled import Fp4Ops
 
 __all__ = ["DISTRIBUTION", "NAME", "VllmKernels", "backend"]
 
@@ -69,10 +68,10 @@ def _ready() -> Fp4Ops:
     )
 
 
-class VllmKernels(_torch.TorchArrays):
-    """The kernel contract over vLLM's NVFP4 custom ops (CUDA ``torch.Tensor``)."""
-
-    DEVICE = _swizzled.DEVICE
+class VllmKernels(_swizzled.Fp4Kernels):
+    """The kernel contract over vLLM's NVFP4 custom ops (CUDA ``torch.Tensor``):
+    ``prepare``, ``quantize_activations`` and ``qmm_w4a4`` from :class:`_swizzled.Fp4Kernels`
+    over :meth:`ops`."""
 
     def __init__(self) -> None:
         self.info = adapter_info(
@@ -93,17 +92,8 @@ class VllmKernels(_torch.TorchArrays):
     def availability(self) -> Availability:
         return probe("vLLM", DISTRIBUTION, INSTALL, _check)
 
-    def prepare(self, planes: NVFP4Planes) -> SwizzledWeight:
-        _ready()
-        return _swizzled.prepare(planes)
-
-    def quantize_activations(self, x: Any, *, input_scale: float | None) -> NVFP4Planes:
-        return _swizzled.quantize_activations(_ready(), x, input_scale)
-
-    def qmm_w4a4(
-        self, x: Any, w: SwizzledWeight, *, input_scale: float | None, out_dtype: str
-    ) -> Any:
-        return _swizzled.qmm_w4a4(_ready(), x, w, input_scale, out_dtype)
+    def ops(self) -> Fp4Ops:
+        return _ready()
 
 
 def backend() -> Frontend:

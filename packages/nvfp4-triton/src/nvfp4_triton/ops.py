@@ -284,10 +284,10 @@ def _grouped_tiles(
 ) -> tuple[Any, Any, Any, Any, int]:
     """Tile table of the grouped kernel, built on the device without a host copy.
 
-    Returns ``(perm, tile_expert, tile_start, tile_end, T)``: ``perm`` maps sorted positions
-    to rows of x (``None`` when the ids are already sorted); tile ``t`` covers sorted
-    positions ``tile_start[t] .. min(tile_start[t] + block_m, tile_end[t]) - 1`` of expert
-    ``tile_expert[t]`` (``E`` for the unused tail of the table).
+    Returns ``(perm, tiles, T)``: ``perm`` maps sorted positions to rows of x (``None`` when
+    the ids are already sorted); ``tiles`` is int64 ``[T, 3]``, row ``t`` = ``(expert, start,
+    end)``: tile ``t`` covers sorted positions ``start .. min(start + block_m, end) - 1`` of
+    ``expert`` (``E`` for the unused tail of the table).
     """
     import torch
 
@@ -314,7 +314,7 @@ def _grouped_tiles(
     used = owner < e
     tile_start = torch.where(used, start, torch.zeros_like(start))
     tile_end = torch.where(used, seg_end[c], torch.zeros_like(start))
-    return perm, owner.contiguous(), tile_start.contiguous(), tile_end.contiguous(), total
+    return perm, torch.stack((owner, tile_start, tile_end), dim=1).contiguous(), total
 
 
 def _expert_operands(x: Any, w: DeviceWeight, out: Any) -> tuple[Any, ...]:
@@ -359,17 +359,13 @@ def gather(
         return out
     if path != "grouped":
         raise ValueError(f"unknown gather path {path!r}; expected one of {', '.join(GATHER_PATHS)}")
-    perm, tile_expert, tile_start, tile_end, total = _grouped_tiles(
-        ids, e, t.block_m, sorted_indices
-    )
+    perm, tiles, total = _grouped_tiles(ids, e, t.block_m, sorted_indices)
     out = torch.zeros((m, n), dtype=out_dtype, device=x.device)
     gather_grouped_kernel[(total, _cdiv(n, t.block_n))](
         x,
         ids,
-        perm if perm is not None else tile_start,  # never read without HAS_PERM
-        tile_expert,
-        tile_start,
-        tile_end,
+        perm if perm is not None else tiles,  # never read without HAS_PERM
+        tiles,
         *_expert_operands(x, w, out),
         BLOCK_M=t.block_m,
         BLOCK_N=t.block_n,
@@ -528,7 +524,7 @@ def _w4a8_launch(
     grid: tuple[int, int],
     codes: Any,
     d: Any,
-    tables: tuple[Any, Any, Any, Any, Any],
+    tables: tuple[Any, Any, Any],
     w: DeviceWeight,
     out: Any,
     m: int,
@@ -574,7 +570,7 @@ def w4a8(x: Any, w: DeviceWeight, out_dtype: Any, cfg: KernelConfig) -> Any:
         return out
     codes, d = quantize_q8(x, cfg)
     block_m = _w4a8_block_m(m, cfg)
-    unused = (codes, codes, codes, codes, codes)  # the gather tables, never read
+    unused = (codes, codes, codes)  # the gather tables, never read
     grid = (_cdiv(m, block_m), _cdiv(n, cfg.w4a8.block_n))
     _w4a8_launch(grid, codes, d, unused, w, out, m, block_m, cfg, gather=False, has_perm=False)
     return out
@@ -598,8 +594,8 @@ def gather_w4a8(
     # matmul never reads their codes (the tile table leaves them out).
     codes, d = quantize_q8(x, cfg, ids, e)
     block_m = _w4a8_block_m(m, cfg)
-    perm, tile_expert, tile_start, tile_end, total = _grouped_tiles(ids, e, block_m, sorted_indices)
-    tables = (ids, perm if perm is not None else tile_start, tile_expert, tile_start, tile_end)
+    perm, tiles, total = _grouped_tiles(ids, e, block_m, sorted_indices)
+    tables = (ids, perm if perm is not None else tiles, tiles)
     grid = (total, _cdiv(n, cfg.w4a8.block_n))
     _w4a8_launch(
         grid, codes, d, tables, w, out, m, block_m, cfg, gather=True, has_perm=perm is not None
