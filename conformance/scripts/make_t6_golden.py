@@ -315,14 +315,8 @@ def main(argv: list[str] | None = None) -> int:
 
         # the real reference backend must give the same tokens and logits, bit for bit
         ref_model = loader.load_model(ckpt, nvfp4.get_backend("reference")).model
-        for r in kept:
-            g = decode.greedy(ref_model, r["prompt_ids"], MAX_NEW)
-            if g.new_ids != r["golden_ids"] or not np.array_equal(g.logits, r["greedy_logits"]):
-                print(
-                    f"{r['name']}: the reference backend differs from the cached reference",
-                    file=sys.stderr,
-                )
-                return 1
+        if any(reference_differs(ref_model, r, r, r["name"]) for r in kept):
+            return 1
         print("reference backend reproduces the kept prompts bit for bit", flush=True)
 
         if add_modes(kept, fast, ref_model, tok, threshold):
@@ -399,6 +393,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def reference_differs(ref_model: Any, r: dict[str, Any], cached: dict[str, Any], what: str) -> bool:
+    """Whether the real reference backend's greedy decoding of ``r``'s prompt (``ref_model``,
+    in whatever activation mode it is in) differs from ``cached``'s ``golden_ids`` or
+    ``greedy_logits`` (the cached reference's); says so on stderr, naming ``what``."""
+    g = decode.greedy(ref_model, r["prompt_ids"], MAX_NEW)
+    if g.new_ids == cached["golden_ids"] and np.array_equal(g.logits, cached["greedy_logits"]):
+        return False
+    print(f"{what}: the reference backend differs from the cached reference", file=sys.stderr)
+    return True
+
+
 def add_modes(
     rows: list[dict[str, Any]], fast: Any, ref_model: Any, tok: Any, threshold: float
 ) -> int:
@@ -415,13 +420,8 @@ def add_modes(
                 flush=True,
             )
             with decode.activation_mode(ref_model, mode):
-                g = decode.greedy(ref_model, r["prompt_ids"], MAX_NEW)
-            if g.new_ids != mr["golden_ids"] or not np.array_equal(g.logits, mr["greedy_logits"]):
-                print(
-                    f"{mode} {r['name']}: the reference backend differs from the cached reference",
-                    file=sys.stderr,
-                )
-                return 1
+                if reference_differs(ref_model, r, mr, f"{mode} {r['name']}"):
+                    return 1
         print(f"reference backend reproduces the {mode} tokens bit for bit", flush=True)
     return 0
 

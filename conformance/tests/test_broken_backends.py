@@ -11,10 +11,8 @@ ones and found through ``nvfp4.get_backend``. Assertions read the certificate JS
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -45,25 +43,17 @@ def broken_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def run_suite(pytester: pytest.Pytester, broken_site: Path, monkeypatch: pytest.MonkeyPatch) -> Run:
+def run_suite(
+    run_tiers: Callable[..., tuple[pytest.RunResult, dict[str, Any]]],
+    broken_site: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Run:
+    """``run_suite(backend, tiers, *extra)``: ``run_tiers`` (conftest) with the test-only
+    backends installed, on the tiers ``tiers`` (``--nvfp4-tiers``)."""
     monkeypatch.syspath_prepend(str(broken_site))
-    monkeypatch.delenv("NVFP4_BACKEND", raising=False)
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
 
     def run(backend: str, tiers: str, *extra: str) -> tuple[pytest.RunResult, dict[str, Any]]:
-        cert = pytester.path / f"cert-{backend}.json"
-        result = pytester.runpytest(
-            "--pyargs",
-            "nvfp4_conformance.tiers",
-            f"--nvfp4-backend={backend}",
-            f"--nvfp4-tiers={tiers}",
-            f"--nvfp4-certificate={cert}",
-            "-p",
-            "no:cacheprovider",
-            *extra,
-        )
-        data = json.loads(cert.read_text(encoding="utf-8")) if cert.exists() else {}
-        return result, data
+        return run_tiers(backend, f"--nvfp4-tiers={tiers}", *extra)
 
     return run
 
@@ -362,30 +352,11 @@ def test_plugin_is_inert_in_other_test_sessions(
 
 
 # --------------------------------------------------------------------------- the CLI
-def test_run_command_writes_both_certificate_files(tmp_path: Path) -> None:
+def test_run_command_writes_both_certificate_files(
+    tmp_path: Path, run_command: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
     cert = tmp_path / "reports" / "conformance-reference.json"
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    env.pop("NVFP4_BACKEND", None)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "nvfp4_conformance",
-            "run",
-            "--backend",
-            "reference",
-            "--certificate",
-            str(cert),
-            "--",
-            "--nvfp4-tiers=T0",
-            "-q",
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = run_command(cert, "--nvfp4-tiers=T0", "-q", triton_interpret=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads(cert.read_text(encoding="utf-8"))
     md = cert.with_suffix(".md").read_text(encoding="utf-8")

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
 import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -176,24 +175,12 @@ def test_the_json_names_its_schema_version(cert: dict[str, Any]) -> None:
 
 
 def test_run_under_the_interpreter_states_why_t6_is_left_out_and_warns_of_nothing(
-    tmp_path: Path,
+    tmp_path: Path, run_command: Callable[..., subprocess.CompletedProcess[str]]
 ) -> None:
     """``python -m nvfp4_conformance run`` prints no warning (with ``-W error`` any warning
     fails the run), and a certificate without T6 under ``TRITON_INTERPRET=1`` says why."""
     cert = tmp_path / "c.json"
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    env.pop("NVFP4_BACKEND", None)
-    proc = subprocess.run(
-        [
-            *(sys.executable, "-m", "nvfp4_conformance", "run", "--backend", "reference"),
-            *("--certificate", str(cert), "--", "--nvfp4-tiers=T0,T3", "-q", "-W", "error"),
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = run_command(cert, "--nvfp4-tiers=T0,T3", "-q", "-W", "error", triton_interpret=True)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert "warning" not in out.lower(), out[-3000:]

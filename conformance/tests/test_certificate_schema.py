@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,20 +44,11 @@ def test_the_committed_certificate_validates(cert: dict[str, Any]) -> None:
     validate(cert, str(DATA.name))
 
 
-def test_a_fresh_certificate_validates(tmp_path: Path) -> None:
+def test_a_fresh_certificate_validates(
+    tmp_path: Path, run_command: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
     out = tmp_path / "c.json"
-    env = {k: v for k, v in os.environ.items() if k != "NVFP4_BACKEND"}
-    proc = subprocess.run(
-        [
-            *(sys.executable, "-m", "nvfp4_conformance", "run", "--backend", "reference"),
-            *("--certificate", str(out), "--", "--nvfp4-tiers=T0,T1", "-q"),
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = run_command(out, "--nvfp4-tiers=T0,T1", "-q")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     validate(json.loads(out.read_text(encoding="utf-8")), out.name)
 

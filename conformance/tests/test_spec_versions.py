@@ -10,13 +10,16 @@ one made today.
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any
 
 import pytest
 from nvfp4 import tolerances
 from nvfp4_conformance.spec_tolerances import tolerance_lookup
+
+#: ``run_tiers`` (conftest): ``(backend, *pytest_args) -> (result, certificate)``.
+RunTiers = Callable[..., tuple[pytest.RunResult, dict[str, Any]]]
 
 #: 1.2's qmm numbers: every dtype's 1.0 number halved (a minor version may tighten one).
 LATER = "1.2"
@@ -59,25 +62,10 @@ def test_unknown_version_fails_the_lookup() -> None:
 
 
 def test_a_1_0_run_records_1_0_numbers(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, later_version: dict[str, float]
+    run_tiers: RunTiers, later_version: dict[str, float]
 ) -> None:
-    monkeypatch.delenv("NVFP4_BACKEND", raising=False)
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    cert_path = pytester.path / "cert.json"
-    result = pytester.runpytest(
-        "--pyargs",
-        "nvfp4_conformance.tiers",
-        "--nvfp4-backend=reference",
-        "--nvfp4-tiers=T4",
-        "--nvfp4-spec=1.0",
-        f"--nvfp4-certificate={cert_path}",
-        "-k",
-        "test_qmm[",
-        "-p",
-        "no:cacheprovider",
-    )
+    result, cert = run_tiers("reference", "--nvfp4-tiers=T4", "--nvfp4-spec=1.0", "-k", "test_qmm[")
     assert result.ret == 0, result.stdout.str()[-3000:]
-    cert: dict[str, Any] = json.loads(cert_path.read_text(encoding="utf-8"))
     assert cert["spec_version"] == "1.0"
     cases = [c for t in cert["tests"] if "test_qmm[" in t["nodeid"] for c in t["cases"]]
     assert cases
@@ -87,29 +75,14 @@ def test_a_1_0_run_records_1_0_numbers(
         assert case["tolerance"] != later_version[case["dtype"]]
 
 
-def test_a_1_0_run_leaves_the_w4a8_golden_cases_out(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_1_0_run_leaves_the_w4a8_golden_cases_out(run_tiers: RunTiers) -> None:
     """T5 certifying 1.0 runs exactly the cases whose ``min_spec`` is 1.0, as before spec
     1.1 added W4A8 ones; those are skipped as "applies from spec 1.1", never failed, and
     W4A8 stays "not certified" for that reason."""
     from nvfp4.fixtures import list_cases
 
-    monkeypatch.delenv("NVFP4_BACKEND", raising=False)
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    cert_path = pytester.path / "cert.json"
-    result = pytester.runpytest(
-        "--pyargs",
-        "nvfp4_conformance.tiers",
-        "--nvfp4-backend=reference",
-        "--nvfp4-tiers=T5",
-        "--nvfp4-spec=1.0",
-        f"--nvfp4-certificate={cert_path}",
-        "-p",
-        "no:cacheprovider",
-    )
+    result, cert = run_tiers("reference", "--nvfp4-tiers=T5", "--nvfp4-spec=1.0")
     assert result.ret == 0, result.stdout.str()[-3000:]
-    cert: dict[str, Any] = json.loads(cert_path.read_text(encoding="utf-8"))
     by_spec = {c["name"]: c["min_spec"] for c in list_cases()}
     assert set(by_spec.values()) == {"1.0", "1.1"}
     golden = [t for t in cert["tests"] if "test_golden[" in t["nodeid"]]

@@ -4,7 +4,7 @@ ranks at 2, 3, 4 and 8 and certifies the reference backend, with a T7 certificat
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -30,59 +30,35 @@ def test_t7_applies_from_spec_1_2_or_when_named(
     assert t7_applies(spec, tiers) is applies
 
 
-def _collect(pytester: pytest.Pytester, *args: str) -> str:
-    result = pytester.runpytest(
-        "--pyargs",
-        "nvfp4_conformance.tiers",
-        "--nvfp4-backend=reference",
-        "--collect-only",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        *args,
-    )
+#: ``run_tiers`` (conftest): ``(backend, *pytest_args) -> (result, certificate)``.
+RunTiers = Callable[..., tuple[pytest.RunResult, dict[str, Any]]]
+
+
+def _collect(run_tiers: RunTiers, *args: str) -> str:
+    result, _ = run_tiers("reference", "--collect-only", "-q", *args)
     assert result.ret == 0, result.stdout.str()[-3000:]
     return result.stdout.str()
 
 
-def test_a_1_1_run_does_not_collect_t7(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.delenv("NVFP4_BACKEND", raising=False)
-    out = _collect(pytester, "--nvfp4-spec=1.1")
+def test_a_1_1_run_does_not_collect_t7(run_tiers: RunTiers) -> None:
+    out = _collect(run_tiers, "--nvfp4-spec=1.1")
     assert "test_t7_sharded" not in out
     assert "test_t4_matmul" in out
     assert "deselected" not in out  # not "left out": T7 is simply not part of 1.1
 
 
-def test_naming_t7_collects_every_world_and_case(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.delenv("NVFP4_BACKEND", raising=False)
-    out = _collect(pytester, "--nvfp4-tiers=T7")
+def test_naming_t7_collects_every_world_and_case(run_tiers: RunTiers) -> None:
+    out = _collect(run_tiers, "--nvfp4-tiers=T7")
     t7 = [line for line in out.splitlines() if "test_t7_sharded.py::" in line]
     assert len(t7) == len(WORLDS) * len(CASES) * len(DTYPES)
     for w in WORLDS:
         assert any(f"[tp{w}-down_1856-float32]" in line for line in t7)
 
 
-def test_t7_certifies_the_reference_backend(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_t7_certifies_the_reference_backend(run_tiers: RunTiers, pytester: pytest.Pytester) -> None:
     pytest.importorskip("nvfp4_torch.ranks")  # the parity extra (torch)
-    monkeypatch.delenv("NVFP4_BACKEND", raising=False)
-    cert_path = pytester.path / "cert.json"
-    result = pytester.runpytest(
-        "--pyargs",
-        "nvfp4_conformance.tiers",
-        "--nvfp4-backend=reference",
-        "--nvfp4-tiers=T7",
-        f"--nvfp4-certificate={cert_path}",
-        "-p",
-        "no:cacheprovider",
-    )
+    result, cert = run_tiers("reference", "--nvfp4-tiers=T7")
     assert result.ret == 0, result.stdout.str()[-3000:]
-    cert: dict[str, Any] = json.loads(cert_path.read_text(encoding="utf-8"))
     t7 = [t for t in cert["tests"] if t["tier"] == "T7"]
     assert len(t7) == len(WORLDS) * len(CASES) * len(DTYPES)
     assert all(t["outcome"] == "passed" for t in t7)
@@ -94,6 +70,6 @@ def test_t7_certifies_the_reference_backend(
             worst = section["worst"][path][dtype]
             assert 0 < worst["max_rel_err"] <= worst["tolerance"], (path, dtype, worst)
     assert section["worst"]["row_parallel"]["bfloat16"]["tolerance"] == 1e-2
-    md = cert_path.with_suffix(".md").read_text(encoding="utf-8")
+    md = (pytester.path / "cert-reference.md").read_text(encoding="utf-8")
     assert "## T7 sharded (spec 1.2 (draft))" in md
     assert "| row_parallel | float32 |" in md

@@ -7,6 +7,7 @@ backend, sees the same bytes and the certificate's figures are comparable.
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,6 +18,7 @@ from nvfp4.testing import globals_for, random_planes, raw_planes, realistic_weig
 
 __all__ = [
     "MalformedCase",
+    "case_rng",
     "codes_probe",
     "content_malformed_cases",
     "globals_for",
@@ -26,6 +28,13 @@ __all__ = [
     "scales_probe",
     "structural_malformed_cases",
 ]
+
+
+def case_rng(*key: object) -> np.random.Generator:
+    """A generator seeded by a case's key (the CRC-32 of ``repr(key)``): the same numbers
+    for that case on every run, machine and backend."""
+    return np.random.default_rng(zlib.crc32(repr(key).encode()))
+
 
 #: The 127 valid E4M3 scale bytes (0x00..0x7E).
 VALID_SCALE_BYTES = np.arange(0x7F, dtype=np.uint8)

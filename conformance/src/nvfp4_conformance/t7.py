@@ -108,22 +108,16 @@ CASES: tuple[Case, ...] = (
 )  # fmt: skip
 
 
-def _rng(*key: object) -> np.random.Generator:
-    import zlib
-
-    return np.random.default_rng(zlib.crc32(repr(key).encode()))
-
-
 def write_inputs(folder: Path) -> None:
     """The weights (reference-quantized, realistic) and activations of every case, one
     ``<case>.npz`` each, with expert ids for ``"experts"``."""
     from nvfp4.fusion import fuse
     from nvfp4.testing import activations
 
-    from .cases import realistic_weight
+    from .cases import case_rng, realistic_weight
 
     for c in CASES:
-        rng = _rng("t7", c.name)
+        rng = case_rng("t7", c.name)
         if c.kind == "experts":
             # expert e scaled by 2**(e - 10): globals 2**15 apart, outputs finite in float16
             w = realistic_weight(rng, c.n, c.k, name=c.name, experts=c.experts, expert_base=2**-10)

@@ -34,22 +34,14 @@ from nvfp4.fusion import stack_experts
 from nvfp4.layouts import to_gguf, to_modelopt
 from nvfp4.planes import NVFP4Planes
 from nvfp4_checkpoints.cli import main
+from small_models import llama_config
 
 torch = pytest.importorskip("torch")
 st_torch = pytest.importorskip("safetensors.torch")
 gguf = pytest.importorskip("gguf")
 
 FLAVOURS = ("modelopt", "compressed-tensors", "mlx", "gguf")
-CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "num_hidden_layers": 1,
-    "hidden_size": 64,
-    "intermediate_size": 64,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 64,
-}
+CONFIG = llama_config()
 Q = "model.layers.0.self_attn.q_proj"
 K = "model.layers.0.self_attn.k_proj"
 ODD = "model.layers.0.adapter.proj"  # no config dimension says its shape

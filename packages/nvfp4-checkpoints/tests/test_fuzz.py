@@ -47,19 +47,11 @@ from hostile import MAX_SECONDS, Outcome, outside_reads, run_guarded, tree_hash
 from nvfp4 import quantize
 from nvfp4.fusion import stack_experts
 from nvfp4_checkpoints import FLAVOURS, open_checkpoint, write_checkpoint
+from small_models import llama_config
 
 EXAMPLES = int(os.environ.get("NVFP4_FUZZ_EXAMPLES", "1000"))
 SEED = int(os.environ.get("NVFP4_FUZZ_SEED", "0"))
-CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "num_hidden_layers": 1,
-    "hidden_size": 64,
-    "intermediate_size": 64,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "vocab_size": 64,
-}
+CONFIG = llama_config(kv_heads=4)
 Q = "model.layers.0.self_attn.q_proj"
 K = "model.layers.0.self_attn.k_proj"
 UP = "model.layers.0.mlp.experts.{}.up_proj"

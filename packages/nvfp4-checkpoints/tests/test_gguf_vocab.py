@@ -36,6 +36,7 @@ from nvfp4_checkpoints import (
     write_checkpoint,
 )
 from nvfp4_checkpoints.gguf.vocab import gguf_pre_tokenizer, read_hf_vocab
+from small_models import byte_level_bpe, llama_config
 
 gguf = pytest.importorskip("gguf")
 tokenizers = pytest.importorskip("tokenizers")
@@ -92,20 +93,15 @@ def _tiny_model(path: Path, vocab_size: int) -> Path:
         "model.layers.0.input_layernorm.weight": np.ones(h, np.float32),
         "model.layers.0.post_attention_layernorm.weight": np.ones(h, np.float32),
     }
-    config = {
-        "model_type": "llama",
-        "architectures": ["LlamaForCausalLM"],
-        "hidden_size": h,
-        "intermediate_size": inter,
-        "num_hidden_layers": 1,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "vocab_size": vocab_size,
-        "max_position_embeddings": 128,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0,
-        "tie_word_embeddings": True,
-    }
+    config = llama_config(
+        hidden=h,
+        intermediate=inter,
+        vocab=vocab_size,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+    )
     return write_checkpoint(path, planes, flavour="modelopt", tensors=tensors, config=config)
 
 
@@ -154,24 +150,9 @@ def _byte_level(
     path: Path, steps: list[Any], specials: list[str], *, normal_added: list[str] = ()
 ) -> Path:
     """Train a small byte-level BPE with the given splitting steps before ByteLevel."""
-    pre = tokenizers.pre_tokenizers
-    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
-    use_regex = not any(isinstance(s, pre.Split) for s in steps)
-    tok.pre_tokenizer = pre.Sequence(
-        [*steps, pre.ByteLevel(add_prefix_space=False, use_regex=use_regex)]
+    return byte_level_bpe(
+        path, steps, specials, corpus=CORPUS, vocab_size=600, normal_added=normal_added
     )
-    tok.decoder = tokenizers.decoders.ByteLevel()
-    trainer = tokenizers.trainers.BpeTrainer(
-        vocab_size=600,
-        special_tokens=specials,
-        initial_alphabet=pre.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(CORPUS, trainer)
-    tok.add_tokens([tokenizers.AddedToken(t, normalized=False) for t in normal_added])
-    path.mkdir(parents=True)
-    tok.save(str(path / "tokenizer.json"))
-    return path
 
 
 # ======================================================================= SmolLM2

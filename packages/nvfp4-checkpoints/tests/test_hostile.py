@@ -24,6 +24,7 @@ from nvfp4.fusion import stack_experts
 from nvfp4.layouts import to_gguf
 from nvfp4_checkpoints import write_checkpoint
 from nvfp4_checkpoints.safetensors_io import SafetensorsFile, save_file
+from small_models import TOKENIZER_JSON
 
 CONFIG = {"model_type": "llama", "num_hidden_layers": 1, "hidden_size": 64}
 ST = "model.safetensors"
@@ -1085,14 +1086,6 @@ def test_a_valid_llama_gguf_is_read_with_its_heads(tmp_path: Path) -> None:
     assert outcome.status == 0, outcome.stderr
 
 
-#: A byte-level BPE tokenizer.json small enough to spell out (what a GGUF output converts).
-TOKENIZER_JSON = {
-    "version": "1.0",
-    "added_tokens": [],
-    "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": [["a", "b"]]},
-    "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True},
-    "decoder": {"type": "ByteLevel"},
-}
 SECRET_TEMPLATE = "{{ 'the secret chat template' }}"
 
 

@@ -16,6 +16,7 @@ from nvfp4 import quantize, reference
 from nvfp4_checkpoints import open_checkpoint, write_checkpoint
 from nvfp4_checkpoints.cli import main
 from nvfp4_checkpoints.shard import MANIFEST
+from small_models import llama_config
 
 
 def mlp_checkpoint(path: Path, hidden: int, inter: int, flavour: str = "modelopt") -> Path:
@@ -28,16 +29,7 @@ def mlp_checkpoint(path: Path, hidden: int, inter: int, flavour: str = "modelopt
         layer + "down_proj": rng.standard_normal((hidden, inter), dtype=np.float32),
     }
     planes = {name: quantize(w, name=name) for name, w in dense.items()}
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": hidden,
-        "intermediate_size": inter,
-        "num_hidden_layers": 1,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "vocab_size": 256,
-    }
+    config = llama_config(hidden=hidden, intermediate=inter, vocab=256)
     norm = {"model.layers.0.post_attention_layernorm.weight": np.ones(hidden, np.float32)}
     return write_checkpoint(path, planes, flavour=flavour, tensors=norm, config=config)
 

@@ -25,6 +25,7 @@ from nvfp4 import quantize
 from nvfp4_checkpoints import CheckpointError, open_checkpoint, write_checkpoint
 from nvfp4_checkpoints.folder import CheckpointFolder
 from nvfp4_checkpoints.safetensors_io import SafetensorsFile
+from small_models import TOKENIZER_JSON
 
 SECRET = b'{"secret": "outside the checkpoint"}'
 CONFIG = {"model_type": "llama", "num_hidden_layers": 1, "vocab_size": 3}
@@ -93,51 +94,57 @@ def test_swapped_for_a_symlink_outside_is_refused(
     assert os.path.islink(folder / "a.json")  # the swap happened, and was not followed
 
 
-def test_a_folder_on_the_path_swapped_for_a_symlink_is_refused(
-    layout: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+def _sub_folder_to_symlink(path: Path, folder: Path, outside: Path) -> None:
+    shutil.rmtree(folder / "sub")
+    (folder / "sub").symlink_to(outside)
+
+
+def _to_another_file(path: Path, folder: Path, outside: Path) -> None:
+    tmp = path.with_name("new")
+    tmp.write_bytes(SECRET)
+    os.replace(tmp, path)
+
+
+def _to_named_pipe(path: Path, folder: Path, outside: Path) -> None:
+    path.unlink()
+    os.mkfifo(path)  # a blocking open would wait for a writer forever
+
+
+@pytest.mark.parametrize(
+    ("member", "swap", "match"),
+    [
+        pytest.param(
+            "sub/b.json",
+            _sub_folder_to_symlink,
+            r"'sub/b.json': expected the regular file .*found a symlink",
+            id="a-folder-on-the-path-for-a-symlink",
+        ),
+        pytest.param(
+            "a.json",
+            _to_another_file,
+            r"found another file \(replaced during the read\)",
+            id="for-another-file",
+        ),
+        pytest.param(
+            "a.json",
+            _to_named_pipe,
+            r"found a named pipe \(replaced during the read\)",
+            id="for-a-named-pipe-without-waiting",
+        ),
+    ],
+)
+def test_swapped_after_its_check_is_refused(
+    layout: tuple[Path, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    member: str,
+    swap: Callable[[Path, Path, Path], None],
+    match: str,
 ) -> None:
     folder, outside = layout
-
-    def swap(path: Path) -> None:
-        shutil.rmtree(folder / "sub")
-        (folder / "sub").symlink_to(outside)
-
-    _swap_after_check(monkeypatch, "sub/b.json", swap)
-    with pytest.raises(
-        CheckpointError,
-        match=r"'sub/b.json': expected the regular file .*found "
-        r"a symlink",
-    ):
-        CheckpointFolder(folder).json("sub/b.json")
-
-
-def test_swapped_for_another_file_is_refused(
-    layout: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    folder, _ = layout
-
-    def swap(path: Path) -> None:
-        tmp = path.with_name("new")
-        tmp.write_bytes(SECRET)
-        os.replace(tmp, path)
-
-    _swap_after_check(monkeypatch, "a.json", swap)
-    with pytest.raises(CheckpointError, match=r"found another file \(replaced during the read\)"):
-        CheckpointFolder(folder).json("a.json")
-
-
-def test_swapped_for_a_named_pipe_is_refused_without_waiting(
-    layout: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    folder, _ = layout
-
-    def swap(path: Path) -> None:
-        path.unlink()
-        os.mkfifo(path)  # a blocking open would wait for a writer forever
-
-    _swap_after_check(monkeypatch, "a.json", swap)
-    with pytest.raises(CheckpointError, match=r"found a named pipe \(replaced during the read\)"):
-        CheckpointFolder(folder).json("a.json")
+    fired = _swap_after_check(monkeypatch, member, lambda path: swap(path, folder, outside))
+    with pytest.raises(CheckpointError, match=match):
+        CheckpointFolder(folder).json(member)
+    assert fired == [1]
 
 
 def _modelopt(path: Path) -> Path:
@@ -166,15 +173,6 @@ def test_a_plain_safetensors_file_still_maps(tmp_path: Path) -> None:
     ck = _modelopt(tmp_path / "ck")
     sf = SafetensorsFile(ck / "model.safetensors")
     assert np.array_equal(sf.get("model.norm.weight"), np.ones(64, np.float32))
-
-
-TOKENIZER_JSON = {
-    "version": "1.0",
-    "added_tokens": [],
-    "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": [["a", "b"]]},
-    "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True},
-    "decoder": {"type": "ByteLevel"},
-}
 
 
 @pytest.mark.parametrize("to", ["modelopt", "compressed-tensors", "mlx", "gguf"])

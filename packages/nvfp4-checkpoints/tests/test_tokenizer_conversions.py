@@ -20,6 +20,7 @@ import pytest
 from nvfp4 import quantize
 from nvfp4_checkpoints import CheckpointError, open_checkpoint, write_checkpoint
 from nvfp4_checkpoints.tokenizer import TokenizerUnavailable, hf_tokenizer_from_gguf
+from small_models import byte_level_bpe
 
 pytest.importorskip("gguf")
 tokenizers = pytest.importorskip("tokenizers")
@@ -43,24 +44,8 @@ CORPUS = [
 
 
 def _tokenizer_dir(path: Path) -> Path:
-    pre = tokenizers.pre_tokenizers
-    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
-    tok.pre_tokenizer = pre.Sequence(
-        [
-            pre.Split(tokenizers.Regex(LLAMA3_SPLIT), behavior="isolated"),
-            pre.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    tok.decoder = tokenizers.decoders.ByteLevel()
-    trainer = tokenizers.trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=SPECIALS,
-        initial_alphabet=pre.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(CORPUS, trainer)
-    path.mkdir(parents=True)
-    tok.save(str(path / "tokenizer.json"))
+    split = tokenizers.pre_tokenizers.Split(tokenizers.Regex(LLAMA3_SPLIT), behavior="isolated")
+    byte_level_bpe(path, [split], SPECIALS, corpus=CORPUS, vocab_size=400)
     config = {
         "bos_token": SPECIALS[0],
         "eos_token": SPECIALS[1],
@@ -163,12 +148,9 @@ def test_a_gguf_without_tokenizer_converts_with_a_note(
         "the output has no tokenizer" in n and "no tokenizer metadata (tokenizer.ggml.model)" in n
         for n in notes
     ), notes
-    with pytest.raises(TokenizerUnavailable, match=r"t\.gguf: no tokenizer metadata"):
-        write_checkpoint(
-            tmp_path / "refused", planes, flavour="mlx", tensors=tensors, config=config,
-            tokenizer=gguf,
-        )  # fmt: skip
-    assert not (tmp_path / "refused").exists()
+    _refused_as_tokenizer(
+        tmp_path / "refused", gguf, TokenizerUnavailable, r"t\.gguf: no tokenizer metadata"
+    )
 
 
 def test_without_transformers_the_reason_is_given(
@@ -186,28 +168,34 @@ def test_without_transformers_the_reason_is_given(
     assert not (tmp_path / "tokenizer.json").exists()
 
 
-def test_a_directory_without_tokenizer_is_refused_as_tokenizer(tmp_path: Path) -> None:
+def _refused_as_tokenizer(dst: Path, tokenizer: Path, error: type[Exception], match: str) -> None:
+    """Writing the 300-token model as MLX at ``dst`` with ``tokenizer`` raises ``error``
+    (message matching ``match``) and leaves no ``dst``."""
     planes, tensors, config = _model(300)
-    (tmp_path / "empty").mkdir()
-    with pytest.raises(CheckpointError, match="expected a Hugging Face tokenizer directory"):
+    with pytest.raises(error, match=match):
         write_checkpoint(
-            tmp_path / "x", planes, flavour="mlx", tensors=tensors, config=config,
-            tokenizer=tmp_path / "empty",
-        )  # fmt: skip
-    assert not (tmp_path / "x").exists()
+            dst, planes, flavour="mlx", tensors=tensors, config=config, tokenizer=tokenizer
+        )
+    assert not dst.exists()
+
+
+def test_a_directory_without_tokenizer_is_refused_as_tokenizer(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    _refused_as_tokenizer(
+        tmp_path / "x",
+        tmp_path / "empty",
+        CheckpointError,
+        "expected a Hugging Face tokenizer directory",
+    )
 
 
 def test_a_symlinked_tokenizer_file_is_refused(tok_dir: Path, tmp_path: Path) -> None:
     linked = tmp_path / "linked"
     linked.mkdir()
     (linked / "tokenizer.json").symlink_to(tok_dir / "tokenizer.json")
-    planes, tensors, config = _model(300)
-    with pytest.raises(CheckpointError, match=r"linked: file 'tokenizer\.json': is a symlink"):
-        write_checkpoint(
-            tmp_path / "x", planes, flavour="mlx", tensors=tensors, config=config,
-            tokenizer=linked,
-        )  # fmt: skip
-    assert not (tmp_path / "x").exists()
+    _refused_as_tokenizer(
+        tmp_path / "x", linked, CheckpointError, r"linked: file 'tokenizer\.json': is a symlink"
+    )
 
 
 def test_cli_convert_takes_a_tokenizer(tok_dir: Path, tmp_path: Path) -> None:

@@ -342,24 +342,35 @@ def measure_gather_qmm(worst: Worst, quick: bool) -> int:
     return count
 
 
+def quantized_x_shapes(quick: bool) -> Iterator[tuple[int, int, int, int]]:
+    """The grid of the paths that quantize x (W4A4, W4A8): the seeded shapes up to a
+    quarter of the work (and 300 x 4096 x 256), the first seeds only."""
+    for m, k, n, seed in seeded_shapes(quick):
+        if m * k * n > MAX_WORK // 4 and (m, k, n) != (300, 4096, 256):
+            continue
+        if seed < W4A4_TINY_OUTPUT_SEEDS:
+            yield m, k, n, seed
+
+
+def seeded_case(m: int, k: int, n: int, seed: int, salt: int) -> tuple[NVFP4Planes, F32, F32, F32]:
+    """A random [N, K] weight quantized by the reference and a random [M, K] x (the generator
+    seeded with the shape, the seed and ``salt``), with the weight's unscaled values and row
+    globals."""
+    rng = np.random.default_rng([m, k, n, seed, salt])
+    w = ref.quantize(rng.standard_normal((n, k)).astype(np.float32))
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    return w, x, ref.dequantize_unscaled(w), w.row_global()
+
+
 def measure_w4a4(worst: Worst, quick: bool) -> int:
     """W4A4 against ``qmm_w4a4``: the activations quantized by the reference rule (dynamic
     global); the implementations differ only in accumulation order."""
     count = 0
-    for m, k, n, seed in seeded_shapes(quick):
-        if m * k * n > MAX_WORK // 4 and (m, k, n) != (300, 4096, 256):
-            continue
-        if seed >= W4A4_TINY_OUTPUT_SEEDS:
-            continue
-        rng = np.random.default_rng([m, k, n, seed, 44])
-        w = ref.quantize(rng.standard_normal((n, k)).astype(np.float32))
-        x = rng.standard_normal((m, k)).astype(np.float32)
+    for m, k, n, seed in quantized_x_shapes(quick):
+        w, x, wv, g = seeded_case(m, k, n, seed, 44)
 
         def reference(xin: F32, w: NVFP4Planes = w) -> F64:
             return ref.qmm_w4a4(xin, w, out_dtype=None)
-
-        wv = ref.dequantize_unscaled(w)
-        g = w.row_global()
 
         quantized: dict[bytes, NVFP4Planes] = {}
 
@@ -402,12 +413,9 @@ def measure_w4a4(worst: Worst, quick: bool) -> int:
 # ------------------------------------------------------------------------------ W4A8
 def w4a8_shapes(quick: bool) -> Iterator[tuple[int, int, int, int]]:
     """The W4A4 grid without K = 16 (W4A8 int8 needs K % 32 == 0)."""
-    for m, k, n, seed in seeded_shapes(quick):
-        if k % Q8_BLOCK_SIZE or seed >= W4A4_TINY_OUTPUT_SEEDS:
-            continue
-        if m * k * n > MAX_WORK // 4 and (m, k, n) != (300, 4096, 256):
-            continue
-        yield m, k, n, seed
+    for m, k, n, seed in quantized_x_shapes(quick):
+        if k % Q8_BLOCK_SIZE == 0:
+            yield m, k, n, seed
 
 
 def ggml_order(xq: Q8Activations, w: NVFP4Planes) -> F32:
@@ -424,21 +432,11 @@ def ggml_order(xq: Q8Activations, w: NVFP4Planes) -> F32:
     return np.asarray(np.cumsum(coef * isum, axis=0, dtype=np.float32)[-1], dtype=np.float32)
 
 
-def w4a8_case(m: int, k: int, n: int, seed: int, salt: int) -> tuple[NVFP4Planes, F32, F32, F32]:
-    """A random [N, K] weight quantized by the reference and a random [M, K] x (the generator
-    seeded with the shape, the seed and ``salt``), with the weight's unscaled values and row
-    globals."""
-    rng = np.random.default_rng([m, k, n, seed, salt])
-    w = ref.quantize(rng.standard_normal((n, k)).astype(np.float32))
-    x = rng.standard_normal((m, k)).astype(np.float32)
-    return w, x, ref.dequantize_unscaled(w), w.row_global()
-
-
 def measure_w4a8(worst: Worst, quick: bool, info: dict[str, list[float]]) -> int:
     """W4A8 int8 against ``qmm_w4a8`` on the same x; the W4A16 gap kept as information."""
     count = 0
     for m, k, n, seed in w4a8_shapes(quick):
-        w, x, wv, g = w4a8_case(m, k, n, seed, 48)
+        w, x, wv, g = seeded_case(m, k, n, seed, 48)
 
         def reference(xin: F32, w: NVFP4Planes = w) -> F64:
             return ref.qmm_w4a8(xin, w, out_dtype=None)
@@ -463,7 +461,7 @@ def measure_w4a8_fp8(worst: Worst, quick: bool, info: dict[str, list[float]]) ->
     one 1.5x above it); the W4A16 gap kept as information."""
     count = 0
     for m, k, n, seed in w4a8_shapes(quick):
-        w, x, wv, g = w4a8_case(m, k, n, seed, 88)
+        w, x, wv, g = seeded_case(m, k, n, seed, 88)
         for scale in (None, float(np.abs(x).max() / np.float32(448.0) * np.float32(1.5))):
 
             def reference(xin: F32, w: NVFP4Planes = w, scale: float | None = scale) -> F64:

@@ -551,16 +551,18 @@ def test_activation_planes() -> None:
 
 
 # ---------------------------------------------------------------- 4. W4A8 (spec 1.1)
-def _q8_keys() -> list[tuple[str, str]]:
+def _activation_stems(op: str) -> list[tuple[str, str]]:
+    """``(case, stem)`` of every activation encoding ``op`` the fixtures record (its arrays
+    are ``<stem>_codes`` and the rest)."""
     return [
         (n, k.removesuffix("_codes"))
         for n in NAMES
         for k, r in BY_NAME[n]["arrays"].items()
-        if r.get("op") == "quantize_activations_q8" and k.endswith("_codes")
+        if r.get("op") == op and k.endswith("_codes")
     ]
 
 
-@pytest.mark.parametrize(("name", "stem"), _q8_keys())
+@pytest.mark.parametrize(("name", "stem"), _activation_stems("quantize_activations_q8"))
 def test_q8_planes_equal_gguf_py(name: str, stem: str) -> None:
     """The int8 codes and float16 ``d`` equal gguf-py's Q8_0 quantizer (ggml's reference
     rule), bit for bit, on every finite block; non-finite blocks have codes 0 and d NaN
@@ -597,44 +599,11 @@ def test_q8_rounding_case_by_hand() -> None:
     rounding (ties to even, subnormal, underflow, overflow)."""
     c = load_case("w4a8_q8_rounding")
     q, d = c["q8_codes"].astype(int), c["q8_d"].view(np.float16)
-    assert q[0, :17].tolist() == [
-        127,
-        1,
-        2,
-        3,
-        4,
-        7,
-        64,
-        100,
-        127,
-        -1,
-        -2,
-        -3,
-        -4,
-        -7,
-        -64,
-        -100,
-        -127,
-    ]
-    assert q[0, 32:49].tolist() == [
-        -127,
-        0,
-        1,
-        2,
-        3,
-        6,
-        63,
-        99,
-        126,
-        -1,
-        -2,
-        -3,
-        -4,
-        -7,
-        -64,
-        -100,
-        -127,
-    ]
+    # -0.5, -1.5, ..., -126.5 (block 0) and their float32 neighbours one ulp further from 0
+    # (block 1) both round away from zero
+    negative_halves = [-1, -2, -3, -4, -7, -64, -100, -127]
+    assert q[0, :17].tolist() == [127, 1, 2, 3, 4, 7, 64, 100, 127, *negative_halves]
+    assert q[0, 32:49].tolist() == [-127, 0, 1, 2, 3, 6, 63, 99, 126, *negative_halves]
     assert q[0, 64:71].tolist() == [127, 1, 3, 18, 51, 100, 127]
     inv = np.float32(1.0) / np.float32(np.float32(100.0) / np.float32(127.0))
     assert ((c["q8_x"][0, 65:71] * inv).astype(F32) == [0.5, 2.5, 17.5, 50.5, 99.5, 126.5]).all()
@@ -648,16 +617,7 @@ def test_q8_rounding_case_by_hand() -> None:
     assert not q[3, :96].any()
 
 
-def _fp8_stems() -> list[tuple[str, str]]:
-    return [
-        (n, k.removesuffix("_codes"))
-        for n in NAMES
-        for k, r in BY_NAME[n]["arrays"].items()
-        if r.get("op") == "quantize_activations_fp8" and k.endswith("_codes")
-    ]
-
-
-@pytest.mark.parametrize(("name", "stem"), _fp8_stems())
+@pytest.mark.parametrize(("name", "stem"), _activation_stems("quantize_activations_fp8"))
 def test_fp8_codes_equal_ml_dtypes(name: str, stem: str) -> None:
     """FP8 codes: ``float8_e4m3fn`` (nearest-even) of ``x / input_scale`` clamped to 448;
     0x7F for NaN/Inf; the dynamic scale is amax / 448 over the finite values."""

@@ -1,5 +1,6 @@
-"""nvfp4.fixtures.safetensors_reader: every committed fixture as the safetensors library
-reads it (the oracle), and malformed files refused with one line naming file and tensor."""
+"""nvfp4.fixtures.safetensors_reader (nvfp4.safetensors_format held to the fixture dtypes):
+every committed fixture as the safetensors library reads it (the oracle), and malformed files
+refused with one line naming file and tensor."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def _refused(blob: bytes, *fragments: str) -> str:
         load(blob, "case.safetensors")
     message = str(info.value)
     assert "\n" not in message
-    assert message.startswith("case.safetensors: "), message
+    assert message.startswith(("case.safetensors: ", "case.safetensors, tensor ")), message
     for fragment in fragments:
         assert fragment in message, message
     return message
@@ -68,34 +69,43 @@ def test_refuses_a_file_shorter_than_the_length_field() -> None:
 
 
 def test_refuses_a_header_length_past_the_end() -> None:
-    _refused(struct.pack("<Q", 1000) + b"{}", "header length 1000", "10 bytes")
+    _refused(struct.pack("<Q", 1000) + b"{}", "header length 1000", "(10 bytes)")
 
 
 def test_refuses_a_header_that_is_not_json() -> None:
-    _refused(struct.pack("<Q", 3) + b"{no", "UTF-8 JSON header")
+    _refused(struct.pack("<Q", 3) + b"{no", "case.safetensors: header: not valid UTF-8 JSON")
 
 
 def test_refuses_a_header_that_is_not_an_object() -> None:
-    _refused(_file([1, 2]), "JSON object header", "list")  # type: ignore[arg-type]
+    _refused(_file([1, 2]), "header is a JSON list, expected an object")  # type: ignore[arg-type]
 
 
 def test_refuses_bad_metadata() -> None:
     _refused(_file({"__metadata__": {"k": 1}}), "__metadata__")
 
 
-def test_refuses_an_entry_with_missing_or_extra_fields() -> None:
-    _refused(_file({"t": {"dtype": "U8", "shape": [1]}}, b"\0"), "tensor 't'", "data_offsets")
+def test_refuses_an_entry_with_a_missing_field() -> None:
+    _refused(_file({"t": {"dtype": "U8", "shape": [1]}}, b"\0"), "tensor 't'", "data_offsets None")
 
 
 def test_refuses_a_dtype_fixtures_never_hold() -> None:
     header = {"t": {"dtype": "BF16", "shape": [1], "data_offsets": [0, 2]}}
-    _refused(_file(header, b"\0\0"), "tensor 't'", "'BF16'", "U8, I8, U16, U32, I32, F32")
+    _refused(
+        _file(header, b"\0\0"),
+        "tensor 't'",
+        "dtype 'BF16' is not one of U8, I8, U16, U32, I32, F32",
+    )
 
 
-@pytest.mark.parametrize("shape", [[-1], [1.5], "3", [True]])
+@pytest.mark.parametrize("shape", [[-1], [1.5], "3", [True], [1] * 9, [10**6]])
 def test_refuses_a_bad_shape(shape: Any) -> None:
     header = {"t": {"dtype": "U8", "shape": shape, "data_offsets": [0, 1]}}
-    _refused(_file(header, b"\0"), "tensor 't'", "shape")
+    _refused(_file(header, b"\0"), "tensor 't': shape", "at most 8 non-negative integers")
+
+
+def test_refuses_a_header_nested_beyond_the_json_limit() -> None:
+    nested = b'{"t": ' + b"[" * 70 + b"]" * 70 + b"}"
+    _refused(struct.pack("<Q", len(nested)) + nested, "JSON nested 71 levels deep", "64 read")
 
 
 @pytest.mark.parametrize("offsets", [[0], [0, "1"], [1, 0], [-1, 0], [0, 9]])
@@ -106,7 +116,11 @@ def test_refuses_offsets_outside_the_buffer(offsets: Any) -> None:
 
 def test_refuses_a_size_that_disagrees_with_dtype_and_shape() -> None:
     header = {"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}
-    _refused(_file(header, b"\0" * 4), "tensor 't'", "expected 8 bytes", "4 bytes")
+    _refused(
+        _file(header, b"\0" * 4),
+        "tensor 't'",
+        "F32 [2] needs 8 bytes but data_offsets [0, 4] span 4",
+    )
 
 
 def test_refuses_overlapping_tensors() -> None:
@@ -114,7 +128,7 @@ def test_refuses_overlapping_tensors() -> None:
         "a": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]},
         "b": {"dtype": "U8", "shape": [2], "data_offsets": [1, 3]},
     }
-    _refused(_file(header, b"\0" * 3), "tensor 'b'", "overlaps")
+    _refused(_file(header, b"\0" * 3), "tensor 'b'", "[1, 3] overlaps", "start at 2")
 
 
 def test_refuses_a_hole_between_tensors() -> None:
@@ -122,12 +136,12 @@ def test_refuses_a_hole_between_tensors() -> None:
         "a": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]},
         "b": {"dtype": "U8", "shape": [1], "data_offsets": [2, 3]},
     }
-    _refused(_file(header, b"\0" * 3), "tensor 'b'", "hole")
+    _refused(_file(header, b"\0" * 3), "tensor 'b'", "[2, 3] leaves a hole", "start at 1")
 
 
 def test_refuses_bytes_after_the_last_tensor() -> None:
     header = {"a": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}
-    _refused(_file(header, b"\0" * 3), "2 bytes after the last one")
+    _refused(_file(header, b"\0" * 3), "2 bytes after the last tensor's data")
 
 
 def test_load_case_names_the_fixture_in_errors(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,7 +19,8 @@ from typing import Any
 
 import nvfp4
 import pytest
-from nvfp4 import spec, tolerances
+from nvfp4 import deviation_registry, spec, spec_files, tolerances
+from nvfp4.testing import module_from_file
 
 PACKAGE_DIR = Path(tolerances.__file__).resolve().parent
 CORE = Path(__file__).resolve().parents[1]
@@ -118,7 +119,7 @@ def test_package_data_wins_and_is_what_is_read(
     (data / "tolerances.toml").write_text(
         original.replace("float32 = 1e-4", "float32 = 5e-5", 1), encoding="utf-8"
     )
-    monkeypatch.setattr(tolerances.resources, "files", lambda _package: tmp_path)
+    monkeypatch.setattr(spec_files.resources, "files", lambda _package: tmp_path)
     assert Path(str(tolerances.data_file(version))) == data / "tolerances.toml"
     _, table = tolerances._read(version)
     assert table["qmm"]["float32"] == 5e-5 != tolerances.TOLERANCES["qmm"]["float32"]
@@ -127,10 +128,17 @@ def test_package_data_wins_and_is_what_is_read(
 def test_no_file_and_a_wrong_version_fail_loudly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(tolerances.resources, "files", lambda _package: tmp_path)
-    monkeypatch.setattr(tolerances, "_CHECKOUT_SPEC", tmp_path / "spec")
-    with pytest.raises(FileNotFoundError, match=r"spec_data.*1\.1.*spec.1\.1"):
+    monkeypatch.setattr(spec_files.resources, "files", lambda _package: tmp_path)
+    monkeypatch.setattr(spec_files, "CHECKOUT_SPEC", tmp_path / "spec")
+    with pytest.raises(
+        FileNotFoundError, match=r"^spec 1\.1 tolerances: .*spec_data.1\.1.*spec.1\.1"
+    ):
         tolerances.data_file("1.1")
+    # the draft's files are looked up the same way, each naming what it looked for
+    with pytest.raises(FileNotFoundError, match=r"^draft spec tolerances: .*spec_data.draft"):
+        tolerances.draft_data_file()
+    with pytest.raises(FileNotFoundError, match=r"^deviation registry: .*spec.draft.deviations"):
+        deviation_registry.data_file()
     wrong = tmp_path / tolerances.SPEC_DATA / "1.1"
     wrong.mkdir(parents=True)
     (wrong / "tolerances.toml").write_text('spec_version = "1.0"\nmetric = "m"\n')
@@ -153,12 +161,7 @@ def hook(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     path = CORE / "hatch_build.py"
     if not path.is_file():
         pytest.skip("hatch_build.py is not installed: run from a checkout or an sdist")
-    module_spec = importlib.util.spec_from_file_location("nvfp4_core_hatch_build", path)
-    assert module_spec is not None
-    assert module_spec.loader is not None
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return module
+    return module_from_file(path, "nvfp4_core_hatch_build")
 
 
 def test_the_build_packages_every_released_version(hook: types.ModuleType) -> None:

@@ -146,17 +146,6 @@ NV_INLINE void nv256_interleave(__m256 e, __m256 o, __m256 *r0, __m256 *r1) {
     *r1 = _mm256_permute2f128_ps(lo, hi, 0x31);
 }
 
-/* Stores v (8 rows starting at n0 + 8h) into o, only the rows below n. */
-NV_INLINE void nv256_store_rows(float *o, __m256 v, int64_t live) {
-    if (live >= 8) {
-        _mm256_storeu_ps(o, v);
-    } else if (live > 0) {
-        const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)live),
-                                                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-        _mm256_maskstore_ps(o, mask, v);
-    }
-}
-
 /* The code bytes of one block of tile tc (8 pairs of 16 rows: 2 lines), prefetched ahead
  * (nvfp4cpu.h) as the block starts. */
 NV_INLINE void nv256_prefetch_block(const uint8_t *tc, int64_t b, int64_t left) {
@@ -230,7 +219,7 @@ static void k256_one(const nv_weight *w, int64_t t, const nv_chunk *c) {
     nv256_pipe_start(&pipe, tc);
     __m256 acc_e = _mm256_setzero_ps(), acc_o = _mm256_setzero_ps();
     for (int64_t b = 0; b < nblocks; b++) {
-        const float *xb = c->panel + b * NV_BLOCK; /* x[16b] */
+        const float *xb = nv_chunk_f32(c) + b * NV_BLOCK; /* x[16b] */
         __m256 pe[2], po[2];                       /* [k parity] */
         nv256_prefetch_block(tc, b, left);
 #pragma GCC unroll 4
@@ -339,7 +328,7 @@ static void k256_one_f16(const nv_weight *w, int64_t t, const nv_chunk *c) {
     nv256_f16_decode(tc, table, hb[0]);
     nv256_f16_decode(tc + NV256_GROUP_BYTES, table, hb[1]);
     for (int64_t b = 0; b < nblocks; b++) {
-        const float *xb = c->panel + b * NV_BLOCK; /* x[16b] */
+        const float *xb = nv_chunk_f32(c) + b * NV_BLOCK; /* x[16b] */
         nv256_prefetch_block(tc, b, left);
         __m256 p0[2], p1[2]; /* rows 0..7 / 8..15, [k parity] */
 #pragma GCC unroll 4
@@ -546,7 +535,7 @@ NV_INLINE void k256_buf(const nv_weight *w, int64_t t, const nv_chunk *c, const 
     const int g_small = ng ? rest / ng : 0, g_big = ng ? ng - rest % ng : 0;
     for (int64_t k0 = kb; k0 < ke; k0 += kp) {
         const int kn = (ke - k0) < kp ? (int)(ke - k0) : kp; /* a multiple of 16, <= KP */
-        const float *xp = c->panel + k0 * MC; /* panel[k0][0] */
+        const float *xp = nv_chunk_f32(c) + k0 * MC; /* panel[k0][0] */
         k256_decode_rows(tc, ts, left, k0 / NV_BLOCK, kn / NV_BLOCK, tlo, thi, wbuf, sbuf, xp, MC,
                          acc, MB0, MB0 <= 2, rest > 0);
 #pragma GCC unroll 8
@@ -683,8 +672,6 @@ static void k256_qmm_tiles(const nv_weight *w, int64_t t0, int64_t nt, const nv_
 }
 
 const nv_isa_kernels nv_kernels_avx2 = {
-    "avx2",
-    NV_AVX2_MC_MAX,
-    k256_qmm_tiles,
+    {"avx2", NV_AVX2_MC_MAX, k256_qmm_tiles},
     generic_dequant_tiles, /* the plain-C decoder, vectorised by the compiler for AVX2 */
 };

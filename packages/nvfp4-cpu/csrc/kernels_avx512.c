@@ -27,12 +27,6 @@ NV_INLINE void nv512_decode(const uint8_t *p, __m512 lut, __m512 *lo, __m512 *hi
     *hi = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), lut);
 }
 
-/* Lanes of tile t that are real rows (the last tile of a ragged N is partly padding). */
-NV_INLINE __mmask16 nv512_live(const nv_weight *w, int64_t t) {
-    const int64_t live = w->n - t * NV_TILE;
-    return live >= NV_TILE ? (__mmask16)0xFFFF : (__mmask16)((1u << live) - 1u);
-}
-
 /* Small chunks (MC <= 4 rows of x), TN tiles at once.
  *
  * Per block b, each (row m, tile t) sums x * e2m1 over the block's 16 elements in two
@@ -55,7 +49,7 @@ NV_INLINE void k512_small(const nv_weight *w, int64_t t0, const nv_chunk *c, con
         for (int m = 0; m < MC; m++) acc[m][t] = _mm512_setzero_ps();
     }
     for (int64_t b = 0; b < nblocks; b++) {
-        const float *xb = c->panel + b * NV_BLOCK * MC; /* panel[16b][0] */
+        const float *xb = nv_chunk_f32(c) + b * NV_BLOCK * MC; /* panel[16b][0] */
         __m512 be[4][4], bo[4][4];
 #pragma GCC unroll 8
         for (int j = 0; j < NV_BLOCK / 2; j++) {
@@ -119,7 +113,7 @@ NV_INLINE void k512_large(const nv_weight *w, int64_t t, const nv_chunk *c, cons
      * addresses the broadcast operands of the FMAs as base + displacement, which Intel cores
      * keep micro-fused, where an indexed address splits each FMA into two uops at rename
      * (the likely cause: zig cc's build ran 10% slower at M = 32 before, gcc's ran the same). */
-    const float *xb = c->panel;
+    const float *xb = nv_chunk_f32(c);
     for (int64_t b = 0; b < nblocks; b++, xb += NV_BLOCK * MC, tc += NV_BLOCK / 2 * NV_TILE) {
         const __m512 s = nv512_scales(ts + b * NV_TILE);
 #pragma GCC unroll 8
@@ -288,8 +282,6 @@ static void k512_dequant_tiles(const nv_weight *w, int64_t t0, int64_t nt, void 
 }
 
 const nv_isa_kernels nv_kernels_avx512 = {
-    "avx512",
-    NV_AVX512_MC_MAX,
-    k512_qmm_tiles,
+    {"avx512", NV_AVX512_MC_MAX, k512_qmm_tiles},
     k512_dequant_tiles,
 };

@@ -28,7 +28,7 @@ __attribute__((unused)) static void generic_qmm_tiles(const nv_weight *w, int64_
             /* the 8 element pairs of block b: pair j holds elements k0 = 16b + 2j and k0+1 */
             for (int j = 0; j < NV_BLOCK / 2; j++) {
                 const uint8_t *cp = tc + (b * (NV_BLOCK / 2) + j) * NV_TILE;
-                const float *x0 = c->panel + (b * NV_BLOCK + 2 * j) * mc; /* panel[k0][.] */
+                const float *x0 = nv_chunk_f32(c) + (b * NV_BLOCK + 2 * j) * mc; /* panel[k0][.] */
                 const float *x1 = x0 + mc;                                /* panel[k0+1][.] */
                 float wl[NV_TILE], wh[NV_TILE];
                 /* e2m1 * e4m3 is exact in float32 (at most 6 significant bits) */

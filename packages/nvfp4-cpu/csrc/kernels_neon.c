@@ -115,7 +115,7 @@ NV_INLINE void kn_full(const nv_weight *w, int64_t t, const nv_chunk *c, uint8x1
     for (int m = 0; m < MC; m++)
         for (int q = 0; q < 4; q++) acc[m][q] = vdupq_n_f32(0.0f);
     for (int64_t b = 0; b < nblocks; b++) {
-        const float *xb = c->panel + b * NV_BLOCK * MC; /* panel[16b][0] */
+        const float *xb = nv_chunk_f32(c) + b * NV_BLOCK * MC; /* panel[16b][0] */
         const uint8x16_t sb = vld1q_u8(ts + b * NV_TILE);
         float32x4_t s[4];
         nvn_scales8(vget_low_u8(sb), s);
@@ -171,7 +171,7 @@ NV_INLINE void kn_half(const nv_weight *w, int64_t t, const nv_chunk *c, uint8x1
 #pragma GCC unroll 8
         for (int m = 0; m < MC; m++) acc[m][0] = acc[m][1] = vdupq_n_f32(0.0f);
         for (int64_t b = 0; b < nblocks; b++) {
-            const float *xb = c->panel + b * NV_BLOCK * MC;
+            const float *xb = nv_chunk_f32(c) + b * NV_BLOCK * MC;
             float32x4_t s[2];
             nvn_scales8(vld1_u8(ts + b * NV_TILE + 8 * h), s);
             for (int j = 0; j < NV_BLOCK / 2; j += G) {
@@ -327,8 +327,6 @@ static void kn_dequant_tiles(const nv_weight *w, int64_t t0, int64_t nt, void *o
 }
 
 const nv_isa_kernels nv_kernels_neon = {
-    "neon",
-    NV_NEON_MC_MAX,
-    kn_qmm_tiles,
+    {"neon", NV_NEON_MC_MAX, kn_qmm_tiles},
     kn_dequant_tiles,
 };

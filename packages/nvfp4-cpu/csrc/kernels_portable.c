@@ -4,8 +4,6 @@
 #include "kernels_generic.h"
 
 const nv_isa_kernels nv_kernels_portable = {
-    "portable",
-    NV_GENERIC_MC_MAX,
-    generic_qmm_tiles,
+    {"portable", NV_GENERIC_MC_MAX, generic_qmm_tiles},
     generic_dequant_tiles,
 };

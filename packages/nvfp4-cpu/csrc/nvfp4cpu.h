@@ -75,22 +75,31 @@ typedef struct {
     int64_t k;             /* contraction length, a multiple of 16 */
 } nv_weight;
 
-/* A chunk of activation rows, ready for a kernel. */
+/* A chunk of activation rows, ready for a kernel (W4A16 or W4A8). */
 typedef struct {
-    const float *panel;      /* [K][mc], see above */
+    const void *panel;       /* W4A16: float32 [K][mc], see above (nv_chunk_f32); W4A8: the
+                                Q8 records of w4a8.h (nv_chunk_q8) */
     int mc;                  /* rows in the chunk, 1 .. mc_max */
     float *out;              /* output base: row r of the result is out + r * ldo */
     int64_t ldo;             /* output row stride in floats (= N) */
     const int64_t *out_rows; /* mc output row indices */
 } nv_chunk;
 
-/* The kernels of one ISA level. */
+/* The W4A16 kernels' view of a chunk's panel. */
+NV_INLINE const float *nv_chunk_f32(const nv_chunk *c) { return (const float *)c->panel; }
+
+/* The matmul kernel of one ISA level, W4A16 or W4A8: what the matmul driver (route.h) runs. */
 typedef struct {
     const char *name;
-    int mc_max; /* largest chunk its qmm kernel takes (<= NV_MC_LIMIT) */
-    /* y[out_rows[i]][16t + r] = rowg[16t + r] * sum_k panel[k][i] * w[16t + r][k] for the
-     * tiles t in [t0, t0 + nt); rows >= n are not written. */
+    int mc_max; /* largest chunk it takes (<= NV_MC_LIMIT, W4A8 <= NV_Q8_MC_LIMIT) */
+    /* y[out_rows[i]][16t + r] for the tiles t in [t0, t0 + nt); rows >= n are not written. */
     void (*qmm_tiles)(const nv_weight *w, int64_t t0, int64_t nt, const nv_chunk *c);
+} nv_matmul_kernel;
+
+/* The kernels of one ISA level. */
+typedef struct {
+    /* W4A16: y[out_rows[i]][16t + r] = rowg[16t + r] * sum_k panel[k][i] * w[16t + r][k] */
+    nv_matmul_kernel mm;
     /* Decode tiles [t0, t0 + nt) of w into out ([n][k] of the given kind), exactly. */
     void (*dequant_tiles)(const nv_weight *w, int64_t t0, int64_t nt, void *out, int kind);
 } nv_isa_kernels;
@@ -209,13 +218,34 @@ NV_INLINE uint16_t nv_f32_to_f16(float f) {
     }
 }
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+/* Shared by the AVX2 W4A16 and W4A8 kernels: stores v (8 output rows starting at n0 + 8h)
+ * into o, only the `live` rows below n. */
+NV_INLINE void nv256_store_rows(float *o, __m256 v, int64_t live) {
+    if (live >= 8) {
+        _mm256_storeu_ps(o, v);
+    } else if (live > 0) {
+        const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)live),
+                                                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        _mm256_maskstore_ps(o, mask, v);
+    }
+}
+#endif
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
-/* The 16 scale bytes of one block of one tile -> 16 float32 scales (exact: the float16 trick
- * of NV_E4M3_F16_FACTOR). Shared by the AVX-512 W4A16 and the VNNI W4A8 kernels. */
+/* Shared by the AVX-512 W4A16 and the VNNI W4A8 kernels. The 16 scale bytes of one block of
+ * one tile -> 16 float32 scales (exact: the float16 trick of NV_E4M3_F16_FACTOR). */
 NV_INLINE __m512 nv512_scales(const uint8_t *p) {
     const __m256i h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p)), 7);
     return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(NV_E4M3_F16_FACTOR));
+}
+
+/* Lanes of tile t that are real rows (the last tile of a ragged N is partly padding). */
+NV_INLINE __mmask16 nv512_live(const nv_weight *w, int64_t t) {
+    const int64_t live = w->n - t * NV_TILE;
+    return live >= NV_TILE ? (__mmask16)0xFFFF : (__mmask16)((1u << live) - 1u);
 }
 #endif
 

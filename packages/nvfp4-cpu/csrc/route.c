@@ -120,3 +120,38 @@ void nv_route_run(const nv_route *r, const uint8_t *codes, const uint8_t *scales
     nv_route_job job = {r, codes, scales, rowg, n, k, fn, ctx};
     nv_parallel(nv_route_task, &job, r->items, 1, nv_threads_for(nth, r->items, work));
 }
+
+/* ------------------------------------------------------------------- the matmul driver */
+
+static void nv_matmul_item(const void *ctx, const nv_weight *w, int64_t t0, int64_t nt, int64_t ci) {
+    const nv_matmul_job *j = (const nv_matmul_job *)ctx;
+    const nv_route_chunk *cd = &j->route->chunks[ci];
+    const nv_chunk c = {nv_matmul_panel(j, cd), cd->mc, j->out, w->n, cd->rows};
+    j->kern->qmm_tiles(w, t0, nt, &c);
+}
+
+int nv_matmul_run(const nv_matmul *mm, int isa, int nth, const uint8_t *codes,
+                  const uint8_t *scales, const float *rowg, int64_t e, int64_t n, int64_t k,
+                  const float *x, int64_t m, const int64_t *ids, float *out) {
+    const nv_matmul_kernel *kern = mm->kernel(isa);
+    if (!kern || e < 1 || n < 1 || k < mm->kblock || k % mm->kblock || m < 0) return NV_EINVAL;
+    if (m == 0) return 0;
+    nv_route r;
+    if (nv_route_plan(&r, ids, m, e, n, kern->mc_max, out)) return NV_ENOMEM;
+    /* every valid row's panel bytes; chunk panels start on 4-byte boundaries (W4A8 records of
+     * mc rows are 44 * mc bytes), the whole is 64-byte aligned */
+    const int64_t row_bytes = mm->row_bytes(k);
+    uint8_t *panels = (uint8_t *)nv_aligned_alloc((size_t)(r.valid * row_bytes));
+    if (!panels) { nv_route_free(&r); return NV_ENOMEM; }
+    const nv_matmul_job job = {kern, &r, panels, row_bytes, x, k, out};
+    if (r.nact) {
+        nv_parallel(mm->fill, (void *)&job, r.nchunks, 1,
+                    nv_threads_for(nth, r.nchunks, mm->fill_ops * r.valid * k));
+        /* work: multiply-adds, counting each expert's weights at least once (M = 1 streams) */
+        nv_route_run(&r, codes, scales, rowg, n, k, nv_matmul_item, &job, nth,
+                     (r.valid + r.nact) * r.tiles * NV_TILE * k / mm->macs_per_work);
+    }
+    free(panels);
+    nv_route_free(&r);
+    return 0;
+}

@@ -1,5 +1,5 @@
-/* The work plan of a matmul driver, shared by the W4A16 (api.c) and W4A8 (w4a8_api.c)
- * matmuls, with one matrix or a stack of experts.
+/* The work plan of a matmul, and the driver that runs it, shared by the W4A16 (api.c) and
+ * W4A8 (w4a8_api.c) matmuls, with one matrix or a stack of experts.
  *
  * The rows of x whose expert id is in [0, E) are grouped by expert (a stable counting sort:
  * within an expert the rows keep their order), and each expert's rows are cut into balanced
@@ -55,5 +55,43 @@ typedef void (*nv_route_fn)(const void *ctx, const nv_weight *w, int64_t t0, int
 void nv_route_run(const nv_route *r, const uint8_t *codes, const uint8_t *scales,
                   const float *rowg, int64_t n, int64_t k, nv_route_fn fn, const void *ctx,
                   int nth, int64_t work);
+
+/* ------------------------------------------------------------------- the matmul driver
+ * What a matmul (W4A16 or W4A8) gives the driver: its level's kernel, the block K must be a
+ * multiple of, and how its activation panels are made. The driver checks the dimensions,
+ * plans the rows, makes every chunk's panel (in parallel over chunks; rows of out-of-range
+ * ids are never read), runs the items and frees what it allocated. */
+typedef struct {
+    const nv_matmul_kernel *(*kernel)(int isa); /* the level's kernel, NULL where it cannot run */
+    int64_t kblock;                  /* K: a positive multiple of it */
+    int64_t (*row_bytes)(int64_t k); /* panel bytes of one row of x (the same for every row) */
+    nv_task fill;                    /* makes the panels of chunks [lo, hi); ctx: nv_matmul_job */
+    int64_t fill_ops;                /* operations per element of x that `fill` costs (0: the
+                                        calling thread makes every panel) */
+    int64_t macs_per_work;           /* multiply-adds per unit of work: 1, 2 where they cost half */
+} nv_matmul;
+
+/* One call's state, the ctx of `fill`. */
+typedef struct {
+    const nv_matmul_kernel *kern; /* the first member of the level's table (nv_w4a8_kernels) */
+    const nv_route *route;
+    uint8_t *panels; /* chunk c's panel at panels + c.first * row_bytes */
+    int64_t row_bytes;
+    const float *x;  /* [m][k] float32 */
+    int64_t k;
+    float *out;      /* [m][n] float32 */
+} nv_matmul_job;
+
+/* Chunk cd's panel (its rows are consecutive in the plan's order, every row the same bytes). */
+NV_INLINE uint8_t *nv_matmul_panel(const nv_matmul_job *j, const nv_route_chunk *cd) {
+    return j->panels + cd->first * j->row_bytes;
+}
+
+/* out[m][n] = matmul mm at level isa of row m of x [m][k] with expert ids[m] of the stack
+ * (ids NULL: one matrix), rows of ids outside [0, e) exactly 0; codes, scales and row globals
+ * tiled as in nvfp4cpu.h. Returns 0, NV_EINVAL or NV_ENOMEM. */
+int nv_matmul_run(const nv_matmul *mm, int isa, int nth, const uint8_t *codes,
+                  const uint8_t *scales, const float *rowg, int64_t e, int64_t n, int64_t k,
+                  const float *x, int64_t m, const int64_t *ids, float *out);
 
 #endif /* NVFP4CPU_ROUTE_H */

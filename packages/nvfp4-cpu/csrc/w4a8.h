@@ -49,25 +49,16 @@
 /* Bytes of one block record of a panel of MC rows (see above). */
 #define NV_Q8_REC(MC) ((int64_t)(MC) * (NV_Q8_BLOCK + 4 + 8))
 
-/* A chunk of quantized activation rows, ready for a kernel. */
-typedef struct {
-    const uint8_t *panel;    /* K/32 records (see above), 64-byte aligned */
-    int mc;                  /* rows in the chunk, 1 .. mc_max */
-    float *out;              /* row r of the result is out + r * ldo */
-    int64_t ldo;             /* output row stride in floats (= N) */
-    const int64_t *out_rows; /* mc output row indices */
-} nv_q8_chunk;
+/* The W4A8 kernels' view of a chunk's panel (nv_chunk, nvfp4cpu.h): K/32 records (see
+ * above), 64-byte aligned. */
+NV_INLINE const uint8_t *nv_chunk_q8(const nv_chunk *c) { return (const uint8_t *)c->panel; }
 
 /* The W4A8 kernels of one ISA level. */
 typedef struct {
-    const char *name;
-    int mc_max; /* largest chunk its qmm kernel takes (<= NV_Q8_MC_LIMIT) */
+    nv_matmul_kernel mm; /* the matmul (see the arithmetic above); the first member */
     /* Q8_0 of `rows` contiguous rows of x [rows][k] (k a multiple of 32): codes [rows][k]
      * int8, d16 [rows][k/32] float16 bits; bit-identical to the reference. */
     void (*quant_rows)(const float *x, int64_t rows, int64_t k, int8_t *codes, uint16_t *d16);
-    /* y[out_rows[i]][16t + r] for the tiles t in [t0, t0 + nt) (see the arithmetic above);
-     * rows >= n are not written. */
-    void (*qmm_tiles)(const nv_weight *w, int64_t t0, int64_t nt, const nv_q8_chunk *c);
 } nv_w4a8_kernels;
 
 extern const nv_w4a8_kernels nv_w4a8_portable;

@@ -60,7 +60,7 @@ static const nv_w4a8_kernels *nv_w4a8_for(int isa) {
  * NULL when the level cannot run. */
 NV_API const char *nvfp4cpu_w4a8_kernel_name(int isa) {
     const nv_w4a8_kernels *k = nv_w4a8_for(isa);
-    return k ? k->name : NULL;
+    return k ? k->mm.name : NULL;
 }
 
 /* ------------------------------------------------------------------ quantize_q8 */
@@ -91,33 +91,24 @@ NV_API int nvfp4cpu_quantize_q8(int isa, int nth, const float *x, int64_t m, int
 }
 
 /* --------------------------------------------------------------------- matmul */
-/* The plan of route.h, as api.c's W4A16 matmul: rows grouped by expert, chunks of at most
+/* The driver of route.h, as api.c's W4A16 matmul: rows grouped by expert, chunks of at most
  * mc_max rows, items (chunk, tile group). The panels are built first, in parallel over
  * chunks (each row quantized once, rows of out-of-range ids never read). */
 
-typedef struct {
-    const nv_w4a8_kernels *kern;
-    const nv_route *route;
-    uint8_t *panels; /* chunk c's panel at panels + c.first * (K / 32) * NV_Q8_REC(1) */
-    const float *x;
-    int64_t k;
-    float *out;
-} nv_q8_job;
-
-/* Chunk ci's panel: records are 44 * mc bytes, so every row takes the same bytes. */
-NV_INLINE uint8_t *nv_q8_panel(const nv_q8_job *j, const nv_route_chunk *cd) {
-    return j->panels + cd->first * (j->k / NV_Q8_BLOCK) * NV_Q8_REC(1);
-}
+/* K/32 records of 44 bytes per row (w4a8.h: a record of mc rows is 44 * mc bytes). */
+static int64_t nv_q8_row_bytes(int64_t k) { return (k / NV_Q8_BLOCK) * NV_Q8_REC(1); }
 
 /* Quantizes the rows of chunks [lo, hi) and writes their panels (layout in w4a8.h). */
-static void nv_q8_panel_task(void *ctx, int64_t lo, int64_t hi) {
-    const nv_q8_job *j = (const nv_q8_job *)ctx;
+static void nv_q8_fill(void *ctx, int64_t lo, int64_t hi) {
+    const nv_matmul_job *j = (const nv_matmul_job *)ctx;
+    /* the matmul kernel is the first member of the level's table */
+    const nv_w4a8_kernels *kern = (const nv_w4a8_kernels *)(const void *)j->kern;
     const int64_t k = j->k, nb = k / NV_Q8_BLOCK;
     int8_t *codes = (int8_t *)malloc((size_t)k + (size_t)nb * sizeof(uint16_t));
     if (!codes) { /* cannot happen in practice (K bytes); make the rows NaN, not garbage */
         for (int64_t ci = lo; ci < hi; ci++) {
             const nv_route_chunk *cd = &j->route->chunks[ci];
-            uint8_t *panel = nv_q8_panel(j, cd);
+            uint8_t *panel = nv_matmul_panel(j, cd);
             const int64_t rec = NV_Q8_REC(cd->mc);
             for (int64_t b = 0; b < nb; b++) {
                 memset(panel + b * rec, 0, (size_t)rec);
@@ -132,9 +123,9 @@ static void nv_q8_panel_task(void *ctx, int64_t lo, int64_t hi) {
         const nv_route_chunk *cd = &j->route->chunks[ci];
         const int mc = cd->mc;
         const int64_t rec = NV_Q8_REC(mc);
-        uint8_t *panel = nv_q8_panel(j, cd);
+        uint8_t *panel = nv_matmul_panel(j, cd);
         for (int i = 0; i < mc; i++) {
-            j->kern->quant_rows(j->x + cd->rows[i] * k, 1, k, codes, d16);
+            kern->quant_rows(j->x + cd->rows[i] * k, 1, k, codes, d16);
             for (int64_t b = 0; b < nb; b++) {
                 uint8_t *pb = panel + b * rec;
                 const int8_t *src = codes + b * NV_Q8_BLOCK;
@@ -153,45 +144,21 @@ static void nv_q8_panel_task(void *ctx, int64_t lo, int64_t hi) {
     free(codes);
 }
 
-static void nv_q8_mm_item(const void *ctx, const nv_weight *w, int64_t t0, int64_t nt, int64_t ci) {
-    const nv_q8_job *j = (const nv_q8_job *)ctx;
-    const nv_route_chunk *cd = &j->route->chunks[ci];
-    const nv_q8_chunk c = {nv_q8_panel(j, cd), cd->mc, j->out, w->n, cd->rows};
-    j->kern->qmm_tiles(w, t0, nt, &c);
+static const nv_matmul_kernel *nv_w4a8_kernel(int isa) {
+    const nv_w4a8_kernels *kern = nv_w4a8_for(isa);
+    return kern ? &kern->mm : NULL;
 }
 
-/* out[m][n] = W4A8 of row m of x with expert ids[m] (ids NULL: one matrix). Rows whose id
- * is outside [0, E) are set to exactly 0 and their x is never read. */
-static int nv_q8_mm(int isa, int nth, const uint8_t *codes, const uint8_t *scales, const float *rowg,
-                    int64_t e, int64_t n, int64_t k, const float *x, int64_t m, const int64_t *ids,
-                    float *out) {
-    const nv_w4a8_kernels *kern = nv_w4a8_for(isa);
-    if (!kern || e < 1 || n < 1 || k < NV_Q8_BLOCK || k % NV_Q8_BLOCK || m < 0) return NV_EINVAL;
-    if (m == 0) return 0;
-    nv_route r;
-    if (nv_route_plan(&r, ids, m, e, n, kern->mc_max, out)) return NV_ENOMEM;
-    /* panels: each chunk's K/32 records; a record of mc rows is 44 * mc bytes, so chunk
-     * panels start on 4-byte boundaries (the whole is 64-byte aligned) */
-    uint8_t *panels = (uint8_t *)nv_aligned_alloc((size_t)(r.valid * (k / NV_Q8_BLOCK) * NV_Q8_REC(1)));
-    if (!panels) { nv_route_free(&r); return NV_ENOMEM; }
-    const nv_q8_job job = {kern, &r, panels, x, k, out};
-    if (r.nact) {
-        nv_parallel(nv_q8_panel_task, (void *)&job, r.nchunks, 1,
-                    nv_threads_for(nth, r.nchunks, 8 * r.valid * k)); /* ~8 ops per element */
-        nv_route_run(&r, codes, scales, rowg, n, k, nv_q8_mm_item, &job, nth,
-                     (r.valid + r.nact) * r.tiles * NV_TILE * k / 2); /* int8 is ~2x */
-    }
-    free(panels);
-    nv_route_free(&r);
-    return 0;
-}
+/* W4A8: Q8 panels, about 8 operations per element to make; an int8 multiply-add costs about
+ * half a float32 one. */
+static const nv_matmul nv_w4a8 = {nv_w4a8_kernel, NV_Q8_BLOCK, nv_q8_row_bytes, nv_q8_fill, 8, 2};
 
 /* W4A8 y = q8(x) @ w^T: codes/scales tiled (nvfp4cpu.h), rowg [tiles * 16], x [m][k]
  * float32 contiguous (k a multiple of 32), out [m][n] float32. */
 NV_API int nvfp4cpu_qmm_w4a8(int isa, int nth, const uint8_t *codes, const uint8_t *scales,
                              const float *rowg, int64_t n, int64_t k, const float *x, int64_t m,
                              float *out) {
-    return nv_q8_mm(isa, nth, codes, scales, rowg, 1, n, k, x, m, NULL, out);
+    return nv_matmul_run(&nv_w4a8, isa, nth, codes, scales, rowg, 1, n, k, x, m, NULL, out);
 }
 
 /* MoE W4A8: weights [e] tiled matrices, rowg [e][tiles * 16], ids [m] int64 (any values). */
@@ -199,5 +166,5 @@ NV_API int nvfp4cpu_gather_qmm_w4a8(int isa, int nth, const uint8_t *codes, cons
                                     const float *rowg, int64_t e, int64_t n, int64_t k,
                                     const float *x, int64_t m, const int64_t *ids, float *out) {
     if (!ids) return NV_EINVAL;
-    return nv_q8_mm(isa, nth, codes, scales, rowg, e, n, k, x, m, ids, out);
+    return nv_matmul_run(&nv_w4a8, isa, nth, codes, scales, rowg, e, n, k, x, m, ids, out);
 }

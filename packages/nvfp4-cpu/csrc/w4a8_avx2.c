@@ -116,17 +116,6 @@ NV_INLINE __m256i q8_bcast32(const int8_t *p) {
     return _mm256_set1_epi32(v);
 }
 
-/* Stores v (8 rows starting at n0 + 8hr) into o, only the rows below n. */
-NV_INLINE void q8_256_store_rows(float *o, __m256 v, int64_t live) {
-    if (live >= 8) {
-        _mm256_storeu_ps(o, v);
-    } else if (live > 0) {
-        const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)live),
-                                                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-        _mm256_maskstore_ps(o, mask, v);
-    }
-}
-
 /* MC rows of x, one tile, in one pass over its codes (prefetched, nvfp4cpu.h). Per weight
  * block j = 2b + h the 8 vectors of u are decoded once and feed every row m; for each row
  * group g (rows (0..3 | 8..11), (4..7 | 12..15)):
@@ -142,7 +131,7 @@ NV_INLINE void q8_256_store_rows(float *o, __m256 v, int64_t live) {
  * 4096 x 4096 0.80x the time at M = 1, 0.83x at 4, 0.85x at 8; on 14336 x 8192 (not in
  * cache) 0.65x at M = 1, 0.80x at 4, 0.91x at 8. Each output sums its blocks in the same
  * order with the same operations as that kernel: the bits are unchanged. */
-NV_INLINE void q8_256_kernel(const nv_weight *w, int64_t t, const nv_q8_chunk *c, const int MC) {
+NV_INLINE void q8_256_kernel(const nv_weight *w, int64_t t, const nv_chunk *c, const int MC) {
     const int64_t k = w->k, nb = k / NV_Q8_BLOCK;
     const uint8_t *tc = w->codes + t * nv_tile_code_bytes(k);
     const uint8_t *ts = w->scales + t * nv_tile_scale_bytes(k);
@@ -156,7 +145,7 @@ NV_INLINE void q8_256_kernel(const nv_weight *w, int64_t t, const nv_q8_chunk *c
 #pragma GCC unroll 16
     for (int m = 0; m < MC; m++) acc[0][m] = acc[1][m] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *pb = c->panel + b * rec;
+        const uint8_t *pb = nv_chunk_q8(c) + b * rec;
         const int8_t *xq = (const int8_t *)pb;                 /* codes[MC][32] */
         const float *dh = (const float *)(pb + 32 * MC);       /* d / 2 [MC] */
         const int32_t *corr = (const int32_t *)(pb + 36 * MC); /* corr[2][MC] */
@@ -194,14 +183,14 @@ NV_INLINE void q8_256_kernel(const nv_weight *w, int64_t t, const nv_q8_chunk *c
         float *o = c->out + c->out_rows[m] * c->ldo + n0;
         const __m256 r0 = _mm256_permute2f128_ps(acc[0][m], acc[1][m], 0x20); /* rows 0..7 */
         const __m256 r1 = _mm256_permute2f128_ps(acc[0][m], acc[1][m], 0x31); /* rows 8..15 */
-        q8_256_store_rows(o, _mm256_mul_ps(r0, g0), w->n - n0);
-        q8_256_store_rows(o + 8, _mm256_mul_ps(r1, g1), w->n - n0 - 8);
+        nv256_store_rows(o, _mm256_mul_ps(r0, g0), w->n - n0);
+        nv256_store_rows(o + 8, _mm256_mul_ps(r1, g1), w->n - n0 - 8);
     }
 }
 
 #define NV_Q8K(MC)                                                                             \
     static __attribute__((noinline)) void q8_256_##MC(const nv_weight *w, int64_t t,           \
-                                                      const nv_q8_chunk *c) {                  \
+                                                      const nv_chunk *c) {                  \
         q8_256_kernel(w, t, c, MC);                                                            \
     }
 NV_Q8K(1)
@@ -237,7 +226,7 @@ NV_Q8K(30)
 NV_Q8K(31)
 NV_Q8K(32)
 
-typedef void (*q8_256_fn)(const nv_weight *, int64_t, const nv_q8_chunk *);
+typedef void (*q8_256_fn)(const nv_weight *, int64_t, const nv_chunk *);
 static const q8_256_fn q8_256_by_mc[NV_Q8_256_MC_TABLE + 1] = {
     0,         q8_256_1,  q8_256_2,  q8_256_3,  q8_256_4,  q8_256_5,  q8_256_6,
     q8_256_7,  q8_256_8,  q8_256_9,  q8_256_10, q8_256_11, q8_256_12, q8_256_13,
@@ -246,14 +235,12 @@ static const q8_256_fn q8_256_by_mc[NV_Q8_256_MC_TABLE + 1] = {
     q8_256_28, q8_256_29, q8_256_30, q8_256_31, q8_256_32,
 };
 
-static void q8_256_qmm_tiles(const nv_weight *w, int64_t t0, int64_t nt, const nv_q8_chunk *c) {
+static void q8_256_qmm_tiles(const nv_weight *w, int64_t t0, int64_t nt, const nv_chunk *c) {
     const q8_256_fn fn = q8_256_by_mc[c->mc];
     for (int64_t t = t0; t < t0 + nt; t++) fn(w, t, c);
 }
 
 const nv_w4a8_kernels nv_w4a8_avx2 = {
-    "avx2",
-    NV_Q8_256_MC_MAX,
+    {"avx2", NV_Q8_256_MC_MAX, q8_256_qmm_tiles},
     q8_256_quant_rows,
-    q8_256_qmm_tiles,
 };

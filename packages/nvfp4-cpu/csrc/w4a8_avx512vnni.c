@@ -93,18 +93,12 @@ NV_INLINE __m512i q8_bcast32(const int8_t *p) {
     return _mm512_set1_epi32(v);
 }
 
-/* Lanes of tile t that are real rows (the last tile of a ragged N is partly padding). */
-NV_INLINE __mmask16 q8_512_live(const nv_weight *w, int64_t t) {
-    const int64_t live = w->n - t * NV_TILE;
-    return live >= NV_TILE ? (__mmask16)0xFFFF : (__mmask16)((1u << live) - 1u);
-}
-
 /* MC rows of x times TN tiles from t0. Per activation block b (32 elements = weight blocks
  * 2b and 2b+1) the 8 * TN weight vectors are decoded once and feed every row m:
  *   i_h = corr[h][m] + sum_q vpdpbusd(u[h][q], codes[m][16h + 4q .. +3])   (exact isum)
  *   acc[m] += (float(i_0) * s_0 + float(i_1) * s_1) * (d[m][b] / 2)
  * and the row globals multiply once at the end. */
-NV_INLINE void q8_512_kernel(const nv_weight *w, int64_t t0, const nv_q8_chunk *c, const int MC,
+NV_INLINE void q8_512_kernel(const nv_weight *w, int64_t t0, const nv_chunk *c, const int MC,
                              const int TN) {
     const int64_t k = w->k, nb = k / NV_Q8_BLOCK;
     const int64_t tcb = nv_tile_code_bytes(k), tsb = nv_tile_scale_bytes(k);
@@ -121,7 +115,7 @@ NV_INLINE void q8_512_kernel(const nv_weight *w, int64_t t0, const nv_q8_chunk *
      * broadcast operands are addressed as base + displacement: Intel cores keep those
      * micro-fused (see k512_large in kernels_avx512.c: zig cc's build ran about 5% slower
      * than gcc's at M = 32 before). */
-    const uint8_t *pb = c->panel, *tc0 = w->codes + t0 * tcb, *ts0 = w->scales + t0 * tsb;
+    const uint8_t *pb = nv_chunk_q8(c), *tc0 = w->codes + t0 * tcb, *ts0 = w->scales + t0 * tsb;
     for (int64_t b = 0; b < nb;
          b++, pb += rec, tc0 += (NV_Q8_BLOCK / 2) * NV_TILE, ts0 += 2 * NV_TILE) {
         const int8_t *xq = (const int8_t *)pb;                  /* codes[MC][32] */
@@ -162,7 +156,7 @@ NV_INLINE void q8_512_kernel(const nv_weight *w, int64_t t0, const nv_q8_chunk *
     for (int t = 0; t < TN; t++) {
         const int64_t n0 = (t0 + t) * NV_TILE;
         const __m512 g = _mm512_loadu_ps(w->rowg + n0);
-        const __mmask16 live = q8_512_live(w, t0 + t);
+        const __mmask16 live = nv512_live(w, t0 + t);
 #pragma GCC unroll 32
         for (int m = 0; m < MC; m++)
             _mm512_mask_storeu_ps(c->out + c->out_rows[m] * c->ldo + n0, live, _mm512_mul_ps(acc[m][t], g));
@@ -173,7 +167,7 @@ NV_INLINE void q8_512_kernel(const nv_weight *w, int64_t t0, const nv_q8_chunk *
  * unrolls and the accumulators live in registers. */
 #define NV_Q8K(MC, TN)                                                                         \
     static __attribute__((noinline)) void q8_512_##MC##_##TN(const nv_weight *w, int64_t t,    \
-                                                             const nv_q8_chunk *c) {           \
+                                                             const nv_chunk *c) {           \
         q8_512_kernel(w, t, c, MC, TN);                                                        \
     }
 NV_Q8K(1, 2)
@@ -211,7 +205,7 @@ NV_Q8K(30, 1)
 NV_Q8K(31, 1)
 NV_Q8K(32, 1)
 
-typedef void (*q8_512_fn)(const nv_weight *, int64_t, const nv_q8_chunk *);
+typedef void (*q8_512_fn)(const nv_weight *, int64_t, const nv_chunk *);
 static const q8_512_fn q8_512_one[NV_Q8_512_MC_TABLE + 1] = { /* chunk sizes 1 .. 32 */
     0, q8_512_1_1, q8_512_2_1, q8_512_3_1, q8_512_4_1, q8_512_5_1, q8_512_6_1,
     q8_512_7_1, q8_512_8_1, q8_512_9_1, q8_512_10_1, q8_512_11_1, q8_512_12_1,
@@ -221,7 +215,7 @@ static const q8_512_fn q8_512_one[NV_Q8_512_MC_TABLE + 1] = { /* chunk sizes 1 .
     q8_512_29_1, q8_512_30_1, q8_512_31_1, q8_512_32_1,
 };
 
-static void q8_512_qmm_tiles(const nv_weight *w, int64_t t0, int64_t nt, const nv_q8_chunk *c) {
+static void q8_512_qmm_tiles(const nv_weight *w, int64_t t0, int64_t nt, const nv_chunk *c) {
     const int64_t end = t0 + nt;
     int64_t t = t0;
     if (c->mc == 1) for (; t + 2 <= end; t += 2) q8_512_1_2(w, t, c);
@@ -230,8 +224,6 @@ static void q8_512_qmm_tiles(const nv_weight *w, int64_t t0, int64_t nt, const n
 }
 
 const nv_w4a8_kernels nv_w4a8_avx512vnni = {
-    "avx512vnni",
-    NV_Q8_512_MC_MAX,
+    {"avx512vnni", NV_Q8_512_MC_MAX, q8_512_qmm_tiles},
     q8_512_quant_rows,
-    q8_512_qmm_tiles,
 };

@@ -86,7 +86,7 @@ NV_INLINE void q8n_block(int8x16_t w[4][4], int8x16_t xh, const float32x4_t s[4]
 /* MC rows of x, one tile: per activation block b (weight blocks 2b and 2b + 1) each weight
  * block is decoded once for all MC rows; row m keeps isum_{2b} * s_{2b} (exact) until the
  * second block's product is added to it. */
-NV_INLINE void q8n_kernel(const nv_weight *w, int64_t t, const nv_q8_chunk *c, const int MC) {
+NV_INLINE void q8n_kernel(const nv_weight *w, int64_t t, const nv_chunk *c, const int MC) {
     const int64_t k = w->k, nb = k / NV_Q8_BLOCK;
     const uint8_t *tc = w->codes + t * nv_tile_code_bytes(k);
     const uint8_t *ts = w->scales + t * nv_tile_scale_bytes(k);
@@ -100,7 +100,7 @@ NV_INLINE void q8n_kernel(const nv_weight *w, int64_t t, const nv_q8_chunk *c, c
     for (int m = 0; m < MC; m++)
         for (int rq = 0; rq < 4; rq++) acc[m][rq] = vdupq_n_f32(0.0f);
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *pb = c->panel + b * rec;
+        const uint8_t *pb = nv_chunk_q8(c) + b * rec;
         const int8_t *xq = (const int8_t *)pb;           /* codes[MC][32] */
         const float *dh = (const float *)(pb + 32 * MC); /* d / 2 [MC] */
         nv_prefetch_codes(tc, b * (NV_Q8_BLOCK / 2) * NV_TILE, (NV_Q8_BLOCK / 2) * NV_TILE, left);
@@ -143,7 +143,7 @@ NV_INLINE void q8n_kernel(const nv_weight *w, int64_t t, const nv_q8_chunk *c, c
 
 #define NV_Q8N(MC)                                                                             \
     static __attribute__((noinline)) void q8n_##MC(const nv_weight *w, int64_t t,             \
-                                                   const nv_q8_chunk *c) {                     \
+                                                   const nv_chunk *c) {                     \
         q8n_kernel(w, t, c, MC);                                                               \
     }
 NV_Q8N(1)
@@ -155,12 +155,12 @@ NV_Q8N(6)
 NV_Q8N(7)
 NV_Q8N(8)
 
-typedef void (*q8n_fn)(const nv_weight *, int64_t, const nv_q8_chunk *);
+typedef void (*q8n_fn)(const nv_weight *, int64_t, const nv_chunk *);
 static const q8n_fn q8n_by_mc[NV_Q8_NEON_MC_MAX + 1] = {
     0, q8n_1, q8n_2, q8n_3, q8n_4, q8n_5, q8n_6, q8n_7, q8n_8,
 };
 
-static void q8n_qmm_tiles(const nv_weight *w, int64_t t0, int64_t nt, const nv_q8_chunk *c) {
+static void q8n_qmm_tiles(const nv_weight *w, int64_t t0, int64_t nt, const nv_chunk *c) {
     const q8n_fn fn = q8n_by_mc[c->mc];
     for (int64_t t = t0; t < t0 + nt; t++) fn(w, t, c);
 }
@@ -171,8 +171,6 @@ static void q8n_quant_rows(const float *x, int64_t rows, int64_t k, int8_t *code
 }
 
 const nv_w4a8_kernels nv_w4a8_neon_dotprod = {
-    "neon_dotprod",
-    NV_Q8_NEON_MC_MAX,
+    {"neon_dotprod", NV_Q8_NEON_MC_MAX, q8n_qmm_tiles},
     q8n_quant_rows,
-    q8n_qmm_tiles,
 };

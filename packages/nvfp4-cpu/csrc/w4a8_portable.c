@@ -18,7 +18,7 @@ static void q8p_quant_rows(const float *x, int64_t rows, int64_t k, int8_t *code
 }
 
 /* One chunk of at most NV_Q8_PORTABLE_MC_MAX rows over tiles [t0, t0 + nt). */
-static void q8p_qmm_tiles(const nv_weight *w, int64_t t0, int64_t nt, const nv_q8_chunk *c) {
+static void q8p_qmm_tiles(const nv_weight *w, int64_t t0, int64_t nt, const nv_chunk *c) {
     const int64_t k = w->k, nb = k / NV_Q8_BLOCK;
     const int64_t tcb = nv_tile_code_bytes(k), tsb = nv_tile_scale_bytes(k);
     const int mc = c->mc;
@@ -33,7 +33,7 @@ static void q8p_qmm_tiles(const nv_weight *w, int64_t t0, int64_t nt, const nv_q
         float acc[NV_Q8_PORTABLE_MC_MAX][NV_TILE];
         memset(acc, 0, sizeof(acc));
         for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *pb = c->panel + b * rec;
+            const uint8_t *pb = nv_chunk_q8(c) + b * rec;
             const int8_t *xq = (const int8_t *)pb;           /* codes[mc][32] */
             const float *dh = (const float *)(pb + 32 * mc); /* d / 2 [mc] */
             /* decoded weights of the 32 elements of block b, 16 rows: wv[e][r] */
@@ -89,8 +89,6 @@ static void q8p_qmm_tiles(const nv_weight *w, int64_t t0, int64_t nt, const nv_q
 }
 
 const nv_w4a8_kernels nv_w4a8_portable = {
-    "portable",
-    NV_Q8_PORTABLE_MC_MAX,
+    {"portable", NV_Q8_PORTABLE_MC_MAX, q8p_qmm_tiles},
     q8p_quant_rows,
-    q8p_qmm_tiles,
 };

@@ -209,7 +209,7 @@ def test_every_plan_gives_the_same_bits(native: Native, isa: str, m: int) -> Non
         outs.append(
             (
                 ops.qmm_f32(native, isa, 2, x, w),
-                ops.gather_f32(native, "nvfp4cpu_gather_qmm", isa, 2, x, we, ids),
+                ops.matmul_f32(native, "nvfp4cpu_gather_qmm", isa, 2, x, we, ids),
                 w4a8.qmm_w4a8(native, isa, 2, x, w),
             )
         )

@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import nvfp4
 import pytest
-from cpu_helpers import check_close, cpuinfo_field
+from cpu_helpers import check_close, cpuinfo_field, heavy_tailed_weight
 from nvfp4 import reference
 from nvfp4_cpu import CPUBackend
 from nvfp4_cpu._native import Native
@@ -18,22 +18,10 @@ M_VALUES = (1, 3, 33, 300)
 N_VALUES = (1, 7, 33, 100)
 K_VALUES = (16, 48, 4096)
 
-_PLANES: dict[tuple[int, int], nvfp4.NVFP4Planes] = {}
-
-
-def _weight(n: int, k: int) -> nvfp4.NVFP4Planes:
-    """Random weights with heavy-tailed rows, so block scales span many E4M3 bytes."""
-    if (n, k) not in _PLANES:
-        rng = np.random.default_rng(1000 * n + k)
-        w = rng.standard_normal((n, k)).astype(np.float32)
-        w *= np.exp2(rng.integers(-12, 4, size=(n, k // 16))).repeat(16, axis=1).astype(np.float32)
-        _PLANES[n, k] = nvfp4.quantize(w, name=f"w{n}x{k}")
-    return _PLANES[n, k]
-
 
 @pytest.mark.parametrize(("m", "n", "k"), list(itertools.product(M_VALUES, N_VALUES, K_VALUES)))
 def test_qmm_matches_reference(isa: str, m: int, n: int, k: int) -> None:
-    p = _weight(n, k)
+    p = heavy_tailed_weight(n, k)
     b = CPUBackend(isa=isa, threads=2)
     x = np.random.default_rng(m + n + k).standard_normal((m, k)).astype(np.float32)
     y = b.qmm(x, b.prepare(p))
@@ -72,7 +60,7 @@ def test_qmm_every_scale_byte_and_code(isa: str) -> None:
 
 @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float64])
 def test_qmm_input_and_output_dtypes(isa: str, dtype: type) -> None:
-    p = _weight(33, 48)
+    p = heavy_tailed_weight(33, 48)
     b = CPUBackend(isa=isa)
     x = np.random.default_rng(5).standard_normal((3, 48)).astype(dtype)
     y = b.qmm(x, b.prepare(p))
@@ -87,7 +75,7 @@ def test_qmm_input_and_output_dtypes(isa: str, dtype: type) -> None:
 
 
 def test_qmm_leading_axes_and_vector(isa: str) -> None:
-    p = _weight(7, 48)
+    p = heavy_tailed_weight(7, 48)
     b = CPUBackend(isa=isa)
     pw = b.prepare(p)
     x = np.random.default_rng(9).standard_normal((2, 3, 48)).astype(np.float32)
@@ -101,7 +89,7 @@ def test_qmm_leading_axes_and_vector(isa: str) -> None:
 
 
 def test_qmm_raw_planes_are_accepted(isa: str) -> None:
-    p = _weight(33, 48)
+    p = heavy_tailed_weight(33, 48)
     b = CPUBackend(isa=isa)
     x = np.ones((2, 48), np.float32)
     np.testing.assert_array_equal(b.qmm(x, p), b.qmm(x, b.prepare(p)))
@@ -109,7 +97,7 @@ def test_qmm_raw_planes_are_accepted(isa: str) -> None:
 
 @pytest.mark.parametrize("m", [1, 2, 5, 33])
 def test_qmm_thread_counts_give_identical_bits(isa: str, m: int) -> None:
-    p = _weight(100, 4096)
+    p = heavy_tailed_weight(100, 4096)
     x = np.random.default_rng(m).standard_normal((m, 4096)).astype(np.float32)
     results = [CPUBackend(isa=isa, threads=t).qmm(x, p) for t in (1, 2, 3)]
     for r in results[1:]:
@@ -117,7 +105,7 @@ def test_qmm_thread_counts_give_identical_bits(isa: str, m: int) -> None:
 
 
 def test_qmm_nonfinite_activations_propagate(isa: str) -> None:
-    p = _weight(7, 48)
+    p = heavy_tailed_weight(7, 48)
     x = np.ones((3, 48), np.float32)
     x[1, 5] = np.nan
     x[2, 40] = np.inf
@@ -130,7 +118,7 @@ def test_qmm_nonfinite_activations_propagate(isa: str) -> None:
 
 def test_qmm_refusals(native: Native) -> None:
     b = CPUBackend()
-    pw = b.prepare(_weight(7, 48))
+    pw = b.prepare(heavy_tailed_weight(7, 48))
     with pytest.raises(
         ValueError, match=r"x must be \[\.\.\., K\] with K = 48, found shape \(2, 32\)"
     ):
@@ -147,7 +135,7 @@ def test_qmm_refusals(native: Native) -> None:
 def test_qmm_into_preallocated_output(isa: str, native: Native) -> None:
     from nvfp4_cpu import ops
 
-    p = _weight(33, 48)
+    p = heavy_tailed_weight(33, 48)
     pw = prepare(p, native)
     x = np.random.default_rng(11).standard_normal((3, 48)).astype(np.float32)
     out = np.full((3, 33), np.nan, np.float32)
@@ -162,7 +150,7 @@ def test_qmm_into_preallocated_output(isa: str, native: Native) -> None:
 def test_qmm_every_chunk_kernel(isa: str) -> None:
     """M = 1 .. 34 reaches every specialised kernel (one per chunk size, up to 24 rows at
     AVX-512, 32 at AVX2) and the split of M into balanced chunks past each level's largest."""
-    p = _weight(33, 48)
+    p = heavy_tailed_weight(33, 48)
     b = CPUBackend(isa=isa, threads=2)
     pw = b.prepare(p)
     rng = np.random.default_rng(21)
@@ -199,7 +187,7 @@ def test_avx2_one_row_decodes_give_the_same_bits(native: Native) -> None:
         np.float32(0.75),
         name="all-bytes",
     )
-    weights = [_weight(n, k) for n, k in ((1, 16), (7, 48), (33, 4096), (100, 64))]
+    weights = [heavy_tailed_weight(n, k) for n, k in ((1, 16), (7, 48), (33, 4096), (100, 64))]
     weights.append(every_byte)
     backends = [CPUBackend(isa="avx2", threads=t) for t in (1, 2)]
     try:

@@ -5,13 +5,11 @@ the E4M3 activation encoder bit for bit, qmm_w4a8_fp8 within [w4a8_fp8]."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import ml_dtypes
 import numpy as np
 import nvfp4
 import pytest
-from cpu_helpers import check_close, cpuinfo_flags
+from cpu_helpers import check_close, check_gather, cpuinfo_flags, expert_stack, heavy_tailed_weight
 from nvfp4 import reference
 from nvfp4.activations import Q8Activations
 from nvfp4.spec import Q8_BLOCK_SIZE, Q8_MAX
@@ -169,19 +167,6 @@ def test_quantize_q8_refuses_k_not_multiple_of_32(isa: str) -> None:
 
 
 # --------------------------------------------------------------------------- qmm_w4a8
-_PLANES: dict[tuple[int, int], nvfp4.NVFP4Planes] = {}
-
-
-def _weight(n: int, k: int) -> nvfp4.NVFP4Planes:
-    """Random weights with heavy-tailed rows, so block scales span many E4M3 bytes."""
-    if (n, k) not in _PLANES:
-        rng = np.random.default_rng(1000 * n + k)
-        w = rng.standard_normal((n, k)).astype(np.float32)
-        w *= np.exp2(rng.integers(-12, 4, size=(n, k // 16))).repeat(16, axis=1).astype(np.float32)
-        _PLANES[n, k] = nvfp4.quantize(w, name=f"w{n}x{k}")
-    return _PLANES[n, k]
-
-
 def _x(m: int, k: int, dtype: str, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((m, k)) * np.exp(rng.normal(0.0, 1.0, size=(m, 1)))
@@ -189,7 +174,7 @@ def _x(m: int, k: int, dtype: str, seed: int) -> np.ndarray:
 
 
 def _qmm_case(isa: str, m: int, n: int, k: int, dtype: str = "float32", threads: int = 2) -> None:
-    p = _weight(n, k)
+    p = heavy_tailed_weight(n, k)
     b = CPUBackend(isa=isa, threads=threads)
     x = _x(m, k, dtype, m * 7 + n + k)
     y = b.qmm_w4a8(x, b.prepare(p))
@@ -270,7 +255,7 @@ def test_qmm_w4a8_partitions_and_every_scale_byte(isa: str) -> None:
 def test_qmm_w4a8_nonfinite_and_zero_rows(isa: str) -> None:
     """A NaN or Inf in a row makes that row's outputs NaN and no other; a zero row gives
     exactly zero."""
-    p = _weight(21, 128)
+    p = heavy_tailed_weight(21, 128)
     x = _x(7, 128, "float32", 9)
     x[1, 3] = np.nan
     x[4, 100] = np.inf
@@ -287,7 +272,7 @@ def test_qmm_w4a8_nonfinite_and_zero_rows(isa: str) -> None:
 
 def test_qmm_w4a8_thread_count_does_not_change_bits(native: Native, isa: str) -> None:
     """Chunks and work items depend on the problem, never on the thread count."""
-    w = prepare(_weight(100, 512), native)
+    w = prepare(heavy_tailed_weight(100, 512), native)
     x = _x(37, 512, "float32", 4)
     y1 = w4a8.qmm_w4a8(native, isa, 1, x, w)
     y3 = w4a8.qmm_w4a8(native, isa, 3, x, w)
@@ -303,7 +288,7 @@ def test_qmm_w4a8_refuses_k_not_multiple_of_32(isa: str) -> None:
 
 def test_to_planes_unchanged_by_w4a8_use(isa: str) -> None:
     """W4A8 needs no extra prepared data: the canonical planes come back byte for byte."""
-    p = _weight(33, 96)
+    p = heavy_tailed_weight(33, 96)
     b = CPUBackend(isa=isa)
     w = b.prepare(p)
     b.qmm_w4a8(_x(3, 96, "float32", 1), w)
@@ -313,50 +298,11 @@ def test_to_planes_unchanged_by_w4a8_use(isa: str) -> None:
 
 
 # --------------------------------------------------------------------- gather_qmm_w4a8
-def _experts(e: int, n: int, k: int, seed: int) -> nvfp4.NVFP4Planes:
-    rng = np.random.default_rng(seed)
-    w = rng.standard_normal((e, n, k)).astype(np.float32)
-    w *= np.exp2(np.arange(e, dtype=np.float32) * 3 - 6)[:, None, None]  # globals far apart
-    return nvfp4.quantize(w, name="experts")
-
-
-def _gather(isa: str, p: nvfp4.NVFP4Planes, x: np.ndarray, ids: np.ndarray, sort: bool) -> Any:
-    b = CPUBackend(isa=isa, threads=2)
-    y = b.gather_qmm_w4a8(x, b.prepare(p), ids, sorted_indices=sort)
-    assert y.shape == (x.shape[0], p.n)
-    valid = (ids >= 0) & (ids < p.num_experts)
-    assert (y[~valid] == 0).all()
-    assert not np.signbit(y[~valid]).any()
-    ref = reference.gather_qmm_w4a8(x, p, ids, sorted_indices=sort, out_dtype=None)
-    for e in np.unique(ids[valid]):  # each expert's rows on their own scale
-        rows = ids == e
-        check_close("w4a8", "float32", y[rows], ref[rows], f"{isa} expert {e}")
-    return y
-
-
-@pytest.mark.parametrize(
-    ("m", "n", "k"), [(1, 7, 32), (3, 33, 64), (40, 100, 96), (300, 7, 64), (17, 1, 4096)]
-)
-def test_gather_w4a8_unsorted_sorted_out_of_range(isa: str, m: int, n: int, k: int) -> None:
-    e = 4
-    p = _experts(e, n, k, seed=m + n)
-    rng = np.random.default_rng(m * n + k)
-    x = rng.standard_normal((m, k)).astype(np.float32)
-    ids = rng.integers(-2, e + 2, size=m)  # -2, -1, E, E+1: zero rows
-    ids[0] = e - 1
-    x[ids >= e] = np.nan  # rows never read: their NaN must not show
-    x[ids < 0] = np.inf
-    y = _gather(isa, p, x, ids, sort=False)
-    order = np.argsort(ids, kind="stable")
-    ys = _gather(isa, p, x[order], ids[order], sort=True)
-    np.testing.assert_array_equal(ys, y[order])  # sorting permutes the rows, nothing else
-
-
 def test_gather_w4a8_many_rows_per_expert_and_idle_experts(isa: str) -> None:
-    p = _experts(6, 33, 64, seed=3)
+    p = expert_stack(6, 33, 64, seed=3)
     ids = np.array([4] * 70 + [1] * 3 + [4] * 5 + [0], dtype=np.int64)
     x = np.random.default_rng(4).standard_normal((ids.size, 64)).astype(np.float32)
-    _gather(isa, p, x, ids, sort=False)
+    check_gather("gather_qmm_w4a8", isa, p, x, ids, sort=False)
 
 
 def test_gather_w4a8_per_expert_partition_globals_and_dtypes(isa: str) -> None:
@@ -425,7 +371,7 @@ def test_quantize_fp8_bit_identical(case: str) -> None:
 @pytest.mark.parametrize(("m", "n", "k"), [(1, 7, 16), (5, 33, 64), (33, 40, 4096)])
 def test_qmm_w4a8_fp8(isa: str, m: int, n: int, k: int, scale: float | None) -> None:
     """Dynamic, static and saturating (1e-4: most activations clamp at 448) input scales."""
-    p = _weight(n, k)
+    p = heavy_tailed_weight(n, k)
     b = CPUBackend(isa=isa, threads=2)
     x = _x(m, k, "float32", m + n + k)
     y = b.qmm_w4a8_fp8(x, b.prepare(p), input_scale=scale)
@@ -434,7 +380,7 @@ def test_qmm_w4a8_fp8(isa: str, m: int, n: int, k: int, scale: float | None) -> 
 
 
 def test_qmm_w4a8_fp8_half_dtypes_and_nonfinite_rows(isa: str) -> None:
-    p = _weight(21, 128)
+    p = heavy_tailed_weight(21, 128)
     b = CPUBackend(isa=isa)
     for dtype in ("float16", "bfloat16"):
         x = _x(4, 128, dtype, 2)

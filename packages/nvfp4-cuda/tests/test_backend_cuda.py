@@ -3,7 +3,6 @@ the overrides reach every path, and each agrees with the reference."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from nvfp4 import get_backend, reference
-from nvfp4.testing import assert_within
+from nvfp4.testing import assert_within, module_from_file
 from nvfp4.tolerances import tolerance
 from nvfp4_cuda import backend, dispatch
 from nvfp4_triton.testing import check_close, torch_activations
@@ -79,14 +78,7 @@ def test_benchmark_refuses_without_gpu() -> None:
 
 
 def _load_benchmark() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "cuda_kernels_bench", ROOT / "benchmarks" / "cuda_kernels.py"
-    )
-    assert spec is not None
-    assert spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return module_from_file(ROOT / "benchmarks" / "cuda_kernels.py", "cuda_kernels_bench")
 
 
 def _dry_run_benchmark(monkeypatch: pytest.MonkeyPatch) -> Any:

@@ -13,6 +13,7 @@ from nvfp4_cuda import backend, configs, device
 from nvfp4_triton import INTERPRETER_DEVICE
 from nvfp4_triton.testing import (
     assert_import_is_light,
+    assert_w4a8_declared,
     driver_without_gpu_torch_reason,
     fake_gpu,
     registered_entry_point,
@@ -115,12 +116,7 @@ def test_gpu_generations(
         ("W4A4: torch._scaled_mm" if w4a4 else "W4A4 not declared") in n for n in b.info.notes
     )
     # W4A8: int8 tensor cores declared on 8.x / 9.x, FP8 from 8.9 on; never emulated
-    assert ("w4a8" in b.info.capabilities) is w4a8
-    assert ("w4a8_fp8" in b.info.capabilities) is fp8
-    word = "W4A8 int8:" if w4a8 else f"W4A8 (int8) not declared on sm_{cap[0]}{cap[1]}"
-    assert any(n.startswith(word) for n in b.info.notes), b.info.notes
-    word = "W4A8 FP8:" if fp8 else f"W4A8 FP8 not declared on sm_{cap[0]}{cap[1]}"
-    assert any(n.startswith(word) for n in b.info.notes), b.info.notes
+    assert_w4a8_declared(b.info, f"sm_{cap[0]}{cap[1]}", w4a8, fp8)
 
 
 def test_old_gpu_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,9 +3,11 @@ install when its engine is missing. Needs no engine installed."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ from conftest import weight
 from nvfp4_engines import (
     ADAPTERS,
     GPU_ONLY,
+    _common,
     _cuda,
     _libggml,
     compressed_tensors,
@@ -42,6 +45,18 @@ GPU_INSTALL = {
     "vllm": "pip install 'vllm>=0.33'",
     "transformer-engine": "pip install 'transformer-engine[pytorch]>=2.20'",
 }
+
+
+@contextlib.contextmanager
+def answered_afresh(cached) -> Iterator[None]:
+    """The ``functools.lru_cache`` function ``cached`` (a probe, ggml's loader) cleared
+    before the block, so it answers under the test's conditions, and after it, so no other
+    test sees that answer."""
+    cached.cache_clear()
+    try:
+        yield
+    finally:
+        cached.cache_clear()
 
 
 def test_factories_import_no_engine() -> None:
@@ -76,17 +91,6 @@ def test_gguf_py_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "pip install 'gguf>=0.18'" in a.reason
 
 
-def test_mlx_native_missing(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(mlx_native, "dist_version", lambda _: "")
-    mlx_native._probe.cache_clear()
-    try:
-        a = mlx_native.MlxNativeKernels().availability()
-    finally:
-        mlx_native._probe.cache_clear()
-    assert not a.ok
-    assert "mlx[cpu]>=0.30" in a.reason
-
-
 @pytest.mark.parametrize(
     "case", ["no llama-cpp-python", "not a folder", "no cpu library", "not ELF"]
 )
@@ -109,11 +113,8 @@ def test_ggml_unavailable_says_why(
             (tmp_path / "libggml-cpu.so").write_bytes(b"not an ELF file")
         monkeypatch.setenv(_libggml.LIB_DIR_ENV, str(tmp_path))
         want = "libggml does not load" if case == "not ELF" else "libggml-cpu not found under"
-    _libggml.load.cache_clear()
-    try:
+    with answered_afresh(_libggml.load):
         a = ggml_adapter.GgmlKernels().availability()
-    finally:
-        _libggml.load.cache_clear()
     assert not a.ok
     assert want in a.reason
 
@@ -130,12 +131,8 @@ def test_ggml_variant_refused_says_which(tmp_path: Path, case: str) -> None:
         (tmp_path / "libggml-cpu-zen4.so").write_bytes(b"")
         (tmp_path / "libggml-cpu-x64.so").write_bytes(b"")
         found = "x64, zen4"
-    _libggml.load.cache_clear()
-    try:
-        with pytest.raises(_libggml.GgmlUnavailable) as info:
-            _libggml.load(str(tmp_path), "haswell")
-    finally:
-        _libggml.load.cache_clear()
+    with answered_afresh(_libggml.load), pytest.raises(_libggml.GgmlUnavailable) as info:
+        _libggml.load(str(tmp_path), "haswell")
     assert f"{tmp_path}: no libggml-cpu-haswell.so (CPU variants found: {found})" in str(info.value)
 
 
@@ -151,18 +148,16 @@ def test_ggml_variants_found_by_name(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("module", "install"),
     [
+        (mlx_native, "mlx[cpu]>=0.30"),
         (modelopt, "nvidia-modelopt>=0.47"),
         (compressed_tensors, "compressed-tensors>=0.20"),
         (torchao, "torchao>=0.18"),
     ],
 )
-def test_torch_engine_missing(monkeypatch: pytest.MonkeyPatch, module, install: str) -> None:
-    monkeypatch.setattr(module, "dist_version", lambda _: "")
-    module._probe.cache_clear()
-    try:
+def test_cpu_engine_missing(monkeypatch: pytest.MonkeyPatch, module, install: str) -> None:
+    monkeypatch.setattr(_common, "dist_version", lambda _: "")
+    with answered_afresh(module._probe):
         a = module.backend().availability()
-    finally:
-        module._probe.cache_clear()
     assert not a.ok
     assert f"pip install '{install}'" in a.reason
 

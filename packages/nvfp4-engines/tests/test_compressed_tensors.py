@@ -5,21 +5,17 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
-import pytest
-from conftest import weight
-from nvfp4 import get_backend, reference
-from nvfp4.fusion import fuse, stack_experts
-
-
-@pytest.fixture(scope="module")
-def backend():
-    return get_backend("compressed-tensors")
+from conftest import (
+    assert_dequantize_is_emulated,
+    assert_has_no_matmul,
+    assert_quantizer_matches_the_reference,
+    fused_and_stacked,
+)
+from nvfp4 import reference
 
 
 def test_decompressor_gives_bfloat16_values(backend) -> None:
-    fused = fuse([weight(8, 64, 0, 0.01), weight(16, 64, 1, 50.0)], "qkv")
-    stack = stack_experts([weight(8, 32, 2), weight(8, 32, 3, 4.0)], "experts")
-    for p in (fused, stack):
+    for p in fused_and_stacked("qkv"):
         got = backend.to_numpy(backend.dequantize(p, "float32"))
         ref = reference.dequantize(p)
         assert got.shape == ref.shape
@@ -29,11 +25,7 @@ def test_decompressor_gives_bfloat16_values(backend) -> None:
 
 
 def test_quantizer_matches_the_reference(backend, rng) -> None:
-    x = rng.standard_normal((6, 128)).astype(np.float32)
-    got, ref = backend.quantize_activations(x), reference.quantize_activations(x, None)
-    np.testing.assert_array_max_ulp(got.global_scale, ref.global_scale, maxulp=1)
-    assert np.array_equal(got.scales, ref.scales)
-    assert np.array_equal(got.codes, ref.codes)
+    assert_quantizer_matches_the_reference(backend, rng, global_maxulp=1)
 
 
 def test_static_input_scale_goes_in_as_input_global_scale(backend, rng) -> None:
@@ -43,10 +35,7 @@ def test_static_input_scale_goes_in_as_input_global_scale(backend, rng) -> None:
 
 
 def test_what_compressed_tensors_lacks_is_absent(backend) -> None:
-    for verb in ("qmm", "gather_qmm", "qmm_w4a4", "qmm_w4a8"):
-        assert not backend.has(verb)
-    with pytest.raises(NotImplementedError, match=r"compressed-tensors.*no qmm kernel"):
-        backend.qmm(np.ones((1, 64), np.float32), weight(4, 64, 6))
+    assert_has_no_matmul(backend)
 
 
 def test_the_emulated_deviations_are_what_compressed_tensors_computes(backend) -> None:
@@ -55,12 +44,7 @@ def test_the_emulated_deviations_are_what_compressed_tensors_computes(backend) -
     plain reference's global or scales differ there)."""
     from nvfp4 import deviation_emulators as emu
 
-    w = weight(32, 128, seed=12)
-    prepared = backend.prepare(w)
-    for dtype in ("float32", "float16", "bfloat16"):
-        got = np.asarray(backend.to_numpy(backend.dequantize(prepared, dtype)), np.float32)
-        want = emu.dequantize(w, dtype, deviations=["ct_bfloat16_decompress"])
-        np.testing.assert_array_equal(got, want.astype(np.float32), err_msg=dtype)
+    assert_dequantize_is_emulated(backend, "ct_bfloat16_decompress", seed=12)
     x = np.random.default_rng(13).standard_normal((32, 128)).astype(np.float32)
     differs = 0
     for scale in (1.0, 0.37):  # (at 3.1 some block scales differ by a step: open)

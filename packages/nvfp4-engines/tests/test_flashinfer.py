@@ -3,14 +3,7 @@ scale bytes are the reference's on normal bfloat16 data."""
 
 from __future__ import annotations
 
-import pytest
 from _gpu_checks import quantizer_matches_the_reference
-from nvfp4 import get_backend
-
-
-@pytest.fixture(scope="module")
-def backend():
-    return get_backend("flashinfer")
 
 
 def test_available_and_quantizer_matches_the_reference(backend, rng) -> None:

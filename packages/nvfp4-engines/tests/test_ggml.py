@@ -8,20 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import weight
-from nvfp4 import PlaneError, get_backend, reference
+from conftest import rel_error, weight
+from nvfp4 import PlaneError, reference
 from nvfp4.fusion import fuse, stack_experts
 from nvfp4.tolerances import tolerance
 from nvfp4_engines import _libggml
-
-
-@pytest.fixture(scope="module")
-def backend():
-    return get_backend("ggml")
-
-
-def _rel(y, ref) -> float:
-    return float(np.abs(np.asarray(y, np.float64) - ref).max() / np.abs(ref).max())
 
 
 def test_declares_w4a8_not_w4a16(backend) -> None:
@@ -48,7 +39,7 @@ def test_qmm_w4a8_within_the_spec(backend, rng) -> None:
     p = fuse([weight(24, 256, 4), weight(16, 256, 5, 7.0)], "gate_up")
     x = rng.standard_normal((9, 256)).astype(np.float32)
     y = backend.qmm_w4a8(x, p)
-    assert _rel(y, reference.qmm_w4a8(x, p, out_dtype=None)) <= tolerance("w4a8", "float32")
+    assert rel_error(y, reference.qmm_w4a8(x, p, out_dtype=None)) <= tolerance("w4a8", "float32")
 
 
 def test_gather_qmm_w4a8_in_range_and_refused_out_of_range(backend, rng) -> None:
@@ -57,7 +48,7 @@ def test_gather_qmm_w4a8_in_range_and_refused_out_of_range(backend, rng) -> None
     ids = np.array([1, 0, 0, 1, 1], np.int32)
     y = backend.gather_qmm_w4a8(x, p, ids)
     ref = reference.gather_qmm_w4a8(x, p, ids, out_dtype=None)
-    assert _rel(y, ref) <= tolerance("w4a8", "float32")
+    assert rel_error(y, ref) <= tolerance("w4a8", "float32")
     with pytest.raises(ValueError, match=r"expert id -1 at row 0 is outside \[0, 2\)"):
         backend.gather_qmm_w4a8(x[:1], p, np.array([-1], np.int32))
 

@@ -5,13 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import weight
-from nvfp4 import PlaneError, get_backend, reference
+from nvfp4 import PlaneError, reference
 from nvfp4.fusion import fuse, stack_experts
-
-
-@pytest.fixture(scope="module")
-def backend():
-    return get_backend("gguf-py")
 
 
 def _bits(a: np.ndarray) -> np.ndarray:

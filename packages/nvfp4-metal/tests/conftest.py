@@ -9,12 +9,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Any
 
 import pytest
 from nvfp4.testing import pytest_configure, pytest_sessionfinish  # noqa: F401 - the oracle rule
+from nvfp4.testing.modules import module_from_file
 
 _EXPORTS_SCRIPT = (
     Path(__file__).resolve().parents[2] / "nvfp4-checkpoints" / "tests" / "make_modelopt_exports.py"
@@ -41,12 +41,7 @@ def _native_impl(monkeypatch: pytest.MonkeyPatch) -> None:
 def _exports_module() -> Any:
     if not _EXPORTS_SCRIPT.is_file():
         pytest.skip(f"nvfp4-checkpoints' export script is not in this tree ({_EXPORTS_SCRIPT})")
-    spec = importlib.util.spec_from_file_location("make_modelopt_exports", _EXPORTS_SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return module_from_file(_EXPORTS_SCRIPT, "make_modelopt_exports")
 
 
 @pytest.fixture(scope="session")

@@ -3,16 +3,16 @@
 
 from __future__ import annotations
 
-import hypothesis.extra.numpy as hnp
 import ml_dtypes
 import mlx.core as mx
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from nvfp4 import reference
 from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import E2M1_BOUNDS, E4M3_VALUES
+from nvfp4.testing.properties import draw_activations, reproducible
 from nvfp4_metal import MetalBackend, ops
 
 
@@ -103,21 +103,12 @@ _finite = st.floats(width=32, allow_nan=False, allow_infinity=False)
 _special = st.sampled_from([0.0, -0.0, 0.25, -0.75, 1.25, 1.75, -3.5, 5.0, 6.0, 1e-30, -1e-45])
 
 
-@settings(
-    max_examples=60,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+@reproducible(max_examples=60)
 @given(data=st.data())
 def test_bit_identical_property(data: st.DataObject) -> None:
-    m = data.draw(st.integers(1, 5), label="m")
-    kb = data.draw(st.integers(1, 5), label="k_blocks")
-    x = data.draw(
-        hnp.arrays(np.float32, (m, 16 * kb), elements=st.one_of(_finite, _special)), label="x"
-    )
+    x = draw_activations(data, st.one_of(_finite, _special))
     scale = data.draw(st.sampled_from([None, None, 1.0, 0.01, 7.5, 1e-20]), label="input_scale")
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
         ref = reference.quantize_activations(x, scale)
-    assert_identical(ops.quantize_activations(mx.array(x), scale), ref, f"m{m} k{16 * kb} s{scale}")
+    what = f"m{x.shape[0]} k{x.shape[1]} s{scale}"
+    assert_identical(ops.quantize_activations(mx.array(x), scale), ref, what)

@@ -15,6 +15,7 @@ from nvfp4_rocm.device import ARCH_ENV, DEFAULT_INTERPRETER_ARCH
 from nvfp4_triton import INTERPRETER_DEVICE
 from nvfp4_triton.testing import (
     assert_import_is_light,
+    assert_w4a8_declared,
     driver_without_gpu_torch_reason,
     fake_gpu,
     registered_entry_point,
@@ -156,12 +157,7 @@ def test_amd_gpus(
     assert "w4a4" in b.info.capabilities
     # W4A8: int8 and FP8 MFMA on CDNA3 (gfx942) and CDNA4 (gfx950) only; elsewhere the
     # capabilities are absent and the notes say why (never emulated)
-    assert ("w4a8" in b.info.capabilities) is w4a8
-    assert ("w4a8_fp8" in b.info.capabilities) is w4a8
-    word = "W4A8 int8:" if w4a8 else f"W4A8 (int8) not declared on {arch}"
-    assert any(n.startswith(word) for n in b.info.notes), b.info.notes
-    word = "W4A8 FP8:" if w4a8 else f"W4A8 FP8 not declared on {arch}"
-    assert any(n.startswith(word) for n in b.info.notes), b.info.notes
+    assert_w4a8_declared(b.info, arch, w4a8, w4a8)
     assert not any("not one of the considered" in n for n in b.info.notes)
 
 

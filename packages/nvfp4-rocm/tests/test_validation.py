@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,6 @@ from nvfp4.testing import raw_planes
 from nvfp4_rocm import ROCmBackend
 from nvfp4_triton import backend as triton_backend
 from nvfp4_triton import ops
-from nvfp4_triton.weights import DeviceWeight
 
 LAUNCHES = ("qmm", "gemv", "gemm", "dequant_matmul", "gather", "dequantize", "quantize_activations")
 
@@ -131,17 +131,8 @@ def test_hand_built_device_weight_with_wrong_scales(amd: ROCmBackend) -> None:
     good = amd.prepare(_dense()).payload
     for shape in ((8, 3), (8, 5), (7, 4), (32,)):
         with pytest.raises(PlaneError, match="device scales") as err:
-            DeviceWeight(
-                name="handmade",
-                n=good.n,
-                k=good.k,
-                num_experts=None,
-                partitions=None,
-                global_scale=good.global_scale,
-                codes=good.codes,
-                scales=torch.zeros(shape, dtype=torch.uint8),
-                row_g=good.row_g,
-            )
+            # the uploaded weight but for its name and scales: __post_init__ checks again
+            replace(good, name="handmade", scales=torch.zeros(shape, dtype=torch.uint8))
         assert err.value.tensor == "handmade"
 
 

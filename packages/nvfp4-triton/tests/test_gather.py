@@ -74,8 +74,12 @@ def test_expert_and_partition_globals(any_cfg: KernelConfig, path: str) -> None:
 
 def test_grouped_tile_table_covers_every_valid_row_once() -> None:
     ids = torch.tensor([3, 0, 9, 3, 3, -1, 0, 1, 3, 3, 3, 3])
-    perm, expert, start, end, total = ops._grouped_tiles(ids, E, 4, False)
+    perm, tiles, total = ops._grouped_tiles(ids, E, 4, False)
     assert total == 3 + 4
+    assert tuple(tiles.shape) == (total, 3)
+    assert tiles.dtype == torch.int64
+    assert tiles.is_contiguous()
+    expert, start, end = tiles.unbind(1)
     covered = []
     for t in range(total):
         if int(expert[t]) < E:

@@ -7,10 +7,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
-from hypothesis.extra import numpy as hnp
 from nvfp4 import layouts, reference, spec
+from nvfp4.testing.properties import draw_activations, reproducible
 from nvfp4_triton import ops
 from nvfp4_triton.config import KernelConfig
 from triton_helpers import AMD_LIKE, NVIDIA_LIKE
@@ -92,19 +92,9 @@ _finite = st.floats(-3.0e4, 3.0e4, width=32, allow_nan=False, allow_infinity=Fal
 _special = st.sampled_from([0.0, -0.0, 0.25, -0.75, 1.25, 3.5, -5.0, 6.0, 1e-30, -1e-30])
 
 
-@settings(
-    max_examples=25,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+@reproducible(max_examples=25)
 @given(data=st.data())
 def test_quantize_property(data: st.DataObject) -> None:
-    m = data.draw(st.integers(1, 5), label="m")
-    kb = data.draw(st.integers(1, 5), label="k_blocks")
-    x = data.draw(
-        hnp.arrays(np.float32, (m, kb * 16), elements=st.one_of(_finite, _special)), label="x"
-    )
+    x = draw_activations(data, st.one_of(_finite, _special))
     scale = data.draw(st.sampled_from([None, None, 1.0, 0.01, 7.5]), label="input_scale")
-    _check(x, scale, AMD_LIKE if m % 2 else NVIDIA_LIKE)
+    _check(x, scale, AMD_LIKE if x.shape[0] % 2 else NVIDIA_LIKE)

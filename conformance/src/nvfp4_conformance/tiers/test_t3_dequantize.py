@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import hypothesis.strategies as st
+import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 import pytest
@@ -102,6 +103,16 @@ def check_dequantize(backend: Any, record: Any, case: str, planes: NVFP4Planes, 
     )
 
 
+def _ties(rng: np.random.Generator, dtype: str, *, name: str) -> NVFP4Planes:
+    """Planes whose global is 1 plus half an ulp of 1 in ``dtype`` (1 + 2^-8 for bfloat16,
+    1 + 2^-11 for float16): many products land exactly half-way between two ``dtype``
+    values, so the cast's ties-to-even rule decides them."""
+    half_ulp = float(ml_dtypes.finfo(OUTPUT_DTYPES[dtype]).eps) / 2
+    return random_planes(
+        rng, 16, 64, scale_bytes=(0x30, 0x40), global_scale=np.float32(1 + half_ulp), name=name
+    )
+
+
 def _cases() -> dict[str, NVFP4Planes]:
     rng = np.random.default_rng(303)
     parts = (0, 16, 24, 40)
@@ -119,23 +130,8 @@ def _cases() -> dict[str, NVFP4Planes]:
         "float16_overflow": random_planes(
             rng, 8, 64, scale_bytes=(0x70, 0x7E), global_scale=np.float32(100.0), name="t3.big"
         ),
-        # global 1 + 2^-8 / 1 + 2^-11 puts many products exactly half-way for bfloat16 / float16
-        "bfloat16_ties": random_planes(
-            rng,
-            16,
-            64,
-            scale_bytes=(0x30, 0x40),
-            global_scale=np.float32(1 + 2**-8),
-            name="t3.bf16_ties",
-        ),
-        "float16_ties": random_planes(
-            rng,
-            16,
-            64,
-            scale_bytes=(0x30, 0x40),
-            global_scale=np.float32(1 + 2**-11),
-            name="t3.f16_ties",
-        ),
+        "bfloat16_ties": _ties(rng, "bfloat16", name="t3.bf16_ties"),
+        "float16_ties": _ties(rng, "float16", name="t3.f16_ties"),
         # products below 2^-126: float32 subnormal outputs (no flush to zero)
         "float32_subnormal_outputs": random_planes(
             rng,

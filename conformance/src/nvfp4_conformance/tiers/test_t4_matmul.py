@@ -14,7 +14,6 @@ row must not be read.
 from __future__ import annotations
 
 import itertools
-import zlib
 from typing import Any
 
 import numpy as np
@@ -26,7 +25,8 @@ from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import GLOBAL_AMAX_DIVISOR
 from nvfp4.testing import activations
 
-from nvfp4_conformance.cases import realistic_weight
+from nvfp4_conformance.calls import MatmulCheck, assert_output, call_verb
+from nvfp4_conformance.cases import case_rng, realistic_weight
 from nvfp4_conformance.checks import as_float64, assert_within, error_figures
 
 DTYPES = list(OUTPUT_DTYPES)
@@ -59,36 +59,18 @@ def tolerance(nvfp4_tolerance: Any) -> Any:
     return nvfp4_tolerance
 
 
-def _rng(*key: Any) -> np.random.Generator:
-    return np.random.default_rng(zlib.crc32(repr(key).encode()))
-
-
-def _call(
-    backend: Any, verb: str, x: npt.NDArray[Any], w: Any, *args: Any, **kwargs: Any
-) -> npt.NDArray[Any]:
-    y = getattr(backend, verb)(backend.from_numpy(x), w, *args, **kwargs)
-    return np.asarray(backend.to_numpy(y))
-
-
 def _gather_qmm(
     backend: Any, x: npt.NDArray[Any], planes: NVFP4Planes, ids: npt.NDArray[Any], *, sort: bool
 ) -> npt.NDArray[Any]:
     """The backend's ``gather_qmm`` of ``x`` with ``planes`` prepared and the expert ``ids``
     (``sorted_indices=sort``)."""
-    return _call(
+    return call_verb(
         backend,
         "gather_qmm",
         x,
         backend.prepare(planes),
         backend.from_numpy(ids),
         sorted_indices=sort,
-    )
-
-
-def _check_out(y: npt.NDArray[Any], shape: tuple[int, ...], dtype: str, what: str) -> None:
-    assert y.shape == shape, f"{what}: output shape {y.shape}, expected {shape}"
-    assert y.dtype == OUTPUT_DTYPES[dtype], (
-        f"{what}: output dtype {y.dtype}, expected {dtype} (x's dtype)"
     )
 
 
@@ -111,16 +93,21 @@ def _partition_groups(planes: NVFP4Planes, rows: Any = slice(None)) -> dict[str,
 def test_qmm(
     nvfp4_backend: Any, nvfp4_record: Any, tolerance: Any, m: int, k: int, n: int, dtype: str
 ) -> None:
-    rng = _rng("qmm", m, k, n)
+    rng = case_rng("qmm", m, k, n)
     planes = realistic_weight(rng, n, k, name=f"t4.qmm_{n}x{k}")
     x = activations(rng, m, k, dtype)
     ref = reference.qmm(x, planes, out_dtype=None)
-    y = _call(nvfp4_backend, "qmm", x, nvfp4_backend.prepare(planes))
-    _check_out(y, (m, n), dtype, "qmm")
-    tol = float(tolerance("qmm", dtype))
-    figs = error_figures(y, ref)
-    nvfp4_record(f"M{m}_K{k}_N{n}", dtype=dtype, shape=[m, k, n], tolerance=tol, **figs)
-    assert_within(y, ref, tol, f"qmm M={m} K={k} N={n} {dtype}")
+    check = MatmulCheck(nvfp4_backend, nvfp4_record, tolerance)
+    check(
+        "qmm",
+        x,
+        planes,
+        ref,
+        case=f"M{m}_K{k}_N{n}",
+        dtype=dtype,
+        path="qmm",
+        what=f"qmm M={m} K={k} N={n} {dtype}",
+    )
 
 
 FUSED = [
@@ -145,17 +132,24 @@ def test_qmm_fused_partitions(
     dtype: str,
 ) -> None:
     """A fused q/k/v (gate/up) weight keeps one global per partition, applied to its rows."""
-    rng = _rng("fused", label)
+    rng = case_rng("fused", label)
     planes = realistic_weight(rng, parts[-1], k, partitions=parts, name=f"t4.{label}")
     assert len(set(np.asarray(planes.global_scale).tolist())) == len(parts) - 1
     x = activations(rng, m, k, dtype)
     ref = reference.qmm(x, planes, out_dtype=None)
-    y = _call(nvfp4_backend, "qmm", x, nvfp4_backend.prepare(planes))
-    _check_out(y, (m, parts[-1]), dtype, "qmm (fused)")
-    tol = float(tolerance("qmm", dtype))
-    figs = error_figures(y, ref)
-    nvfp4_record(label, dtype=dtype, shape=[m, k, parts[-1]], tolerance=tol, **figs)
-    assert_within(y, ref, tol, f"qmm fused {label} {dtype}", groups=_partition_groups(planes))
+    check = MatmulCheck(nvfp4_backend, nvfp4_record, tolerance)
+    check(
+        "qmm",
+        x,
+        planes,
+        ref,
+        case=label,
+        dtype=dtype,
+        path="qmm",
+        what=f"qmm fused {label} {dtype}",
+        output_of="qmm (fused)",
+        groups=_partition_groups(planes),
+    )
 
 
 # ------------------------------------------------------------------------ gather_qmm
@@ -213,7 +207,7 @@ def _check_gather(
     assert e is not None
     ref = reference.gather_qmm(x, planes, ids, out_dtype=None)
     y = _gather_qmm(backend, x, planes, ids, sort=sort)
-    _check_out(y, (x.shape[0], planes.n), dtype, "gather_qmm")
+    assert_output(y, (x.shape[0], planes.n), dtype, "gather_qmm")
     oob = (ids < 0) | (ids >= e)
     tol = float(tolerance("gather_qmm", dtype))
     inb = ~oob
@@ -268,7 +262,7 @@ def test_gather_qmm(
     dtype: str,
 ) -> None:
     """Per-expert globals; some expert ids out of range (-1, E, E+3, +-2^20)."""
-    rng = _rng("gather", label)
+    rng = case_rng("gather", label)
     planes = realistic_weight(rng, n, k, experts=e, partitions=parts, name=f"t4.{label}")
     x = activations(rng, m, k, dtype)
     ids = _ids(rng, m, e, sort=sort, out_of_range=True).astype(np.int32 if sort else np.int64)
@@ -282,7 +276,7 @@ def test_gather_qmm_fused_expert_partitions(
     nvfp4_backend: Any, nvfp4_record: Any, tolerance: Any, dtype: str
 ) -> None:
     """Fused gate/up experts: globals ``(E, P)``, one per expert and partition."""
-    rng = _rng("gather_fused")
+    rng = case_rng("gather_fused")
     planes = realistic_weight(
         rng, 32, 128, experts=3, partitions=(0, 16, 32), name="t4.moe_gate_up"
     )
@@ -300,7 +294,7 @@ def test_gather_qmm_out_of_range_rows_not_read(
 ) -> None:
     """Rows of x holding NaN / Inf whose expert id is out of range give exact zeros: the
     row is not computed (a masked multiply would give NaN)."""
-    rng = _rng("gather_nan")
+    rng = case_rng("gather_nan")
     planes = realistic_weight(rng, 24, 64, experts=4, name="t4.moe_nan")
     x = activations(rng, 12, 64, dtype)
     ids = rng.integers(0, 4, size=12)
@@ -327,7 +321,7 @@ def test_gather_qmm_false_sorted_hint(
 ) -> None:
     """``sorted_indices=True`` with ids that are not sorted: refused (ValueError) or
     ignored, never wrong rows."""
-    rng = _rng("gather_false_hint")
+    rng = case_rng("gather_false_hint")
     planes = realistic_weight(rng, 16, 64, experts=4, name="t4.moe_hint")
     x = activations(rng, 10, 64, "float32")
     ids = np.array([3, 0, 2, 1, 3, 0, 0, 2, 1, 3], dtype=np.int64)
@@ -391,34 +385,39 @@ def test_qmm_w4a4(
 ) -> None:
     """Activations quantized with the block rule (dynamic global, or the checkpoint's static
     ``input_scale``), then the product of the decoded planes."""
-    rng = _rng("w4a4", label)
+    rng = case_rng("w4a4", label)
     planes = realistic_weight(rng, n, k, name=f"t4.w4a4_{label}")
     x = activations(rng, m, k, dtype)
     input_scale = None
     if scale == "static":
         input_scale = float(np.abs(as_float64(x)).max() / GLOBAL_AMAX_DIVISOR * 1.5)
     ref = w4a4_reference(nvfp4_backend, x, planes, input_scale)
-    y = _call(nvfp4_backend, "qmm_w4a4", x, nvfp4_backend.prepare(planes), input_scale=input_scale)
-    _check_out(y, (m, n), dtype, "qmm_w4a4")
-    tol = float(tolerance("w4a4", dtype))
-    figs = error_figures(y, ref)
-    nvfp4_record(
-        label, dtype=dtype, shape=[m, k, n], input_scale=input_scale, tolerance=tol, **figs
+    check = MatmulCheck(nvfp4_backend, nvfp4_record, tolerance)
+    check(
+        "qmm_w4a4",
+        x,
+        planes,
+        ref,
+        case=label,
+        dtype=dtype,
+        path="w4a4",
+        what=f"qmm_w4a4 {label} {dtype}",
+        fields={"input_scale": input_scale},
+        input_scale=input_scale,
     )
-    assert_within(y, ref, tol, f"qmm_w4a4 {label} {dtype}")
 
 
 @pytest.mark.requires_capability("w4a4")
 def test_qmm_w4a4_nonfinite_rows(nvfp4_backend: Any, nvfp4_record: Any, tolerance: Any) -> None:
     """A NaN or Inf activation makes its output row non-finite and leaves the other rows
     as they would be without it (the dynamic global ignores non-finite values)."""
-    rng = _rng("w4a4_nan")
+    rng = case_rng("w4a4_nan")
     planes = realistic_weight(rng, 16, 128, name="t4.w4a4_nan")
     x = activations(rng, 6, 128, "float32")
     x[1, 3] = np.nan
     x[4, 100] = np.inf
-    y = _call(nvfp4_backend, "qmm_w4a4", x, nvfp4_backend.prepare(planes))
-    _check_out(y, (6, 16), "float32", "qmm_w4a4")
+    y = call_verb(nvfp4_backend, "qmm_w4a4", x, nvfp4_backend.prepare(planes))
+    assert_output(y, (6, 16), "float32", "qmm_w4a4")
     bad = np.array([1, 4])
     good = np.array([0, 2, 3, 5])
     finite_bad = [int(r) for r in bad if np.isfinite(y[r]).all()]

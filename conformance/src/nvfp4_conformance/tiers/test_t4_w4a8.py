@@ -10,7 +10,6 @@ Each case also records, for information, W4A8's quantization error against W4A16
 from __future__ import annotations
 
 import itertools
-import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +21,8 @@ from nvfp4.dtypes import OUTPUT_DTYPES
 from nvfp4.planes import NVFP4Planes
 from nvfp4.testing import activations, relative_error
 
-from nvfp4_conformance.cases import realistic_weight
+from nvfp4_conformance.calls import MatmulCheck, assert_output, call_verb
+from nvfp4_conformance.cases import case_rng, realistic_weight
 from nvfp4_conformance.checks import as_float64, assert_within, error_figures
 
 pytestmark = pytest.mark.min_spec("1.1")
@@ -41,14 +41,6 @@ SHAPES = [
     (64, 2048, 24),
     (300, 4096, 56),
 ]
-
-
-def _rng(*key: Any) -> np.random.Generator:
-    return np.random.default_rng(zlib.crc32(repr(key).encode()))
-
-
-def _call(backend: Any, verb: str, x: npt.NDArray[Any], w: Any, *a: Any, **kw: Any) -> Any:
-    return np.asarray(backend.to_numpy(getattr(backend, verb)(backend.from_numpy(x), w, *a, **kw)))
 
 
 def q8_reference(backend: Any, x: npt.NDArray[Any], w: NVFP4Planes) -> npt.NDArray[np.float64]:
@@ -71,11 +63,6 @@ def fp8_reference(
     return reference.w4a8_fp8_from_activations(xq, w)
 
 
-def _check(y: npt.NDArray[Any], shape: tuple[int, ...], dtype: str, what: str) -> None:
-    assert y.shape == shape, f"{what}: output shape {y.shape}, expected {shape}"
-    assert y.dtype == OUTPUT_DTYPES[dtype], f"{what}: output dtype {y.dtype}, expected {dtype}"
-
-
 def _vs_w4a16(ref: npt.NDArray[np.float64], x: npt.NDArray[Any], w: NVFP4Planes) -> float:
     return float(relative_error(ref, reference.qmm(x, w, out_dtype=None)))
 
@@ -87,23 +74,22 @@ def _vs_w4a16(ref: npt.NDArray[np.float64], x: npt.NDArray[Any], w: NVFP4Planes)
 def test_qmm_w4a8(
     nvfp4_backend: Any, nvfp4_record: Any, nvfp4_tolerance: Any, m: int, k: int, n: int, dtype: str
 ) -> None:
-    rng = _rng("w4a8", m, k, n)
+    rng = case_rng("w4a8", m, k, n)
     planes = realistic_weight(rng, n, k, name=f"t4.w4a8_{n}x{k}")
     x = activations(rng, m, k, dtype)
     ref = q8_reference(nvfp4_backend, x, planes)
-    y = _call(nvfp4_backend, "qmm_w4a8", x, nvfp4_backend.prepare(planes))
-    _check(y, (m, n), dtype, "qmm_w4a8")
-    tol = float(nvfp4_tolerance("w4a8", dtype))
-    figs = error_figures(y, ref)
-    nvfp4_record(
-        f"M{m}_K{k}_N{n}",
+    check = MatmulCheck(nvfp4_backend, nvfp4_record, nvfp4_tolerance)
+    check(
+        "qmm_w4a8",
+        x,
+        planes,
+        ref,
+        case=f"M{m}_K{k}_N{n}",
         dtype=dtype,
-        shape=[m, k, n],
-        tolerance=tol,
-        w4a8_vs_w4a16=_vs_w4a16(ref, x, planes),
-        **figs,
+        path="w4a8",
+        what=f"qmm_w4a8 M={m} K={k} N={n} {dtype}",
+        after={"w4a8_vs_w4a16": _vs_w4a16(ref, x, planes)},
     )
-    assert_within(y, ref, tol, f"qmm_w4a8 M={m} K={k} N={n} {dtype}")
 
 
 @pytest.mark.requires_capability("w4a8")
@@ -113,15 +99,15 @@ def test_qmm_w4a8_fused_partitions(
     nvfp4_backend: Any, nvfp4_record: Any, nvfp4_tolerance: Any, dtype: str
 ) -> None:
     """q/k/v partitions with globals 100x apart: each applied to its own rows."""
-    rng = _rng("w4a8_fused")
+    rng = case_rng("w4a8_fused")
     parts = (0, 64, 80, 96)
     w = rng.standard_normal((96, 256)).astype(np.float32)
     w[64:80] *= 100.0
     planes = reference.quantize(w, partitions=parts, name="t4.w4a8_qkv")
     x = activations(rng, 5, 256, dtype)
     ref = q8_reference(nvfp4_backend, x, planes)
-    y = _call(nvfp4_backend, "qmm_w4a8", x, nvfp4_backend.prepare(planes))
-    _check(y, (5, 96), dtype, "qmm_w4a8")
+    y = call_verb(nvfp4_backend, "qmm_w4a8", x, nvfp4_backend.prepare(planes))
+    assert_output(y, (5, 96), dtype, "qmm_w4a8")
     tol = float(nvfp4_tolerance("w4a8", dtype))
     for a, b in itertools.pairwise(parts):
         figs = error_figures(y[:, a:b], ref[:, a:b])
@@ -149,7 +135,7 @@ def test_gather_qmm_w4a8(
     dtype: str,
 ) -> None:
     """Per-expert globals 1000x apart, ids out of range on both sides (exactly zero rows)."""
-    rng = _rng("gather_w4a8", label)
+    rng = case_rng("gather_w4a8", label)
     wf = rng.standard_normal((e, n, k)).astype(np.float32)
     wf *= np.logspace(-1.5, 1.5, e, dtype=np.float32)[:, None, None]
     planes = reference.quantize(wf, name=f"t4.gather_w4a8_{label}")
@@ -158,7 +144,7 @@ def test_gather_qmm_w4a8(
     ids[0] = e - 1
     if sort:
         ids = np.sort(ids)
-    y = _call(
+    y = call_verb(
         nvfp4_backend,
         "gather_qmm_w4a8",
         x,
@@ -166,7 +152,7 @@ def test_gather_qmm_w4a8(
         nvfp4_backend.from_numpy(ids),
         sorted_indices=sort,
     )
-    _check(y, (m, n), dtype, "gather_qmm_w4a8")
+    assert_output(y, (m, n), dtype, "gather_qmm_w4a8")
     ref = np.zeros((m, n), dtype=np.float64)
     valid = (ids >= 0) & (ids < e)
     for expert in np.unique(ids[valid]):
@@ -186,13 +172,13 @@ def test_gather_qmm_w4a8(
 @pytest.mark.requires_capability("w4a8")
 def test_gather_qmm_w4a8_out_of_range_rows_not_read(nvfp4_backend: Any) -> None:
     """A NaN/Inf row whose id is out of range still gives exactly zero."""
-    rng = _rng("gather_w4a8_nan")
+    rng = case_rng("gather_w4a8_nan")
     planes = reference.quantize(rng.standard_normal((2, 8, 64)).astype(np.float32))
     x = rng.standard_normal((4, 64)).astype(np.float32)
     x[1] = np.nan
     x[3] = np.inf
     ids = np.array([0, -1, 1, 2], dtype=np.int64)
-    y = _call(
+    y = call_verb(
         nvfp4_backend,
         "gather_qmm_w4a8",
         x,
@@ -214,14 +200,14 @@ def _check_nonfinite_rows(
     """``qmm_<tag>`` on x with NaN in row 1, ``inf`` in row 4 and a zero row 5: those rows
     give NaN and exactly zero, rows 0, 2 and 3 stay within ``[<tag>] float32`` of
     ``reference_of(backend, x, planes)``."""
-    rng = _rng(f"{tag}_nan")
+    rng = case_rng(f"{tag}_nan")
     planes = realistic_weight(rng, 16, 128, name=f"t4.{tag}_nan")
     x = activations(rng, 6, 128, "float32")
     x[1, 3] = np.nan
     x[4, 100] = inf
     x[5] = 0.0
-    y = _call(backend, f"qmm_{tag}", x, backend.prepare(planes))
-    _check(y, (6, 16), "float32", f"qmm_{tag}")
+    y = call_verb(backend, f"qmm_{tag}", x, backend.prepare(planes))
+    assert_output(y, (6, 16), "float32", f"qmm_{tag}")
     assert np.isnan(y[[1, 4]]).all(), "rows holding NaN/Inf in x must give NaN outputs"
     assert (y[5] == 0).all(), "a zero row of x must give an exactly zero output row"
     good = np.array([0, 2, 3])
@@ -278,7 +264,7 @@ def test_qmm_w4a8_fp8(
 ) -> None:
     """Dynamic input scale (amax / 448), a static one above it, and a static one that
     saturates the largest activations at 448."""
-    rng = _rng("w4a8_fp8", label)
+    rng = case_rng("w4a8_fp8", label)
     planes = realistic_weight(rng, n, k, name=f"t4.w4a8_fp8_{label}")
     x = activations(rng, m, k, dtype)
     amax = float(np.abs(as_float64(x)).max())
@@ -288,23 +274,23 @@ def test_qmm_w4a8_fp8(
     elif scale == "saturating":
         input_scale = amax / 448 / 4
     ref = fp8_reference(nvfp4_backend, x, planes, input_scale)
-    y = _call(
-        nvfp4_backend, "qmm_w4a8_fp8", x, nvfp4_backend.prepare(planes), input_scale=input_scale
-    )
-    _check(y, (m, n), dtype, "qmm_w4a8_fp8")
-    tol = float(nvfp4_tolerance("w4a8_fp8", dtype))
-    figs = error_figures(y, ref)
-    nvfp4_record(
-        label,
+    check = MatmulCheck(nvfp4_backend, nvfp4_record, nvfp4_tolerance)
+    check(
+        "qmm_w4a8_fp8",
+        x,
+        planes,
+        ref,
+        case=label,
         dtype=dtype,
-        shape=[m, k, n],
+        path="w4a8_fp8",
+        what=f"qmm_w4a8_fp8 {label} {dtype}",
+        fields={
+            "input_scale": input_scale,
+            "input_scale_policy": "dynamic" if input_scale is None else "static",
+        },
+        after={"w4a8_vs_w4a16": _vs_w4a16(ref, x, planes)},
         input_scale=input_scale,
-        input_scale_policy="dynamic" if input_scale is None else "static",
-        tolerance=tol,
-        w4a8_vs_w4a16=_vs_w4a16(ref, x, planes),
-        **figs,
     )
-    assert_within(y, ref, tol, f"qmm_w4a8_fp8 {label} {dtype}")
 
 
 @pytest.mark.requires_capability("w4a8_fp8")

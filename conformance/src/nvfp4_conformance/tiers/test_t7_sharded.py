@@ -16,8 +16,10 @@ Every rank must hold the same reduced result. T7 runs when the certified spec ve
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
@@ -29,6 +31,8 @@ from nvfp4_conformance.t7 import CASES, DTYPES, WORLDS, Case, load_case, plans_o
 ROW = [c for c in CASES if c.kind == "row"]
 COLUMN = [c for c in CASES if c.kind in ("column", "qkv")]
 EXPERTS = [c for c in CASES if c.kind == "experts"]
+
+_Test = TypeVar("_Test", bound=Callable[..., None])
 
 
 @pytest.fixture(scope="session")
@@ -53,8 +57,94 @@ def t7_run(
     return folder, run_ranks(folder, run.backend_name, run.declared_capabilities)
 
 
-def _ids(cases: list[Case]) -> list[str]:
-    return [c.name for c in cases]
+def _every_world(capability: str, cases: list[Case]) -> Callable[[_Test], _Test]:
+    """Mark a T7 test as certifying ``capability`` and run it for every world size, case of
+    ``cases`` and dtype (test ids ``[tp<world>-<case>-<dtype>]``)."""
+    marks = (
+        pytest.mark.parametrize("world", WORLDS, ids=[f"tp{w}" for w in WORLDS]),
+        pytest.mark.parametrize("case", cases, ids=[c.name for c in cases]),
+        pytest.mark.parametrize("dtype", DTYPES),
+        pytest.mark.requires_capability(capability),
+    )
+
+    def mark(test: _Test) -> _Test:
+        for m in marks:
+            test = m(test)
+        return test
+
+    return mark
+
+
+@dataclass(frozen=True)
+class Sharded:
+    """One T7 test's case at one world size and output dtype: what the ranks were given
+    (weights, activations in ``dtype``, expert ids) and what each rank returned."""
+
+    case: Case
+    world: int
+    dtype: str
+    w: Any
+    x: np.ndarray
+    ids: np.ndarray
+    outs: list[dict[str, np.ndarray]]
+
+    @property
+    def key(self) -> str:
+        """The name of this case's output in each rank's results."""
+        return f"{self.case.name}|{self.dtype}"
+
+    def record(
+        self,
+        nvfp4_record: Any,
+        y: np.ndarray,
+        ref: np.ndarray,
+        tol: float,
+        tolerance_of: str,
+        *,
+        rank: int | None = None,
+        **fields: Any,
+    ) -> dict[str, Any]:
+        """``error_figures(y, ref)``, recorded (pass or fail) with the case's source, dtype,
+        world size (and ``rank``, for one rank's output), ``fields`` and the tolerance."""
+        c, figs = self.case, error_figures(y, ref)
+        at, which = ("", {}) if rank is None else (f" rank {rank}", {"rank": rank})
+        nvfp4_record(
+            f"{c.name} TP{self.world}{at} {self.dtype}",
+            source=c.source,
+            dtype=self.dtype,
+            world=self.world,
+            **which,
+            **fields,
+            tolerance=tol,
+            tolerance_of=tolerance_of,
+            **figs,
+        )
+        return figs
+
+    def assert_within(
+        self,
+        figs: dict[str, Any],
+        tol: float,
+        table: str,
+        measure: str = "max_rel_err",
+        *,
+        rank: int | None = None,
+    ) -> None:
+        """Fail unless the recorded ``max_rel_err`` is within ``tol`` (of ``[table]``)."""
+        c, at = self.case, "" if rank is None else f", rank {rank}"
+        assert figs["max_rel_err"] <= tol, (
+            f"{c.name} ({c.source}) at TP{self.world}{at}, {self.dtype}: {measure} "
+            f"{figs['max_rel_err']:.3e} > {table} {tol:g}"
+        )
+
+
+@pytest.fixture
+def sharded(t7_run: Any, world: int, case: Case, dtype: str) -> Sharded:
+    """The test's case (its ``world``, ``case`` and ``dtype`` parameters) from the ranks'
+    run."""
+    folder, results = t7_run
+    w, x32, ids = load_case(folder, case)
+    return Sharded(case, world, dtype, w, x_in(x32, dtype), ids, results[world])
 
 
 def _same_on_every_rank(outs: list[dict[str, np.ndarray]], key: str) -> np.ndarray:
@@ -72,36 +162,16 @@ def _draft_tolerance(dtype: str) -> float:
     return float(draft_tolerances()["row_parallel"][dtype])
 
 
-@pytest.mark.requires_capability("qmm")
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", ROW, ids=_ids(ROW))
-@pytest.mark.parametrize("world", WORLDS, ids=[f"tp{w}" for w in WORLDS])
-def test_row_parallel_qmm(
-    t7_run: Any, nvfp4_record: Any, world: int, case: Case, dtype: str
-) -> None:
-    folder, results = t7_run
-    w, x32, _ = load_case(folder, case)
-    x = x_in(x32, dtype)
-    y = _same_on_every_rank(results[world], f"{case.name}|{dtype}")
-    ref = reference.qmm(x, w, out_dtype=None)
-    tol = _draft_tolerance(dtype)
-    figs = error_figures(y, ref)
-    plan = plans_of(case, world)
-    nvfp4_record(
-        f"{case.name} TP{world} {dtype}",
-        source=case.source,
-        dtype=dtype,
-        world=world,
-        ranks=[[r.start, r.stop, r.padded] for r in plan],
-        tolerance=tol,
-        tolerance_of="[row_parallel] (spec 1.2 draft)",
-        **figs,
-    )
+@_every_world("qmm", ROW)
+def test_row_parallel_qmm(sharded: Sharded, nvfp4_record: Any) -> None:
+    s, case = sharded, sharded.case
+    y = _same_on_every_rank(s.outs, s.key)
+    ref = reference.qmm(s.x, s.w, out_dtype=None)
+    tol = _draft_tolerance(s.dtype)
+    ranks = [[r.start, r.stop, r.padded] for r in plans_of(case, s.world)]
+    figs = s.record(nvfp4_record, y, ref, tol, "[row_parallel] (spec 1.2 draft)", ranks=ranks)
     assert y.shape == (case.m, case.n)
-    assert figs["max_rel_err"] <= tol, (
-        f"{case.name} ({case.source}) at TP{world}, {dtype}: row-parallel sum "
-        f"max|y - ref| / max|ref| = {figs['max_rel_err']:.3e} > [row_parallel] {tol:g}"
-    )
+    s.assert_within(figs, tol, "[row_parallel]", "row-parallel sum max|y - ref| / max|ref| =")
 
 
 def _column_reference(case: Case, world: int, rank: int, ref: np.ndarray) -> np.ndarray:
@@ -118,86 +188,37 @@ def _column_reference(case: Case, world: int, rank: int, ref: np.ndarray) -> np.
     )
 
 
-@pytest.mark.requires_capability("qmm")
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", COLUMN, ids=_ids(COLUMN))
-@pytest.mark.parametrize("world", WORLDS, ids=[f"tp{w}" for w in WORLDS])
-def test_column_parallel_qmm(
-    t7_run: Any,
-    nvfp4_record: Any,
-    nvfp4_tolerance: Any,
-    world: int,
-    case: Case,
-    dtype: str,
-) -> None:
-    folder, results = t7_run
-    w, x32, _ = load_case(folder, case)
-    x = x_in(x32, dtype)
-    ref = reference.qmm(x, w, out_dtype=None)
-    tol = float(nvfp4_tolerance("qmm", dtype))
-    key = f"{case.name}|{dtype}"
+@_every_world("qmm", COLUMN)
+def test_column_parallel_qmm(sharded: Sharded, nvfp4_record: Any, nvfp4_tolerance: Any) -> None:
+    s, case = sharded, sharded.case
+    ref = reference.qmm(s.x, s.w, out_dtype=None)
+    tol = float(nvfp4_tolerance("qmm", s.dtype))
     locals_ = []
-    for rank, outs in enumerate(results[world]):
-        y = outs[key]
-        want = _column_reference(case, world, rank, ref)
-        assert y.shape == want.shape, f"{key} rank {rank}: shape {y.shape}, expected {want.shape}"
-        figs = error_figures(y, want)
-        nvfp4_record(
-            f"{case.name} TP{world} rank {rank} {dtype}",
-            source=case.source,
-            dtype=dtype,
-            world=world,
-            rank=rank,
-            tolerance=tol,
-            tolerance_of="[qmm]",
-            **figs,
-        )
-        assert figs["max_rel_err"] <= tol, (
-            f"{case.name} ({case.source}) at TP{world}, rank {rank}, {dtype}: "
-            f"max_rel_err {figs['max_rel_err']:.3e} > [qmm] {tol:g}"
-        )
+    for rank, rank_outs in enumerate(s.outs):
+        y = rank_outs[s.key]
+        want = _column_reference(case, s.world, rank, ref)
+        assert y.shape == want.shape, f"{s.key} rank {rank}: shape {y.shape}, expected {want.shape}"
+        figs = s.record(nvfp4_record, y, want, tol, "[qmm]", rank=rank)
+        s.assert_within(figs, tol, "[qmm]", rank=rank)
         locals_.append(y)
     if case.kind == "column":  # a gather has no arithmetic: the ranks' values, bit for bit
-        gathered = _same_on_every_rank(results[world], f"{key}|gathered")
+        gathered = _same_on_every_rank(s.outs, f"{s.key}|gathered")
         assert np.array_equal(gathered, np.concatenate(locals_, axis=1)), (
-            f"{key}: the gathered output differs from the ranks' own outputs"
+            f"{s.key}: the gathered output differs from the ranks' own outputs"
         )
         assert gathered.shape == (case.m, case.n)
 
 
-@pytest.mark.requires_capability("gather_qmm")
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", EXPERTS, ids=_ids(EXPERTS))
-@pytest.mark.parametrize("world", WORLDS, ids=[f"tp{w}" for w in WORLDS])
+@_every_world("gather_qmm", EXPERTS)
 def test_expert_parallel_gather_qmm(
-    t7_run: Any,
-    nvfp4_record: Any,
-    nvfp4_tolerance: Any,
-    world: int,
-    case: Case,
-    dtype: str,
+    sharded: Sharded, nvfp4_record: Any, nvfp4_tolerance: Any
 ) -> None:
-    folder, results = t7_run
-    w, x32, ids = load_case(folder, case)
-    x = x_in(x32, dtype)
-    y = _same_on_every_rank(results[world], f"{case.name}|{dtype}")
-    ref = reference.gather_qmm(x, w, ids, out_dtype=None)
-    tol = float(nvfp4_tolerance("gather_qmm", dtype))
-    figs = error_figures(y, ref)
-    outside = (ids < 0) | (ids >= case.experts)
-    nvfp4_record(
-        f"{case.name} TP{world} {dtype}",
-        source=case.source,
-        dtype=dtype,
-        world=world,
-        out_of_range_rows=int(outside.sum()),
-        tolerance=tol,
-        tolerance_of="[gather_qmm]",
-        **figs,
-    )
+    s, case = sharded, sharded.case
+    y = _same_on_every_rank(s.outs, s.key)
+    ref = reference.gather_qmm(s.x, s.w, s.ids, out_dtype=None)
+    tol = float(nvfp4_tolerance("gather_qmm", s.dtype))
+    outside = (s.ids < 0) | (s.ids >= case.experts)
+    figs = s.record(nvfp4_record, y, ref, tol, "[gather_qmm]", out_of_range_rows=int(outside.sum()))
     assert outside.any()
-    assert not np.any(y[outside]), f"{case.name} TP{world}: rows of out-of-range ids not zero"
-    assert figs["max_rel_err"] <= tol, (
-        f"{case.name} ({case.source}) at TP{world}, {dtype}: expert-parallel "
-        f"max_rel_err {figs['max_rel_err']:.3e} > [gather_qmm] {tol:g}"
-    )
+    assert not np.any(y[outside]), f"{case.name} TP{s.world}: rows of out-of-range ids not zero"
+    s.assert_within(figs, tol, "[gather_qmm]", "expert-parallel max_rel_err")

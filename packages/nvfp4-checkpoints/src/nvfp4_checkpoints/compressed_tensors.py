@@ -12,6 +12,7 @@ or ``NVFP4A16`` (weights only) config groups.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -29,16 +30,11 @@ from .flavour_io import FlavourIO
 from .folder import Fields
 from .hf import (
     PRODUCER,
-    Entry,
     HFCheckpoint,
-    HFFormat,
+    PackedFormat,
     base_config,
     exclude_modules,
-    leading_dims,
-    one_global,
-    packed_plane_entries,
     spec_record,
-    write_hf,
 )
 from .source import Plan, PlaneItem, Source, natural, plane_items
 
@@ -88,31 +84,23 @@ class CompressedTensorsCheckpoint(HFCheckpoint):
         return input_scale_from_input_global_scale(a, name)
 
 
-class CompressedTensorsFormat(HFFormat):
-    """The compressed-tensors tensors and config."""
+class CompressedTensorsFormat(PackedFormat):
+    """The compressed-tensors tensors (globals and input scale as ENCODE scales, scalars as
+    ``[1]``) and config."""
 
     flavour = "compressed-tensors"
+    label = "compressed-tensors"
+    codes_name = "weight_packed"
+    global_name = "weight_global_scale"
+    input_name = "input_global_scale"
+    scalar_shape = (1,)
 
-    def plane_entries(self, item: PlaneItem) -> list[Entry]:
-        global_shape = (1,) if item.shape.shared_global else leading_dims(item) or (1,)
-        out = packed_plane_entries(
-            item, "compressed-tensors", "weight_packed", "weight_global_scale", global_shape
-        )
-        if item.input_scale is not None:
-            shape = tuple(item.input_scale.shape) or (1,)
-            out.append((f"{item.key}.input_global_scale", "F32", shape))
-        return out
+    def layout(self, planes: NVFP4Planes) -> Mapping[str, npt.NDArray[Any]]:
+        return to_compressed_tensors(planes)
 
-    def plane_arrays(self, item: PlaneItem, planes: NVFP4Planes) -> list[npt.NDArray[Any]]:
-        t = to_compressed_tensors(planes)
-        out = [
-            t["weight_packed"],
-            t["weight_scale"],
-            one_global(item, t["weight_global_scale"], (1,)),
-        ]
-        if item.input_scale is not None:
-            out.append(input_global_scale_from_input_scale(item.input_scale, item.key))
-        return out
+    def input_array(self, item: PlaneItem) -> npt.NDArray[Any]:
+        assert item.input_scale is not None
+        return input_global_scale_from_input_scale(item.input_scale, item.key)
 
     def config_files(self, src: Source, layout: Plan) -> dict[str, dict[str, Any]]:
         items = plane_items(layout)
@@ -174,8 +162,4 @@ def ct_scheme(targets: list[str], *, activations: bool) -> dict[str, Any]:
 
 
 FORMAT = CompressedTensorsFormat()
-IO: Final[FlavourIO] = FlavourIO(
-    flavour="compressed-tensors",
-    read=CompressedTensorsCheckpoint,
-    write=lambda tmp, src, options: write_hf(FORMAT, tmp, src, options),
-)
+IO: Final[FlavourIO] = FORMAT.flavour_io(CompressedTensorsCheckpoint)

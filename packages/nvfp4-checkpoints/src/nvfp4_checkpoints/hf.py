@@ -34,7 +34,7 @@ from nvfp4.spec import BLOCK_SIZE, WEIGHT_FORMAT_VERSION
 from ._version import __version__
 from .checkpoint import Checkpoint, PlaneShape, scalar
 from .config_dims import check_config_dims
-from .flavour_io import WriteOptions
+from .flavour_io import FlavourIO, WriteOptions
 from .flavours import CheckpointError, Flavour
 from .folder import CheckpointFolder, Fields, short
 from .safetensors_io import (
@@ -56,6 +56,7 @@ __all__ = [
     "Entry",
     "HFCheckpoint",
     "HFFormat",
+    "PackedFormat",
     "SafetensorsStore",
     "base_config",
     "exclude_modules",
@@ -369,6 +370,15 @@ class HFFormat:
         """Text files of the flavour itself (name -> content), written beside the configs."""
         return {}
 
+    def flavour_io(self, read: Callable[[Path], Checkpoint]) -> FlavourIO:
+        """The flavour's row of the reader/writer table: ``read`` opens it, :func:`write_hf`
+        writes it in this format."""
+        return FlavourIO(
+            flavour=self.flavour,
+            read=read,
+            write=lambda tmp, src, options: write_hf(self, tmp, src, options),
+        )
+
 
 def leading_dims(item: PlaneItem) -> tuple[int, ...]:
     return item.shape.shape[:-2]
@@ -406,6 +416,52 @@ def packed_plane_entries(
         (f"{item.key}.weight_scale", "F8_E4M3", (*lead, n, k // BLOCK_SIZE)),
         (f"{item.key}.{global_scale}", "F32", global_shape),
     ]
+
+
+class PackedFormat(HFFormat):
+    """A flavour storing ModelOpt's planes under names of its own (ModelOpt,
+    compressed-tensors): the codes two a byte (``codes_name``), the E4M3 block scale bytes
+    (``weight_scale``), the float32 global (``global_name``) and, for W4A4, the activations'
+    float32 input scale (``input_name``, as :meth:`input_array` writes it). A scalar is stored
+    in ``scalar_shape``: ``()`` or ``(1,)``; a stack of experts keeps its leading
+    dimensions."""
+
+    label: str  # the flavour as refusals name it
+    codes_name: str
+    global_name: str
+    input_name: str
+    scalar_shape: tuple[int, ...]
+
+    def layout(self, planes: NVFP4Planes) -> Mapping[str, npt.NDArray[Any]]:
+        """The flavour's arrays of ``planes`` (by their names in the file)."""
+        raise NotImplementedError
+
+    def input_array(self, item: PlaneItem) -> npt.NDArray[Any]:
+        """The input scale as the flavour stores it (by default the DECODE scale as it is)."""
+        assert item.input_scale is not None
+        return item.input_scale
+
+    def plane_entries(self, item: PlaneItem) -> list[Entry]:
+        lead = leading_dims(item)
+        global_shape = self.scalar_shape if item.shape.shared_global else lead or self.scalar_shape
+        out = packed_plane_entries(
+            item, self.label, self.codes_name, self.global_name, global_shape
+        )
+        if item.input_scale is not None:
+            shape = tuple(item.input_scale.shape) or self.scalar_shape
+            out.append((f"{item.key}.{self.input_name}", "F32", shape))
+        return out
+
+    def plane_arrays(self, item: PlaneItem, planes: NVFP4Planes) -> list[npt.NDArray[Any]]:
+        t = self.layout(planes)
+        out = [
+            t[self.codes_name],
+            t["weight_scale"],
+            one_global(item, t[self.global_name], self.scalar_shape),
+        ]
+        if item.input_scale is not None:
+            out.append(self.input_array(item))
+        return out
 
 
 def base_config(config: Mapping[str, Any]) -> dict[str, Any]:

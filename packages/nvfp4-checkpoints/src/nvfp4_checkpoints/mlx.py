@@ -46,7 +46,6 @@ from .hf import (
     base_config,
     leading_dims,
     spec_record,
-    write_hf,
 )
 from .source import Plan, PlaneItem, Source, TensorItem, plane_items
 
@@ -208,8 +207,4 @@ class MLXFormat(HFFormat):
 
 
 FORMAT = MLXFormat()
-IO: Final[FlavourIO] = FlavourIO(
-    flavour="mlx",
-    read=MLXCheckpoint,
-    write=lambda tmp, src, options: write_hf(FORMAT, tmp, src, options),
-)
+IO: Final[FlavourIO] = FORMAT.flavour_io(MLXCheckpoint)

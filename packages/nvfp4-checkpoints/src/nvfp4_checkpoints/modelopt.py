@@ -28,18 +28,13 @@ from .flavours import MODELOPT_NVFP4_ALGOS, CheckpointError
 from .folder import Fields, short
 from .hf import (
     PRODUCER,
-    Entry,
     HFCheckpoint,
-    HFFormat,
+    PackedFormat,
     base_config,
     exclude_modules,
-    leading_dims,
-    one_global,
-    packed_plane_entries,
     spec_record,
-    write_hf,
 )
-from .source import Plan, PlaneItem, Source, plane_items
+from .source import Plan, Source, plane_items
 
 __all__ = [
     "IO",
@@ -111,24 +106,18 @@ class ModelOptCheckpoint(HFCheckpoint):
         return from_modelopt(self._parts(prefix), name=prefix)
 
 
-class ModelOptFormat(HFFormat):
-    """The ModelOpt tensors and config files."""
+class ModelOptFormat(PackedFormat):
+    """The ModelOpt tensors (the input scale stored as it is) and config files."""
 
     flavour = "modelopt"
+    label = "ModelOpt"
+    codes_name = "weight"
+    global_name = "weight_scale_2"
+    input_name = "input_scale"
+    scalar_shape = ()
 
-    def plane_entries(self, item: PlaneItem) -> list[Entry]:
-        gshape = () if item.shape.shared_global else leading_dims(item)
-        out = packed_plane_entries(item, "ModelOpt", "weight", "weight_scale_2", gshape)
-        if item.input_scale is not None:
-            out.append((f"{item.key}.input_scale", "F32", tuple(item.input_scale.shape)))
-        return out
-
-    def plane_arrays(self, item: PlaneItem, planes: NVFP4Planes) -> list[npt.NDArray[Any]]:
-        t = to_modelopt(planes)
-        out = [t["weight"], t["weight_scale"], one_global(item, t["weight_scale_2"], ())]
-        if item.input_scale is not None:
-            out.append(item.input_scale)
-        return out
+    def layout(self, planes: NVFP4Planes) -> Mapping[str, npt.NDArray[Any]]:
+        return to_modelopt(planes)
 
     def config_files(self, src: Source, layout: Plan) -> dict[str, dict[str, Any]]:
         items = plane_items(layout)
@@ -238,8 +227,4 @@ def _algos_of(origin: Checkpoint | None) -> dict[str, str] | None:
 
 
 FORMAT = ModelOptFormat()
-IO: Final[FlavourIO] = FlavourIO(
-    flavour="modelopt",
-    read=ModelOptCheckpoint,
-    write=lambda tmp, src, options: write_hf(FORMAT, tmp, src, options),
-)
+IO: Final[FlavourIO] = FORMAT.flavour_io(ModelOptCheckpoint)

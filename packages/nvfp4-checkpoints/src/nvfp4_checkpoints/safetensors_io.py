@@ -7,19 +7,18 @@ which every tensor covers exactly (no holes, no overlaps, nothing after the last
 
 * :class:`SafetensorsFile` parses and validates the header only (reading no tensor data),
   and hands out one tensor at a time as a read-only ``numpy.memmap``: a checkpoint of any
-  size is read with the memory of the tensor in use. A header that lies (length beyond the
-  file, offsets out of range, overlapping or leaving holes, a byte size that disagrees with
-  dtype and shape, an unknown dtype) is refused with :class:`SafetensorsError` naming the
-  file and the tensor; so is a header beyond the limits of its cost
-  (:data:`MAX_HEADER_BYTES`, :data:`MAX_HEADER_TENSORS`, :data:`MAX_HEADER_SEPARATORS`,
-  counted before parsing; :data:`MAX_METADATA_CHARS`).
+  size is read with the memory of the tensor in use. The header is parsed by nvfp4-core's
+  :mod:`nvfp4.safetensors_format` (the one safetensors parser, which the golden fixtures
+  share): a header that lies (length beyond the file, offsets out of range, overlapping or
+  leaving holes, a byte size that disagrees with dtype and shape, an unknown dtype) is
+  refused with :class:`SafetensorsError` naming the file and the tensor; so is a header
+  beyond the limits of its cost (:data:`MAX_HEADER_BYTES`, :data:`MAX_HEADER_TENSORS`,
+  :data:`MAX_HEADER_SEPARATORS`, counted before parsing; :data:`MAX_METADATA_CHARS`).
 * :class:`SafetensorsWriter` writes the header first, from the names, dtypes and shapes
   given up front, then takes the tensors one by one in that order, so a file is written
   without holding its tensors together in memory. :func:`save_file` is the one-call form.
 
-Dtypes map to numpy as the safetensors library's numpy/torch front ends do, with
-``F8_E4M3`` -> ``ml_dtypes.float8_e4m3fn``, ``F8_E5M2`` -> ``ml_dtypes.float8_e5m2``,
-``F8_E8M0`` -> ``ml_dtypes.float8_e8m0fnu`` and ``BF16`` -> ``ml_dtypes.bfloat16``.
+Dtypes map to numpy by :data:`DTYPES` (:mod:`nvfp4.safetensors_format`'s table).
 """
 
 from __future__ import annotations
@@ -30,62 +29,32 @@ import math
 import os
 import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, BinaryIO, Final
 
-import ml_dtypes
 import numpy as np
 import numpy.typing as npt
+from nvfp4.safetensors_format import DTYPES as DTYPES
+from nvfp4.safetensors_format import MAX_HEADER_BYTES as MAX_HEADER_BYTES
+from nvfp4.safetensors_format import MAX_HEADER_SEPARATORS as MAX_HEADER_SEPARATORS
+from nvfp4.safetensors_format import MAX_HEADER_TENSORS as MAX_HEADER_TENSORS
+from nvfp4.safetensors_format import MAX_METADATA_CHARS as MAX_METADATA_CHARS
+from nvfp4.safetensors_format import Refusals, parse_header
+from nvfp4.safetensors_format import TensorInfo as TensorInfo
 
 from .closing import Closing
-from .folder import CheckpointError, check_shape, one_line, parse_json, short
+from .folder import CheckpointError
 
+# (and the names of nvfp4.safetensors_format imported "as" themselves above, public here too)
 __all__ = [
-    "DTYPES",
-    "MAX_HEADER_BYTES",
-    "MAX_HEADER_SEPARATORS",
-    "MAX_HEADER_TENSORS",
-    "MAX_METADATA_CHARS",
     "SafetensorsError",
     "SafetensorsFile",
     "SafetensorsWriter",
-    "TensorInfo",
     "dtype_name",
     "read_header",
     "save_file",
 ]
 
-#: safetensors dtype string -> numpy dtype (all little-endian).
-DTYPES: Final[Mapping[str, np.dtype[Any]]] = {
-    "BOOL": np.dtype(np.bool_),
-    "U8": np.dtype("<u1"),
-    "I8": np.dtype("<i1"),
-    "U16": np.dtype("<u2"),
-    "I16": np.dtype("<i2"),
-    "U32": np.dtype("<u4"),
-    "I32": np.dtype("<i4"),
-    "U64": np.dtype("<u8"),
-    "I64": np.dtype("<i8"),
-    "F16": np.dtype("<f2"),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
-    "F32": np.dtype("<f4"),
-    "F64": np.dtype("<f8"),
-    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
-    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
-    "F8_E8M0": np.dtype(ml_dtypes.float8_e8m0fnu),
-}
-
-#: The longest header read: 256 bytes for each of :data:`MAX_HEADER_TENSORS` entries (a
-#: real entry takes 100 to 150; the safetensors library's limit is 100 MB).
-MAX_HEADER_BYTES: Final = 1 << 25
-#: The most tensors one file may list: four times a shard of the largest MoE checkpoints
-#: (tens of thousands of per-expert tensors), and more than any single-file model.
-MAX_HEADER_TENSORS: Final = 1 << 17
-#: The most ``,`` and ``:`` in a header: 16 per tensor (an entry of rank 8 needs 15).
-MAX_HEADER_SEPARATORS: Final = 16 * MAX_HEADER_TENSORS
-#: The longest ``__metadata__`` key or value (in characters).
-MAX_METADATA_CHARS: Final = 1 << 20
 _ALIGN: Final = 8
 
 
@@ -105,30 +74,6 @@ def dtype_name(dtype: npt.DTypeLike) -> str:
     raise SafetensorsError(f"dtype {dt} has no safetensors equivalent")
 
 
-@dataclass(frozen=True, slots=True)
-class TensorInfo:
-    """One header entry: ``start``/``end`` are absolute byte positions in the file."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    start: int
-    end: int
-
-    @property
-    def nbytes(self) -> int:
-        return self.end - self.start
-
-    @property
-    def numpy_dtype(self) -> np.dtype[Any]:
-        return DTYPES[self.dtype]
-
-
-def _fail(path: Path, what: str, tensor: str | None = None) -> SafetensorsError:
-    where = f"{path}" + (f", tensor {short(tensor)}" if tensor is not None else "")
-    return SafetensorsError(one_line(f"safetensors file {where}: {what}"))
-
-
 def read_header(
     path: str | os.PathLike[str], opened: BinaryIO | None = None
 ) -> tuple[dict[str, TensorInfo], dict[str, str]]:
@@ -138,109 +83,15 @@ def read_header(
     ``__metadata__`` map. Raises :class:`SafetensorsError` (naming the file and the tensor)
     for a truncated file, a header length beyond the file, invalid JSON, an unknown dtype,
     a negative or non-integer shape, offsets out of range, overlapping or leaving holes,
-    a byte size that disagrees with dtype and shape, or bytes after the last tensor;
-    :class:`FileNotFoundError` when the file is missing. ``opened``: the file, already
-    opened (read from where it stands; ``path`` names it in messages).
+    a byte size that disagrees with dtype and shape, or bytes after the last tensor
+    (:func:`nvfp4.safetensors_format.parse_header`); :class:`FileNotFoundError` when the
+    file is missing. ``opened``: the file, already opened (read from where it stands;
+    ``path`` names it in messages).
     """
     p = Path(path)
     with contextlib.nullcontext(opened) if opened is not None else open(p, "rb") as f:
         size = os.fstat(f.fileno()).st_size
-        f.seek(0)
-        head = f.read(8)
-        if len(head) < 8:
-            raise _fail(p, f"truncated: {size} bytes, too short for the 8-byte header length")
-        (n,) = struct.unpack("<Q", head)
-        if n > size - 8:
-            raise _fail(p, f"header length {n} runs beyond the file ({size} bytes)")
-        if n > MAX_HEADER_BYTES:
-            raise _fail(p, f"header length {n} exceeds {MAX_HEADER_BYTES} bytes")
-        raw = f.read(n)
-    try:  # tensors (and __metadata__) and values counted before parsing
-        header = parse_json(
-            raw,
-            f"safetensors file {p}: header",
-            max_keys=MAX_HEADER_TENSORS + 1,
-            max_separators=MAX_HEADER_SEPARATORS,
-        )
-    except CheckpointError as e:
-        raise SafetensorsError(str(e)) from None
-    if not isinstance(header, dict):
-        raise _fail(p, f"header is a JSON {type(header).__name__}, expected an object")
-    metadata = _metadata(p, header.pop("__metadata__", {}))
-    data_start = 8 + n
-    data_size = size - data_start
-    entries = [_parse_entry(p, name, entry, data_start, size) for name, entry in header.items()]
-    entries.sort(key=lambda t: (t.start, t.end))
-    cursor = data_start
-    for t in entries:
-        if t.start != cursor:
-            what = "overlaps the previous tensor" if t.start < cursor else "leaves a hole"
-            raise _fail(
-                p,
-                f"data_offsets [{t.start - data_start}, {t.end - data_start}] {what} "
-                f"(expected to start at {cursor - data_start})",
-                t.name,
-            )
-        if t.end > size:
-            raise _fail(
-                p,
-                f"data ends at byte {t.end - data_start} of the buffer but the file holds "
-                f"only {data_size} data bytes (truncated?)",
-                t.name,
-            )
-        cursor = t.end
-    if cursor != size:
-        raise _fail(p, f"{size - cursor} bytes after the last tensor's data")
-    return {t.name: t for t in entries}, metadata
-
-
-def _metadata(p: Path, meta: Any) -> dict[str, str]:
-    if not isinstance(meta, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in meta.items()
-    ):
-        raise _fail(p, "__metadata__ must map strings to strings")
-    for key, value in meta.items():
-        longest = max(len(key), len(value))
-        if longest > MAX_METADATA_CHARS:
-            raise _fail(
-                p,
-                f"__metadata__ {short(key)}: expected at most {MAX_METADATA_CHARS} characters "
-                f"per key and value, found {longest}",
-            )
-    return dict(meta)
-
-
-def _parse_entry(p: Path, name: str, entry: Any, data_start: int, size: int) -> TensorInfo:
-    if not isinstance(entry, dict):
-        raise _fail(p, f"header entry is a {type(entry).__name__}, expected an object", name)
-    dtype = entry.get("dtype")
-    if not isinstance(dtype, str) or dtype not in DTYPES:
-        raise _fail(p, f"dtype {short(dtype)} is not one of {', '.join(DTYPES)}", name)
-    try:
-        shape = check_shape(
-            entry.get("shape"), size, f"safetensors file {p}", f"tensor {short(name)}"
-        )
-    except CheckpointError as e:
-        raise SafetensorsError(str(e)) from None
-    offsets = entry.get("data_offsets")
-    if (
-        not isinstance(offsets, list)
-        or len(offsets) != 2
-        or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets)
-        or offsets[1] < offsets[0]
-    ):
-        raise _fail(
-            p, f"data_offsets {short(offsets)} are not [begin, end] with begin <= end", name
-        )
-    expected = math.prod(shape) * DTYPES[dtype].itemsize
-    found = offsets[1] - offsets[0]
-    if expected != found:
-        raise _fail(
-            p,
-            f"{dtype} {list(shape)} needs {expected} bytes but data_offsets {offsets} span {found}",
-            name,
-        )
-    return TensorInfo(name, dtype, tuple(shape), data_start + offsets[0], data_start + offsets[1])
+        return parse_header(f, size, f"safetensors file {p}", error=SafetensorsError)
 
 
 class SafetensorsFile(Closing):
@@ -295,20 +146,19 @@ class SafetensorsFile(Closing):
         dt = t.numpy_dtype
         if t.nbytes == 0:
             return np.zeros(t.shape, dtype=dt)
+        fail = Refusals(f"safetensors file {self.path}", SafetensorsError)
         try:
             with self._opener() as f:
                 st = os.fstat(f.fileno())
                 if (st.st_dev, st.st_ino) != self._node:
-                    raise _fail(
-                        self.path, "replaced since its header was read (another file now)", name
-                    )
+                    raise fail("replaced since its header was read (another file now)", name)
                 arr: npt.NDArray[Any] = np.memmap(
                     f, dtype=dt, mode="r", offset=t.start, shape=t.shape
                 )
         except CheckpointError:
             raise
         except (OSError, ValueError) as e:
-            raise _fail(self.path, f"cannot map the tensor's data ({e})", name) from None
+            raise fail(f"cannot map the tensor's data ({e})", name) from None
         return arr
 
 

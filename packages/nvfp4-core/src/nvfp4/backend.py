@@ -21,6 +21,7 @@ The module-level verbs (:mod:`nvfp4.verbs`) do the same through the backend a
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from typing import Any, final
 
 import numpy as np
@@ -119,6 +120,46 @@ def _gated(verb: str) -> bool:
     return verb in VERBS and VERBS[verb].capability in OPTIONAL_CAPABILITIES
 
 
+def _matmul_verb(name: str, doc: str) -> Callable[..., Any]:
+    """The front end's matmul verb ``name`` of :data:`nvfp4.contract.VERBS`, its arguments
+    those its entry gives it: ``(x, w, expert_ids, *, sorted_indices=False, out_dtype=None)``
+    for an expert stack, ``(x, w, *, input_scale=None, out_dtype=None)`` where it takes a
+    static activation scale, else ``(x, w, *, out_dtype=None)``. Every matmul verb, a table
+    entry added later too, runs the one checked path, ``_matmul``."""
+    spec = VERBS[name]
+    verb: Callable[..., Any]
+    if spec.experts:
+
+        def verb(
+            self: Any,
+            x: Any,
+            w: Any,
+            expert_ids: Any,
+            *,
+            sorted_indices: bool = False,
+            out_dtype: Any = None,
+        ) -> Any:
+            return self._matmul(
+                name, x, w, out_dtype, expert_ids=expert_ids, sorted_indices=sorted_indices
+            )
+
+    elif spec.input_scale:
+
+        def verb(
+            self: Any, x: Any, w: Any, *, input_scale: Any = None, out_dtype: Any = None
+        ) -> Any:
+            return self._matmul(name, x, w, out_dtype, input_scale=input_scale)
+
+    else:
+
+        def verb(self: Any, x: Any, w: Any, *, out_dtype: Any = None) -> Any:
+            return self._matmul(name, x, w, out_dtype)
+
+    verb.__name__ = verb.__qualname__ = name
+    verb.__doc__ = doc
+    return verb
+
+
 #: The members every kernels object has (the kernels themselves are optional).
 _REQUIRED = ("info", "availability", "prepare", "from_numpy", "to_numpy")
 
@@ -182,16 +223,7 @@ class Frontend:
                     name, x, input_scale=input_scale
                 )
             return lambda x: self._activations(name, x)
-
-        def matmul(x: Any, w: Any, *args: Any, out_dtype: Any = None, **kw: Any) -> Any:
-            if spec.experts:
-                (expert_ids,) = args
-                kw["expert_ids"] = expert_ids
-            elif args:
-                raise TypeError(f"{name}() takes x and w, found {2 + len(args)} arguments")
-            return self._matmul(name, x, w, out_dtype, **kw)
-
-        return matmul
+        return _matmul_verb(name, spec.summary).__get__(self)
 
     # ---------------------------------------------------------------- facts
     @property
@@ -348,25 +380,17 @@ class Frontend:
         self._ready()
         return kernel(a, **scale)
 
-    def qmm(self, x: Any, w: Any, *, out_dtype: Any = None) -> Any:
+    qmm = _matmul_verb(
+        "qmm",
         """W4A16 ``y = x @ decode(w).T`` with the global applied after accumulation; ``x`` is
-        ``[..., K]``; ``out_dtype`` defaults to x's dtype."""
-        return self._matmul("qmm", x, w, out_dtype)
+        ``[..., K]``; ``out_dtype`` defaults to x's dtype.""",
+    )
 
-    def gather_qmm(
-        self,
-        x: Any,
-        w: Any,
-        expert_ids: Any,
-        *,
-        sorted_indices: bool = False,
-        out_dtype: Any = None,
-    ) -> Any:
+    gather_qmm = _matmul_verb(
+        "gather_qmm",
         """MoE: row ``m`` of ``x [M, K]`` times expert ``expert_ids[m]``; ids outside
-        ``[0, E)`` give exactly zero rows."""
-        return self._matmul(
-            "gather_qmm", x, w, out_dtype, expert_ids=expert_ids, sorted_indices=sorted_indices
-        )
+        ``[0, E)`` give exactly zero rows.""",
+    )
 
     def _decode(self, verb: str, w: Any, dtype: Any) -> Any:
         """A decoder: the float32 decode must fit in memory (the reference's refusal, the
@@ -389,10 +413,11 @@ class Frontend:
         planes: NVFP4Planes = self._activations("quantize_activations", x, input_scale=input_scale)
         return planes
 
-    def qmm_w4a4(self, x: Any, w: Any, *, input_scale: Any = None, out_dtype: Any = None) -> Any:
+    qmm_w4a4 = _matmul_verb(
+        "qmm_w4a4",
         """W4A4: activations quantized with the spec's rule, then the matmul with both
-        globals applied after accumulation (where ``w4a4`` is declared)."""
-        return self._matmul("qmm_w4a4", x, w, out_dtype, input_scale=input_scale)
+        globals applied after accumulation (where ``w4a4`` is declared).""",
+    )
 
     def quantize_activations_q8(self, x: Any) -> Q8Activations:
         """int8 W4A8 activations of ``[M, K]`` (K a multiple of 32), ggml's Q8_0 rule
@@ -400,30 +425,17 @@ class Frontend:
         q: Q8Activations = self._activations("quantize_activations_q8", x)
         return q
 
-    def qmm_w4a8(self, x: Any, w: Any, *, out_dtype: Any = None) -> Any:
+    qmm_w4a8 = _matmul_verb(
+        "qmm_w4a8",
         """W4A8 int8: activations quantized per block of 32 (ggml Q8_0), then the product
-        with the weight's global applied after accumulation (where ``w4a8`` is declared)."""
-        return self._matmul("qmm_w4a8", x, w, out_dtype)
+        with the weight's global applied after accumulation (where ``w4a8`` is declared).""",
+    )
 
-    def gather_qmm_w4a8(
-        self,
-        x: Any,
-        w: Any,
-        expert_ids: Any,
-        *,
-        sorted_indices: bool = False,
-        out_dtype: Any = None,
-    ) -> Any:
+    gather_qmm_w4a8 = _matmul_verb(
+        "gather_qmm_w4a8",
         """MoE W4A8 int8: row ``m`` times expert ``expert_ids[m]``; ids outside ``[0, E)``
-        give exactly zero rows (where ``w4a8`` is declared)."""
-        return self._matmul(
-            "gather_qmm_w4a8",
-            x,
-            w,
-            out_dtype,
-            expert_ids=expert_ids,
-            sorted_indices=sorted_indices,
-        )
+        give exactly zero rows (where ``w4a8`` is declared).""",
+    )
 
     def quantize_activations_fp8(self, x: Any, input_scale: Any = None) -> FP8Activations:
         """FP8 E4M3 W4A8 activations of ``[M, K]`` with a static or dynamic per-tensor
@@ -433,12 +445,11 @@ class Frontend:
         )
         return q
 
-    def qmm_w4a8_fp8(
-        self, x: Any, w: Any, *, input_scale: Any = None, out_dtype: Any = None
-    ) -> Any:
+    qmm_w4a8_fp8 = _matmul_verb(
+        "qmm_w4a8_fp8",
         """W4A8 FP8: ``e4m3(x / input_scale)`` times the weight, ``input_scale`` and the
-        weight's global applied after accumulation (where ``w4a8_fp8`` is declared)."""
-        return self._matmul("qmm_w4a8_fp8", x, w, out_dtype, input_scale=input_scale)
+        weight's global applied after accumulation (where ``w4a8_fp8`` is declared).""",
+    )
 
     # -------------------------------------------------------------- arrays
     def from_numpy(self, a: npt.NDArray[Any]) -> Any:

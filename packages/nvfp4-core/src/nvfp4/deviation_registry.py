@@ -17,16 +17,10 @@ from __future__ import annotations
 
 import math
 import re
-import sys
 from dataclasses import dataclass
-from importlib import resources
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # Python 3.10: tomli is the same parser (a dependency there)
-    import tomli as tomllib
+from .spec_files import spec_file, tomllib
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -88,9 +82,6 @@ _FIELDS: Final = frozenset(
     }
 )
 
-SPEC_DATA: Final = "spec_data"
-_CHECKOUT_SPEC: Final = Path(__file__).resolve().parent.parent.parent.parent.parent / "spec"
-
 
 class DeviationRegistryError(ValueError):
     """The registry file is malformed; the one-line message names where and what."""
@@ -125,18 +116,7 @@ class Deviation:
 def data_file() -> Traversable:
     """``deviations.toml``: the package data of an installed wheel, else the checkout's
     ``spec/draft/``. Raises FileNotFoundError naming both places."""
-    packaged = resources.files(__package__ or "nvfp4").joinpath(
-        SPEC_DATA, "draft", "deviations.toml"
-    )
-    if packaged.is_file():
-        return packaged
-    checkout = _CHECKOUT_SPEC / "draft" / "deviations.toml"
-    if checkout.is_file():
-        return checkout
-    raise FileNotFoundError(
-        f"deviation registry: neither the package data {packaged} nor the source "
-        f"checkout's {checkout} exists; reinstall nvfp4-core from a wheel or an sdist"
-    )
+    return spec_file("draft", "deviations.toml", "deviation registry")
 
 
 def _text(where: str, entry: Mapping[str, Any], key: str) -> str:

@@ -18,7 +18,8 @@ against:
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -70,6 +71,7 @@ __all__ = [
     "global_from_amax",
     "output",
     "pack_codes",
+    "per_expert",
     "qmm",
     "qmm_2d",
     "qmm_w4a4",
@@ -87,6 +89,7 @@ __all__ = [
     "quantize_activations_q8_2d",
     "round_half_away",
     "unpack_codes",
+    "w4a4_from_activations",
     "w4a8_fp8_from_activations",
     "w4a8_from_activations",
 ]
@@ -361,15 +364,32 @@ def gather_qmm_2d(
     a: npt.NDArray[Any], w: NVFP4Planes, ids: npt.NDArray[np.int64]
 ) -> npt.NDArray[np.float64]:
     """The arithmetic of :func:`gather_qmm` on checked operands (``ids`` int64 ``[M]``)."""
-    e = w.shape[0]
+
+    def unscaled(rows: npt.NDArray[Any], we: NVFP4Planes) -> npt.NDArray[np.float64]:
+        wd = dequantize_unscaled(we).astype(np.float64)
+        y: npt.NDArray[np.float64] = rows.astype(np.float64) @ wd.T
+        return y
+
+    return per_expert(a, w, ids, unscaled)
+
+
+def per_expert(
+    a: npt.NDArray[Any],
+    w: NVFP4Planes,
+    ids: npt.NDArray[np.int64],
+    matmul: Callable[[npt.NDArray[Any], NVFP4Planes], npt.NDArray[np.float64]],
+) -> npt.NDArray[np.float64]:
+    """Every MoE matmul: for each expert ``e`` that an id in ``[0, E)`` names, ``matmul`` of
+    the rows of ``a`` routed to it and expert ``e``'s planes with a global of 1, then times
+    expert ``e``'s row globals (after accumulation); rows whose id is outside ``[0, E)``
+    stay exactly zero and are never read."""
     y = np.zeros((a.shape[0], w.n), dtype=np.float64)
-    row_g = w.row_global()
-    for expert in np.unique(ids[(ids >= 0) & (ids < e)]):
+    row_g = w.row_global().astype(np.float64)
+    one = np.ones((), np.float32)
+    for expert in np.unique(ids[(ids >= 0) & (ids < w.shape[0])]):
         rows = ids == expert
-        wd = dequantize_unscaled(
-            NVFP4Planes(w.codes[expert], w.scales[expert], np.ones((), np.float32), name=w.name)
-        ).astype(np.float64)
-        y[rows] = (a[rows].astype(np.float64) @ wd.T) * row_g[expert].astype(np.float64)
+        we = NVFP4Planes(w.codes[expert], w.scales[expert], one, name=w.name)
+        y[rows] = matmul(a[rows], we) * row_g[expert]
     return y
 
 
@@ -427,15 +447,40 @@ def qmm_w4a4_2d(
     a: npt.NDArray[Any], w: NVFP4Planes, input_scale: float | None
 ) -> npt.NDArray[np.float64]:
     """The arithmetic of :func:`qmm_w4a4` on checked operands."""
-    if a.shape[0] == 0:
-        return np.zeros((0, w.n), dtype=np.float64)
-    xp = quantize_activations_2d(a, input_scale, name=f"{w.name}.input")
+    return _with_activations(
+        a,
+        w,
+        lambda x, name: quantize_activations_2d(x, input_scale, name=name),
+        w4a4_from_activations,
+    )
+
+
+def w4a4_from_activations(xp: NVFP4Planes, w: NVFP4Planes) -> npt.NDArray[np.float64]:
+    """W4A4 product of given activation planes and a 2-D weight, in float64:
+    ``(sum_k xq * wq) * global_x * global_w[n]`` (both globals after accumulation)."""
     xd = dequantize_unscaled(xp).astype(np.float64)
     wd = dequantize_unscaled(w).astype(np.float64)
     y: npt.NDArray[np.float64] = (xd @ wd.T) * (
         w.row_global().astype(np.float64) * np.float64(xp.global_scale)
     )
     return y
+
+
+_A = TypeVar("_A")
+
+
+def _with_activations(
+    a: npt.NDArray[Any],
+    w: NVFP4Planes,
+    quantize_x: Callable[[npt.NDArray[Any], str], _A],
+    product: Callable[[_A, NVFP4Planes], npt.NDArray[np.float64]],
+) -> npt.NDArray[np.float64]:
+    """Every matmul on quantized activations (W4A4, W4A8 int8 and FP8): ``x [M, K]``
+    quantized by ``quantize_x`` (named after the weight's input), then ``product`` of those
+    activations and the weight; M = 0 gives ``[0, N]`` without quantizing."""
+    if a.shape[0] == 0:
+        return np.zeros((0, w.n), dtype=np.float64)
+    return product(quantize_x(a, f"{w.name}.input"), w)
 
 
 # ------------------------------------------------------------------------------ W4A8
@@ -502,9 +547,9 @@ def qmm_w4a8(x: Any, w: NVFP4Planes, *, out_dtype: Any = np.float32) -> npt.NDAr
 
 def qmm_w4a8_2d(a: npt.NDArray[Any], w: NVFP4Planes) -> npt.NDArray[np.float64]:
     """The arithmetic of :func:`qmm_w4a8` on checked operands."""
-    if a.shape[0] == 0:
-        return np.zeros((0, w.n), dtype=np.float64)
-    return w4a8_from_activations(quantize_activations_q8_2d(a, name=f"{w.name}.input"), w)
+    return _with_activations(
+        a, w, lambda x, name: quantize_activations_q8_2d(x, name=name), w4a8_from_activations
+    )
 
 
 def gather_qmm_w4a8(
@@ -527,15 +572,7 @@ def gather_qmm_w4a8_2d(
     a: npt.NDArray[Any], w: NVFP4Planes, ids: npt.NDArray[np.int64]
 ) -> npt.NDArray[np.float64]:
     """The arithmetic of :func:`gather_qmm_w4a8` on checked operands."""
-    y = np.zeros((a.shape[0], w.n), dtype=np.float64)
-    e = w.shape[0]
-    row_g = w.row_global().astype(np.float64)
-    one = np.ones((), np.float32)
-    for expert in np.unique(ids[(ids >= 0) & (ids < e)]):
-        rows = ids == expert
-        we = NVFP4Planes(w.codes[expert], w.scales[expert], one, name=w.name)
-        y[rows] = qmm_w4a8_2d(a[rows], we) * row_g[expert]
-    return y
+    return per_expert(a, w, ids, qmm_w4a8_2d)
 
 
 def quantize_activations_fp8(
@@ -603,7 +640,9 @@ def qmm_w4a8_fp8_2d(
     a: npt.NDArray[Any], w: NVFP4Planes, input_scale: float | None
 ) -> npt.NDArray[np.float64]:
     """The arithmetic of :func:`qmm_w4a8_fp8` on checked operands."""
-    if a.shape[0] == 0:
-        return np.zeros((0, w.n), dtype=np.float64)
-    xq = quantize_activations_fp8_2d(a, input_scale, name=f"{w.name}.input")
-    return w4a8_fp8_from_activations(xq, w)
+    return _with_activations(
+        a,
+        w,
+        lambda x, name: quantize_activations_fp8_2d(x, input_scale, name=name),
+        w4a8_fp8_from_activations,
+    )

@@ -8,6 +8,7 @@ reference's 2-D arithmetic, because core has checked every operand already.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -43,6 +44,29 @@ class _Weight:
         return self._operand
 
 
+def _gather_kernel(
+    arithmetic: Callable[
+        [npt.NDArray[Any], NVFP4Planes, npt.NDArray[np.int64]], npt.NDArray[np.float64]
+    ],
+) -> Callable[..., npt.NDArray[Any]]:
+    """A MoE kernel (``gather_qmm``, ``gather_qmm_w4a8``): the reference's 2-D
+    ``arithmetic`` on the expert stack, as ``out_dtype``; the result does not depend on
+    ``sorted_indices``."""
+
+    def kernel(
+        self: ReferenceKernels,
+        x: npt.NDArray[Any],
+        w: _Weight,
+        expert_ids: npt.NDArray[np.int64],
+        *,
+        sorted_indices: bool,
+        out_dtype: str,
+    ) -> npt.NDArray[Any]:
+        return reference.output(arithmetic(x, w.planes, expert_ids), out_dtype)
+
+    return kernel
+
+
 class ReferenceKernels:
     """Numpy, float64 accumulation, bit-exact decoding. Slow and always available."""
 
@@ -72,16 +96,7 @@ class ReferenceKernels:
     def qmm(self, x: npt.NDArray[Any], w: _Weight, *, out_dtype: str) -> npt.NDArray[Any]:
         return reference.output(reference.qmm_2d(x, w.operand()), out_dtype)
 
-    def gather_qmm(
-        self,
-        x: npt.NDArray[Any],
-        w: _Weight,
-        expert_ids: npt.NDArray[np.int64],
-        *,
-        sorted_indices: bool,
-        out_dtype: str,
-    ) -> npt.NDArray[Any]:
-        return reference.output(reference.gather_qmm_2d(x, w.planes, expert_ids), out_dtype)
+    gather_qmm = _gather_kernel(reference.gather_qmm_2d)
 
     def dequantize(self, w: _Weight, *, dtype: str) -> npt.NDArray[Any]:
         return reference.dequantize(w.planes, dtype)
@@ -102,16 +117,7 @@ class ReferenceKernels:
     def qmm_w4a8(self, x: npt.NDArray[Any], w: _Weight, *, out_dtype: str) -> npt.NDArray[Any]:
         return reference.output(reference.qmm_w4a8_2d(x, w.planes), out_dtype)
 
-    def gather_qmm_w4a8(
-        self,
-        x: npt.NDArray[Any],
-        w: _Weight,
-        expert_ids: npt.NDArray[np.int64],
-        *,
-        sorted_indices: bool,
-        out_dtype: str,
-    ) -> npt.NDArray[Any]:
-        return reference.output(reference.gather_qmm_w4a8_2d(x, w.planes, expert_ids), out_dtype)
+    gather_qmm_w4a8 = _gather_kernel(reference.gather_qmm_w4a8_2d)
 
     def quantize_activations_fp8(
         self, x: npt.NDArray[Any], *, input_scale: float | None

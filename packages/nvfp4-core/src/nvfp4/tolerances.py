@@ -37,20 +37,14 @@ newest version's. :data:`TOLERANCES` is the newest version's table.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
-from importlib import resources
-from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final
 
 from .dtypes import dtype_name
 from .spec import SPEC_VERSION, SUPPORTED_SPEC_VERSIONS, released, version_key
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # Python 3.10: tomli is the same parser (a dependency there)
-    import tomli as tomllib
+from .spec_files import SPEC_DATA as SPEC_DATA  # the package data folder: <version>/ under it
+from .spec_files import spec_file, tomllib
 
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
@@ -69,13 +63,6 @@ __all__ = [
 
 Table = Mapping[str, Mapping[str, float]]
 
-#: The package data folder of an installed wheel: ``<version>/tolerances.toml`` under it.
-SPEC_DATA: Final = "spec_data"
-#: The repository's ``spec/`` folder, seen from this package's folder in a source checkout
-#: (``packages/nvfp4-core/src/nvfp4``; ``.parent`` stops at the root, so an installed
-#: package anywhere gets a path that simply does not exist).
-_CHECKOUT_SPEC: Final = Path(__file__).resolve().parent.parent.parent.parent.parent / "spec"
-
 
 def data_file(version: str) -> Traversable:
     """The ``tolerances.toml`` of released spec ``version``: the package data of an
@@ -86,18 +73,7 @@ def data_file(version: str) -> Traversable:
         FileNotFoundError: when neither exists (a broken installation); the message names
             both places.
     """
-    packaged = resources.files(__package__ or "nvfp4").joinpath(
-        SPEC_DATA, version, "tolerances.toml"
-    )
-    if packaged.is_file():
-        return packaged
-    checkout = _CHECKOUT_SPEC / version / "tolerances.toml"
-    if checkout.is_file():
-        return checkout
-    raise FileNotFoundError(
-        f"spec {version} tolerances: neither the package data {packaged} nor the source "
-        f"checkout's {checkout} exists; reinstall nvfp4-core from a wheel or an sdist"
-    )
+    return spec_file(version, "tolerances.toml", f"spec {version} tolerances")
 
 
 def _read(version: str) -> tuple[str, Table]:
@@ -193,18 +169,7 @@ def draft_data_file() -> Traversable:
     Raises:
         FileNotFoundError: when neither exists; the message names both places.
     """
-    packaged = resources.files(__package__ or "nvfp4").joinpath(
-        SPEC_DATA, "draft", "tolerances.toml"
-    )
-    if packaged.is_file():
-        return packaged
-    checkout = _CHECKOUT_SPEC / "draft" / "tolerances.toml"
-    if checkout.is_file():
-        return checkout
-    raise FileNotFoundError(
-        f"draft spec tolerances: neither the package data {packaged} nor the source "
-        f"checkout's {checkout} exists; reinstall nvfp4-core from a wheel or an sdist"
-    )
+    return spec_file("draft", "tolerances.toml", "draft spec tolerances")
 
 
 _DRAFT: dict[str, Table] = {}

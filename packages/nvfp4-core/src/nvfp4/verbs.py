@@ -8,11 +8,14 @@ raw planes go to the numpy reference. :func:`quantize_activations` takes a backe
 from __future__ import annotations
 
 import functools
+import inspect
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from .backend import Frontend, Prepared
+from .contract import VERBS
 from .planes import NVFP4Planes
 from .reference import dequantize as reference_dequantize
 from .reference_backend import backend as reference_backend
@@ -49,23 +52,42 @@ def prepare(planes: NVFP4Planes, backend: str | Frontend | None = None) -> Prepa
     return backend.prepare(planes)
 
 
-def qmm(x: Any, w: Prepared | NVFP4Planes, *, out_dtype: Any = None) -> Any:
-    """:meth:`Frontend.qmm` on the weight's backend (the reference for raw planes)."""
-    return _backend_of(w).qmm(x, w, out_dtype=out_dtype)
+def _on_weight_backend(name: str) -> Callable[..., Any]:
+    """The module-level matmul verb ``name`` of :data:`nvfp4.contract.VERBS`: the verb of
+    the backend the weight was prepared by (the reference for raw planes), called with the
+    same arguments, so it takes and checks them as :class:`Frontend` does."""
 
+    def verb(x: Any, w: Prepared | NVFP4Planes, *args: Any, **options: Any) -> Any:
+        return getattr(_backend_of(w), name)(x, w, *args, **options)
 
-def gather_qmm(
-    x: Any,
-    w: Prepared | NVFP4Planes,
-    expert_ids: Any,
-    *,
-    sorted_indices: bool = False,
-    out_dtype: Any = None,
-) -> Any:
-    """:meth:`Frontend.gather_qmm` on the weight's backend (the reference for raw planes)."""
-    return _backend_of(w).gather_qmm(
-        x, w, expert_ids, sorted_indices=sorted_indices, out_dtype=out_dtype
+    verb.__name__ = verb.__qualname__ = name
+    verb.__doc__ = (
+        f":meth:`Frontend.{name}` ({VERBS[name].summary}) on the weight's backend (the "
+        "reference for raw planes)."
     )
+    method = getattr(Frontend, name, None)
+    if method is not None:  # its arguments, for help() and editors
+        own = inspect.signature(method)
+        verb.__signature__ = own.replace(  # type: ignore[attr-defined]
+            parameters=list(own.parameters.values())[1:]
+        )
+    return verb
+
+
+qmm = _on_weight_backend("qmm")
+gather_qmm = _on_weight_backend("gather_qmm")
+qmm_w4a4 = _on_weight_backend("qmm_w4a4")
+qmm_w4a8 = _on_weight_backend("qmm_w4a8")
+gather_qmm_w4a8 = _on_weight_backend("gather_qmm_w4a8")
+qmm_w4a8_fp8 = _on_weight_backend("qmm_w4a8_fp8")
+
+
+def __getattr__(name: str) -> Callable[..., Any]:
+    """Every other matmul verb of :data:`nvfp4.contract.VERBS` (one added to the table
+    after this module was imported) is served the same way."""
+    if name in VERBS and VERBS[name].kind == "matmul":
+        return _on_weight_backend(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def dequantize(w: Prepared | NVFP4Planes, dtype: Any = np.float32) -> Any:
@@ -74,40 +96,6 @@ def dequantize(w: Prepared | NVFP4Planes, dtype: Any = np.float32) -> Any:
     if isinstance(w, Prepared):
         return w.backend.dequantize(w, dtype)
     return reference_dequantize(w, dtype)
-
-
-def qmm_w4a4(
-    x: Any, w: Prepared | NVFP4Planes, *, input_scale: Any = None, out_dtype: Any = None
-) -> Any:
-    """:meth:`Frontend.qmm_w4a4` on the weight's backend (the reference for raw planes)."""
-    return _backend_of(w).qmm_w4a4(x, w, input_scale=input_scale, out_dtype=out_dtype)
-
-
-def qmm_w4a8(x: Any, w: Prepared | NVFP4Planes, *, out_dtype: Any = None) -> Any:
-    """:meth:`Frontend.qmm_w4a8` on the weight's backend (the reference for raw planes)."""
-    return _backend_of(w).qmm_w4a8(x, w, out_dtype=out_dtype)
-
-
-def gather_qmm_w4a8(
-    x: Any,
-    w: Prepared | NVFP4Planes,
-    expert_ids: Any,
-    *,
-    sorted_indices: bool = False,
-    out_dtype: Any = None,
-) -> Any:
-    """:meth:`Frontend.gather_qmm_w4a8` on the weight's backend (the reference for raw
-    planes)."""
-    return _backend_of(w).gather_qmm_w4a8(
-        x, w, expert_ids, sorted_indices=sorted_indices, out_dtype=out_dtype
-    )
-
-
-def qmm_w4a8_fp8(
-    x: Any, w: Prepared | NVFP4Planes, *, input_scale: Any = None, out_dtype: Any = None
-) -> Any:
-    """:meth:`Frontend.qmm_w4a8_fp8` on the weight's backend (the reference for raw planes)."""
-    return _backend_of(w).qmm_w4a8_fp8(x, w, input_scale=input_scale, out_dtype=out_dtype)
 
 
 def quantize_activations(

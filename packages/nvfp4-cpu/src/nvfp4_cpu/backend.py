@@ -9,11 +9,11 @@ thread count it would use. Arrays in and out are numpy (bfloat16 as ``ml_dtypes.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from nvfp4.activations import FP8Activations, Q8Activations
 from nvfp4.backend import Frontend
 from nvfp4.contract import Availability, BackendInfo
 from nvfp4.planes import NVFP4Planes
@@ -59,6 +59,24 @@ def _version() -> str:
     from ._version import __version__
 
     return __version__
+
+
+def _kernel(fn: Callable[..., Any], *, isa: bool = True) -> Callable[..., Any]:
+    """The kernel method that runs ``fn`` (a function of :mod:`~nvfp4_cpu.ops` or
+    :mod:`~nvfp4_cpu.w4a8`) with the object's library, level (where ``fn`` takes one) and
+    threads, then the kernel's own arguments. The gather kernels' ``sorted_indices`` hint is
+    dropped: the C code groups the rows by expert itself (a stable sort), sorted or not."""
+
+    def kernel(self: CPUKernels, *args: Any, **kwargs: Any) -> Any:
+        native, level, threads = self._config()
+        kwargs.pop("sorted_indices", None)
+        if isa:
+            return fn(native, level, threads, *args, **kwargs)
+        return fn(native, threads, *args, **kwargs)
+
+    kernel.__name__ = kernel.__qualname__ = fn.__name__
+    kernel.__doc__ = fn.__doc__
+    return kernel
 
 
 class CPUKernels:
@@ -140,85 +158,18 @@ class CPUKernels:
         native, _, threads = self._config()
         return prepare(planes, native, threads)
 
-    def qmm(self, x: npt.NDArray[Any], w: PreparedWeight, *, out_dtype: str) -> npt.NDArray[Any]:
-        native, isa, threads = self._config()
-        return ops.qmm(native, isa, threads, x, w, out_dtype=out_dtype)
-
-    def gather_qmm(
-        self,
-        x: npt.NDArray[Any],
-        w: PreparedWeight,
-        expert_ids: npt.NDArray[Any],
-        *,
-        sorted_indices: bool,
-        out_dtype: str,
-    ) -> npt.NDArray[Any]:
-        native, isa, threads = self._config()
-        return ops.gather_qmm(native, isa, threads, x, w, expert_ids, out_dtype=out_dtype)
-
-    def dequantize(self, w: PreparedWeight, *, dtype: str) -> npt.NDArray[Any]:
-        native, isa, threads = self._config()
-        return ops.dequantize(native, isa, threads, w, dtype)
-
-    def quantize_activations(
-        self, x: npt.NDArray[Any], *, input_scale: float | None
-    ) -> NVFP4Planes:
-        native, _, threads = self._config()
-        return ops.quantize_activations(native, threads, x, input_scale)
-
-    def qmm_w4a4(
-        self,
-        x: npt.NDArray[Any],
-        w: PreparedWeight,
-        *,
-        input_scale: float | None,
-        out_dtype: str,
-    ) -> npt.NDArray[Any]:
-        native, isa, threads = self._config()
-        return ops.qmm_w4a4(
-            native, isa, threads, x, w, input_scale=input_scale, out_dtype=out_dtype
-        )
-
-    def quantize_activations_q8(self, x: npt.NDArray[Any]) -> Q8Activations:
-        native, isa, threads = self._config()
-        return w4a8.quantize_activations_q8(native, isa, threads, x)
-
-    def qmm_w4a8(
-        self, x: npt.NDArray[Any], w: PreparedWeight, *, out_dtype: str
-    ) -> npt.NDArray[Any]:
-        native, isa, threads = self._config()
-        return w4a8.qmm_w4a8(native, isa, threads, x, w, out_dtype=out_dtype)
-
-    def gather_qmm_w4a8(
-        self,
-        x: npt.NDArray[Any],
-        w: PreparedWeight,
-        expert_ids: npt.NDArray[Any],
-        *,
-        sorted_indices: bool,
-        out_dtype: str,
-    ) -> npt.NDArray[Any]:
-        native, isa, threads = self._config()
-        return w4a8.gather_qmm_w4a8(native, isa, threads, x, w, expert_ids, out_dtype=out_dtype)
-
-    def quantize_activations_fp8(
-        self, x: npt.NDArray[Any], *, input_scale: float | None
-    ) -> FP8Activations:
-        native, _, threads = self._config()
-        return w4a8.quantize_activations_fp8(native, threads, x, input_scale)
-
-    def qmm_w4a8_fp8(
-        self,
-        x: npt.NDArray[Any],
-        w: PreparedWeight,
-        *,
-        input_scale: float | None,
-        out_dtype: str,
-    ) -> npt.NDArray[Any]:
-        native, isa, threads = self._config()
-        return w4a8.qmm_w4a8_fp8(
-            native, isa, threads, x, w, input_scale=input_scale, out_dtype=out_dtype
-        )
+    # Each kernel of the contract is the function of the same name in ops / w4a8, given this
+    # object's library, level and threads (core has checked every operand).
+    qmm = _kernel(ops.qmm)
+    gather_qmm = _kernel(ops.gather_qmm)
+    dequantize = _kernel(ops.dequantize)
+    quantize_activations = _kernel(ops.quantize_activations, isa=False)
+    qmm_w4a4 = _kernel(ops.qmm_w4a4)
+    quantize_activations_q8 = _kernel(w4a8.quantize_activations_q8)
+    qmm_w4a8 = _kernel(w4a8.qmm_w4a8)
+    gather_qmm_w4a8 = _kernel(w4a8.gather_qmm_w4a8)
+    quantize_activations_fp8 = _kernel(w4a8.quantize_activations_fp8, isa=False)
+    qmm_w4a8_fp8 = _kernel(w4a8.qmm_w4a8_fp8)
 
     def to_planes(self, w: PreparedWeight) -> NVFP4Planes:
         """The canonical planes of a prepared weight, byte for byte."""

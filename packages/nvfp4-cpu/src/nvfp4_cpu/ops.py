@@ -53,6 +53,51 @@ def weight_args(isa: str, threads: int, w: PreparedWeight) -> tuple[Any, ...]:
     return (ISA_LEVELS.index(isa), threads, *w.pointers)
 
 
+def finite_absmax(native: Native, a: npt.NDArray[np.float32]) -> np.float32:
+    """max |a| over the finite values of a C-contiguous float32 array (0 when none): the
+    amax of a dynamic activation scale."""
+    return np.float32(native.lib.nvfp4cpu_finite_absmax(ptr(a, ctypes.c_float), a.size))
+
+
+def matmul_f32(
+    native: Native,
+    entry: str,
+    isa: str,
+    threads: int,
+    x: npt.NDArray[Any],
+    w: PreparedWeight,
+    expert_ids: npt.NDArray[Any] | None = None,
+    out: npt.NDArray[np.float32] | None = None,
+) -> npt.NDArray[np.float32]:
+    """One matmul entry point of the library on ``x [M, K]`` (converted to float32 once) ->
+    float32 ``[M, N]`` (into ``out`` when given). ``entry``: ``nvfp4cpu_qmm`` or
+    ``nvfp4cpu_qmm_w4a8`` (one matrix, ``expert_ids`` None), ``nvfp4cpu_gather_qmm`` or
+    ``nvfp4cpu_gather_qmm_w4a8`` (an expert stack and one id per row); errors name the verb
+    (the entry without its prefix) and the weight."""
+    verb = f"{entry.removeprefix('nvfp4cpu_')}({w.name!r})"
+    a = np.ascontiguousarray(x, dtype=np.float32)
+    m = a.shape[0]
+    if out is None:
+        out = np.empty((m, w.n), dtype=np.float32)
+    elif out.shape != (m, w.n) or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError(
+            f"{verb}: out must be C-contiguous float32 {(m, w.n)}, found "
+            f"{out.dtype} {out.shape}{'' if out.flags.c_contiguous else ' (not contiguous)'}"
+        )
+    if expert_ids is None:
+        rows: tuple[Any, ...] = (w.n, w.k, ptr(a, ctypes.c_float), m)
+    else:
+        assert w.num_experts is not None  # core sends expert stacks only
+        ids64 = np.ascontiguousarray(expert_ids, dtype=np.int64)
+        rows = (w.num_experts, w.n, w.k, ptr(a, ctypes.c_float), m, ptr(ids64, ctypes.c_int64))
+    if m:
+        rc = getattr(native.lib, entry)(
+            *weight_args(isa, threads, w), *rows, ptr(out, ctypes.c_float)
+        )
+        native.check(rc, verb)
+    return out
+
+
 def qmm_f32(
     native: Native,
     isa: str,
@@ -61,28 +106,8 @@ def qmm_f32(
     w: PreparedWeight,
     out: npt.NDArray[np.float32] | None = None,
 ) -> npt.NDArray[np.float32]:
-    """The kernel on ``a [M, K]`` (converted to float32 once) -> float32 ``[M, N]`` (into
-    ``out`` when given)."""
-    a = np.ascontiguousarray(a, dtype=np.float32)
-    m = a.shape[0]
-    if out is None:
-        out = np.empty((m, w.n), dtype=np.float32)
-    elif out.shape != (m, w.n) or out.dtype != np.float32 or not out.flags.c_contiguous:
-        raise ValueError(
-            f"qmm({w.name!r}): out must be C-contiguous float32 {(m, w.n)}, found "
-            f"{out.dtype} {out.shape}{'' if out.flags.c_contiguous else ' (not contiguous)'}"
-        )
-    if m:
-        rc = native.lib.nvfp4cpu_qmm(
-            *weight_args(isa, threads, w),
-            w.n,
-            w.k,
-            ptr(a, ctypes.c_float),
-            m,
-            ptr(out, ctypes.c_float),
-        )
-        native.check(rc, f"qmm({w.name!r})")
-    return out
+    """The W4A16 kernel on ``a [M, K]`` -> float32 ``[M, N]`` (into ``out`` when given)."""
+    return matmul_f32(native, "nvfp4cpu_qmm", isa, threads, a, w, out=out)
 
 
 def qmm(
@@ -99,11 +124,9 @@ def qmm(
     ``x [M, K]`` (float16 / bfloat16 converted to float32 once); float32 accumulation; the
     result cast to ``out_dtype``. ``out``: a pre-allocated C-contiguous float32 ``[M, N]``
     written in place and returned (float32 output only; the benchmark uses it)."""
-    if out is not None:
-        if out_dtype != "float32":
-            raise ValueError(f"qmm({w.name!r}): out= needs out_dtype float32")
-        return qmm_f32(native, isa, threads, x, w, out)
-    return cast_output(qmm_f32(native, isa, threads, x, w), out_dtype)
+    if out is not None and out_dtype != "float32":
+        raise ValueError(f"qmm({w.name!r}): out= needs out_dtype float32")
+    return cast_output(qmm_f32(native, isa, threads, x, w, out), out_dtype)
 
 
 def gather_qmm(
@@ -121,38 +144,8 @@ def gather_qmm(
     Sorted or not, the kernel groups rows by expert (a stable counting sort in C) and streams
     each expert's weights once for all its rows. An id outside ``[0, E)`` gives an exactly
     zero row and reads nothing."""
-    return cast_output(
-        gather_f32(native, "nvfp4cpu_gather_qmm", isa, threads, x, w, expert_ids), out_dtype
-    )
-
-
-def gather_f32(
-    native: Native,
-    entry: str,
-    isa: str,
-    threads: int,
-    x: npt.NDArray[Any],
-    w: PreparedWeight,
-    expert_ids: npt.NDArray[Any],
-) -> npt.NDArray[np.float32]:
-    """The float32 ``[M, N]`` result of a gather entry point of the library (``entry``:
-    ``nvfp4cpu_gather_qmm`` or ``nvfp4cpu_gather_qmm_w4a8``; same arguments)."""
-    assert w.num_experts is not None  # core sends expert stacks only
-    ids64 = np.ascontiguousarray(expert_ids, dtype=np.int64)
-    a = np.ascontiguousarray(x, dtype=np.float32)
-    out = np.empty((a.shape[0], w.n), dtype=np.float32)
-    rc = getattr(native.lib, entry)(
-        *weight_args(isa, threads, w),
-        w.num_experts,
-        w.n,
-        w.k,
-        ptr(a, ctypes.c_float),
-        a.shape[0],
-        ptr(ids64, ctypes.c_int64),
-        ptr(out, ctypes.c_float),
-    )
-    native.check(rc, f"{entry.removeprefix('nvfp4cpu_')}({w.name!r})")
-    return out
+    y = matmul_f32(native, "nvfp4cpu_gather_qmm", isa, threads, x, w, expert_ids)
+    return cast_output(y, out_dtype)
 
 
 def dequantize(
@@ -189,8 +182,7 @@ def quantize_activations(
     a = np.ascontiguousarray(x, dtype=np.float32)
     m, k = a.shape
     if input_scale is None:
-        amax = native.lib.nvfp4cpu_finite_absmax(ptr(a, ctypes.c_float), a.size)
-        g = global_from_amax(np.float32(amax))  # 1.0 where amax / 2688 is 0
+        g = global_from_amax(finite_absmax(native, a))  # 1.0 where amax / 2688 is 0
     else:
         g = np.asarray(input_scale, dtype=np.float32).reshape(())
     codes = np.empty((m, k // 2), dtype=np.uint8)

@@ -35,7 +35,7 @@ from nvfp4.spec import E4M3_MAX, E4M3_VALUES, Q8_BLOCK_SIZE
 
 from ._native import ISA_LEVELS, Native, ptr
 from .layout import PreparedWeight
-from .ops import cast_output, gather_f32, weight_args
+from .ops import cast_output, finite_absmax, matmul_f32
 
 __all__ = [
     "gather_qmm_w4a8",
@@ -73,14 +73,7 @@ def qmm_w4a8(
     out_dtype: str = "float32",
 ) -> npt.NDArray[Any]:
     """W4A8 int8 ``y = q8(x) @ decode(w).T`` (see the module docstring)."""
-    a = np.ascontiguousarray(x, dtype=np.float32)
-    m = a.shape[0]
-    out = np.empty((m, w.n), dtype=np.float32)
-    rc = native.lib.nvfp4cpu_qmm_w4a8(
-        *weight_args(isa, threads, w), w.n, w.k, ptr(a, ctypes.c_float), m, ptr(out, ctypes.c_float)
-    )
-    native.check(rc, f"qmm_w4a8({w.name!r})")
-    return cast_output(out, out_dtype)
+    return cast_output(matmul_f32(native, "nvfp4cpu_qmm_w4a8", isa, threads, x, w), out_dtype)
 
 
 def gather_qmm_w4a8(
@@ -96,9 +89,8 @@ def gather_qmm_w4a8(
     """MoE W4A8 int8: row ``m`` of ``x`` times expert ``expert_ids[m]`` of ``w [E, N, K]``,
     sorted or not (a stable counting sort in C); an id outside ``[0, E)`` gives an exactly
     zero row and reads nothing."""
-    return cast_output(
-        gather_f32(native, "nvfp4cpu_gather_qmm_w4a8", isa, threads, x, w, expert_ids), out_dtype
-    )
+    y = matmul_f32(native, "nvfp4cpu_gather_qmm_w4a8", isa, threads, x, w, expert_ids)
+    return cast_output(y, out_dtype)
 
 
 def quantize_activations_fp8(
@@ -114,8 +106,8 @@ def quantize_activations_fp8(
     finite values (1.0 where that is 0); NaN / Inf elements get the NaN byte 0x7F."""
     a = np.ascontiguousarray(x, dtype=np.float32)
     if input_scale is None:
-        amax = np.float32(native.lib.nvfp4cpu_finite_absmax(ptr(a, ctypes.c_float), a.size))
-        s = np.float32(amax / np.float32(E4M3_MAX))  # one float32 division, as the spec
+        # one float32 division, as the spec
+        s = np.float32(finite_absmax(native, a) / np.float32(E4M3_MAX))
         s = np.float32(1.0) if s == 0 else s
     else:
         s = np.float32(input_scale)

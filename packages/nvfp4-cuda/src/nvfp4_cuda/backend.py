@@ -17,6 +17,7 @@ Everything vendor-neutral (verbs, validation, kernels, conversions) is
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from nvfp4_triton import hardware
@@ -48,6 +49,8 @@ class CUDAKernels(TritonKernels):
         "accumulation; decode GEMV with deterministic split-K",
         "dispatch crossovers and GPU tiles are provisional: not yet measured on a GPU",
     )
+    W4A8_DECLARED_ON = "compute capability 8.x / 9.x (int8 tensor cores)"
+    W4A8_FP8_NEEDS = "FP8 tensor cores (compute capability 8.9 and later)"
 
     def detect(self) -> Platform:
         return device.detect()
@@ -70,18 +73,10 @@ class CUDAKernels(TritonKernels):
         return w4a4.matmul(x, w, input_scale, out_dtype, platform.config)
 
     def w4a8_supported(self, platform: Platform) -> bool:
-        if not platform.ok:
-            return False
-        if platform.interpreter or platform.capability is None:
-            return platform.interpreter
-        return hardware.cuda_has_int8(platform.capability)
+        return _has(platform, hardware.cuda_has_int8)
 
     def w4a8_fp8_supported(self, platform: Platform) -> bool:
-        if not platform.ok:
-            return False
-        if platform.interpreter or platform.capability is None:
-            return platform.interpreter
-        return hardware.cuda_has_fp8(platform.capability)
+        return _has(platform, hardware.cuda_has_fp8)
 
     def platform_notes(self, platform: Platform) -> tuple[str, ...]:
         if not platform.ok:
@@ -90,8 +85,7 @@ class CUDAKernels(TritonKernels):
             return (
                 "Triton interpreter on CPU: the kernels' logic is certified, not their speed",
                 "W4A4 not declared: it needs FP4 tensor cores (compute capability 10.x / 12.x)",
-                hardware.W4A8_NOTE,
-                hardware.W4A8_FP8_NOTE,
+                *self.w4a8_notes(platform),
             )
         assert platform.config is not None
         notes = [f"tiles: {platform.config.describe()}"]
@@ -105,19 +99,18 @@ class CUDAKernels(TritonKernels):
                 f"W4A4 not declared: compute capability {platform.arch} has no FP4 tensor "
                 "cores (10.x / 12.x do)"
             )
-        notes.append(
-            hardware.W4A8_NOTE
-            if self.w4a8_supported(platform)
-            else f"W4A8 (int8) not declared on {platform.arch}: declared on compute "
-            "capability 8.x / 9.x (int8 tensor cores)"
-        )
-        notes.append(
-            hardware.W4A8_FP8_NOTE
-            if self.w4a8_fp8_supported(platform)
-            else f"W4A8 FP8 not declared on {platform.arch}: it needs FP8 tensor cores "
-            "(compute capability 8.9 and later); not emulated"
-        )
+        notes.extend(self.w4a8_notes(platform))
         return tuple(notes)
+
+
+def _has(platform: Platform, has: Callable[[tuple[int, int]], bool]) -> bool:
+    """A W4A8 decision: the interpreter runs the kernels; a GPU of a known compute capability
+    runs them where it ``has`` the tensor cores (a :mod:`nvfp4_triton.hardware` predicate)."""
+    if not platform.ok:
+        return False
+    if platform.interpreter or platform.capability is None:
+        return platform.interpreter
+    return has(platform.capability)
 
 
 class CUDABackend(TritonBackend):

@@ -1,17 +1,20 @@
 """What every engine adapter shares: the installed engine's version (read from its
 distribution's metadata, so nothing heavy is imported), the ``BackendInfo`` of an adapter
-with the engine named in a note the engines matrix reads back, and numpy array conversion
-for the engines whose arrays are numpy's.
+with the engine named in a note the engines matrix reads back, the availability probe of a
+CPU engine and the error a kernel raises where its engine cannot run, and numpy array
+conversion for the engines whose arrays are numpy's.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
+from collections.abc import Callable
 from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
-from nvfp4.contract import BackendInfo
+from nvfp4.contract import Availability, BackendInfo
 from nvfp4.planes import NVFP4Planes, validate
 
 from ._version import __version__
@@ -22,10 +25,13 @@ __all__ = [
     "SPEC_VERSIONS",
     "activation_planes",
     "adapter_info",
+    "cached_probe",
     "dist_version",
     "engine_note",
     "numpy_in",
     "numpy_out",
+    "probe_engine",
+    "require",
 ]
 
 #: Below the reference backend's 0: an engine adapter is certified by name, never chosen by
@@ -67,6 +73,44 @@ def adapter_info(
         package="nvfp4-engines",
         notes=(engine_note(distribution), *notes),
     )
+
+
+def probe_engine(
+    engine: str, distribution: str, install: str, what: str, check: Callable[[], str]
+) -> Availability:
+    """Availability of an engine that runs on this machine's CPU: not installed, or
+    ``check()`` (the engine's own smallest NVFP4 call, returning the device it ran on) fails
+    (``"<engine> cannot run <what> here (<error>): <install>"``), or available on that
+    device. The engine is imported only by ``check``, and only where it is installed."""
+    if not dist_version(distribution):
+        return Availability(False, f"{engine} is not installed: {install}")
+    try:
+        device = check()
+    except Exception as exc:
+        return Availability(
+            False, f"{engine} cannot run {what} here ({type(exc).__name__}: {exc}): {install}"
+        )
+    return Availability(True, device=device)
+
+
+def cached_probe(
+    engine: str, distribution: str, install: str, what: str, check: Callable[[], str]
+) -> Callable[[], Availability]:
+    """:func:`probe_engine` as a function that answers once per process (an engine's import
+    and first call take seconds); its ``cache_clear()`` makes it ask again."""
+
+    @functools.lru_cache(maxsize=1)
+    def probe() -> Availability:
+        return probe_engine(engine, distribution, install, what, check)
+
+    return probe
+
+
+def require(name: str, availability: Availability) -> None:
+    """Raise the error every kernel of the adapter ``name`` raises where its engine cannot
+    run: ``NVFP4 backend '<name>' cannot run here: <reason>``."""
+    if not availability.ok:
+        raise RuntimeError(f"NVFP4 backend {name!r} cannot run here: {availability.reason}")
 
 
 def numpy_in(a: npt.NDArray[Any]) -> npt.NDArray[Any]:

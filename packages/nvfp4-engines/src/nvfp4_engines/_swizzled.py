@@ -4,10 +4,16 @@ float8_e4m3fn matrix ``[N', C']`` (rows padded to 128, scale columns to 4), and 
 global ``448 * 6 / amax`` (:func:`nvfp4.layouts.compressed_tensors.encode_global` of the decode global), the
 one these engines take (``alpha = 1 / (input_global_scale * weight_global_scale)``). Every
 plane comes from the lossless transcoders; nothing here decodes. One part per partition
-and, within it, per expert: these GEMMs take one global per operand."""
+and, within it, per expert: these GEMMs take one global per operand.
+
+Both engines quantize activations and multiply the same way (:class:`Fp4Ops`): the
+activations' ENCODE global is a static input scale's reciprocal or ``448 * 6 / amax(x)``,
+their scales come back swizzled, and W4A4 is one GEMM per partition with ``alpha = 1 /
+(input_global_scale * weight_global_scale)``, as vLLM passes it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,12 +29,22 @@ from nvfp4.layouts.compressed_tensors import (
 )
 from nvfp4.layouts.swizzle import swizzle_scales, unswizzle_scales
 from nvfp4.planes import NVFP4Planes
-from nvfp4.spec import BLOCK_SIZE, swizzled_scale_shape
+from nvfp4.spec import BLOCK_SIZE, E2M1_MAX, E4M3_MAX, swizzled_scale_shape
 
 from . import _torch
 from ._common import activation_planes as canonical_activations
 
-__all__ = ["SwizzledPart", "SwizzledWeight", "activation_planes", "input_encode_global", "prepare"]
+__all__ = [
+    "Fp4Kernels",
+    "Fp4Ops",
+    "SwizzledPart",
+    "SwizzledWeight",
+    "activation_planes",
+    "input_encode_global",
+    "prepare",
+    "qmm_w4a4",
+    "quantize_activations",
+]
 
 DEVICE = "cuda"
 
@@ -96,3 +112,65 @@ def activation_planes(codes: Any, swizzled: Any, encode: Any, m: int, k: int) ->
         scales,
         decode_global(enc, "activation").reshape(()),
     )
+
+
+@dataclass(frozen=True)
+class Fp4Ops:
+    """An engine's NVFP4 quantizer and W4A4 GEMM, and the amax its dynamic global takes."""
+
+    #: ``(x, encode_global) -> (codes, swizzled scales)``
+    quantize: Callable[[Any, Any], tuple[Any, Any]]
+    #: ``(a, a_scales, weight part, alpha, out torch dtype) -> y``
+    matmul: Callable[[Any, Any, SwizzledPart, Any, Any], Any]
+    #: ``x -> amax`` (a float32 scalar tensor)
+    amax: Callable[[Any], Any]
+
+
+def _encode_global(ops: Fp4Ops, x: Any, input_scale: float | None) -> Any:
+    """The activations' ENCODE global, float32 ``[1]``: a static input scale's reciprocal,
+    or ``448 * 6 / amax(x)``."""
+    if input_scale is not None:
+        return input_encode_global(input_scale)
+    return (E4M3_MAX * E2M1_MAX) / ops.amax(x).reshape(1)
+
+
+def quantize_activations(ops: Fp4Ops, x: Any, input_scale: float | None) -> NVFP4Planes:
+    """x quantized by the engine, back as planes (:func:`activation_planes`)."""
+    gs = _encode_global(ops, x, input_scale)
+    q, sf = ops.quantize(x, gs)
+    return activation_planes(q, sf, gs, int(x.shape[0]), int(x.shape[1]))
+
+
+def qmm_w4a4(
+    ops: Fp4Ops, x: Any, w: SwizzledWeight, input_scale: float | None, out_dtype: str
+) -> Any:
+    """x quantized once, then one GEMM per partition with ``alpha = 1 / (input_global_scale
+    * weight_global_scale)``, the outputs side by side."""
+    gs = _encode_global(ops, x, input_scale)
+    a, a_sf = ops.quantize(x, gs)
+    dtype = _torch.torch_dtype(out_dtype)
+    ys = [ops.matmul(a, a_sf, p, 1.0 / (gs * p.encode), dtype) for (p,) in w.parts]
+    return _torch.cat_parts(ys, dim=-1)
+
+
+class Fp4Kernels(_torch.TorchArrays):
+    """The kernels the FlashInfer and vLLM adapters share, over the engine's :class:`Fp4Ops`
+    (:meth:`ops`: the engine ready, or the adapter's "cannot run here" error): ``prepare``,
+    ``quantize_activations`` and ``qmm_w4a4``, CUDA tensors in and out."""
+
+    DEVICE = DEVICE
+
+    def ops(self) -> Fp4Ops:
+        raise NotImplementedError
+
+    def prepare(self, planes: NVFP4Planes) -> SwizzledWeight:
+        self.ops()
+        return prepare(planes)
+
+    def quantize_activations(self, x: Any, *, input_scale: float | None) -> NVFP4Planes:
+        return quantize_activations(self.ops(), x, input_scale)
+
+    def qmm_w4a4(
+        self, x: Any, w: SwizzledWeight, *, input_scale: float | None, out_dtype: str
+    ) -> Any:
+        return qmm_w4a4(self.ops(), x, w, input_scale, out_dtype)

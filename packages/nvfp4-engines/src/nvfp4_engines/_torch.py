@@ -1,7 +1,9 @@
 """What the adapters over torch engines (ModelOpt, compressed-tensors, torchao and the
 GPU-only ones) share: torch imported lazily, numpy <-> ``torch.Tensor`` conversion with
-bfloat16 (``ml_dtypes``) and float8 kept bit for bit, and the spec dtype names as torch
-dtypes. Nothing here quantizes or decodes."""
+bfloat16 (``ml_dtypes``) and float8 kept bit for bit (also as the kernels'
+``from_numpy`` / ``to_numpy``, :class:`TorchArrays`), the spec dtype names as torch dtypes,
+one output from the outputs of a weight's partitions, and the device line of a CPU torch
+engine. Nothing here quantizes or decodes."""
 
 from __future__ import annotations
 
@@ -10,7 +12,16 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["from_numpy", "tensor", "to_numpy", "torch", "torch_dtype"]
+__all__ = [
+    "TorchArrays",
+    "cat_parts",
+    "cpu_device",
+    "from_numpy",
+    "tensor",
+    "to_numpy",
+    "torch",
+    "torch_dtype",
+]
 
 
 def torch() -> Any:
@@ -57,3 +68,29 @@ def to_numpy(a: Any) -> npt.NDArray[Any]:
     if a.dtype == t.float8_e4m3fn:
         return np.asarray(a.view(t.uint8).numpy())
     return np.asarray(a.numpy())
+
+
+def cat_parts(outputs: list[Any], dim: int) -> Any:
+    """The outputs of a weight's partitions (or experts) joined along ``dim``; a weight of
+    one partition's output as it is."""
+    return torch().cat(outputs, dim=dim) if len(outputs) > 1 else outputs[0]
+
+
+def cpu_device(distribution: str, version: str) -> str:
+    """The device line of a torch engine that runs on the CPU:
+    ``"torch <version> CPU (<distribution> <version>)"``."""
+    return f"torch {torch().__version__} CPU ({distribution} {version})"
+
+
+class TorchArrays:
+    """The kernels' ``from_numpy`` / ``to_numpy`` of an adapter whose engine takes
+    ``torch.Tensor``: tensors on :attr:`DEVICE`, bits kept (:func:`from_numpy`,
+    :func:`to_numpy`)."""
+
+    DEVICE = "cpu"
+
+    def from_numpy(self, a: npt.NDArray[Any]) -> Any:
+        return from_numpy(a, self.DEVICE)
+
+    def to_numpy(self, a: Any) -> npt.NDArray[Any]:
+        return to_numpy(a)

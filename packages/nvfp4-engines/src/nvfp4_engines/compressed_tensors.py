@@ -35,7 +35,6 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Final
 
-import numpy.typing as npt
 from nvfp4.backend import Frontend
 from nvfp4.contract import Availability
 from nvfp4.fusion import unfuse, unstack_experts
@@ -51,7 +50,7 @@ from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import BLOCK_SIZE
 
 from . import _torch
-from ._common import activation_planes, adapter_info, dist_version
+from ._common import activation_planes, adapter_info, cached_probe, dist_version, require
 
 __all__ = ["DISTRIBUTION", "NAME", "CompressedTensorsKernels", "CtWeight", "backend"]
 
@@ -71,24 +70,13 @@ class CtWeight:
     experts: int | None
 
 
-@functools.lru_cache(maxsize=1)
-def _probe() -> Availability:
-    if not dist_version(DISTRIBUTION):
-        return Availability(False, f"compressed-tensors is not installed: {INSTALL}")
-    try:
-        torch = _torch.torch()
-        planes = _quantize(_engine(), torch.ones((1, BLOCK_SIZE)), None)
-        _decompress(_engine(), to_compressed_tensors(planes))
-    except Exception as exc:
-        return Availability(
-            False,
-            f"compressed-tensors cannot run its NVFP4 compressor here ({type(exc).__name__}: "
-            f"{exc}): {INSTALL}",
-        )
-    return Availability(
-        True,
-        device=f"torch {torch.__version__} CPU (compressed-tensors {dist_version(DISTRIBUTION)})",
-    )
+def _check() -> str:
+    planes = _quantize(_engine(), _torch.torch().ones((1, BLOCK_SIZE)), None)
+    _decompress(_engine(), to_compressed_tensors(planes))
+    return _torch.cpu_device(DISTRIBUTION, dist_version(DISTRIBUTION))
+
+
+_probe = cached_probe("compressed-tensors", DISTRIBUTION, INSTALL, "its NVFP4 compressor", _check)
 
 
 @dataclass(frozen=True)
@@ -117,9 +105,7 @@ def _engine() -> _Engine:
 
 
 def _ready() -> _Engine:
-    a = _probe()
-    if not a.ok:
-        raise RuntimeError(f"NVFP4 backend {NAME!r} cannot run here: {a.reason}")
+    require(NAME, _probe())
     return _engine()
 
 
@@ -156,7 +142,7 @@ def _quantize(e: _Engine, x: Any, input_scale: float | None) -> NVFP4Planes:
     )
 
 
-class CompressedTensorsKernels:
+class CompressedTensorsKernels(_torch.TorchArrays):
     """The kernel contract over compressed-tensors' NVFP4 compressor (``torch.Tensor`` in
     and out)."""
 
@@ -198,17 +184,10 @@ class CompressedTensorsKernels:
         for mats in w.parts:
             dense = [e.compressor.decompress(sd, e.scheme)["weight"] for sd in mats]
             rows.append(torch.stack(dense) if w.experts is not None else dense[0])
-        out = torch.cat(rows, dim=-2) if len(rows) > 1 else rows[0]
-        return out.to(_torch.torch_dtype(dtype))
+        return _torch.cat_parts(rows, dim=-2).to(_torch.torch_dtype(dtype))
 
     def quantize_activations(self, x: Any, *, input_scale: float | None) -> NVFP4Planes:
         return _quantize(_ready(), x, input_scale)
-
-    def from_numpy(self, a: npt.NDArray[Any]) -> Any:
-        return _torch.from_numpy(a)
-
-    def to_numpy(self, a: Any) -> npt.NDArray[Any]:
-        return _torch.to_numpy(a)
 
 
 def backend() -> Frontend:

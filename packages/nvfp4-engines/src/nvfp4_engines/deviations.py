@@ -1,6 +1,7 @@
 """The deviations the conformance suite has found in engines, each with the spec rule it
-breaks, a one-line reading and, per engine, a minimal reproducer that uses only that
-engine's own API (no nvfp4 code).
+breaks (the spec draft's registry's, ``spec/draft/deviations.toml``, read by id), a
+one-line reading and, per engine, a minimal reproducer that uses only that engine's own
+API (no nvfp4 code).
 
 The engines matrix (:mod:`nvfp4_engines.matrix`) files every failed test of a certificate
 under the first deviation of that engine (one with a reproducer for it) whose ``pattern``
@@ -13,9 +14,12 @@ that test fails and the entry must go.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Final
+
+from nvfp4 import deviation_registry as registry
 
 __all__ = ["DEVIATIONS", "Deviation", "classify"]
 
@@ -25,10 +29,11 @@ class Deviation:
     """One way an engine departs from the spec.
 
     Attributes:
-        key: a short name.
+        key: its id in the spec draft's registry (``spec/draft/deviations.toml``), which
+            holds the spec rule it breaks (:attr:`rule`).
         pattern: a regular expression searched in a failed test's ``"<nodeid> <message>"``.
-        rule: the spec rule, with its version and section.
-        reading: one line: what the engine does instead.
+        reading: what the engine does instead, naming the engine's functions (the
+            registry's ``differs`` says it in general terms).
         reproducers: engine name -> a few lines of Python using only that engine's API; run
             as a script, it prints a line starting ``DEVIATION:`` (or dies, where ``crashes``
             names the engine).
@@ -37,10 +42,20 @@ class Deviation:
 
     key: str
     pattern: str
-    rule: str
     reading: str
     reproducers: dict[str, str]
     crashes: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def rule(self) -> str:
+        """The spec rule, with its version and section: the registry's ``rule``."""
+        return _declared()[self.key].rule
+
+
+@functools.lru_cache(maxsize=1)
+def _declared() -> dict[str, registry.Deviation]:
+    """The spec draft's deviation registry by id."""
+    return {d.id: d for d in registry.deviations()}
 
 
 _GGML_LIBS = """\
@@ -73,8 +88,6 @@ DEVIATIONS: Final[tuple[Deviation, ...]] = (
     Deviation(
         key="ggml_no_global",
         pattern=r"quantize_activations: global 1\.0, the reference's is",
-        rule="spec 1.0, Encoding, step 1 and Activations: the global is amax / 2688 over the "
-        "finite values (dynamic) or the given input scale (static)",
         reading="ggml_quantize_chunk takes no global (GGUF's .scale is the converter's): it "
         "encodes x as if the global were 1.0, so a block beyond 6 x 448 = 2688 saturates and "
         "a small one loses its codes to the scale's floor",
@@ -93,8 +106,6 @@ if out[0] == 0x7E:  # scale 448, code 6: 10000.0 decodes to 2688.0
     Deviation(
         key="k_multiple_of_64",
         pattern=r"K for GGUF NVFP4: expected a multiple of 64",
-        rule="spec 1.0, Layout: K is any multiple of 16 (one E4M3 scale per block of 16); "
-        "spec 1.1, W4A8: any multiple of 32",
         reading="GGUF / ggml store NVFP4 rows in super-blocks of 64 elements (4 scales + 32 "
         "code bytes), so a tensor with K % 64 != 0 (K = 16, 32, 48, 272, 288 ...) has no "
         "GGUF form at all",
@@ -119,8 +130,6 @@ if blck != 16:
     Deviation(
         key="q8_nonfinite_block",
         pattern=r"expected np\.float16\(nan\)|rows holding NaN/Inf in x must give NaN",
-        rule="spec 1.1, W4A8 int8 activations: a block of 32 holding NaN or Inf has d = NaN, "
-        "so its output row is NaN",
         reading="ggml's Q8_0 quantizer (quantize_row_q8_0) takes amax with fmaxf, which skips "
         "NaN, and divides by an Inf amax: d comes out finite or Inf, and the NaN / Inf of x "
         "never reaches the output row",
@@ -146,8 +155,6 @@ if d == d:
     Deviation(
         key="out_of_range_expert_id",
         pattern=r"is outside \[0, \d+\)",
-        rule="spec 1.0, MoE (gather_qmm): a row whose expert id is outside [0, E) is exactly "
-        "zero and reads no weight",
         reading="the engine uses the id unchecked: MLX reads the expert stack out of bounds "
         "(a segmentation fault in the suite), ggml counts the row at that index (an "
         "out-of-bounds write) and leaves the row unwritten; the adapters refuse such ids",
@@ -195,7 +202,6 @@ if list(out) != [0.0] * 8:
     Deviation(
         key="mlx_k_multiple_of_32",
         pattern=r"\[reshape\] Cannot reshape array of size \d+ into shape",
-        rule="spec 1.0, Layout: K is any multiple of 16 (one E4M3 scale per block of 16)",
         reading="MLX's nvfp4 kernels handle scales in pairs of blocks: K = 16, 48, 272 ... "
         "(an odd number of blocks) raise a reshape error in mx.quantize and mx.dequantize "
         "(mx.quantized_matmul takes them)",
@@ -212,8 +218,6 @@ except ValueError as exc:
     Deviation(
         key="mlx_negative_zero_code",
         pattern=r"boundary disagreements in \d+ random elements",
-        rule="spec 1.0, Encoding: the code keeps x's sign, so a negative value that rounds to "
-        "zero is -0 (code 8)",
         reading="mx.quantize(mode='nvfp4') writes +0 (code 0) for negatives that round to zero "
         "(3.5 % of random float32 elements), beyond [quantize] others = 1e-05",
         reproducers={
@@ -230,8 +234,6 @@ if code != 8:
     Deviation(
         key="mlx_low_precision",
         pattern=r"qmm .*(float16|bfloat16): max\|err\|/max\|ref\|",
-        rule="spec 1.0, W4A16: products accumulated in float32 and the decode global applied "
-        "after accumulation, within [qmm] / [gather_qmm] of tolerances.toml",
         reading="mx.quantized_matmul computes in x's dtype and returns float16 / bfloat16 "
         "before the decode global can be applied: float16 overflows to inf, and both miss "
         "the W4A16 tolerance",
@@ -250,8 +252,6 @@ if not mx.isfinite(y).all().item():  # 64 x 2688 = 172032 > float16's 65504, bef
         key="mlx_degenerate_global",
         pattern=r"global_scale at \(\): expected finite and > 0|scale byte at \(\d+, \d+\): "
         r"expected 0x00\.\.0x7E|subnormal_amax.*scale byte 0x7E, the reference's is 0x7[0-9A-E]",
-        rule="spec 1.0, Encoding, step 1 and its erratum: the dynamic global is amax / 2688, "
-        "1.0 where that is 0; every scale byte lies in 0x01..0x7E",
         reading="mx.quantize decodes with global_scale / 2688 as given, without the spec's "
         "1.0 for a zero quotient: an all-zero tensor (or one whose amax / 2688 underflows) "
         "gets a 0 global and scale bytes 0xFE, which no decoder reads back; with the smallest "
@@ -269,8 +269,6 @@ if max(s.tolist()[0]) > 0x7E:  # the amax MLX asks for is 0 here
     Deviation(
         key="mlx_nonfinite_block",
         pattern=r"holds NaN/Inf; it must get scale byte 0x7F and codes 0",
-        rule="spec 1.0, Activations (W4A4): a block of x holding a NaN or an infinity gets "
-        "scale byte 0x7F and all codes 0, so its row's outputs are non-finite",
         reading="mx.quantize gives such a block a finite scale (0x7E, the 448 clamp) and "
         "finite codes for its finite values: the NaN / infinity disappears from the product",
         reproducers={
@@ -286,8 +284,6 @@ if s[0, 0].item() != 0x7F:
     Deviation(
         key="scale_byte_zero",
         pattern=r"has scale byte 0x00, the reference's is 0x",
-        rule="spec 1.0, Encoding, step 2: where the block scale is 0 it is 1.0, then it is "
-        "clamped to [2^-9, 448]: every scale byte lies in 0x01..0x7E",
         reading="the engine writes scale byte 0x00 for an all-zero block and for a block "
         "whose scale is at most 2^-10, half the smallest E4M3 subnormal (no 1.0, no clamp)",
         reproducers={
@@ -313,9 +309,6 @@ if 0 in s:  # spec: 0x38 (1.0) and 0x01 (2^-9)
     Deviation(
         key="mlx_float16_encoder",
         pattern=r"float16_input\].*scale byte 0x[0-9A-Fa-f]+, the reference's is",
-        rule="spec 1.0, Encoding: the block scale amax / 6 / global is computed from the "
-        "input's values exactly as float32 (float16 / bfloat16 inputs widen exactly) and "
-        "rounded once to E4M3",
         reading="mx.quantize computes the block scale in x's dtype: a float16 block whose "
         "scale lies just above an E4M3 midpoint gets the byte below (the same values as "
         "float32 get the right one)",
@@ -335,8 +328,6 @@ if s16 != s32:  # E4M3 0x33 = 0.6875, 0x34 = 0.75
     Deviation(
         key="scale_times_global_first",
         pattern=r"dequantize.* -> (dequant_)?float32: \d+ of \d+ elements differ",
-        rule="spec 1.0, Decoding: value = (e2m1(code) * e4m3(scale)) * global, the first "
-        "product exact, the multiplication by the global one float32 rounding",
         reading="the engine multiplies the block scale by the global first (one float32 "
         "rounding), then by the code (a second): about 1 in 12 float32 values is 1 ulp off "
         "(codes 1.5 and 3); bfloat16 / float16 outputs mostly hide it. Real checkpoints",
@@ -359,8 +350,6 @@ v = NVFP4Tensor(codes, scale, 16, torch.float32, g).dequantize(torch.float32)[0,
     Deviation(
         key="ct_bfloat16_decompress",
         pattern=r"dequantize.* -> (dequant_)?float(32|16): \d+ of \d+ elements differ",
-        rule="spec 1.0, Decoding: float32 output is the exact product rounded once to "
-        "float32; float16 output is that float32 value converted with RNE",
         reading="NVFP4PackedCompressor.decompress unpacks to bfloat16 (unpack_fp4_from_uint8's "
         "default) and returns a bfloat16 weight whatever the checkpoint's dtype: float32 "
         "and float16 reads keep only bfloat16's 8 significant bits. Real checkpoints",
@@ -379,8 +368,6 @@ if w.dtype != torch.float32 and w[0, 0].float() != spec:
     Deviation(
         key="zero_amax_global",
         pattern=r"global 0\.0, the reference's is 1\.0",
-        rule="spec 1.0, Encoding, step 1 and its erratum: the dynamic global is amax / 2688, "
-        "1.0 where that quotient is 0; step 2: a block scale of 0 is 1.0",
         reading="the engine's global is amax / 2688 with no 1.0 for a zero quotient "
         "(ModelOpt's weights_scaling_factor_2, torchao's per_tensor_amax_to_scale): an "
         "all-zero tensor (or one whose amax / 2688 underflows) gets global 0 and block scales "
@@ -409,8 +396,6 @@ if g.item() == 0.0 or byte > 0x7E:  # spec: global 1.0, scale byte 0x38 (1.0), c
     Deviation(
         key="nonfinite_amax_global",
         pattern=r"global nan, the reference's is",
-        rule="spec 1.0, Encoding, step 1 and Activations: the dynamic global is amax / 2688 "
-        "over the finite values; a block holding NaN or Inf gets scale byte 0x7F and codes 0",
         reading="the engine takes the amax with torch.max over every value (ModelOpt's "
         "reduce_amax, torchao's nvfp4_linear): one NaN makes the global NaN and every block's "
         "scale NaN, so the whole tensor decodes to NaN, not only the NaN's block. Malformed "
@@ -437,8 +422,6 @@ if g.isnan().item():  # spec: 1 / 2688, the amax of the finite values over 2688
     Deviation(
         key="ct_nonfinite_global_one",
         pattern=r"global 1\.0, the reference's is",
-        rule="spec 1.0, Encoding, step 1 and Activations: the dynamic global is amax / 2688 "
-        "over the finite values (1.0 only where that quotient is 0)",
         reading="generate_gparam takes min / max over every value and replaces a NaN or "
         "infinite ENCODE global by 1.0: a tensor holding NaN / Inf, or one whose 2688 / amax "
         "overflows, is encoded with global 1.0 and its finite blocks lose their range. "
@@ -458,8 +441,6 @@ if gs.item() == 1.0:  # spec: decode 2 / 2688, ENCODE 1344
     Deviation(
         key="ct_encode_global",
         pattern=r"global [-+0-9.e]+, the reference's is",
-        rule="spec 1.0, Encoding, step 1: the dynamic global is amax / 2688 in float32, "
-        "bit-identical",
         reading="compressed-tensors keeps the ENCODE global 2688 / amax (generate_gparam, "
         "computed in x's dtype) and decodes with its reciprocal: the decode global is 1 "
         "float32 ulp off for float32 x and carries bfloat16 / float16 rounding (up to 0.4 %) "
@@ -482,8 +463,6 @@ if decode.item() != spec.item():
     Deviation(
         key="ct_zero_scale_eps",
         pattern=r"has scale byte 0x20, the reference's is 0x(38|01)",
-        rule="spec 1.0, Encoding, step 2: a block scale of 0 is 1.0, then every block scale "
-        "is clamped to [2^-9, 448] before rounding to E4M3",
         reading="calculate_qparams rounds the block scale to E4M3 and replaces a 0 by "
         "E4M3's epsilon 0.125 (byte 0x20): an all-zero block gets 0x20, not 0x38, and a "
         "block whose scale is below 2^-10 gets 0x20, not 0x01, so its values quantize to 0. "
@@ -505,8 +484,6 @@ if byte != 0x38:
     Deviation(
         key="torchao_no_float16",
         pattern=r"torch\.float16 not supported",
-        rule="spec 1.0, Activations: the encoder takes x in float32, float16 or bfloat16 "
-        "(narrow inputs widen exactly to float32)",
         reading="NVFP4Tensor.to_nvfp4 asserts that x is bfloat16 or float32: float16 "
         "activations and weights cannot be quantized. Real models (float16 ones)",
         reproducers={
@@ -523,8 +500,6 @@ except AssertionError as exc:
     Deviation(
         key="torchao_scale_floor",
         pattern=r"has scale byte 0x08, the reference's is 0x",
-        rule="spec 1.0, Encoding, step 2: a block scale of 0 is 1.0, then every block scale "
-        "is clamped to [2^-9, 448] before rounding to E4M3",
         reading="nvfp4_quantize clamps block scales to [finfo(float8_e4m3fn).tiny = 2^-6, "
         "448] with no 1.0 for zero: an all-zero block gets 0x08 (spec 0x38) and a block whose "
         "scale lies in [0, 2^-6) gets 0x08, not its subnormal byte, so its codes are coarser. "
@@ -546,8 +521,6 @@ if b[0] != 0x38:
     Deviation(
         key="torchao_reciprocal_scale",
         pattern=r"subnormal_amax_global_2\^-149\].*not a boundary disagreement",
-        rule="spec 1.0, Encoding, step 3: the code is x / (e4m3(scale) * global) rounded to "
-        "E2M1 nearest-even",
         reading="nvfp4_quantize multiplies x by (1 / per_tensor_scale) / scale instead of "
         "dividing by scale * global: with a subnormal global the reciprocal loses bits and "
         "codes land off the spec's rounding. Malformed input only (subnormal globals)",

@@ -28,17 +28,15 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-import numpy.typing as npt
 from nvfp4.backend import Frontend
 from nvfp4.contract import Availability
 from nvfp4.layouts.compressed_tensors import decode_global
-from nvfp4.planes import NVFP4Planes
-from nvfp4.spec import BLOCK_SIZE, E2M1_MAX, E4M3_MAX
+from nvfp4.spec import BLOCK_SIZE
 
 from . import _swizzled, _torch
-from ._common import adapter_info
+from ._common import adapter_info, require
 from ._cuda import probe
-from ._swizzled import SwizzledPart, SwizzledWeight
+from ._swizzled import Fp4Ops, SwizzledPart, SwizzledWeight
 
 __all__ = ["DISTRIBUTION", "NAME", "FlashinferKernels", "backend"]
 
@@ -68,20 +66,26 @@ def _check() -> None:
 
 
 def _ready() -> Any:
-    a = probe("FlashInfer", DISTRIBUTION, INSTALL, _check)
-    if not a.ok:
-        raise RuntimeError(f"NVFP4 backend {NAME!r} cannot run here: {a.reason}")
+    require(NAME, probe("FlashInfer", DISTRIBUTION, INSTALL, _check))
     return _fi()
 
 
-def _encode_global(x: Any, input_scale: float | None) -> Any:
-    if input_scale is not None:
-        return _swizzled.input_encode_global(input_scale)
-    return (E4M3_MAX * E2M1_MAX) / x.float().abs().nan_to_num().max().reshape(1)
+def _ops(fi: Any) -> Fp4Ops:
+    """``fp4_quantize`` (dynamic global: ``x.float().abs().nan_to_num().max()``, as
+    FlashInfer's own tests and benchmarks compute it) and ``mm_fp4``."""
+    return Fp4Ops(
+        quantize=lambda x, gs: fi.fp4_quantize(x, gs, BLOCK_SIZE, False, True),
+        matmul=lambda a, a_sf, p, alpha, dtype: fi.mm_fp4(
+            a, p.codes.t(), a_sf, p.swizzled.t(), alpha, dtype, block_size=BLOCK_SIZE
+        ),
+        amax=lambda x: x.float().abs().nan_to_num().max(),
+    )
 
 
-class FlashinferKernels:
-    """The kernel contract over FlashInfer's NVFP4 kernels (CUDA ``torch.Tensor``)."""
+class FlashinferKernels(_swizzled.Fp4Kernels):
+    """The kernel contract over FlashInfer's NVFP4 kernels (CUDA ``torch.Tensor``):
+    ``prepare``, ``quantize_activations`` and ``qmm_w4a4`` from :class:`_swizzled.Fp4Kernels`
+    over :meth:`ops`."""
 
     def __init__(self) -> None:
         self.info = adapter_info(
@@ -102,9 +106,8 @@ class FlashinferKernels:
     def availability(self) -> Availability:
         return probe("FlashInfer", DISTRIBUTION, INSTALL, _check)
 
-    def prepare(self, planes: NVFP4Planes) -> SwizzledWeight:
-        _ready()
-        return _swizzled.prepare(planes)
+    def ops(self) -> Fp4Ops:
+        return _ops(_ready())
 
     def dequantize(self, w: SwizzledWeight, *, dtype: str) -> Any:
         fi = _ready()
@@ -120,43 +123,7 @@ class FlashinferKernels:
             torch.stack([one(p) for p in mats]) if w.experts is not None else one(mats[0])
             for mats in w.parts
         ]
-        out = torch.cat(rows, dim=-2) if len(rows) > 1 else rows[0]
-        return out.to(_torch.torch_dtype(dtype))
-
-    def quantize_activations(self, x: Any, *, input_scale: float | None) -> NVFP4Planes:
-        fi = _ready()
-        gs = _encode_global(x, input_scale)
-        q, sf = fi.fp4_quantize(x, gs, BLOCK_SIZE, False, True)
-        return _swizzled.activation_planes(q, sf, gs, int(x.shape[0]), int(x.shape[1]))
-
-    def qmm_w4a4(
-        self, x: Any, w: SwizzledWeight, *, input_scale: float | None, out_dtype: str
-    ) -> Any:
-        fi = _ready()
-        torch = _torch.torch()
-        gs = _encode_global(x, input_scale)
-        a, a_sf = fi.fp4_quantize(x, gs, BLOCK_SIZE, False, True)
-        ys = []
-        for (p,) in w.parts:
-            alpha = 1.0 / (gs * p.encode)
-            ys.append(
-                fi.mm_fp4(
-                    a,
-                    p.codes.t(),
-                    a_sf,
-                    p.swizzled.t(),
-                    alpha,
-                    _torch.torch_dtype(out_dtype),
-                    block_size=BLOCK_SIZE,
-                )
-            )
-        return torch.cat(ys, dim=-1) if len(ys) > 1 else ys[0]
-
-    def from_numpy(self, a: npt.NDArray[Any]) -> Any:
-        return _torch.from_numpy(a, _swizzled.DEVICE)
-
-    def to_numpy(self, a: Any) -> npt.NDArray[Any]:
-        return _torch.to_numpy(a)
+        return _torch.cat_parts(rows, dim=-2).to(_torch.torch_dtype(dtype))
 
 
 def backend() -> Frontend:

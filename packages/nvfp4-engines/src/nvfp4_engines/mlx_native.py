@@ -27,7 +27,6 @@ bytes as uint32 words, the scale bytes unchanged).
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -40,7 +39,7 @@ from nvfp4.layouts.mlx import MLXPlanes, from_mlx, mlx_global_scale_arg, to_mlx
 from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import BLOCK_SIZE, GLOBAL_AMAX_DIVISOR
 
-from ._common import adapter_info, dist_version
+from ._common import adapter_info, cached_probe, require
 
 __all__ = ["DISTRIBUTION", "NAME", "MlxNativeKernels", "MlxWeight", "backend"]
 
@@ -62,28 +61,20 @@ class MlxWeight:
     row_global: Any
 
 
-@functools.lru_cache(maxsize=1)
-def _probe() -> Availability:
-    if not dist_version(DISTRIBUTION):
-        return Availability(False, f"MLX is not installed: {INSTALL}")
-    try:
-        import mlx.core as mx
+def _check() -> str:
+    import mlx.core as mx
 
-        x = mx.ones((1, 2 * BLOCK_SIZE), dtype=mx.float32)
-        wq, s = mx.quantize(x, **NVFP4)[:2]
-        mx.eval(mx.quantized_matmul(x, wq, s, transpose=True, **NVFP4))
-        device = str(mx.default_device())
-    except Exception as exc:
-        return Availability(
-            False, f"MLX cannot run an nvfp4 matmul here ({type(exc).__name__}: {exc}): {INSTALL}"
-        )
-    return Availability(True, device=f"MLX {mx.__version__}, {device}")
+    x = mx.ones((1, 2 * BLOCK_SIZE), dtype=mx.float32)
+    wq, s = mx.quantize(x, **NVFP4)[:2]
+    mx.eval(mx.quantized_matmul(x, wq, s, transpose=True, **NVFP4))
+    return f"MLX {mx.__version__}, {mx.default_device()}"
+
+
+_probe = cached_probe("MLX", DISTRIBUTION, INSTALL, "an nvfp4 matmul", _check)
 
 
 def _mx() -> Any:
-    a = _probe()
-    if not a.ok:
-        raise RuntimeError(f"NVFP4 backend {NAME!r} cannot run here: {a.reason}")
+    require(NAME, _probe())
     import mlx.core as mx
 
     return mx

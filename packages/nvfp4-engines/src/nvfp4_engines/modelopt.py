@@ -26,20 +26,17 @@ expert stack with ``double_scale`` of shape ``(E, 1, 1)``, which ModelOpt broadc
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any, Final
 
-import numpy.typing as npt
 from nvfp4.backend import Frontend
 from nvfp4.contract import Availability
-from nvfp4.fusion import unfuse
-from nvfp4.layouts.modelopt import WEIGHT, WEIGHT_SCALE, WEIGHT_SCALE_2, to_modelopt
 from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import BLOCK_SIZE
 
 from . import _torch
-from ._common import activation_planes, adapter_info, dist_version
+from ._common import activation_planes, adapter_info, cached_probe, dist_version, require
+from ._modelopt_layout import modelopt_tensors
 
 __all__ = ["DISTRIBUTION", "NAME", "ModeloptKernels", "ModeloptWeight", "backend"]
 
@@ -66,36 +63,26 @@ class ModeloptWeight:
     parts: tuple[ModeloptPart, ...]
 
 
-@functools.lru_cache(maxsize=1)
-def _probe() -> Availability:
-    if not dist_version(DISTRIBUTION):
-        return Availability(False, f"ModelOpt is not installed: {INSTALL}")
-    try:
-        from modelopt.torch.quantization.qtensor import NVFP4QTensor
+def _check() -> str:
+    from modelopt.torch.quantization.qtensor import NVFP4QTensor
 
-        torch = _torch.torch()
-        q, s, g = NVFP4QTensor.quantize(torch.ones((1, BLOCK_SIZE)), BLOCK_SIZE)
-        q.dequantize(torch.float32, scale=s, double_scale=g, block_sizes={-1: BLOCK_SIZE})
-    except Exception as exc:
-        return Availability(
-            False,
-            f"ModelOpt cannot run NVFP4QTensor here ({type(exc).__name__}: {exc}): {INSTALL}",
-        )
-    return Availability(
-        True, device=f"torch {torch.__version__} CPU (nvidia-modelopt {dist_version(DISTRIBUTION)})"
-    )
+    torch = _torch.torch()
+    q, s, g = NVFP4QTensor.quantize(torch.ones((1, BLOCK_SIZE)), BLOCK_SIZE)
+    q.dequantize(torch.float32, scale=s, double_scale=g, block_sizes={-1: BLOCK_SIZE})
+    return _torch.cpu_device(DISTRIBUTION, dist_version(DISTRIBUTION))
+
+
+_probe = cached_probe("ModelOpt", DISTRIBUTION, INSTALL, "NVFP4QTensor", _check)
 
 
 def _qtensor_class() -> Any:
-    a = _probe()
-    if not a.ok:
-        raise RuntimeError(f"NVFP4 backend {NAME!r} cannot run here: {a.reason}")
+    require(NAME, _probe())
     from modelopt.torch.quantization.qtensor import NVFP4QTensor
 
     return NVFP4QTensor
 
 
-class ModeloptKernels:
+class ModeloptKernels(_torch.TorchArrays):
     """The kernel contract over ModelOpt's ``NVFP4QTensor`` (``torch.Tensor`` in and out)."""
 
     def __init__(self) -> None:
@@ -118,23 +105,18 @@ class ModeloptKernels:
     def prepare(self, planes: NVFP4Planes) -> ModeloptWeight:
         cls = _qtensor_class()
         torch = _torch.torch()
-        parts = []
-        for part in unfuse(planes):
-            mo = to_modelopt(part)
-            codes = _torch.from_numpy(mo[WEIGHT])
-            shape = torch.Size((*codes.shape[:-1], part.k))
-            g = _torch.from_numpy(mo[WEIGHT_SCALE_2])
-            # weight_scale_2: () per tensor, (E, 1, 1) per expert (broadcast by ModelOpt)
-            g = g.reshape(-1, 1, 1) if part.num_experts is not None else g.reshape(())
-            parts.append(
+        return ModeloptWeight(
+            tuple(
                 ModeloptPart(
-                    cls(shape, torch.float32, codes), _torch.from_numpy(mo[WEIGHT_SCALE]), g
+                    cls(torch.Size((*t.codes.shape[:-1], t.k)), torch.float32, t.codes),
+                    t.scale,
+                    t.global_scale,
                 )
+                for t in modelopt_tensors(planes)
             )
-        return ModeloptWeight(tuple(parts))
+        )
 
     def dequantize(self, w: ModeloptWeight, *, dtype: str) -> Any:
-        torch = _torch.torch()
         out = [
             p.qtensor.dequantize(
                 _torch.torch_dtype(dtype),
@@ -144,7 +126,7 @@ class ModeloptKernels:
             )
             for p in w.parts
         ]
-        return torch.cat(out, dim=-2) if len(out) > 1 else out[0]
+        return _torch.cat_parts(out, dim=-2)
 
     def quantize_activations(self, x: Any, *, input_scale: float | None) -> NVFP4Planes:
         cls = _qtensor_class()
@@ -156,12 +138,6 @@ class ModeloptKernels:
             _torch.to_numpy(scale),
             _torch.to_numpy(scale_2.float()),
         )
-
-    def from_numpy(self, a: npt.NDArray[Any]) -> Any:
-        return _torch.from_numpy(a)
-
-    def to_numpy(self, a: Any) -> npt.NDArray[Any]:
-        return _torch.to_numpy(a)
 
 
 def backend() -> Frontend:

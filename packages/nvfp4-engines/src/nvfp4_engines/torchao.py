@@ -30,20 +30,17 @@ a torchao model quantizes each projection on its own: a fused tensor is one
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any, Final
 
-import numpy.typing as npt
 from nvfp4.backend import Frontend
 from nvfp4.contract import Availability
-from nvfp4.fusion import unfuse
-from nvfp4.layouts.modelopt import WEIGHT, WEIGHT_SCALE, WEIGHT_SCALE_2, to_modelopt
 from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import BLOCK_SIZE
 
 from . import _torch
-from ._common import activation_planes, adapter_info, dist_version
+from ._common import activation_planes, adapter_info, cached_probe, dist_version, require
+from ._modelopt_layout import modelopt_tensors
 
 __all__ = ["DISTRIBUTION", "NAME", "TorchaoKernels", "TorchaoWeight", "backend"]
 
@@ -65,32 +62,22 @@ def _module() -> Any:
     return nvfp4_tensor
 
 
-@functools.lru_cache(maxsize=1)
-def _probe() -> Availability:
-    if not dist_version(DISTRIBUTION):
-        return Availability(False, f"torchao is not installed: {INSTALL}")
-    try:
-        torch = _torch.torch()
-        m = _module()
-        w = m.NVFP4Tensor.to_nvfp4(torch.ones((1, BLOCK_SIZE)))
-        torch.nn.functional.linear(torch.ones((1, BLOCK_SIZE)), w)
-    except Exception as exc:
-        return Availability(
-            False, f"torchao cannot run NVFP4Tensor here ({type(exc).__name__}: {exc}): {INSTALL}"
-        )
-    return Availability(
-        True, device=f"torch {torch.__version__} CPU (torchao {dist_version(DISTRIBUTION)})"
-    )
+def _check() -> str:
+    torch = _torch.torch()
+    w = _module().NVFP4Tensor.to_nvfp4(torch.ones((1, BLOCK_SIZE)))
+    torch.nn.functional.linear(torch.ones((1, BLOCK_SIZE)), w)
+    return _torch.cpu_device(DISTRIBUTION, dist_version(DISTRIBUTION))
+
+
+_probe = cached_probe("torchao", DISTRIBUTION, INSTALL, "NVFP4Tensor", _check)
 
 
 def _ready() -> Any:
-    a = _probe()
-    if not a.ok:
-        raise RuntimeError(f"NVFP4 backend {NAME!r} cannot run here: {a.reason}")
+    require(NAME, _probe())
     return _module()
 
 
-class TorchaoKernels:
+class TorchaoKernels(_torch.TorchArrays):
     """The kernel contract over torchao's ``NVFP4Tensor`` (``torch.Tensor`` in and out)."""
 
     def __init__(self) -> None:
@@ -115,33 +102,20 @@ class TorchaoKernels:
     def prepare(self, planes: NVFP4Planes) -> TorchaoWeight:
         m = _ready()
         torch = _torch.torch()
-        parts = []
-        for part in unfuse(planes):
-            mo = to_modelopt(part)
-            g = _torch.from_numpy(mo[WEIGHT_SCALE_2])
-            # torchao's per_tensor_scale: () per tensor, (E, 1, 1) per expert
-            g = g.reshape(-1, 1, 1) if part.num_experts is not None else g.reshape(())
-            parts.append(
-                m.NVFP4Tensor(
-                    _torch.from_numpy(mo[WEIGHT]),
-                    _torch.from_numpy(mo[WEIGHT_SCALE]),
-                    BLOCK_SIZE,
-                    torch.float32,
-                    g,
-                )
+        return TorchaoWeight(
+            tuple(
+                m.NVFP4Tensor(t.codes, t.scale, BLOCK_SIZE, torch.float32, t.global_scale)
+                for t in modelopt_tensors(planes)
             )
-        return TorchaoWeight(tuple(parts))
+        )
 
     def dequantize(self, w: TorchaoWeight, *, dtype: str) -> Any:
-        torch = _torch.torch()
-        out = [p.dequantize(_torch.torch_dtype(dtype)) for p in w.parts]
-        return torch.cat(out, dim=-2) if len(out) > 1 else out[0]
+        return _torch.cat_parts([p.dequantize(_torch.torch_dtype(dtype)) for p in w.parts], -2)
 
     def qmm(self, x: Any, w: TorchaoWeight, *, out_dtype: str) -> Any:
         torch = _torch.torch()
         ys = [torch.nn.functional.linear(x, p.to(x.dtype)) for p in w.parts]
-        y = torch.cat(ys, dim=-1) if len(ys) > 1 else ys[0]
-        return y.to(_torch.torch_dtype(out_dtype))
+        return _torch.cat_parts(ys, dim=-1).to(_torch.torch_dtype(out_dtype))
 
     def quantize_activations(self, x: Any, *, input_scale: float | None) -> NVFP4Planes:
         m = _ready()
@@ -157,12 +131,6 @@ class TorchaoKernels:
             _torch.to_numpy(q.scale),
             _torch.to_numpy(q.per_tensor_scale.float()),
         )
-
-    def from_numpy(self, a: npt.NDArray[Any]) -> Any:
-        return _torch.from_numpy(a)
-
-    def to_numpy(self, a: Any) -> npt.NDArray[Any]:
-        return _torch.to_numpy(a)
 
 
 def backend() -> Frontend:

@@ -24,7 +24,6 @@ from __future__ import annotations
 from typing import Any, Final
 
 import numpy as np
-import numpy.typing as npt
 from nvfp4.backend import Frontend
 from nvfp4.contract import Availability
 from nvfp4.layouts.swizzle import unswizzle_scales
@@ -32,7 +31,7 @@ from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import BLOCK_SIZE, GLOBAL_AMAX_DIVISOR
 
 from . import _torch
-from ._common import activation_planes, adapter_info
+from ._common import activation_planes, adapter_info, require
 from ._cuda import probe
 
 __all__ = ["DISTRIBUTION", "NAME", "TransformerEngineKernels", "backend"]
@@ -58,13 +57,13 @@ def _check() -> None:
 
 
 def _ready() -> None:
-    a = probe("Transformer Engine", DISTRIBUTION, INSTALL, _check)
-    if not a.ok:
-        raise RuntimeError(f"NVFP4 backend {NAME!r} cannot run here: {a.reason}")
+    require(NAME, probe("Transformer Engine", DISTRIBUTION, INSTALL, _check))
 
 
-class TransformerEngineKernels:
+class TransformerEngineKernels(_torch.TorchArrays):
     """The kernel contract over Transformer Engine's ``NVFP4Quantizer`` (CUDA tensors)."""
+
+    DEVICE = DEVICE
 
     def __init__(self) -> None:
         self.info = adapter_info(
@@ -102,12 +101,6 @@ class TransformerEngineKernels:
             scales,
             np.float32(amax / np.float32(GLOBAL_AMAX_DIVISOR)),
         )
-
-    def from_numpy(self, a: npt.NDArray[Any]) -> Any:
-        return _torch.from_numpy(a, DEVICE)
-
-    def to_numpy(self, a: Any) -> npt.NDArray[Any]:
-        return _torch.to_numpy(a)
 
 
 def backend() -> Frontend:

@@ -26,16 +26,14 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-import numpy.typing as npt
 from nvfp4.backend import Frontend
 from nvfp4.contract import Availability
-from nvfp4.planes import NVFP4Planes
-from nvfp4.spec import BLOCK_SIZE, E2M1_MAX, E4M3_MAX
+from nvfp4.spec import BLOCK_SIZE
 
 from . import _swizzled, _torch
-from ._common import adapter_info
+from ._common import adapter_info, require
 from ._cuda import probe
-from ._swizzled import SwizzledWeight
+from ._swizzled import Fp4Ops
 
 __all__ = ["DISTRIBUTION", "NAME", "VllmKernels", "backend"]
 
@@ -44,7 +42,7 @@ DISTRIBUTION: Final = "vllm"
 INSTALL: Final = "pip install 'vllm>=0.33'"
 
 
-def _ops() -> Any:
+def _custom_ops() -> Any:
     from vllm import _custom_ops
 
     return _custom_ops
@@ -53,24 +51,27 @@ def _ops() -> Any:
 def _check() -> None:
     torch = _torch.torch()
     x = torch.ones((1, BLOCK_SIZE), dtype=torch.bfloat16, device="cuda")
-    _ops().scaled_fp4_quant(x, torch.ones(1, device="cuda"))
+    _custom_ops().scaled_fp4_quant(x, torch.ones(1, device="cuda"))
 
 
-def _ready() -> Any:
-    a = probe("vLLM", DISTRIBUTION, INSTALL, _check)
-    if not a.ok:
-        raise RuntimeError(f"NVFP4 backend {NAME!r} cannot run here: {a.reason}")
-    return _ops()
+def _ready() -> Fp4Ops:
+    """``scaled_fp4_quant`` (dynamic global: ``max|x|``, the static global a calibration
+    would give for this x) and ``cutlass_scaled_fp4_mm``."""
+    require(NAME, probe("vLLM", DISTRIBUTION, INSTALL, _check))
+    ops = _custom_ops()
+    return Fp4Ops(
+        quantize=ops.scaled_fp4_quant,
+        matmul=lambda a, a_sf, p, alpha, dtype: ops.cutlass_scaled_fp4_mm(
+            a, p.codes, a_sf, p.swizzled, alpha, dtype
+        ),
+        amax=lambda x: x.float().abs().max(),
+    )
 
 
-def _encode_global(x: Any, input_scale: float | None) -> Any:
-    if input_scale is not None:
-        return _swizzled.input_encode_global(input_scale)
-    return (E4M3_MAX * E2M1_MAX) / x.float().abs().max().reshape(1)
-
-
-class VllmKernels:
-    """The kernel contract over vLLM's NVFP4 custom ops (CUDA ``torch.Tensor``)."""
+class VllmKernels(_swizzled.Fp4Kernels):
+    """The kernel contract over vLLM's NVFP4 custom ops (CUDA ``torch.Tensor``):
+    ``prepare``, ``quantize_activations`` and ``qmm_w4a4`` from :class:`_swizzled.Fp4Kernels`
+    over :meth:`ops`."""
 
     def __init__(self) -> None:
         self.info = adapter_info(
@@ -91,36 +92,8 @@ class VllmKernels:
     def availability(self) -> Availability:
         return probe("vLLM", DISTRIBUTION, INSTALL, _check)
 
-    def prepare(self, planes: NVFP4Planes) -> SwizzledWeight:
-        _ready()
-        return _swizzled.prepare(planes)
-
-    def quantize_activations(self, x: Any, *, input_scale: float | None) -> NVFP4Planes:
-        ops = _ready()
-        gs = _encode_global(x, input_scale)
-        q, sf = ops.scaled_fp4_quant(x, gs)
-        return _swizzled.activation_planes(q, sf, gs, int(x.shape[0]), int(x.shape[1]))
-
-    def qmm_w4a4(
-        self, x: Any, w: SwizzledWeight, *, input_scale: float | None, out_dtype: str
-    ) -> Any:
-        ops = _ready()
-        torch = _torch.torch()
-        gs = _encode_global(x, input_scale)
-        a, a_sf = ops.scaled_fp4_quant(x, gs)
-        ys = [
-            ops.cutlass_scaled_fp4_mm(
-                a, p.codes, a_sf, p.swizzled, 1.0 / (gs * p.encode), _torch.torch_dtype(out_dtype)
-            )
-            for (p,) in w.parts
-        ]
-        return torch.cat(ys, dim=-1) if len(ys) > 1 else ys[0]
-
-    def from_numpy(self, a: npt.NDArray[Any]) -> Any:
-        return _torch.from_numpy(a, _swizzled.DEVICE)
-
-    def to_numpy(self, a: Any) -> npt.NDArray[Any]:
-        return _torch.to_numpy(a)
+    def ops(self) -> Fp4Ops:
+        return _ready()
 
 
 def backend() -> Frontend:

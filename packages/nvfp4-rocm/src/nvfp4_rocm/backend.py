@@ -55,6 +55,8 @@ class ROCmKernels(TritonKernels):
         "AMD tiles and dispatch crossovers are provisional: nothing measured on AMD hardware",
         w4a4.NOTE,
     )
+    W4A8_DECLARED_ON = "CDNA3 / CDNA4 (int8 MFMA)"
+    W4A8_FP8_NEEDS = "FP8 MFMA (gfx942, gfx950)"
 
     def detect(self) -> Platform:
         return device.detect()
@@ -90,19 +92,11 @@ class ROCmKernels(TritonKernels):
         if not platform.ok or platform.config is None:
             return ()
         match = configs.match_arch(platform.arch)
-        notes = [f"tiles: {platform.config.describe()}", *platform.config.notes]
-        notes.append(
-            hardware.W4A8_NOTE
-            if self.w4a8_supported(platform)
-            else f"W4A8 (int8) not declared on {platform.arch}: declared on CDNA3 / CDNA4 "
-            "(int8 MFMA)"
-        )
-        notes.append(
-            hardware.W4A8_FP8_NOTE
-            if self.w4a8_fp8_supported(platform)
-            else f"W4A8 FP8 not declared on {platform.arch}: it needs FP8 MFMA (gfx942, "
-            "gfx950); not emulated"
-        )
+        notes = [
+            f"tiles: {platform.config.describe()}",
+            *platform.config.notes,
+            *self.w4a8_notes(platform),
+        ]
         if platform.interpreter:
             notes.insert(
                 0,

@@ -191,8 +191,8 @@ def launches(
     div = _ptrs(sig) | set(ints)
     out.append(Launch("gather_rows", gather_rows_kernel, sig, const, div, ga.num_warps))
     sig = {
-        "x_ptr": t, "ids_ptr": "*i32", "perm_ptr": "*i64", "tile_expert_ptr": "*i64",
-        "tile_start_ptr": "*i64", "tile_end_ptr": "*i64", "codes_ptr": "*u8",
+        "x_ptr": t, "ids_ptr": "*i32", "perm_ptr": "*i64", "tiles_ptr": "*i64",
+        "codes_ptr": "*u8",
         "scales_ptr": "*u8", "row_g_ptr": "*fp32", "out_ptr": t, "N": "i32", "K": "i32",
         "E": "i32", "stride_xm": "i32", "stride_om": "i32", "BLOCK_M": "constexpr",
         "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "DOT_DTYPE": "constexpr",
@@ -251,7 +251,7 @@ def _w4a8_launches(cfg: KernelConfig, t: str, m: int, fp8_dot: bool) -> list[Lau
     w = cfg.w4a8
     sig = {
         "xq_ptr": "*i8", "d_ptr": "*fp16", "ids_ptr": "*i64", "perm_ptr": "*i64",
-        "tile_expert_ptr": "*i64", "tile_start_ptr": "*i64", "tile_end_ptr": "*i64",
+        "tiles_ptr": "*i64",
         "codes_ptr": "*u8", "scales_ptr": "*u8", "row_g_ptr": "*fp32", "out_ptr": t,
         "M": "i32", "N": "i32", "K": "i32", "E": "i32", "stride_om": "i32",
         "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "SUB": "constexpr",

@@ -38,7 +38,7 @@ from nvfp4.contract import Availability, BackendInfo
 from nvfp4.frontend import decode_dtype
 from nvfp4.planes import NVFP4Planes
 
-from . import ops
+from . import hardware, ops
 from .config import KernelConfig
 from .weights import DeviceWeight, host_array, upload
 
@@ -100,6 +100,10 @@ class TritonKernels:
     #: The spec versions a platform is certified for, named by each subclass (never
     #: ``nvfp4.SUPPORTED_SPEC_VERSIONS``: a newer nvfp4-core must not widen the claim).
     SPEC_VERSIONS: tuple[str, ...] = ()
+    #: Where ``w4a8`` is declared and what ``w4a8_fp8`` needs, in a vendor's words (the
+    #: certificate's note on a device without them, from :meth:`w4a8_notes`).
+    W4A8_DECLARED_ON = "int8 tensor cores"
+    W4A8_FP8_NEEDS = "FP8 tensor cores"
 
     def __init__(self) -> None:
         self._platform: Platform | None = None
@@ -144,6 +148,23 @@ class TritonKernels:
     def platform_notes(self, platform: Platform) -> tuple[str, ...]:
         """Facts for the certificate beyond :attr:`NOTES`."""
         return ()
+
+    def w4a8_notes(self, platform: Platform) -> tuple[str, str]:
+        """The certificate's two W4A8 notes (int8, FP8): what the kernels do where they are
+        declared, else where they would be (:attr:`W4A8_DECLARED_ON`,
+        :attr:`W4A8_FP8_NEEDS`); neither is ever emulated."""
+        int8 = (
+            hardware.W4A8_NOTE
+            if self.w4a8_supported(platform)
+            else f"W4A8 (int8) not declared on {platform.arch}: declared on {self.W4A8_DECLARED_ON}"
+        )
+        fp8 = (
+            hardware.W4A8_FP8_NOTE
+            if self.w4a8_fp8_supported(platform)
+            else f"W4A8 FP8 not declared on {platform.arch}: it needs {self.W4A8_FP8_NEEDS}; "
+            "not emulated"
+        )
+        return int8, fp8
 
     # -------------------------------------------------------------------- facts
     def platform(self) -> Platform:

@@ -89,6 +89,38 @@ def _check_x(x: Any, w: DeviceWeight) -> None:
     assert x.device == w.device, (x.device, w.device)
 
 
+def _dense_out(x: Any, w: DeviceWeight, out_dtype: Any, stack_note: str) -> Any:
+    """The (unwritten) output ``[M, N]`` of a matmul by a 2-D weight, after the launch glue's
+    preconditions on x (:func:`_check_x`) and on the weight: no expert stack (``stack_note``
+    says where one goes)."""
+    import torch
+
+    _check_x(x, w)
+    assert w.num_experts is None, stack_note
+    return torch.empty((x.shape[0], w.n), dtype=out_dtype, device=x.device)
+
+
+def _routed_ids(
+    x: Any, w: DeviceWeight, ids: Any, sorted_indices: bool, verb: str
+) -> tuple[Any, bool]:
+    """The MoE launch glue's preconditions (x as :func:`_check_x` wants it, an expert stack,
+    one id per row of x) and the ids on x's device, contiguous, in ``int32`` or ``int64``;
+    with the ``sorted_indices`` hint, dropped when the ids do not honour it (the result never
+    depends on it)."""
+    import torch
+
+    _check_x(x, w)
+    assert w.num_experts is not None, f"{verb} needs an expert stack [E, N, K]"
+    m = x.shape[0]
+    assert tuple(ids.shape) == (m,), (tuple(ids.shape), m)
+    if ids.dtype not in (torch.int32, torch.int64):
+        ids = ids.to(torch.int64)
+    ids = ids.to(x.device).contiguous()
+    if sorted_indices and m > 1 and bool((ids[1:] < ids[:-1]).any()):
+        sorted_indices = False  # a false hint is dropped: the result never depends on it
+    return ids, sorted_indices
+
+
 # ------------------------------------------------------------------------- dequantize
 def dequantize(w: DeviceWeight, out_dtype: Any, cfg: KernelConfig) -> Any:
     """Dense ``[E?, N, K]`` in ``out_dtype`` (torch float32 / float16 / bfloat16), exact."""
@@ -133,10 +165,8 @@ def gemv(x: Any, w: DeviceWeight, out_dtype: Any, cfg: KernelConfig) -> Any:
 
     from .kernels.gemv import gemv_kernel, splitk_reduce_kernel
 
-    _check_x(x, w)
-    assert w.num_experts is None, "an expert stack goes through gather()"
+    out = _dense_out(x, w, out_dtype, "an expert stack goes through gather()")
     m, k, n = x.shape[0], w.k, w.n
-    out = torch.empty((m, n), dtype=out_dtype, device=x.device)
     if m == 0:
         return out
     t = cfg.gemv
@@ -194,14 +224,10 @@ def gemv(x: Any, w: DeviceWeight, out_dtype: Any, cfg: KernelConfig) -> Any:
 
 def gemm(x: Any, w: DeviceWeight, out_dtype: Any, cfg: KernelConfig) -> Any:
     """W4A16 prefill kernel: tiled GEMM, weight tiles dequantized in the K loop."""
-    import torch
-
     from .kernels.gemm import gemm_kernel
 
-    _check_x(x, w)
-    assert w.num_experts is None, "an expert stack goes through gather()"
+    out = _dense_out(x, w, out_dtype, "an expert stack goes through gather()")
     m, n = x.shape[0], w.n
-    out = torch.empty((m, n), dtype=out_dtype, device=x.device)
     if m == 0:
         return out
     t = cfg.gemm_tiles(m)
@@ -258,10 +284,10 @@ def _grouped_tiles(
 ) -> tuple[Any, Any, Any, Any, int]:
     """Tile table of the grouped kernel, built on the device without a host copy.
 
-    Returns ``(perm, tile_expert, tile_start, tile_end, T)``: ``perm`` maps sorted positions
-    to rows of x (``None`` when the ids are already sorted); tile ``t`` covers sorted
-    positions ``tile_start[t] .. min(tile_start[t] + block_m, tile_end[t]) - 1`` of expert
-    ``tile_expert[t]`` (``E`` for the unused tail of the table).
+    Returns ``(perm, tiles, T)``: ``perm`` maps sorted positions to rows of x (``None`` when
+    the ids are already sorted); ``tiles`` is int64 ``[T, 3]``, row ``t`` = ``(expert, start,
+    end)``: tile ``t`` covers sorted positions ``start .. min(start + block_m, end) - 1`` of
+    ``expert`` (``E`` for the unused tail of the table).
     """
     import torch
 
@@ -288,7 +314,7 @@ def _grouped_tiles(
     used = owner < e
     tile_start = torch.where(used, start, torch.zeros_like(start))
     tile_end = torch.where(used, seg_end[c], torch.zeros_like(start))
-    return perm, owner.contiguous(), tile_start.contiguous(), tile_end.contiguous(), total
+    return perm, torch.stack((owner, tile_start, tile_end), dim=1).contiguous(), total
 
 
 def _expert_operands(x: Any, w: DeviceWeight, out: Any) -> tuple[Any, ...]:
@@ -315,18 +341,8 @@ def gather(
 
     from .kernels.gather import gather_grouped_kernel, gather_rows_kernel
 
-    _check_x(x, w)
-    e = w.num_experts
-    assert e is not None, "gather needs an expert stack [E, N, K]"
-    m, n = x.shape[0], w.n
-    assert tuple(ids.shape) == (m,), (tuple(ids.shape), m)
-    if ids.dtype not in (torch.int32, torch.int64):
-        ids = ids.to(torch.int64)
-    ids = ids.to(x.device).contiguous()
-    if sorted_indices and m > 1 and bool((ids[1:] < ids[:-1]).any()):
-        sorted_indices = (
-            False  # a hint the ids do not honour is dropped: the result never depends on it
-        )
+    ids, sorted_indices = _routed_ids(x, w, ids, sorted_indices, "gather")
+    e, m, n = w.num_experts, x.shape[0], w.n
     t = cfg.gather
     if m == 0:
         return torch.zeros((0, n), dtype=out_dtype, device=x.device)
@@ -343,17 +359,13 @@ def gather(
         return out
     if path != "grouped":
         raise ValueError(f"unknown gather path {path!r}; expected one of {', '.join(GATHER_PATHS)}")
-    perm, tile_expert, tile_start, tile_end, total = _grouped_tiles(
-        ids, e, t.block_m, sorted_indices
-    )
+    perm, tiles, total = _grouped_tiles(ids, e, t.block_m, sorted_indices)
     out = torch.zeros((m, n), dtype=out_dtype, device=x.device)
     gather_grouped_kernel[(total, _cdiv(n, t.block_n))](
         x,
         ids,
-        perm if perm is not None else tile_start,  # never read without HAS_PERM
-        tile_expert,
-        tile_start,
-        tile_end,
+        perm if perm is not None else tiles,  # never read without HAS_PERM
+        tiles,
         *_expert_operands(x, w, out),
         BLOCK_M=t.block_m,
         BLOCK_N=t.block_n,
@@ -373,16 +385,23 @@ def activation_global(x: Any, input_scale: Any = None) -> Any:
     ``input_scale`` (decode convention, finite and > 0) or ``amax / 2688`` over x's finite
     values (1.0 where that quotient is 0: amax 0, or subnormal enough to underflow), computed
     in float32 as :func:`nvfp4.reference.global_from_amax` does."""
+    return _static_or_amax_over(x, input_scale, GLOBAL_AMAX_DIVISOR)
+
+
+def _static_or_amax_over(x: Any, input_scale: Any, divisor: float) -> Any:
+    """``input_scale`` (checked by core: finite and > 0) as a float32 tensor of one element
+    on x's device, or ``amax / divisor`` over x's finite values in float32 (one division:
+    the divisors, 2688 and 448, are exact), 1.0 where that quotient is 0."""
     import torch
 
-    if input_scale is not None:  # checked by core: finite and > 0
+    if input_scale is not None:
         return torch.tensor([float(np.float32(input_scale))], dtype=torch.float32, device=x.device)
     xf = x.to(torch.float32)
     if xf.numel() == 0:
         return torch.ones(1, dtype=torch.float32, device=x.device)
     amax = torch.where(torch.isfinite(xf), xf.abs(), torch.zeros_like(xf)).amax().reshape(1)
-    g = amax / float(GLOBAL_AMAX_DIVISOR)  # float32 division (the divisor is exact)
-    return torch.where(g == 0, torch.ones_like(g), g)
+    s = amax / float(divisor)
+    return torch.where(s == 0, torch.ones_like(s), s)
 
 
 _BANDS: dict[tuple[int, str], tuple[Any, int]] = {}
@@ -505,7 +524,7 @@ def _w4a8_launch(
     grid: tuple[int, int],
     codes: Any,
     d: Any,
-    tables: tuple[Any, Any, Any, Any, Any],
+    tables: tuple[Any, Any, Any],
     w: DeviceWeight,
     out: Any,
     m: int,
@@ -545,17 +564,13 @@ def _w4a8_launch(
 def w4a8(x: Any, w: DeviceWeight, out_dtype: Any, cfg: KernelConfig) -> Any:
     """W4A8 int8: ``x`` quantized by :func:`quantize_q8`, then ``(sum_j isum_j * e4m3(s_j) / 2
     * d) * global`` (int8 ``tl.dot``, float32 accumulation, the global after it)."""
-    import torch
-
-    _check_x(x, w)
-    assert w.num_experts is None, "an expert stack goes through gather_w4a8()"
+    out = _dense_out(x, w, out_dtype, "an expert stack goes through gather_w4a8()")
     m, n = x.shape[0], w.n
-    out = torch.empty((m, n), dtype=out_dtype, device=x.device)
     if m == 0:
         return out
     codes, d = quantize_q8(x, cfg)
     block_m = _w4a8_block_m(m, cfg)
-    unused = (codes, codes, codes, codes, codes)  # the gather tables, never read
+    unused = (codes, codes, codes)  # the gather tables, never read
     grid = (_cdiv(m, block_m), _cdiv(n, cfg.w4a8.block_n))
     _w4a8_launch(grid, codes, d, unused, w, out, m, block_m, cfg, gather=False, has_perm=False)
     return out
@@ -569,23 +584,18 @@ def gather_w4a8(
     quantized). Rows are grouped by expert (the W4A16 grouped gather's tile table)."""
     import torch
 
-    _check_x(x, w)
-    e = w.num_experts
-    assert e is not None, "gather_w4a8 needs an expert stack [E, N, K]"
-    m, n = x.shape[0], w.n
-    assert tuple(ids.shape) == (m,), (tuple(ids.shape), m)
-    ids = ids.to(device=x.device, dtype=torch.int64).contiguous()
+    ids, sorted_indices = _routed_ids(x, w, ids, sorted_indices, "gather_w4a8")
+    ids = ids.to(torch.int64)  # the encoder and the matmul read int64 ids
+    e, m, n = w.num_experts, x.shape[0], w.n
     out = torch.zeros((m, n), dtype=out_dtype, device=x.device)
     if m == 0:
         return out
-    if sorted_indices and m > 1 and bool((ids[1:] < ids[:-1]).any()):
-        sorted_indices = False  # a false hint is dropped: the result never depends on it
     # Rows of out-of-range ids are not read by the encoder (they encode as zeros) and the
     # matmul never reads their codes (the tile table leaves them out).
     codes, d = quantize_q8(x, cfg, ids, e)
     block_m = _w4a8_block_m(m, cfg)
-    perm, tile_expert, tile_start, tile_end, total = _grouped_tiles(ids, e, block_m, sorted_indices)
-    tables = (ids, perm if perm is not None else tile_start, tile_expert, tile_start, tile_end)
+    perm, tiles, total = _grouped_tiles(ids, e, block_m, sorted_indices)
+    tables = (ids, perm if perm is not None else tiles, tiles)
     grid = (total, _cdiv(n, cfg.w4a8.block_n))
     _w4a8_launch(
         grid, codes, d, tables, w, out, m, block_m, cfg, gather=True, has_perm=perm is not None
@@ -597,16 +607,7 @@ def fp8_input_scale(x: Any, input_scale: Any = None) -> Any:
     """The FP8 activation scale as a float32 tensor of one element on x's device: the static
     ``input_scale`` (finite and > 0) or ``amax / 448`` over x's finite values in float32
     (1.0 where that quotient is 0), as :func:`nvfp4.reference.fp8_input_scale`."""
-    import torch
-
-    if input_scale is not None:  # checked by core: finite and > 0
-        return torch.tensor([float(np.float32(input_scale))], dtype=torch.float32, device=x.device)
-    xf = x.to(torch.float32)
-    if xf.numel() == 0:
-        return torch.ones(1, dtype=torch.float32, device=x.device)
-    amax = torch.where(torch.isfinite(xf), xf.abs(), torch.zeros_like(xf)).amax().reshape(1)
-    s = amax / float(E4M3_MAX)  # one float32 division (448 is exact)
-    return torch.where(s == 0, torch.ones_like(s), s)
+    return _static_or_amax_over(x, input_scale, E4M3_MAX)
 
 
 def quantize_fp8(x: Any, s: Any, cfg: KernelConfig) -> Any:
@@ -643,14 +644,11 @@ def w4a8_fp8(x: Any, w: DeviceWeight, input_scale: Any, out_dtype: Any, cfg: Ker
     """W4A8 FP8: ``x`` quantized by :func:`quantize_fp8` with the static or dynamic scale,
     then the FP8 ``tl.dot`` product, ``input_scale`` and the global after accumulation. The
     caller launches it only where FP8 tensor cores exist (or under the interpreter)."""
-    import torch
 
     from .kernels.w4a8 import w4a8_fp8_kernel
 
-    _check_x(x, w)
-    assert w.num_experts is None, "W4A8 FP8 takes a 2-D weight"
+    out = _dense_out(x, w, out_dtype, "W4A8 FP8 takes a 2-D weight")
     m, n = x.shape[0], w.n
-    out = torch.empty((m, n), dtype=out_dtype, device=x.device)
     if m == 0:
         return out
     s = fp8_input_scale(x, input_scale)

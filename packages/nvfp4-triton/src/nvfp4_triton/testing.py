@@ -31,6 +31,7 @@ __all__ = [
     "TORCH",
     "assert_every_kernel_compiles",
     "assert_import_is_light",
+    "assert_w4a8_declared",
     "check_close",
     "fake_gpu",
     "registered_entry_point",
@@ -88,6 +89,20 @@ def assert_import_is_light(package: str) -> None:
         env={"PATH": "/usr/bin:/bin"},
     )
     assert out.stdout.split() == ["False", "False"], out.stdout + out.stderr
+
+
+def assert_w4a8_declared(info: Any, arch: str, int8: bool, fp8: bool) -> None:
+    """A backend's ``info`` declares ``w4a8`` exactly when ``int8`` and ``w4a8_fp8`` exactly
+    when ``fp8``, and its notes say what each kernel does where declared, else that it is
+    not declared on ``arch`` (never emulated)."""
+    assert ("w4a8" in info.capabilities) is int8
+    assert ("w4a8_fp8" in info.capabilities) is fp8
+    for declared, note, absent in (
+        (int8, "W4A8 int8:", f"W4A8 (int8) not declared on {arch}"),
+        (fp8, "W4A8 FP8:", f"W4A8 FP8 not declared on {arch}"),
+    ):
+        word = note if declared else absent
+        assert any(n.startswith(word) for n in info.notes), info.notes
 
 
 def registered_entry_point(name: str) -> str | None:

@@ -5,6 +5,10 @@ share. Installed code imports it, so nothing here imports pytest at module level
   (:func:`relative_error`, :func:`error_figures`, :func:`assert_within`);
 * :mod:`nvfp4.testing.data` - seeded test weights and activations (:func:`random_planes`,
   :func:`realistic_weight`, :func:`activations`) and :func:`raw_planes` (unchecked);
+* :mod:`nvfp4.testing.modules` - :func:`module_from_file`: a script, benchmark or build
+  hook that is not an installed module, imported from its path;
+* :mod:`nvfp4.testing.properties` - Hypothesis settings and strategies of the property
+  tests (it imports hypothesis, so this package does not import it);
 * :mod:`nvfp4.testing.oracles` - the pytest hooks of the oracle rule; a suite's
   ``conftest.py`` takes them with::
 
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 from .data import activations, globals_for, random_planes, raw_planes, realistic_weight
 from .errors import as_float64, assert_within, error_figures, relative_error
+from .modules import module_from_file
 from .oracles import OPTIONAL_ORACLE, REQUIRE_ORACLES_ENV, pytest_configure, pytest_sessionfinish
 
 __all__ = [
@@ -25,6 +30,7 @@ __all__ = [
     "assert_within",
     "error_figures",
     "globals_for",
+    "module_from_file",
     "pytest_configure",
     "pytest_sessionfinish",
     "random_planes",

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from ..codec import round_out
-from .common import dot_words, stream_chunk
+from .common import dot_words_rows, grouped_tile, store_rows, stream_rows
 
 __all__ = ["gather_grouped_kernel", "gather_rows_kernel"]
 
@@ -53,7 +53,6 @@ def gather_rows_kernel(
     (:func:`~nvfp4_triton.kernels.common.stream_chunk`): int32 words decoded 8 codes at a
     time, products summed per 16-element block inside one thread, each block's scale
     applied once, the block accumulators reduced across threads after the loop."""
-    BLOCKS: tl.constexpr = BLOCK_K // 16  # 16-element blocks per chunk
     row = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n < N
@@ -69,29 +68,27 @@ def gather_rows_kernel(
     n_end = tl.where(valid, N, 0)
     n_valid = n < n_end
 
-    b = tl.arange(0, BLOCKS)  # block b of a chunk: words 2b, 2b + 1, scale b
-    wi = tl.arange(0, 2)  # word wi of a block: its elements 8 wi .. 8 wi + 7
-    words = codes_ptr.to(tl.pointer_type(tl.int32))
-    x_rows = x_ptr + row * stride_xm + (16 * b)[None, :, None] + (8 * wi)[None, None, :]
-    one_row = tl.arange(0, 1) < 1  # the m mask of a single row of x
+    one_row = tl.arange(0, 1)  # [1]: this program's one row of x, as a row tile of size 1
 
-    # Whole chunks unmasked, with the expert's rows past N clamped to its row N - 1 (their
-    # sums are never stored; an invalid id has no chunk at all), then the partial chunk.
+    # The GEMV's loop (stream_rows) over [0, k_end), whole chunks unmasked, with the
+    # expert's rows past N clamped to its row N - 1 (their sums are never stored; an
+    # invalid id has no chunk at all).
     w_row_ld = safe * N + tl.minimum(n, N - 1)
-    word_rows = words + w_row_ld[:, None, None] * (K // 8) + (2 * b)[None, :, None]
-    word_rows += wi[None, None, :]  # [BLOCK_N, BLOCKS, 2]
-    s_rows = scales_ptr + w_row_ld[:, None] * (K // 16) + b[None, :]  # [BLOCK_N, BLOCKS]
-    k_full = k_end // BLOCK_K * BLOCK_K
-    acc = tl.zeros((1, BLOCK_N, BLOCKS), dtype=tl.float32)
-    for k0 in range(0, k_full, BLOCK_K):
-        acc += stream_chunk(
-            word_rows, s_rows, x_rows, k0, k_end, b, n_valid, one_row, 1, BLOCK_N, BLOCKS, False
-        )
-    for k0 in range(k_full, k_end, BLOCK_K):
-        acc += stream_chunk(
-            word_rows, s_rows, x_rows, k0, k_end, b, n_valid, one_row, 1, BLOCK_N, BLOCKS, True
-        )
-    acc1 = tl.sum(tl.sum(acc, axis=2), axis=0)  # [BLOCK_N]
+    acc = stream_rows(
+        codes_ptr,
+        scales_ptr,
+        w_row_ld,
+        x_ptr + row * stride_xm + one_row,
+        0,
+        k_end,
+        K,
+        n_valid,
+        one_row < 1,
+        1,
+        BLOCK_N,
+        BLOCK_K,
+    )
+    acc1 = tl.sum(acc, axis=0)  # [BLOCK_N]
 
     g = tl.load(row_g_ptr + w_row, mask=n_valid, other=0.0)
     y = tl.where(valid, acc1 * g, 0.0)  # exactly zero for an out-of-range id
@@ -103,9 +100,7 @@ def gather_grouped_kernel(
     x_ptr,  # [M, K], row stride stride_xm
     ids_ptr,  # int32 | int64 [M]
     perm_ptr,  # int64 [M]: row of x at each sorted position (unused when not HAS_PERM)
-    tile_expert_ptr,  # int64 [T]: expert of tile t (E for an unused tile)
-    tile_start_ptr,  # int64 [T]: first sorted position of tile t
-    tile_end_ptr,  # int64 [T]: end of the expert's segment (tile t covers < BLOCK_M of it)
+    tiles_ptr,  # int64 [T, 3]: tile t's expert (E: unused), first sorted position, segment end
     codes_ptr,  # uint8 [E * N, K/2]
     scales_ptr,  # uint8 [E * N, K/16]
     row_g_ptr,  # float32 [E * N]
@@ -123,56 +118,26 @@ def gather_grouped_kernel(
     HAS_PERM: tl.constexpr,
 ):
     """Grid: ``(T, cdiv(N, BLOCK_N))``."""
-    WORDS: tl.constexpr = BLOCK_K // 8  # int32 code words per weight row of a chunk
-    t = tl.program_id(0)
     n = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n < N
-
-    expert = tl.load(tile_expert_ptr + t)
-    start = tl.load(tile_start_ptr + t)
-    end = tl.load(tile_end_ptr + t)
-    active = (expert >= 0) & (expert < E)
-    safe = tl.where(active, expert, 0)
-    # An unused tile gets bounds of 0 (row, column and K), so it loads and stores nothing.
-    end = tl.where(active, end, 0)
-    n_end = tl.where(active, N, 0)
-    k_end = tl.where(active, K, 0)
-    n_valid = n < n_end
-
-    # The tile's rows: sorted positions start .. start + BLOCK_M - 1 (within the segment),
-    # mapped to rows of x; each row's own id is read back and must name this expert, so
-    # only rows routed here are read or written whatever the tile table says.
-    pos = start + tl.arange(0, BLOCK_M)
-    pos_mask = pos < end
-    if HAS_PERM:
-        row = tl.load(perm_ptr + pos, mask=pos_mask, other=0).to(tl.int64)
-    else:
-        row = pos.to(tl.int64)
-    row_id = tl.load(ids_ptr + row, mask=pos_mask, other=-1).to(tl.int64)
-    row_ok = pos_mask & (row_id == expert)
-
-    # The chunk loop is the GEMM's (see nvfp4_triton.kernels.gemm): code words, eight dots.
-    w_row = safe * N + n
-    w = tl.arange(0, WORDS)
-    words = codes_ptr.to(tl.pointer_type(tl.int32))
-    word_cols = words + w_row[None, :] * (K // 8) + w[:, None]  # [WORDS, BLOCK_N]
-    scale_cols = scales_ptr + w_row[None, :] * (K // 16) + (w // 2)[:, None]
-    x_rows = x_ptr + row[:, None] * stride_xm + (8 * w)[None, :]  # [BLOCK_M, WORDS]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, k_end, BLOCK_K):
-        w_in = (k0 + 8 * w) < k_end
-        w_mask = w_in[:, None] & n_valid[None, :]
-        word = tl.load(word_cols + k0 // 8, mask=w_mask, other=0)
-        sbyte = tl.load(scale_cols + k0 // 16, mask=w_mask, other=0)
-        x_mask = row_ok[:, None] & w_in[None, :]
-        acc = dot_words(
-            x_rows + k0, x_mask, word, sbyte.to(tl.int32), acc, DOT_DTYPE, FP32_PRECISION
-        )
-
-    g = tl.load(row_g_ptr + w_row, mask=n_valid, other=0.0)
-    y = round_out(acc * g[None, :], out_ptr.dtype.element_ty)
-    tl.store(
-        out_ptr + row[:, None] * stride_om + n[None, :],
-        y,
-        mask=row_ok[:, None] & n_mask[None, :],
+    # the tile's rows of x (routed to its expert), the expert's weight rows, the bounds
+    row, row_ok, w_row, n_valid, k_end = grouped_tile(
+        tiles_ptr, perm_ptr, ids_ptr, n, N, K, E, BLOCK_M, HAS_PERM
     )
+    # The chunk loop is the GEMM's (dot_words_rows): code words, eight dots per chunk.
+    acc = dot_words_rows(
+        x_ptr + row * stride_xm,
+        row_ok,
+        codes_ptr,
+        scales_ptr,
+        w_row,
+        n_valid,
+        K,
+        k_end,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_K,
+        DOT_DTYPE,
+        FP32_PRECISION,
+    )
+    store_rows(acc, row_g_ptr, w_row, n_valid, out_ptr, row, row_ok, n, n_mask, stride_om)

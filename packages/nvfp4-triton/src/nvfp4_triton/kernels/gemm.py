@@ -26,8 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..codec import round_out
-from .common import dot_words
+from .common import dot_words_rows, store_rows
 
 __all__ = ["gemm_kernel"]
 
@@ -51,7 +50,6 @@ def gemm_kernel(
     DOT_DTYPE: tl.constexpr,
     FP32_PRECISION: tl.constexpr,
 ):
-    WORDS: tl.constexpr = BLOCK_K // 8  # int32 code words per weight row of a chunk
     # Grouped program order: GROUP_M consecutive row tiles sweep the column tiles together.
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
@@ -66,30 +64,22 @@ def gemm_kernel(
     n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask = m < M
     n_mask = n < N
-    w = tl.arange(0, WORDS)  # word w of a chunk: elements 8w .. 8w + 7
 
-    # Loop-invariant addresses: row n of the codes is K / 8 int32 words, the chunk at k0 (a
-    # multiple of BLOCK_K) starts at word k0 // 8 and its word w uses scale (k0 + 8w) // 16.
-    words = codes_ptr.to(tl.pointer_type(tl.int32))
-    word_cols = words + n[None, :] * (K // 8) + w[:, None]  # [WORDS, BLOCK_N], transposed
-    scale_cols = scales_ptr + n[None, :] * (K // 16) + (w // 2)[:, None]
-    x_rows = x_ptr + m[:, None] * stride_xm + (8 * w)[None, :]  # [BLOCK_M, WORDS]
-
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        w_in = (k0 + 8 * w) < K  # [WORDS]: K is a multiple of 16, so a word is in or out
-        w_mask = w_in[:, None] & n_mask[None, :]
-        word = tl.load(word_cols + k0 // 8, mask=w_mask, other=0)
-        sbyte = tl.load(scale_cols + k0 // 16, mask=w_mask, other=0)
-        x_mask = m_mask[:, None] & w_in[None, :]
-        acc = dot_words(
-            x_rows + k0, x_mask, word, sbyte.to(tl.int32), acc, DOT_DTYPE, FP32_PRECISION
-        )
-
-    g = tl.load(row_g_ptr + n, mask=n_mask, other=0.0)
-    y = round_out(acc * g[None, :], out_ptr.dtype.element_ty)
-    tl.store(
-        out_ptr + m[:, None] * stride_om + n[None, :],
-        y,
-        mask=m_mask[:, None] & n_mask[None, :],
+    # rows m of x times weight rows n over all of K (dot_words_rows: code words, eight dots
+    # per chunk), then the global of each weight row
+    acc = dot_words_rows(
+        x_ptr + m * stride_xm,
+        m_mask,
+        codes_ptr,
+        scales_ptr,
+        n,
+        n_mask,
+        K,
+        K,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_K,
+        DOT_DTYPE,
+        FP32_PRECISION,
     )
+    store_rows(acc, row_g_ptr, n, n_mask, out_ptr, m, m_mask, n, n_mask, stride_om)

@@ -21,9 +21,9 @@ in the compiled code; an H200 at 80 % of its bandwidth can issue about 8.7 per b
 * the whole chunks of a slice are loaded without masks - every address is in range by
   construction: rows past N read row N - 1 and rows of x past M read row 0, whose results
   are never stored - and only the last, partial chunk is masked (a masked load also clears
-  its register first, an instruction per element the steady state does not pay). The
-  chunk itself is :func:`~nvfp4_triton.kernels.common.stream_chunk`, shared with the MoE
-  per-row gather;
+  its register first, an instruction per element the steady state does not pay). That
+  loop is :func:`~nvfp4_triton.kernels.common.stream_rows` (over
+  :func:`~nvfp4_triton.kernels.common.stream_chunk`), shared with the MoE per-row gather;
 * **split-K**: when ``N / BLOCK_N`` programs are too few to fill the device, K is cut into
   ``SPLIT_K`` slices (grid axis 1). Each slice writes float32 partial sums to a workspace
   ``[SPLIT_K, M, N]`` and :func:`splitk_reduce_kernel` adds them in slice order (the
@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from ..codec import round_out
-from .common import stream_chunk
+from .common import store_rows, stream_rows
 
 __all__ = ["gemv_kernel", "splitk_reduce_kernel"]
 
@@ -62,7 +62,6 @@ def gemv_kernel(
     BLOCK_K: tl.constexpr,
     PARTIAL: tl.constexpr,
 ):
-    BLOCKS: tl.constexpr = BLOCK_K // 16  # 16-element scale blocks per chunk
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
 
@@ -70,65 +69,38 @@ def gemv_kernel(
     n_mask = n < N
     m = tl.arange(0, BLOCK_M).to(tl.int64)  # rows of x
     m_mask = m < M
-    b = tl.arange(0, BLOCKS)  # scale block b of a chunk
-    wi = tl.arange(0, 2)  # word wi of a block: elements 8 wi .. 8 wi + 7 of the block
 
     # This program's slice of K: [k_lo, k_hi). K is a multiple of 16 and k_lo of BLOCK_K,
     # so a 16-element block is either wholly in range or wholly out.
     k_lo = pid_s * K_SPLIT
     k_hi = tl.minimum(K, k_lo + K_SPLIT)
 
-    # Loop-invariant addresses. Row n of the codes is K / 8 words (K / 2 bytes, a multiple
-    # of 8); the chunk at k0 (a multiple of 16) starts at word k0 // 8 and scale k0 // 16;
-    # block b of the chunk is words 2b, 2b + 1 and scale b. x's word-aligned elements:
-    # element 0 of word wi of block b is 16 b + 8 wi. Rows are clamped into range (weight
-    # rows past N to N - 1, rows of x past M to 0), so every address is valid whether a load
-    # is masked or not.
+    # The slice's K loop, whole chunks unmasked (stream_rows). Rows are clamped into range
+    # (weight rows past N to N - 1, rows of x past M to 0; their sums are never stored), so
+    # every address is valid whether a load is masked or not.
     n_ld = tl.minimum(n, N - 1)
     m_ld = tl.where(m_mask, m, 0)
-    words = codes_ptr.to(tl.pointer_type(tl.int32))
-    word_rows = words + n_ld[:, None, None] * (K // 8) + (2 * b)[None, :, None]
-    word_rows += wi[None, None, :]  # [BLOCK_N, BLOCKS, 2]
-    s_rows = scales_ptr + n_ld[:, None] * (K // 16) + b[None, :]  # [BLOCK_N, BLOCKS]
-    x_rows = x_ptr + m_ld[:, None, None] * stride_xm + (16 * b)[None, :, None]
-    x_rows += (8 * wi)[None, None, :]  # [BLOCK_M, BLOCKS, 2]
+    acc2 = stream_rows(
+        codes_ptr,
+        scales_ptr,
+        n_ld,
+        x_ptr + m_ld * stride_xm,
+        k_lo,
+        k_hi,
+        K,
+        n_mask,
+        m_mask,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_K,
+    )  # [BLOCK_M, BLOCK_N]
 
-    # Whole chunks first, with no masks at all (rows past N read row N - 1, whose sums are
-    # never stored; rows of x past M read row 0, likewise), then the one partial chunk at the
-    # end of the slice, if any, with masks. A masked load costs a register clear per element
-    # on top of the load, which the steady state does not pay.
-    k_full = k_lo + (k_hi - k_lo) // BLOCK_K * BLOCK_K
-    acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCKS), dtype=tl.float32)
-    for k0 in range(k_lo, k_full, BLOCK_K):
-        acc += stream_chunk(
-            word_rows,
-            s_rows,
-            x_rows,
-            k0,
-            k_hi,
-            b,
-            n_mask,
-            m_mask,
-            BLOCK_M,
-            BLOCK_N,
-            BLOCKS,
-            False,
-        )
-    for k0 in range(k_full, k_hi, BLOCK_K):
-        acc += stream_chunk(
-            word_rows, s_rows, x_rows, k0, k_hi, b, n_mask, m_mask, BLOCK_M, BLOCK_N, BLOCKS, True
-        )
-    acc2 = tl.sum(acc, axis=2)  # [BLOCK_M, BLOCK_N]: across the block positions, once
-
-    out_mask = m_mask[:, None] & n_mask[None, :]
     if PARTIAL:
         # workspace[pid_s, m, n]: float32 partial sums; the global waits for the reduction
         ws = out_ptr + (pid_s * M + m[:, None]) * N + n[None, :]
-        tl.store(ws, acc2, mask=out_mask)
+        tl.store(ws, acc2, mask=m_mask[:, None] & n_mask[None, :])
     else:
-        g = tl.load(row_g_ptr + n, mask=n_mask, other=0.0)
-        y = round_out(acc2 * g[None, :], out_ptr.dtype.element_ty)
-        tl.store(out_ptr + m[:, None] * stride_om + n[None, :], y, mask=out_mask)
+        store_rows(acc2, row_g_ptr, n, n_mask, out_ptr, m, m_mask, n, n_mask, stride_om)
 
 
 @triton.jit

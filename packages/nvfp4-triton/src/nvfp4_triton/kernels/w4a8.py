@@ -43,6 +43,7 @@ import triton.language as tl
 from nvfp4.spec import E4M3_MAX, E4M3_NAN_BYTE, Q8_BLOCK_SIZE, Q8_MAX
 
 from ..codec import e4m3_rne, e4m3_valid_to_f32, round_out
+from .common import grouped_tile, store_rows
 
 __all__ = [
     "quantize_fp8_kernel",
@@ -264,9 +265,7 @@ def w4a8_kernel(
     d_ptr,  # float16 [M, K/32]
     ids_ptr,  # GATHER: int32 | int64 [M] expert ids (else unused)
     perm_ptr,  # GATHER and HAS_PERM: int64 [M], row of x at each sorted position
-    tile_expert_ptr,  # GATHER: int64 [T], expert of tile t (E for an unused tile)
-    tile_start_ptr,  # GATHER: int64 [T], first sorted position of tile t
-    tile_end_ptr,  # GATHER: int64 [T], end of the expert's segment
+    tiles_ptr,  # GATHER: int64 [T, 3], tile t's expert (E: unused), first position, end
     codes_ptr,  # uint8 [E? * N, K/2]
     scales_ptr,  # uint8 [E? * N, K/16]
     row_g_ptr,  # float32 [E? * N]
@@ -286,35 +285,18 @@ def w4a8_kernel(
 
     Plain (``GATHER`` false): grid ``(cdiv(M, BLOCK_M), cdiv(N, BLOCK_N))``, rows
     ``pid_m * BLOCK_M ..`` of x. MoE (``GATHER``): grid ``(T, cdiv(N, BLOCK_N))`` over the
-    tile table of :func:`nvfp4_triton.ops._grouped_tiles`, as the W4A16 grouped gather:
-    tile ``t`` holds up to ``BLOCK_M`` rows routed to expert ``tile_expert[t]``; each row's
+    tile table of :func:`nvfp4_triton.ops._grouped_tiles`, as the W4A16 grouped gather
+    (:func:`~nvfp4_triton.kernels.common.grouped_tile`): tile ``t`` holds up to ``BLOCK_M``
+    rows routed to its expert; each row's
     own id is read back and must name that expert, an unused tile (expert ``E``) and a row
     of another expert read and write nothing, and an id outside ``[0, E)`` never forms an
     address (the rows of such ids stay the wrapper's zeros)."""
     n = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)  # output columns
     n_mask = n < N
     if GATHER:
-        # tile t's scalars: t < T by the grid, so these three loads are in range
-        t = tl.program_id(0)
-        expert = tl.load(tile_expert_ptr + t)
-        start = tl.load(tile_start_ptr + t)
-        end = tl.load(tile_end_ptr + t)
-        active = (expert >= 0) & (expert < E)
-        safe = tl.where(active, expert, 0)  # an invalid expert never forms an address
-        # An unused tile gets bounds of 0 (rows, columns, K): it loads and stores nothing.
-        # (Bounds rather than `tensor & scalar`, which the interpreter mistypes.)
-        end = tl.where(active, end, 0)
-        n_ok = n < tl.where(active, N, 0)
-        k_end = tl.where(active, K, 0)
-        pos = start + tl.arange(0, BLOCK_M)  # sorted positions of the tile
-        pos_ok = pos < end
-        if HAS_PERM:
-            row = tl.load(perm_ptr + pos, mask=pos_ok, other=0).to(tl.int64)
-        else:
-            row = pos.to(tl.int64)
-        row_id = tl.load(ids_ptr + row, mask=pos_ok, other=-1).to(tl.int64)
-        row_ok = pos_ok & (row_id == expert)
-        w_row = safe * N + n  # expert `safe`'s weight rows
+        row, row_ok, w_row, n_ok, k_end = grouped_tile(
+            tiles_ptr, perm_ptr, ids_ptr, n, N, K, E, BLOCK_M, HAS_PERM
+        )
     else:
         row = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = row < M
@@ -336,13 +318,7 @@ def w4a8_kernel(
         BLOCK_N,
         SUB,
     )
-    g = tl.load(row_g_ptr + w_row, mask=n_ok, other=0.0)  # the global after accumulation
-    y = round_out(acc * g[None, :], out_ptr.dtype.element_ty)
-    tl.store(
-        out_ptr + row[:, None] * stride_om + n[None, :],
-        y,
-        mask=row_ok[:, None] & n_mask[None, :],
-    )
+    store_rows(acc, row_g_ptr, w_row, n_ok, out_ptr, row, row_ok, n, n_mask, stride_om)
 
 
 # --------------------------------------------------------------------- FP8 matmul
