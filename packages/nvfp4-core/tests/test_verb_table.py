@@ -110,7 +110,7 @@ def test_the_front_ends_matmul_verbs_take_their_table_entrys_arguments() -> None
     """Each matmul verb's arguments are those of its entry (experts: ``expert_ids`` and
     ``sorted_indices``; a static scale: ``input_scale``), with their defaults, and others are
     refused by name; ``verb(name)`` is the same function."""
-    ref = Backend(ReferenceKernels())
+    ref = Frontend(ReferenceKernels())
     params = {name: list(inspect.signature(getattr(ref, name)).parameters) for name in KERNELS}
     assert params["qmm"] == params["qmm_w4a8"] == ["x", "w", "out_dtype"]
     assert (
