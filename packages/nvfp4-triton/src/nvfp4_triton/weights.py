@@ -21,32 +21,24 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from nvfp4.planes import NVFP4Planes, PlaneError, validate
+from nvfp4.shapes import PreparedFacts
 from nvfp4.spec import BLOCK_SIZE
 
 __all__ = ["DeviceWeight", "host_array", "upload"]
 
 
 @dataclass(eq=False, frozen=True)
-class DeviceWeight:
-    """NVFP4 planes on a torch device.
+class DeviceWeight(PreparedFacts):
+    """NVFP4 planes on a torch device: the facts of :class:`nvfp4.shapes.PreparedFacts`,
+    then
 
     Attributes:
-        name: the tensor's name (every error names it).
-        n, k: output rows per expert and contraction length.
-        num_experts: ``E`` for an expert stack, else ``None``.
-        partitions, global_scale: as in the planes (kept for :meth:`to_planes`).
         codes: uint8 ``[rows, K/2]``; ``rows = E * N`` (expert ``e`` at rows ``e*N..``).
         scales: uint8 ``[rows, K/16]``, linear.
         row_g: float32 ``[rows]``, the global of every row.
         extras: layouts a backend derived from this weight (cached, backend-private).
     """
 
-    name: str
-    n: int
-    k: int
-    num_experts: int | None
-    partitions: tuple[int, ...] | None
-    global_scale: npt.NDArray[np.float32]
     codes: Any
     scales: Any
     row_g: Any
