@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import pytest
 from nvfp4 import quantize
+from nvfp4.testing import llama_layer_shapes
 from nvfp4_checkpoints import (
     CheckpointError,
     open_checkpoint,
@@ -70,15 +71,7 @@ def _tiny_model(path: Path, vocab_size: int) -> Path:
     """A one-layer Llama in ModelOpt layout (NVFP4 linears, f16 tied embeddings)."""
     h, inter = 64, 128
     rng = np.random.default_rng(0)
-    shapes = {
-        "self_attn.q_proj": (h, h),
-        "self_attn.k_proj": (32, h),
-        "self_attn.v_proj": (32, h),
-        "self_attn.o_proj": (h, h),
-        "mlp.gate_proj": (inter, h),
-        "mlp.up_proj": (inter, h),
-        "mlp.down_proj": (h, inter),
-    }
+    shapes = llama_layer_shapes(h, inter, kv=32)
     planes = {
         f"model.layers.0.{k}": quantize(
             rng.standard_normal(s).astype(np.float32), name=f"model.layers.0.{k}"

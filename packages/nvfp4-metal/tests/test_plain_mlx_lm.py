@@ -22,6 +22,7 @@ import pytest
 from nvfp4 import quantize
 from nvfp4.fusion import fuse
 from nvfp4.planes import NVFP4Planes
+from nvfp4.testing import llama_layer_shapes
 from nvfp4_checkpoints import open_checkpoint, write_checkpoint
 from nvfp4_metal.loader import NoTokenizerWarning
 
@@ -56,15 +57,7 @@ def _tokenizer_dir(path: Path) -> Path:
     return path
 
 
-_PROJECTIONS = {
-    "self_attn.q_proj": (HIDDEN, HIDDEN),
-    "self_attn.k_proj": (32, HIDDEN),
-    "self_attn.v_proj": (32, HIDDEN),
-    "self_attn.o_proj": (HIDDEN, HIDDEN),
-    "mlp.gate_proj": (INTER, HIDDEN),
-    "mlp.up_proj": (INTER, HIDDEN),
-    "mlp.down_proj": (HIDDEN, INTER),
-}
+_PROJECTIONS = llama_layer_shapes(HIDDEN, INTER, kv=32)
 #: Phi-3's fused linears: one NVFP4 tensor of several partitions, each with its own global.
 EXPERTS, MOE_INTER, HEAD_DIM = 4, 64, 16
 _EXPERT_PROJECTIONS = {

@@ -4,7 +4,8 @@ share. Installed code imports it, so nothing here imports pytest at module level
 * :mod:`nvfp4.testing.errors` - the spec's matmul error measure ``max|y - ref| / max|ref|``
   (:func:`relative_error`, :func:`error_figures`, :func:`assert_within`);
 * :mod:`nvfp4.testing.data` - seeded test weights and activations (:func:`random_planes`,
-  :func:`realistic_weight`, :func:`activations`) and :func:`raw_planes` (unchecked);
+  :func:`realistic_weight`, :func:`activations`, the shapes of a Llama layer
+  :func:`llama_layer_shapes`) and :func:`raw_planes` (unchecked);
 * :mod:`nvfp4.testing.modules` - :func:`module_from_file`: a script, benchmark or build
   hook that is not an installed module, imported from its path;
 * :mod:`nvfp4.testing.properties` - Hypothesis settings and strategies of the property
@@ -17,7 +18,14 @@ share. Installed code imports it, so nothing here imports pytest at module level
 
 from __future__ import annotations
 
-from .data import activations, globals_for, random_planes, raw_planes, realistic_weight
+from .data import (
+    activations,
+    globals_for,
+    llama_layer_shapes,
+    random_planes,
+    raw_planes,
+    realistic_weight,
+)
 from .errors import as_float64, assert_within, error_figures, relative_error
 from .modules import module_from_file
 from .oracles import OPTIONAL_ORACLE, REQUIRE_ORACLES_ENV, pytest_configure, pytest_sessionfinish
@@ -30,6 +38,7 @@ __all__ = [
     "assert_within",
     "error_figures",
     "globals_for",
+    "llama_layer_shapes",
     "module_from_file",
     "pytest_configure",
     "pytest_sessionfinish",

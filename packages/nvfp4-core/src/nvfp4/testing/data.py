@@ -19,7 +19,28 @@ from ..dtypes import OUTPUT_DTYPES
 from ..planes import NVFP4Planes
 from ..spec import BLOCK_SIZE, GLOBAL_AMAX_DIVISOR
 
-__all__ = ["activations", "globals_for", "random_planes", "raw_planes", "realistic_weight"]
+__all__ = [
+    "activations",
+    "globals_for",
+    "llama_layer_shapes",
+    "random_planes",
+    "raw_planes",
+    "realistic_weight",
+]
+
+
+def llama_layer_shapes(hidden: int, intermediate: int, kv: int) -> dict[str, tuple[int, int]]:
+    """The seven linear weights of one Llama decoder layer, ``(N, K)`` by their name under
+    ``model.layers.<i>.``: attention q/k/v/o (k and v ``kv`` rows) and the gated MLP."""
+    return {
+        "self_attn.q_proj": (hidden, hidden),
+        "self_attn.k_proj": (kv, hidden),
+        "self_attn.v_proj": (kv, hidden),
+        "self_attn.o_proj": (hidden, hidden),
+        "mlp.gate_proj": (intermediate, hidden),
+        "mlp.up_proj": (intermediate, hidden),
+        "mlp.down_proj": (hidden, intermediate),
+    }
 
 
 def globals_for(
