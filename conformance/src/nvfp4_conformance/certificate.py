@@ -201,7 +201,7 @@ def build_certificate(run: ConformanceRun) -> dict[str, Any]:
         result = "partial"
     else:
         result = "certified"
-    # the kernels object core's nvfp4.Backend wraps is where the backend's code lives
+    # the kernels object core's nvfp4.Frontend wraps is where the backend's code lives
     backend_module = type(getattr(run.backend, "kernels", run.backend)).__module__
     left_out = _left_out(run)
     tests = [

@@ -20,7 +20,7 @@ import numpy.typing as npt
 import nvfp4
 import pytest
 from nvfp4 import reference
-from nvfp4.backend import CAPABILITIES, Availability, Backend
+from nvfp4.backend import CAPABILITIES, Availability, Frontend
 from nvfp4.planes import NVFP4Planes, PlaneError
 from nvfp4.reference_backend import ReferenceKernels
 from nvfp4.registry import (
@@ -111,7 +111,7 @@ def auto() -> tuple[Any, list[str]]:
 def assert_fell_back(b: Any) -> None:
     """Automatic choice skipped the fake plugin; with nothing else installed it is the
     reference backend."""
-    assert isinstance(b, Backend)
+    assert isinstance(b, Frontend)
     assert b.info.name != FAKE
     assert b.availability().ok
     if set(discover()) <= {"reference", FAKE}:
@@ -152,7 +152,7 @@ def test_no_installed_backend_claims_an_unreleased_spec_version() -> None:
 
 def test_get_backend_default_is_an_available_backend() -> None:
     b, _ = auto()
-    assert isinstance(b, Backend)
+    assert isinstance(b, Frontend)
     assert b.availability().ok
     assert set(b.info.spec_versions) & set(nvfp4.SUPPORTED_SPEC_VERSIONS)
     if set(discover()) == {"reference"}:
@@ -162,7 +162,7 @@ def test_get_backend_default_is_an_available_backend() -> None:
 
 def test_get_backend_reference_by_name() -> None:
     b = get_backend("reference")
-    assert isinstance(b, nvfp4.Backend)
+    assert isinstance(b, nvfp4.Frontend)
     assert isinstance(b.kernels, ReferenceKernels)
     assert b.info.name == "reference"
     assert nvfp4.get_backend is get_backend
@@ -238,7 +238,7 @@ def test_a_available_plugin_with_higher_priority_is_chosen(
 ) -> None:
     install_plugin(tmp_path, monkeypatch, priority=10**6)
     b, caught = auto()
-    assert isinstance(b, Backend)
+    assert isinstance(b, Frontend)
     assert b.info.name == FAKE
     assert not [m for m in caught if FAKE in m]
     assert get_backend(FAKE).info.name == FAKE
@@ -375,7 +375,7 @@ def assert_same(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> None:
 
 def test_reference_backend_info() -> None:
     b = get_backend("reference")
-    assert isinstance(b, Backend)
+    assert isinstance(b, Frontend)
     assert b.info.name == "reference"
     assert nvfp4.SPEC_VERSION in b.info.spec_versions
     assert b.info.capabilities <= set(CAPABILITIES)

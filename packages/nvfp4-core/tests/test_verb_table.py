@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import nvfp4
 import pytest
-from nvfp4 import Backend, contract, quantize, reference, verbs
+from nvfp4 import Frontend, contract, quantize, reference, verbs
 from nvfp4.contract import CAPABILITIES, KERNELS, OPTIONAL_CAPABILITIES, VERBS, Verb
 from nvfp4.reference_backend import ReferenceKernels
 
@@ -28,7 +28,7 @@ def test_the_kernel_contract_and_capabilities_derive_from_the_table() -> None:
     assert {v.kind for v in VERBS.values()} == {"matmul", "encode", "decode"}
     # every verb of the table is a method of the front end, checked as its kind is
     for name in VERBS:
-        assert callable(getattr(Backend(ReferenceKernels()), name))
+        assert callable(getattr(Frontend(ReferenceKernels()), name))
 
 
 def _relu_reference(x: Any, planes: Any) -> Any:
@@ -60,7 +60,7 @@ def toy_verb(monkeypatch: pytest.MonkeyPatch) -> Verb:
 def test_a_new_verb_is_a_table_entry_a_reference_and_a_kernel(toy_verb: Verb) -> None:
     planes = quantize(RNG.standard_normal((24, 64)).astype(np.float32), name="toy.weight")
     x = RNG.standard_normal((2, 3, 64)).astype(np.float32)  # [..., K]: core reshapes
-    toy = Backend(_ToyKernels())
+    toy = Frontend(_ToyKernels())
     assert toy.has("qmm_relu")
     y = toy.qmm_relu(x, toy.prepare(planes))
     want = _relu_reference(x.reshape(6, 64), planes).reshape(2, 3, 24)
@@ -75,7 +75,7 @@ def test_a_new_verb_is_a_table_entry_a_reference_and_a_kernel(toy_verb: Verb) ->
     with pytest.raises(ValueError, match="qmm_relu"):
         toy.qmm_relu(np.ones((2, 48), np.float32), planes)
     # a backend without the kernel refuses it by name
-    ref = Backend(ReferenceKernels())
+    ref = Frontend(ReferenceKernels())
     assert not ref.has("qmm_relu")
     with pytest.raises(NotImplementedError, match="has no qmm_relu kernel"):
         ref.qmm_relu(x, planes)
@@ -83,7 +83,7 @@ def test_a_new_verb_is_a_table_entry_a_reference_and_a_kernel(toy_verb: Verb) ->
 
 def test_a_verb_outside_the_table_is_not_a_verb() -> None:
     with pytest.raises(AttributeError):
-        Backend(ReferenceKernels()).qmm_relu
+        Frontend(ReferenceKernels()).qmm_relu
     with pytest.raises(AttributeError, match="qmm_relu"):
         verbs.qmm_relu
 
@@ -95,7 +95,7 @@ def test_the_module_level_matmul_verbs_take_the_front_ends_arguments() -> None:
         verb = getattr(verbs, name)
         assert verb.__name__ == name
         assert getattr(nvfp4, name) is verb
-        own = list(inspect.signature(getattr(Backend, name)).parameters.values())[1:]
+        own = list(inspect.signature(getattr(Frontend, name)).parameters.values())[1:]
         assert list(inspect.signature(verb).parameters.values()) == own
     assert list(inspect.signature(verbs.gather_qmm).parameters) == [
         "x",
@@ -110,7 +110,7 @@ def test_the_front_ends_matmul_verbs_take_their_table_entrys_arguments() -> None
     """Each matmul verb's arguments are those of its entry (experts: ``expert_ids`` and
     ``sorted_indices``; a static scale: ``input_scale``), with their defaults, and others are
     refused by name; ``verb(name)`` is the same function."""
-    ref = Backend(ReferenceKernels())
+    ref = Frontend(ReferenceKernels())
     params = {name: list(inspect.signature(getattr(ref, name)).parameters) for name in KERNELS}
     assert params["qmm"] == params["qmm_w4a8"] == ["x", "w", "out_dtype"]
     assert (

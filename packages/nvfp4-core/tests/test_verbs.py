@@ -108,8 +108,8 @@ def rec() -> Recorder:
 
 
 @pytest.fixture
-def b(rec: Recorder) -> nvfp4.Backend:
-    return nvfp4.Backend(rec)
+def b(rec: Recorder) -> nvfp4.Frontend:
+    return nvfp4.Frontend(rec)
 
 
 # ------------------------------------------------------------------ the contract
@@ -119,10 +119,10 @@ def test_recorder_satisfies_the_protocol(rec: Recorder) -> None:
 
 def test_not_a_kernels_object_is_refused() -> None:
     with pytest.raises(TypeError, match="lacks availability, prepare, from_numpy, to_numpy"):
-        nvfp4.Backend(types.SimpleNamespace(info=None))  # type: ignore[arg-type]
+        nvfp4.Frontend(types.SimpleNamespace(info=None))  # type: ignore[arg-type]
 
 
-def test_leading_axes_are_reshaped_by_core(b: nvfp4.Backend, rec: Recorder) -> None:
+def test_leading_axes_are_reshaped_by_core(b: nvfp4.Frontend, rec: Recorder) -> None:
     p = _planes()
     w = b.prepare(p)
     x = np.random.default_rng(0).standard_normal((2, 3, 32)).astype(np.float16)
@@ -133,7 +133,7 @@ def test_leading_axes_are_reshaped_by_core(b: nvfp4.Backend, rec: Recorder) -> N
     np.testing.assert_array_equal(y, reference.qmm(x, p, out_dtype=np.float16))
 
 
-def test_strided_x_arrives_contiguous(b: nvfp4.Backend) -> None:
+def test_strided_x_arrives_contiguous(b: nvfp4.Frontend) -> None:
     w = b.prepare(_planes())
     x = np.random.default_rng(1).standard_normal((4, 64)).astype(np.float32)[:, ::2]
     assert not x.flags.c_contiguous
@@ -143,7 +143,7 @@ def test_strided_x_arrives_contiguous(b: nvfp4.Backend) -> None:
     )
 
 
-def test_float64_is_rounded_once_and_widened_back(b: nvfp4.Backend, rec: Recorder) -> None:
+def test_float64_is_rounded_once_and_widened_back(b: nvfp4.Frontend, rec: Recorder) -> None:
     w = b.prepare(_planes())
     x = np.random.default_rng(2).standard_normal((3, 32))
     y = b.qmm(x, w)
@@ -154,7 +154,7 @@ def test_float64_is_rounded_once_and_widened_back(b: nvfp4.Backend, rec: Recorde
     )
 
 
-def test_empty_m_never_reaches_a_kernel(b: nvfp4.Backend, rec: Recorder) -> None:
+def test_empty_m_never_reaches_a_kernel(b: nvfp4.Frontend, rec: Recorder) -> None:
     w = b.prepare(_planes())
     y = b.qmm(np.zeros((0, 32), BF16), w)
     assert y.shape == (0, 6)
@@ -231,7 +231,7 @@ def test_empty_m_never_reaches_a_kernel(b: nvfp4.Backend, rec: Recorder) -> None
     ],
 )
 def test_every_refusal_happens_before_any_kernel(
-    b: nvfp4.Backend, rec: Recorder, call: Any, message: str
+    b: nvfp4.Frontend, rec: Recorder, call: Any, message: str
 ) -> None:
     w, m = b.prepare(_planes()), b.prepare(_planes(experts=2))
     rec.calls.clear()
@@ -240,7 +240,7 @@ def test_every_refusal_happens_before_any_kernel(
     assert rec.calls == []
 
 
-def test_invalid_planes_never_reach_prepare(b: nvfp4.Backend, rec: Recorder) -> None:
+def test_invalid_planes_never_reach_prepare(b: nvfp4.Frontend, rec: Recorder) -> None:
     p = _planes()
     bad = p.scales.copy()
     bad[0, 0] = 0x7F
@@ -253,7 +253,7 @@ def test_invalid_planes_never_reach_prepare(b: nvfp4.Backend, rec: Recorder) -> 
     assert rec.calls == []
 
 
-def test_the_sorted_hint_is_checked_on_host_ids(b: nvfp4.Backend) -> None:
+def test_the_sorted_hint_is_checked_on_host_ids(b: nvfp4.Frontend) -> None:
     p = _planes(experts=3)
     w = b.prepare(p)
     x = np.random.default_rng(3).standard_normal((4, 32)).astype(np.float32)
@@ -271,7 +271,7 @@ def test_an_absent_kernel_is_named() -> None:
     class QmmOnly(Recorder):
         gather_qmm = None  # type: ignore[assignment]
 
-    b = nvfp4.Backend(QmmOnly(frozenset({"qmm"})))
+    b = nvfp4.Frontend(QmmOnly(frozenset({"qmm"})))
     with pytest.raises(NotImplementedError, match=r"backend 'recorder' has no gather_qmm kernel"):
         b.gather_qmm(np.ones((1, 32), np.float32), _planes(experts=2), [0])
     assert not b.has("gather_qmm")
@@ -279,23 +279,23 @@ def test_an_absent_kernel_is_named() -> None:
 
 
 def test_w4a4_runs_only_where_declared() -> None:
-    b = nvfp4.Backend(Recorder(frozenset({"qmm"})))
+    b = nvfp4.Frontend(Recorder(frozenset({"qmm"})))
     with pytest.raises(NotImplementedError, match="does not declare the 'w4a4' capability"):
         b.qmm_w4a4(np.ones((1, 32), np.float32), _planes())
     assert not b.has("qmm_w4a4")
 
 
-def test_weights_of_another_backend_are_refused(b: nvfp4.Backend) -> None:
-    other = nvfp4.Backend(Recorder())
+def test_weights_of_another_backend_are_refused(b: nvfp4.Frontend) -> None:
+    other = nvfp4.Frontend(Recorder())
     w = other.prepare(_planes())
     with pytest.raises(TypeError, match="prepared by backend 'recorder', not 'recorder'"):
         b.qmm(np.ones((1, 32), np.float32), w)
-    with pytest.raises(TypeError, match=r"expected a weight from Backend\.prepare\(\)"):
+    with pytest.raises(TypeError, match=r"expected a weight from Frontend\.prepare\(\)"):
         b.qmm(np.ones((1, 32), np.float32), {"codes": 1})
 
 
 # ------------------------------------------------------------- prepared handles
-def test_prepared_handles_cannot_be_edited(b: nvfp4.Backend) -> None:
+def test_prepared_handles_cannot_be_edited(b: nvfp4.Frontend) -> None:
     p = _planes(n=10, k=48)
     w = b.prepare(p)
     assert (w.name, w.shape, w.n, w.k, w.num_experts, w.partitions) == (
@@ -312,7 +312,7 @@ def test_prepared_handles_cannot_be_edited(b: nvfp4.Backend) -> None:
         del w.name
     with pytest.raises(TypeError):
         dataclasses.replace(w, shape=(32, 48))  # type: ignore[type-var]
-    with pytest.raises(TypeError, match=r"made by Backend\.prepare"):
+    with pytest.raises(TypeError, match=r"made by Frontend\.prepare"):
         nvfp4.Prepared()
     assert copy.copy(w) is w
     assert copy.deepcopy(w) is w
@@ -321,7 +321,7 @@ def test_prepared_handles_cannot_be_edited(b: nvfp4.Backend) -> None:
     assert b.to_planes(w) is p
 
 
-def test_module_level_verbs(b: nvfp4.Backend) -> None:
+def test_module_level_verbs(b: nvfp4.Frontend) -> None:
     p = _planes(experts=2)
     x = np.random.default_rng(4).standard_normal((3, 32)).astype(np.float32)
     ids = np.array([1, 0, 1])
@@ -337,7 +337,7 @@ def test_module_level_verbs(b: nvfp4.Backend) -> None:
     assert q.codes.tobytes() == reference.quantize_activations(x).codes.tobytes()
 
 
-def test_backend_facts_read_through(b: nvfp4.Backend, rec: Recorder) -> None:
+def test_backend_facts_read_through(b: nvfp4.Frontend, rec: Recorder) -> None:
     assert b.calls is rec.calls
     assert b.name == "recorder"
     with pytest.raises(AttributeError):
@@ -357,7 +357,7 @@ def _doc_adapter() -> tuple[str, types.ModuleType]:
 def test_the_documented_adapter_is_small_and_correct() -> None:
     source, module = _doc_adapter()
     assert len(source.splitlines()) < 100
-    b = nvfp4.Backend(module.backend())
+    b = nvfp4.Frontend(module.backend())
     assert isinstance(b.kernels, Kernels)
     rng = np.random.default_rng(5)
     p = nvfp4.quantize(

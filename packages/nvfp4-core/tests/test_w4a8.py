@@ -203,7 +203,7 @@ def test_undeclared_w4a8_is_not_run() -> None:
 
     kernels = ReferenceKernels()
     kernels.info = replace(kernels.info, capabilities=kernels.info.capabilities - {"w4a8"})
-    backend = nvfp4.Backend(kernels)
+    backend = nvfp4.Frontend(kernels)
     assert not backend.has("qmm_w4a8")
     assert backend.has("qmm_w4a8_fp8")
     w = backend.prepare(ref.quantize(np.ones((2, 32), np.float32)))

@@ -546,8 +546,11 @@ static const nv_matmul_kernel *nv_w4a16_kernel(int isa) {
     return kern ? &kern->mm : NULL;
 }
 
-/* W4A16: float32 panels, one operation per element to make. */
-static const nv_matmul nv_w4a16 = {nv_w4a16_kernel, NV_BLOCK, nv_mm_row_bytes, nv_mm_fill, 1, 1};
+/* W4A16: float32 panels, a transposition the calling thread makes alone (fill_ops 0: one
+ * thread), as before the driver was shared. Made in parallel they measured 1.11x and 1.13x
+ * the time at M = 128 (4096 x 4096, AVX2 and AVX-512, best of 3 on a 2-vCPU VM at load 5-8,
+ * whose noise is as large): no gain shown, so the old schedule stays. */
+static const nv_matmul nv_w4a16 = {nv_w4a16_kernel, NV_BLOCK, nv_mm_row_bytes, nv_mm_fill, 0, 1};
 
 /* W4A16 y = x @ w^T: codes/scales tiled (see nvfp4cpu.h), rowg [tiles * 16], x [m][k]
  * float32 contiguous, out [m][n] float32. */

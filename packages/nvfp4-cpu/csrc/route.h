@@ -66,7 +66,8 @@ typedef struct {
     int64_t kblock;                  /* K: a positive multiple of it */
     int64_t (*row_bytes)(int64_t k); /* panel bytes of one row of x (the same for every row) */
     nv_task fill;                    /* makes the panels of chunks [lo, hi); ctx: nv_matmul_job */
-    int64_t fill_ops;                /* operations per element of x that `fill` costs */
+    int64_t fill_ops;                /* operations per element of x that `fill` costs (0: the
+                                        calling thread makes every panel) */
     int64_t macs_per_work;           /* multiply-adds per unit of work: 1, 2 where they cost half */
 } nv_matmul;
 

@@ -32,7 +32,7 @@ def huge_planes(kind: str, experts: bool) -> NVFP4Planes:
     return NVFP4Planes(codes=codes, scales=scales, global_scale=g, name="huge")
 
 
-VERBS: dict[str, Callable[[nvfp4.Backend, NVFP4Planes, Any], Any]] = {
+VERBS: dict[str, Callable[[nvfp4.Frontend, NVFP4Planes, Any], Any]] = {
     "prepare": lambda b, p, x: b.prepare(p),
     "dequantize": lambda b, p, x: b.dequantize(p),
     "dequantize float16": lambda b, p, x: b.dequantize(p, "float16"),

@@ -80,7 +80,7 @@ def test_prepare_refuses_non_planes_and_verbs_refuse_foreign_handles() -> None:
     b = CPUBackend()
     with pytest.raises(PlaneError, match="planes type"):
         b.prepare(np.zeros((2, 8), np.uint8))  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match=r"Backend\.prepare"):
+    with pytest.raises(TypeError, match=r"Frontend\.prepare"):
         b.qmm(np.ones((1, 16), np.float32), {"codes": 1})
 
 

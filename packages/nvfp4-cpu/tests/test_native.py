@@ -14,7 +14,7 @@ import numpy as np
 import nvfp4
 import pytest
 from cpu_helpers import cpuinfo_flags
-from nvfp4.backend import Backend
+from nvfp4.backend import Frontend
 from nvfp4_cpu import CPUBackend, IsaUnavailable, backend
 from nvfp4_cpu._native import ISA_LEVELS, Native, resolve_isa, resolve_threads
 
@@ -186,7 +186,7 @@ def test_availability_names_the_isa_and_threads(native: Native) -> None:
 
 def test_backend_contract_and_info() -> None:
     b = backend()
-    assert isinstance(b, Backend)
+    assert isinstance(b, Frontend)
     assert b.info.name == "cpu"
     assert b.info.priority > 0
     assert b.info.package == "nvfp4-cpu"

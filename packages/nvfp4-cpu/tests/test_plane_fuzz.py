@@ -186,7 +186,7 @@ def draw(seed: tuple[int, str, int], allowed: set[str]) -> Case:
     return case
 
 
-def call(backend: nvfp4.Backend, case: Case) -> Any:
+def call(backend: nvfp4.Frontend, case: Case) -> Any:
     assert case.planes is not None
     if case.verb == "prepare":
         backend.prepare(case.planes)

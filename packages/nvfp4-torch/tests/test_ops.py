@@ -281,7 +281,7 @@ def test_a_new_verb_of_the_table_gets_its_operator(monkeypatch: pytest.MonkeyPat
         def qmm_relu_t(self, x: Any, w: Any, *, out_dtype: str) -> Any:
             return np.maximum(self.qmm(x, w, out_dtype=out_dtype), 0)
 
-    torch_ops.use_backend("cpu", nvfp4.Backend(Toy()))
+    torch_ops.use_backend("cpu", nvfp4.Frontend(Toy()))
     op = torch_ops.register("qmm_relu_t")
     assert torch_ops.register("qmm_relu_t") is op  # once
     planes = _planes(24, 64, 31)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from nvfp4 import reference
-from nvfp4.backend import Backend
+from nvfp4.backend import Frontend
 from nvfp4.planes import NVFP4Planes, PlaneError
 from nvfp4_triton.backend import Platform, TritonKernels, torch_dtype
 from nvfp4_triton.testing import check_close
@@ -38,8 +38,8 @@ class BrokenKernels(TritonKernels):
 
 
 @pytest.fixture
-def b() -> Backend:
-    return Backend(InterpreterKernels())
+def b() -> Frontend:
+    return Frontend(InterpreterKernels())
 
 
 def _planes(n: int = 12, k: int = 64, experts: int | None = None) -> NVFP4Planes:
@@ -48,8 +48,8 @@ def _planes(n: int = 12, k: int = 64, experts: int | None = None) -> NVFP4Planes
     return reference.quantize(rng.standard_normal(shape).astype(np.float32), name="bw")
 
 
-def test_protocol_and_info(b: Backend) -> None:
-    assert isinstance(b, Backend)
+def test_protocol_and_info(b: Frontend) -> None:
+    assert isinstance(b, Frontend)
     assert b.availability().ok
     assert b.availability().device == "Triton interpreter on CPU"
     assert "w4a4" not in b.info.capabilities
@@ -61,10 +61,10 @@ def test_detection_failure_is_reported_not_raised() -> None:
     assert not a.ok
     assert "driver exploded" in a.reason
     with pytest.raises(RuntimeError, match="driver exploded"):
-        Backend(BrokenKernels()).prepare(_planes())
+        Frontend(BrokenKernels()).prepare(_planes())
 
 
-def test_qmm_default_dtype_leading_axes_and_numpy_input(b: Backend) -> None:
+def test_qmm_default_dtype_leading_axes_and_numpy_input(b: Frontend) -> None:
     planes = _planes()
     w = b.prepare(planes)
     assert isinstance(w.payload, DeviceWeight)
@@ -80,7 +80,7 @@ def test_qmm_default_dtype_leading_axes_and_numpy_input(b: Backend) -> None:
     assert y32.dtype == torch.float32
 
 
-def test_verbs_refuse_malformed_planes(b: Backend) -> None:
+def test_verbs_refuse_malformed_planes(b: Frontend) -> None:
     p = _planes()
     bad = object.__new__(NVFP4Planes)
     for f, v in (
@@ -107,7 +107,7 @@ def test_verbs_refuse_malformed_planes(b: Backend) -> None:
         b.prepare(content)
 
 
-def test_x_checks(b: Backend) -> None:
+def test_x_checks(b: Frontend) -> None:
     w = b.prepare(_planes())
     with pytest.raises(ValueError, match="K = 64"):
         b.qmm(torch.ones(2, 48), w)
@@ -121,7 +121,7 @@ def test_x_checks(b: Backend) -> None:
         b.qmm_w4a4(torch.ones(2, 64), w)
 
 
-def test_gather_and_dequantize_and_quantize(b: Backend) -> None:
+def test_gather_and_dequantize_and_quantize(b: Frontend) -> None:
     planes = _planes(experts=3)
     w = b.prepare(planes)
     x = np.random.default_rng(1).standard_normal((5, 64)).astype(np.float16)
@@ -183,7 +183,7 @@ class NoFP8Kernels(InterpreterKernels):
         return False
 
 
-def test_w4a8_verbs(b: Backend) -> None:
+def test_w4a8_verbs(b: Frontend) -> None:
     """The W4A8 verbs through core: capabilities declared under the interpreter, leading
     axes, numpy input, the default output dtype, the encoders' planes bit-exact."""
     assert {"w4a8", "w4a8_fp8"} <= b.info.capabilities
@@ -229,7 +229,7 @@ def test_w4a8_verbs(b: Backend) -> None:
 def test_w4a8_fp8_absent_without_fp8_tensor_cores() -> None:
     """Not declared, refused by core's verb and by the kernel itself: never emulated."""
     kernels = NoFP8Kernels()
-    b = Backend(kernels)
+    b = Frontend(kernels)
     assert "w4a8" in b.info.capabilities
     assert "w4a8_fp8" not in b.info.capabilities
     w = b.prepare(_planes())
@@ -241,7 +241,7 @@ def test_w4a8_fp8_absent_without_fp8_tensor_cores() -> None:
         kernels.quantize_activations_fp8(torch.ones(2, 64), input_scale=None)
 
 
-def test_views_with_negative_strides_agree_with_the_reference(b: Backend) -> None:
+def test_views_with_negative_strides_agree_with_the_reference(b: Frontend) -> None:
     """A one-row plane with its rows reversed (numpy calls it contiguous: the stride of a
     length-1 axis does not count, but torch refuses the negative stride) and activations
     likewise: the reference accepts both, so must the backend (the plane fuzz's seed 1

@@ -9,16 +9,17 @@
   ``nvfp4`` CLI, are the separate package nvfp4-checkpoints: ``import nvfp4_checkpoints``);
 * the verbs (:func:`prepare`, :func:`qmm`, :func:`gather_qmm`, :func:`dequantize`,
   :func:`quantize_activations`, :func:`qmm_w4a4`, and spec 1.1's W4A8 verbs
-  :func:`qmm_w4a8`, :func:`gather_qmm_w4a8`, :func:`qmm_w4a8_fp8`) and :class:`Backend`, which checks every
+  :func:`qmm_w4a8`, :func:`gather_qmm_w4a8`, :func:`qmm_w4a8_fp8`) and :class:`Frontend`, which checks every
   argument once and calls a backend's kernels (:mod:`nvfp4.contract`, the narrow contract a
   backend implements); :func:`get_backend` and :mod:`nvfp4.registry` find the backends.
 """
 
 from __future__ import annotations
 
+from ._moved import renamed
 from ._version import __version__
 from .activations import FP8Activations, Q8Activations
-from .backend import Backend, Prepared
+from .backend import Frontend, Prepared
 from .contract import Availability, BackendInfo, Kernels
 from .planes import NVFP4Planes, PlaneError, validate
 from .reference import quantize
@@ -41,10 +42,10 @@ __all__ = [
     "SPEC_VERSION",
     "SUPPORTED_SPEC_VERSIONS",
     "Availability",
-    "Backend",
     "BackendInfo",
     "BackendUnavailable",
     "FP8Activations",
+    "Frontend",
     "Kernels",
     "NVFP4Planes",
     "PlaneError",
@@ -67,3 +68,6 @@ __all__ = [
     "to_planes",
     "validate",
 ]
+
+#: ``nvfp4.Backend``: :class:`Frontend`'s old name, one release (warns).
+__getattr__ = renamed(__name__, {"Backend": ("Frontend", Frontend)})

@@ -1,5 +1,6 @@
-"""Deprecated aliases of modules that moved to another distribution: the old import path
-keeps working for one release, with a ``DeprecationWarning`` naming the new one.
+"""Deprecated aliases, kept one release, each with a ``DeprecationWarning`` naming what
+replaces it: modules that moved to another distribution (:func:`moved`) and names that were
+renamed (:func:`renamed`).
 
 An alias module holds one line, ``__getattr__ = moved(__name__, "new.module", "dist")``. The
 new module is imported by name at run time, so nvfp4-core carries no import of it (core
@@ -14,7 +15,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["moved"]
+__all__ = ["moved", "renamed"]
 
 
 def moved(old: str, new: str, distribution: str) -> Callable[[str], Any]:
@@ -36,5 +37,25 @@ def moved(old: str, new: str, distribution: str) -> Callable[[str], Any]:
 
     def forward(name: str) -> Any:
         return getattr(target, name)
+
+    return forward
+
+
+def renamed(module: str, aliases: dict[str, tuple[str, Any]]) -> Callable[[str], Any]:
+    """The module ``__getattr__`` of ``module`` that serves each old name in ``aliases``
+    (old name -> (new name, object)) with a ``DeprecationWarning``, and raises
+    ``AttributeError`` for any other missing name."""
+
+    def forward(name: str) -> Any:
+        if name not in aliases:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        new, obj = aliases[name]
+        warnings.warn(
+            f"{module}.{name} is renamed {module}.{new}; the alias {name} is removed in the "
+            "next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return obj
 
     return forward

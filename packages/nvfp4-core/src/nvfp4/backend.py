@@ -1,7 +1,14 @@
-"""The verbs, owned by core: :class:`Backend` wraps a backend's kernels
+"""The verbs, owned by core: :class:`Frontend` wraps a backend's kernels
 (:class:`nvfp4.contract.Kernels`) and :class:`Prepared` is the handle of a prepared weight.
 
-:func:`nvfp4.get_backend` returns a :class:`Backend`. Each verb checks its arguments with
+Three names, one meaning each: a *backend* is an installed implementation (``cpu``,
+``cuda``, a third-party engine's adapter); its *kernels* are the narrow contract it implements
+(:class:`nvfp4.contract.Kernels`); the *front end* (:class:`Frontend`) is what users call, the
+same checked verbs over any backend's kernels. :func:`nvfp4.get_backend` returns the named
+backend's front end (a backend package may subclass :class:`Frontend`, as ``CPUBackend``
+does); each backend's entry-point factory, ``backend()``, returns the same. ``Backend``, the
+class's name in 0.1, is a deprecated alias for one release.
+ Each verb checks its arguments with
 :mod:`nvfp4.frontend`, validates planes, reshapes ``[..., K]`` inputs to ``[M, K]``,
 resolves the output dtype, handles ``M = 0`` itself, and only then calls the kernel, whose
 result it reshapes back. A backend therefore contains no argument checking of its own, and
@@ -21,6 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import frontend
+from ._moved import renamed
 from .activations import FP8Activations, Q8Activations
 from .contract import (
     CAPABILITIES,
@@ -37,8 +45,8 @@ from .shapes import WeightShape
 __all__ = [
     "CAPABILITIES",
     "Availability",
-    "Backend",
     "BackendInfo",
+    "Frontend",
     "Kernels",
     "Prepared",
 ]
@@ -50,7 +58,7 @@ class Prepared(WeightShape):
 
     It records what the verbs check (``name``, ``shape``, ``num_experts``, ``partitions``)
     from the validated planes it was made from; the backend's own form of the weight is
-    private. Made only by :meth:`Backend.prepare`; attributes cannot be set or deleted, so a
+    private. Made only by :meth:`Frontend.prepare`; attributes cannot be set or deleted, so a
     handle cannot be edited into a shape its payload does not have.
     """
 
@@ -59,14 +67,14 @@ class Prepared(WeightShape):
     name: str
     shape: tuple[int, ...]
     partitions: tuple[int, ...] | None
-    _backend: Backend
+    _backend: Frontend
     _payload: Any
 
     def __init__(self, *_: Any, **__: Any) -> None:
-        raise TypeError("Prepared weights are made by Backend.prepare(planes)")
+        raise TypeError("Prepared weights are made by Frontend.prepare(planes)")
 
     @classmethod
-    def _make(cls, backend: Backend, planes: NVFP4Planes, payload: Any) -> Prepared:
+    def _make(cls, backend: Frontend, planes: NVFP4Planes, payload: Any) -> Prepared:
         self = object.__new__(cls)
         for attr, value in (
             ("_backend", backend),
@@ -94,7 +102,7 @@ class Prepared(WeightShape):
         raise TypeError(f"Prepared weight {self.name!r} cannot be pickled: pickle its planes")
 
     @property
-    def backend(self) -> Backend:
+    def backend(self) -> Frontend:
         """The backend that prepared it (and runs its verbs)."""
         return self._backend
 
@@ -158,7 +166,7 @@ _REQUIRED = ("info", "availability", "prepare", "from_numpy", "to_numpy")
 
 def _has_static(obj: object, name: str) -> bool:
     """Whether ``obj`` has ``name`` without running it (``info`` may be a property that
-    detects the device: constructing a Backend must stay cheap)."""
+    detects the device: constructing a Frontend must stay cheap)."""
     try:
         inspect.getattr_static(obj, name)
     except AttributeError:
@@ -166,10 +174,10 @@ def _has_static(obj: object, name: str) -> bool:
     return True
 
 
-class Backend:
+class Frontend:
     """The NVFP4 verbs over one backend's kernels.
 
-    ``Backend(kernels)`` accepts any object with the members of
+    ``Frontend(kernels)`` accepts any object with the members of
     :class:`nvfp4.contract.Kernels`; :func:`nvfp4.get_backend` builds it from the registered
     factory. Native arrays come back from the matmul verbs; numpy arrays are accepted as
     inputs everywhere.
@@ -178,7 +186,7 @@ class Backend:
     kernels: Kernels
 
     def __init__(self, kernels: Kernels) -> None:
-        if isinstance(kernels, Backend):
+        if isinstance(kernels, Frontend):
             kernels = kernels.kernels
         missing = [m for m in _REQUIRED if not _has_static(kernels, m)]
         if missing:
@@ -289,7 +297,7 @@ class Backend:
         if isinstance(w, NVFP4Planes):
             return self.prepare(w)
         raise TypeError(
-            f"{verb}: expected a weight from Backend.prepare() (or nvfp4.NVFP4Planes), "
+            f"{verb}: expected a weight from Frontend.prepare() (or nvfp4.NVFP4Planes), "
             f"found {type(w).__name__}"
         )
 
@@ -451,4 +459,8 @@ class Backend:
         return self.kernels.to_numpy(a)
 
     def __repr__(self) -> str:
-        return f"nvfp4.Backend({self.name!r})"
+        return f"nvfp4.Frontend({self.name!r})"
+
+
+#: ``nvfp4.backend.Backend``: the class's old name, one release (warns).
+__getattr__ = renamed(__name__, {"Backend": ("Frontend", Frontend)})

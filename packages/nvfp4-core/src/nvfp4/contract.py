@@ -1,6 +1,6 @@
 """The kernel contract: what a backend (ours or a third party's) implements.
 
-Core owns the verbs (:class:`nvfp4.Backend`): it checks every argument, validates planes,
+Core owns the verbs (:class:`nvfp4.Frontend`): it checks every argument, validates planes,
 reshapes leading axes, resolves dtypes, applies the expert-id rules and writes every error
 message, once. A backend implements only kernels, on operands core has already checked:
 
@@ -77,11 +77,11 @@ OPTIONAL_CAPABILITIES: frozenset[str] = frozenset({"w4a4", "w4a8", "w4a8_fp8"})
 class Verb:
     """One verb of the standard, the one place its facts are written: the kernel a backend
     implements under ``name``, the capability that certifies it, and the shape of its
-    arguments, from which :class:`nvfp4.Backend` checks them, ``nvfp4_torch.ops`` writes its
+    arguments, from which :class:`nvfp4.Frontend` checks them, ``nvfp4_torch.ops`` writes its
     operator's schema and the conformance suite marks its tests.
 
     Attributes:
-        name: the verb, the kernel's name and the :class:`nvfp4.Backend` method's.
+        name: the verb, the kernel's name and the :class:`nvfp4.Frontend` method's.
         capability: the name in :data:`CAPABILITIES` a backend declares to have it certified.
         kind: ``"matmul"`` (``x`` times a prepared weight), ``"encode"`` (activations to an
             encoded form) or ``"decode"`` (a prepared weight to a dense array).
@@ -101,7 +101,7 @@ class Verb:
 
 
 #: Every verb, by name. Adding a verb is one entry here, its reference, and its kernel in
-#: the backends that have it (core's :class:`nvfp4.Backend` serves a verb without a method of
+#: the backends that have it (core's :class:`nvfp4.Frontend` serves a verb without a method of
 #: its own from this table, and nvfp4-torch registers an operator for every matmul verb).
 VERBS: dict[str, Verb] = {
     v.name: v

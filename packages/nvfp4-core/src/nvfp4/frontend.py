@@ -1,6 +1,6 @@
 """Every check of a verb's arguments, and its error message, written once.
 
-The verbs of :class:`nvfp4.Backend` and the public functions of :mod:`nvfp4.reference` call
+The verbs of :class:`nvfp4.Frontend` and the public functions of :mod:`nvfp4.reference` call
 these before any kernel runs, so every backend refuses the same inputs with the same words
 and a kernel only sees what :mod:`nvfp4.contract` promises it.
 

@@ -16,6 +16,7 @@ import numpy.typing as npt
 
 from . import reference
 from .activations import FP8Activations, Q8Activations
+from .backend import Frontend
 from .contract import CAPABILITIES, Availability, BackendInfo
 from .planes import NVFP4Planes
 
@@ -139,6 +140,7 @@ class ReferenceKernels:
         return np.asarray(a)
 
 
-def backend() -> ReferenceKernels:
-    """Entry-point factory (``reference = "nvfp4.reference_backend:backend"``)."""
-    return ReferenceKernels()
+def backend() -> Frontend:
+    """Entry-point factory (``reference = "nvfp4.reference_backend:backend"``): the reference
+    backend's front end, like every backend's factory."""
+    return Frontend(ReferenceKernels())

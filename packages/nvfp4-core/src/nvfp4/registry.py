@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
 
-from .backend import Backend
+from .backend import Frontend
 from .contract import Availability
 from .hardware import driver_evidence
 from .spec import SUPPORTED_SPEC_VERSIONS
@@ -75,11 +75,11 @@ class BackendEntry:
     name: str
     source: str
     factory: Callable[[], Any] | None = None
-    backend: Backend | None = None
+    backend: Frontend | None = None
     error: str = ""
 
-    def load(self) -> Backend | None:
-        """The core :class:`~nvfp4.Backend` over the factory's kernels (made once), or
+    def load(self) -> Frontend | None:
+        """The core :class:`~nvfp4.Frontend` over the factory's kernels (made once), or
         ``None`` with :attr:`error` saying why."""
         if self.backend is None and not self.error and self.factory is not None:
             try:
@@ -87,7 +87,7 @@ class BackendEntry:
                 if kernels is None:
                     self.error = f"loading {self.source} failed: its factory returned None"
                 else:
-                    self.backend = Backend(kernels)
+                    self.backend = Frontend(kernels)
             except Exception as exc:  # a broken plugin must not take the others down
                 self.error = f"loading {self.source} failed: {type(exc).__name__}: {exc}"
         return self.backend
@@ -157,7 +157,7 @@ def _missing_hardware_hint(installed: set[str]) -> str:
     return "; ".join(hints)
 
 
-def get_backend(name: str | None = None) -> Backend:
+def get_backend(name: str | None = None) -> Frontend:
     """The backend called ``name`` (else ``$NVFP4_BACKEND``), or the best available one."""
     entries = discover()
     installed = sorted(entries)
@@ -182,7 +182,7 @@ def get_backend(name: str | None = None) -> Backend:
     # (installation order among equals) and the first available backend wins: a backend
     # below the best available one is never probed. The reference (priority 0) is always
     # available, so nothing below it is ever asked.
-    loaded: list[tuple[BackendEntry, Backend]] = []
+    loaded: list[tuple[BackendEntry, Frontend]] = []
     for entry in entries.values():
         b = entry.load()
         if b is not None:

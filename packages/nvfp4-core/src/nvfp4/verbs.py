@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from .backend import Backend, Prepared
+from .backend import Frontend, Prepared
 from .contract import VERBS
 from .planes import NVFP4Planes
 from .reference import dequantize as reference_dequantize
-from .reference_backend import backend as reference_kernels
+from .reference_backend import backend as reference_backend
 from .registry import get_backend
 
 __all__ = [
@@ -36,18 +36,18 @@ __all__ = [
 
 
 @functools.lru_cache(maxsize=1)
-def _reference() -> Backend:
-    return Backend(reference_kernels())
+def _reference() -> Frontend:
+    return reference_backend()
 
 
-def _backend_of(w: Any) -> Backend:
+def _backend_of(w: Any) -> Frontend:
     return w.backend if isinstance(w, Prepared) else _reference()
 
 
-def prepare(planes: NVFP4Planes, backend: str | Backend | None = None) -> Prepared:
-    """Prepare ``planes`` on ``backend`` (a name, a :class:`Backend`, or ``None``: the best
+def prepare(planes: NVFP4Planes, backend: str | Frontend | None = None) -> Prepared:
+    """Prepare ``planes`` on ``backend`` (a name, a :class:`Frontend`, or ``None``: the best
     available one, as :func:`nvfp4.get_backend` picks it)."""
-    if not isinstance(backend, Backend):
+    if not isinstance(backend, Frontend):
         backend = get_backend(backend)
     return backend.prepare(planes)
 
@@ -55,17 +55,17 @@ def prepare(planes: NVFP4Planes, backend: str | Backend | None = None) -> Prepar
 def _on_weight_backend(name: str) -> Callable[..., Any]:
     """The module-level matmul verb ``name`` of :data:`nvfp4.contract.VERBS`: the verb of
     the backend the weight was prepared by (the reference for raw planes), called with the
-    same arguments, so it takes and checks them as :class:`Backend` does."""
+    same arguments, so it takes and checks them as :class:`Frontend` does."""
 
     def verb(x: Any, w: Prepared | NVFP4Planes, *args: Any, **options: Any) -> Any:
         return getattr(_backend_of(w), name)(x, w, *args, **options)
 
     verb.__name__ = verb.__qualname__ = name
     verb.__doc__ = (
-        f":meth:`Backend.{name}` ({VERBS[name].summary}) on the weight's backend (the "
+        f":meth:`Frontend.{name}` ({VERBS[name].summary}) on the weight's backend (the "
         "reference for raw planes)."
     )
-    method = getattr(Backend, name, None)
+    method = getattr(Frontend, name, None)
     if method is not None:  # its arguments, for help() and editors
         own = inspect.signature(method)
         verb.__signature__ = own.replace(  # type: ignore[attr-defined]
@@ -99,12 +99,12 @@ def dequantize(w: Prepared | NVFP4Planes, dtype: Any = np.float32) -> Any:
 
 
 def quantize_activations(
-    x: Any, input_scale: Any = None, *, backend: str | Backend | None = None
+    x: Any, input_scale: Any = None, *, backend: str | Frontend | None = None
 ) -> NVFP4Planes:
     """Activation planes from ``backend`` (default: the numpy reference)."""
     if backend is None:
         chosen = _reference()
-    elif isinstance(backend, Backend):
+    elif isinstance(backend, Frontend):
         chosen = backend
     else:
         chosen = get_backend(backend)

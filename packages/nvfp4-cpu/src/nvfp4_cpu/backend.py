@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from nvfp4.backend import Backend
+from nvfp4.backend import Frontend
 from nvfp4.contract import Availability, BackendInfo
 from nvfp4.planes import NVFP4Planes
 
@@ -183,8 +183,8 @@ class CPUKernels:
         return np.asarray(a)
 
 
-class CPUBackend(Backend):
-    """The verbs (checked by core, :class:`nvfp4.Backend`) over :class:`CPUKernels`, with the
+class CPUBackend(Frontend):
+    """The verbs (checked by core, :class:`nvfp4.Frontend`) over :class:`CPUKernels`, with the
     same arguments; ``isa`` and ``threads`` read through."""
 
     def __init__(self, isa: str | None = None, threads: int | None = None) -> None:

@@ -35,7 +35,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Final
 
-from nvfp4.backend import Backend
+from nvfp4.backend import Frontend
 from nvfp4.contract import Availability
 from nvfp4.fusion import unfuse, unstack_experts
 from nvfp4.layouts.compressed_tensors import (
@@ -190,7 +190,7 @@ class CompressedTensorsKernels(_torch.TorchArrays):
         return _quantize(_ready(), x, input_scale)
 
 
-def backend() -> Backend:
+def backend() -> Frontend:
     """Entry-point factory (``compressed-tensors =
     "nvfp4_engines.compressed_tensors:backend"``): cheap, never raises."""
-    return Backend(CompressedTensorsKernels())
+    return Frontend(CompressedTensorsKernels())

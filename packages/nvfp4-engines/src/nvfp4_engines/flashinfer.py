@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from nvfp4.backend import Backend
+from nvfp4.backend import Frontend
 from nvfp4.contract import Availability
 from nvfp4.layouts.compressed_tensors import decode_global
 from nvfp4.spec import BLOCK_SIZE
@@ -126,7 +126,7 @@ class FlashinferKernels(_swizzled.Fp4Kernels):
         return _torch.cat_parts(rows, dim=-2).to(_torch.torch_dtype(dtype))
 
 
-def backend() -> Backend:
+def backend() -> Frontend:
     """Entry-point factory (``flashinfer = "nvfp4_engines.flashinfer:backend"``): cheap,
     never raises."""
-    return Backend(FlashinferKernels())
+    return Frontend(FlashinferKernels())

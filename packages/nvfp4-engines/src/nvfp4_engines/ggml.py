@@ -40,7 +40,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 from nvfp4.activations import Q8Activations
-from nvfp4.backend import Backend
+from nvfp4.backend import Frontend
 from nvfp4.contract import Availability
 from nvfp4.dtypes import OUTPUT_DTYPES
 from nvfp4.layouts.gguf import from_gguf, gguf_row_bytes
@@ -276,6 +276,6 @@ class GgmlKernels:
         return numpy_out(a)
 
 
-def backend() -> Backend:
+def backend() -> Frontend:
     """Entry-point factory (``ggml = "nvfp4_engines.ggml:backend"``): cheap, never raises."""
-    return Backend(GgmlKernels())
+    return Frontend(GgmlKernels())

@@ -21,7 +21,7 @@ from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
-from nvfp4.backend import Backend
+from nvfp4.backend import Frontend
 from nvfp4.contract import Availability
 from nvfp4.dtypes import OUTPUT_DTYPES
 from nvfp4.planes import NVFP4Planes
@@ -92,7 +92,7 @@ class GgufPyKernels:
         return numpy_out(a)
 
 
-def backend() -> Backend:
+def backend() -> Frontend:
     """Entry-point factory (``gguf-py = "nvfp4_engines.gguf_py:backend"``): cheap, never
     raises."""
-    return Backend(GgufPyKernels())
+    return Frontend(GgufPyKernels())

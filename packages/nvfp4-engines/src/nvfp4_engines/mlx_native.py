@@ -33,7 +33,7 @@ from typing import Any, Final
 import ml_dtypes
 import numpy as np
 import numpy.typing as npt
-from nvfp4.backend import Backend
+from nvfp4.backend import Frontend
 from nvfp4.contract import Availability
 from nvfp4.layouts.mlx import MLXPlanes, from_mlx, mlx_global_scale_arg, to_mlx
 from nvfp4.planes import NVFP4Planes
@@ -183,7 +183,7 @@ class MlxNativeKernels:
         return np.asarray(a)
 
 
-def backend() -> Backend:
+def backend() -> Frontend:
     """Entry-point factory (``mlx-native = "nvfp4_engines.mlx_native:backend"``): cheap,
     never raises."""
-    return Backend(MlxNativeKernels())
+    return Frontend(MlxNativeKernels())

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
-from nvfp4.backend import Backend
+from nvfp4.backend import Frontend
 from nvfp4.contract import Availability
 from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import BLOCK_SIZE
@@ -140,7 +140,7 @@ class ModeloptKernels(_torch.TorchArrays):
         )
 
 
-def backend() -> Backend:
+def backend() -> Frontend:
     """Entry-point factory (``modelopt = "nvfp4_engines.modelopt:backend"``): cheap, never
     raises."""
-    return Backend(ModeloptKernels())
+    return Frontend(ModeloptKernels())

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
-from nvfp4.backend import Backend
+from nvfp4.backend import Frontend
 from nvfp4.contract import Availability
 from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import BLOCK_SIZE
@@ -133,7 +133,7 @@ class TorchaoKernels(_torch.TorchArrays):
         )
 
 
-def backend() -> Backend:
+def backend() -> Frontend:
     """Entry-point factory (``torchao = "nvfp4_engines.torchao:backend"``): cheap, never
     raises."""
-    return Backend(TorchaoKernels())
+    return Frontend(TorchaoKernels())

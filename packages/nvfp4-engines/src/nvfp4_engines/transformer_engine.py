@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 import numpy as np
-from nvfp4.backend import Backend
+from nvfp4.backend import Frontend
 from nvfp4.contract import Availability
 from nvfp4.layouts.swizzle import unswizzle_scales
 from nvfp4.planes import NVFP4Planes
@@ -103,7 +103,7 @@ class TransformerEngineKernels(_torch.TorchArrays):
         )
 
 
-def backend() -> Backend:
+def backend() -> Frontend:
     """Entry-point factory (``transformer-engine =
     "nvfp4_engines.transformer_engine:backend"``): cheap, never raises."""
-    return Backend(TransformerEngineKernels())
+    return Frontend(TransformerEngineKernels())

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from nvfp4.backend import Backend
+from nvfp4.backend import Frontend
 from nvfp4.contract import Availability
 from nvfp4.spec import BLOCK_SIZE
 
@@ -96,6 +96,6 @@ class VllmKernels(_swizzled.Fp4Kernels):
         return _ready()
 
 
-def backend() -> Backend:
+def backend() -> Frontend:
     """Entry-point factory (``vllm = "nvfp4_engines.vllm:backend"``): cheap, never raises."""
-    return Backend(VllmKernels())
+    return Frontend(VllmKernels())

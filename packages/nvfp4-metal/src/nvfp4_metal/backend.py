@@ -21,7 +21,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import numpy.typing as npt
-from nvfp4.backend import Backend
+from nvfp4.backend import Frontend
 from nvfp4.contract import Availability, BackendInfo
 from nvfp4.planes import NVFP4Planes
 
@@ -176,8 +176,8 @@ class MetalKernels:
         return np.asarray(a)
 
 
-class MetalBackend(Backend):
-    """Core's verbs (:class:`nvfp4.Backend`) over :class:`MetalKernels`, with the same
+class MetalBackend(Frontend):
+    """Core's verbs (:class:`nvfp4.Frontend`) over :class:`MetalKernels`, with the same
     arguments; ``impl`` reads through."""
 
     def __init__(self, impl: str | None = None) -> None:

@@ -174,7 +174,7 @@ def load_model(
     checkpoint: str | os.PathLike[str], backend: Any, *, fuse: bool = False
 ) -> LoadedModel:
     """The float32 model of an NVFP4 checkpoint (:func:`load_causal_lm`) with every NVFP4
-    linear bound to ``backend`` (an :class:`nvfp4.Backend`, or any object with its verbs):
+    linear bound to ``backend`` (an :class:`nvfp4.Frontend`, or any object with its verbs):
     each product is ``backend.qmm`` (or the verb of the linear's activation mode) on a handle
     ``backend.prepare`` made once. ``fuse``: q/k/v and gate/up share one product each
     (:func:`nvfp4_torch.modules.bind_linears`); T6 certifies the unfused model, one backend

@@ -197,7 +197,7 @@ class NVFP4Linear(torch.nn.Module):  # type: ignore[misc]
 
     def bind(self, backend: Any) -> None:
         """Compute this linear's products with ``backend`` (any object with the verbs of
-        :class:`nvfp4.Backend`) on a handle it prepares now, in eager mode; ``bind(None)``
+        :class:`nvfp4.Frontend`) on a handle it prepares now, in eager mode; ``bind(None)``
         goes back to the torch operators."""
         self.shared = None
         self.bound = None if backend is None else (backend, backend.prepare(self.planes()))

@@ -22,7 +22,7 @@ The weight is passed as its canonical planes (the tensors of a ModelOpt checkpoi
 Each op runs the NVFP4 backend chosen for x's device (:func:`backend_for`: ``cpu`` then
 ``reference`` on CPU tensors; ``cuda``, or ``rocm`` under a ROCm build of torch, on GPU
 tensors; :func:`use_backend` overrides), through core's verbs, so every argument check and
-error message is the one of :class:`nvfp4.Backend`. A weight is validated and prepared
+error message is the one of :class:`nvfp4.Frontend`. A weight is validated and prepared
 once: the prepared handle is cached, keyed by the planes' storage and torch's version
 counters (an in-place write to a plane re-prepares it). The cache holds the planes alive;
 :func:`clear_cache` empties it.
@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from nvfp4.backend import Backend, Prepared
+from nvfp4.backend import Frontend, Prepared
 from nvfp4.contract import VERBS
 from nvfp4.planes import NVFP4Planes
 from nvfp4.registry import get_backend
@@ -62,22 +62,24 @@ DEFAULT_BACKENDS: dict[str, tuple[str, ...]] = {"cpu": ("cpu", "reference"), "cu
 CACHE_SIZE = 4096
 
 _lock = threading.Lock()
-_chosen: dict[str, Backend] = {}
+_chosen: dict[str, Frontend] = {}
 _cache: OrderedDict[tuple[Any, ...], tuple[tuple[Any, ...], Prepared]] = OrderedDict()
 
 
 # ------------------------------------------------------------------------ backends
-def use_backend(device_type: str, backend: str | Backend | None) -> None:
+def use_backend(device_type: str, backend: str | Frontend | None) -> None:
     """Run the ops on tensors of ``device_type`` (``"cpu"``, ``"cuda"``) with ``backend``
-    (a registered name or a :class:`nvfp4.Backend`); ``None`` restores the default."""
+    (a registered name or a :class:`nvfp4.Frontend`); ``None`` restores the default."""
     with _lock:
         if backend is None:
             _chosen.pop(device_type, None)
         else:
-            _chosen[device_type] = backend if isinstance(backend, Backend) else get_backend(backend)
+            _chosen[device_type] = (
+                backend if isinstance(backend, Frontend) else get_backend(backend)
+            )
 
 
-def backend_for(device: torch.device) -> Backend:
+def backend_for(device: torch.device) -> Frontend:
     """The backend the ops use for tensors on ``device``."""
     kind = device.type
     with _lock:
@@ -114,7 +116,7 @@ def clear_cache() -> None:
 _NATIVE: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
 
-def _torch_native(b: Backend) -> bool:
+def _torch_native(b: Frontend) -> bool:
     """Whether the backend's native arrays are torch tensors (the Triton backends); every op
     call asks, so the answer is kept per backend object."""
     native = _NATIVE.get(b)
@@ -142,11 +144,11 @@ def _from_numpy(a: np.ndarray[Any, Any], device: torch.device) -> torch.Tensor:
     return torch.from_numpy(a).to(device)
 
 
-def _native_in(b: Backend, t: torch.Tensor) -> Any:
+def _native_in(b: Frontend, t: torch.Tensor) -> Any:
     return t.contiguous() if _torch_native(b) else _to_numpy(t)
 
 
-def _native_out(b: Backend, y: Any, device: torch.device) -> torch.Tensor:
+def _native_out(b: Frontend, y: Any, device: torch.device) -> torch.Tensor:
     if isinstance(y, torch.Tensor):
         return y.to(device)
     return _from_numpy(np.asarray(b.to_numpy(y)), device)
@@ -182,7 +184,7 @@ def _planes(
 
 
 def _prepared(
-    b: Backend,
+    b: Frontend,
     codes: torch.Tensor,
     scales: torch.Tensor,
     global_scale: torch.Tensor,

@@ -13,7 +13,7 @@ in each backend.
 * :mod:`nvfp4_triton.weights` - :class:`DeviceWeight`, the planes on a torch device;
 * :mod:`nvfp4_triton.ops` - launch wrappers (torch tensors in and out);
 * :mod:`nvfp4_triton.backend` - :class:`TritonKernels`, the
-  :class:`nvfp4.backend.Backend` contract over those ops, which each vendor backend
+  :class:`nvfp4.backend.Frontend` contract over those ops, which each vendor backend
   specializes with its device facts.
 
 Importing this package imports neither torch nor triton and never needs a GPU; the

@@ -2,7 +2,7 @@
 
 :class:`TritonKernels` implements every kernel once, for every GPU vendor: the dtype names,
 the device placement, the conversions to and from numpy, and the calls into
-:mod:`nvfp4_triton.ops` (core's :class:`nvfp4.Backend` has checked every argument before).
+:mod:`nvfp4_triton.ops` (core's :class:`nvfp4.Frontend` has checked every argument before).
 A vendor backend (``nvfp4-cuda``, ``nvfp4-rocm``) subclasses it and supplies only what
 differs between vendors:
 
@@ -18,7 +18,7 @@ differs between vendors:
   (the spec versions that platform is certified for, as literals; none by default, so a
   platform that names none is refused by the registry).
 
-:class:`TritonBackend` is core's :class:`nvfp4.Backend` over a subclass's kernels, so a
+:class:`TritonBackend` is core's :class:`nvfp4.Frontend` over a subclass's kernels, so a
 vendor backend names only its ``KERNELS`` class.
 
 Native arrays are torch tensors on the platform's device (CPU tensors under the
@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 from nvfp4.activations import FP8Activations, Q8Activations
-from nvfp4.backend import Backend
+from nvfp4.backend import Frontend
 from nvfp4.contract import Availability, BackendInfo
 from nvfp4.frontend import decode_dtype
 from nvfp4.planes import NVFP4Planes
@@ -374,8 +374,8 @@ class TritonKernels:
         return w.to_planes()
 
 
-class TritonBackend(Backend):
-    """Core's verbs (:class:`nvfp4.Backend`) over a vendor's :class:`TritonKernels`
+class TritonBackend(Frontend):
+    """Core's verbs (:class:`nvfp4.Frontend`) over a vendor's :class:`TritonKernels`
     subclass, ``KERNELS``; ``platform()`` and the other facts of the kernels read through."""
 
     KERNELS: ClassVar[type[TritonKernels]]
