@@ -205,15 +205,7 @@ class _OwnQ8Encoder(_Broken):
     def gather_qmm_w4a8(
         self, x: Any, w: Any, expert_ids: Any, *, sorted_indices: bool, out_dtype: str
     ) -> Any:
-        p = w.planes
-        ids = np.asarray(expert_ids)
-        y = np.zeros((x.shape[0], p.n), dtype=np.float64)
-        row_g = p.row_global().astype(np.float64)
-        one = np.ones((), np.float32)
-        for e in np.unique(ids[(ids >= 0) & (ids < p.shape[0])]):
-            rows = ids == e
-            we = NVFP4Planes(p.codes[e], p.scales[e], one, name=p.name)
-            y[rows] = self._w4a8(x[rows], we) * row_g[e]
+        y = reference.per_expert(x, w.planes, np.asarray(expert_ids), self._w4a8)
         return reference.output(y, out_dtype)
 
 

@@ -25,7 +25,7 @@ from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import GLOBAL_AMAX_DIVISOR
 from nvfp4.testing import activations
 
-from nvfp4_conformance.calls import MatmulCheck, assert_output, call_verb
+from nvfp4_conformance.calls import assert_output, call_verb
 from nvfp4_conformance.cases import case_rng, realistic_weight
 from nvfp4_conformance.checks import as_float64, assert_within, error_figures
 
@@ -97,17 +97,12 @@ def test_qmm(
     planes = realistic_weight(rng, n, k, name=f"t4.qmm_{n}x{k}")
     x = activations(rng, m, k, dtype)
     ref = reference.qmm(x, planes, out_dtype=None)
-    check = MatmulCheck(nvfp4_backend, nvfp4_record, tolerance)
-    check(
-        "qmm",
-        x,
-        planes,
-        ref,
-        case=f"M{m}_K{k}_N{n}",
-        dtype=dtype,
-        path="qmm",
-        what=f"qmm M={m} K={k} N={n} {dtype}",
-    )
+    y = call_verb(nvfp4_backend, "qmm", x, nvfp4_backend.prepare(planes))
+    assert_output(y, (m, n), dtype, "qmm")
+    tol = float(tolerance("qmm", dtype))
+    figs = error_figures(y, ref)
+    nvfp4_record(f"M{m}_K{k}_N{n}", dtype=dtype, shape=[m, k, n], tolerance=tol, **figs)
+    assert_within(y, ref, tol, f"qmm M={m} K={k} N={n} {dtype}")
 
 
 FUSED = [
@@ -137,19 +132,12 @@ def test_qmm_fused_partitions(
     assert len(set(np.asarray(planes.global_scale).tolist())) == len(parts) - 1
     x = activations(rng, m, k, dtype)
     ref = reference.qmm(x, planes, out_dtype=None)
-    check = MatmulCheck(nvfp4_backend, nvfp4_record, tolerance)
-    check(
-        "qmm",
-        x,
-        planes,
-        ref,
-        case=label,
-        dtype=dtype,
-        path="qmm",
-        what=f"qmm fused {label} {dtype}",
-        output_of="qmm (fused)",
-        groups=_partition_groups(planes),
-    )
+    y = call_verb(nvfp4_backend, "qmm", x, nvfp4_backend.prepare(planes))
+    assert_output(y, (m, parts[-1]), dtype, "qmm (fused)")
+    tol = float(tolerance("qmm", dtype))
+    figs = error_figures(y, ref)
+    nvfp4_record(label, dtype=dtype, shape=[m, k, parts[-1]], tolerance=tol, **figs)
+    assert_within(y, ref, tol, f"qmm fused {label} {dtype}", groups=_partition_groups(planes))
 
 
 # ------------------------------------------------------------------------ gather_qmm
@@ -392,19 +380,16 @@ def test_qmm_w4a4(
     if scale == "static":
         input_scale = float(np.abs(as_float64(x)).max() / GLOBAL_AMAX_DIVISOR * 1.5)
     ref = w4a4_reference(nvfp4_backend, x, planes, input_scale)
-    check = MatmulCheck(nvfp4_backend, nvfp4_record, tolerance)
-    check(
-        "qmm_w4a4",
-        x,
-        planes,
-        ref,
-        case=label,
-        dtype=dtype,
-        path="w4a4",
-        what=f"qmm_w4a4 {label} {dtype}",
-        fields={"input_scale": input_scale},
-        input_scale=input_scale,
+    y = call_verb(
+        nvfp4_backend, "qmm_w4a4", x, nvfp4_backend.prepare(planes), input_scale=input_scale
     )
+    assert_output(y, (m, n), dtype, "qmm_w4a4")
+    tol = float(tolerance("w4a4", dtype))
+    figs = error_figures(y, ref)
+    nvfp4_record(
+        label, dtype=dtype, shape=[m, k, n], input_scale=input_scale, tolerance=tol, **figs
+    )
+    assert_within(y, ref, tol, f"qmm_w4a4 {label} {dtype}")
 
 
 @pytest.mark.requires_capability("w4a4")

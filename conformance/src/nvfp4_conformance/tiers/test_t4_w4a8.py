@@ -21,7 +21,7 @@ from nvfp4.dtypes import OUTPUT_DTYPES
 from nvfp4.planes import NVFP4Planes
 from nvfp4.testing import activations, relative_error
 
-from nvfp4_conformance.calls import MatmulCheck, assert_output, call_verb
+from nvfp4_conformance.calls import assert_output, call_verb
 from nvfp4_conformance.cases import case_rng, realistic_weight
 from nvfp4_conformance.checks import as_float64, assert_within, error_figures
 
@@ -78,18 +78,19 @@ def test_qmm_w4a8(
     planes = realistic_weight(rng, n, k, name=f"t4.w4a8_{n}x{k}")
     x = activations(rng, m, k, dtype)
     ref = q8_reference(nvfp4_backend, x, planes)
-    check = MatmulCheck(nvfp4_backend, nvfp4_record, nvfp4_tolerance)
-    check(
-        "qmm_w4a8",
-        x,
-        planes,
-        ref,
-        case=f"M{m}_K{k}_N{n}",
+    y = call_verb(nvfp4_backend, "qmm_w4a8", x, nvfp4_backend.prepare(planes))
+    assert_output(y, (m, n), dtype, "qmm_w4a8")
+    tol = float(nvfp4_tolerance("w4a8", dtype))
+    figs = error_figures(y, ref)
+    nvfp4_record(
+        f"M{m}_K{k}_N{n}",
         dtype=dtype,
-        path="w4a8",
-        what=f"qmm_w4a8 M={m} K={k} N={n} {dtype}",
-        after={"w4a8_vs_w4a16": _vs_w4a16(ref, x, planes)},
+        shape=[m, k, n],
+        tolerance=tol,
+        w4a8_vs_w4a16=_vs_w4a16(ref, x, planes),
+        **figs,
     )
+    assert_within(y, ref, tol, f"qmm_w4a8 M={m} K={k} N={n} {dtype}")
 
 
 @pytest.mark.requires_capability("w4a8")
@@ -274,23 +275,23 @@ def test_qmm_w4a8_fp8(
     elif scale == "saturating":
         input_scale = amax / 448 / 4
     ref = fp8_reference(nvfp4_backend, x, planes, input_scale)
-    check = MatmulCheck(nvfp4_backend, nvfp4_record, nvfp4_tolerance)
-    check(
-        "qmm_w4a8_fp8",
-        x,
-        planes,
-        ref,
-        case=label,
-        dtype=dtype,
-        path="w4a8_fp8",
-        what=f"qmm_w4a8_fp8 {label} {dtype}",
-        fields={
-            "input_scale": input_scale,
-            "input_scale_policy": "dynamic" if input_scale is None else "static",
-        },
-        after={"w4a8_vs_w4a16": _vs_w4a16(ref, x, planes)},
-        input_scale=input_scale,
+    y = call_verb(
+        nvfp4_backend, "qmm_w4a8_fp8", x, nvfp4_backend.prepare(planes), input_scale=input_scale
     )
+    assert_output(y, (m, n), dtype, "qmm_w4a8_fp8")
+    tol = float(nvfp4_tolerance("w4a8_fp8", dtype))
+    figs = error_figures(y, ref)
+    nvfp4_record(
+        label,
+        dtype=dtype,
+        shape=[m, k, n],
+        input_scale=input_scale,
+        input_scale_policy="dynamic" if input_scale is None else "static",
+        tolerance=tol,
+        w4a8_vs_w4a16=_vs_w4a16(ref, x, planes),
+        **figs,
+    )
+    assert_within(y, ref, tol, f"qmm_w4a8_fp8 {label} {dtype}")
 
 
 @pytest.mark.requires_capability("w4a8_fp8")
