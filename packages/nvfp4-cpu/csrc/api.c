@@ -347,8 +347,10 @@ static struct {
     int sleepers;       /* workers waiting on cv (under mtx) */
     atomic_int caller_cpu; /* the CPU the current job's caller started on, or -1 */
     nv_job *job;
+    atomic_int join_cpu; /* where the last worker to join a job ran once it had left the
+                            caller's CPU, or -1 (read by nvfp4cpu_pool_join_cpu) */
 } nv_pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
-             0, 0, 0, 0, 0, 0, 0, 0, -1, NULL};
+             0, 0, 0, 0, 0, 0, 0, 0, -1, NULL, -1};
 
 static pthread_once_t nv_atfork_once = PTHREAD_ONCE_INIT;
 
@@ -380,20 +382,30 @@ static int nv_current_cpu(void) {
 /* Called by a worker joining a job: if it runs on the caller's CPU, move to another CPU this
  * thread may use (an affinity mask without the caller's CPU migrates it at once), then give
  * it back its own mask (a running thread stays where it is). Two system calls, only when the
- * two collide; a mask the user set is kept. */
+ * two collide; a mask the user set is kept. Where the worker then runs is recorded in
+ * join_cpu, read between the two calls (after the second the scheduler may move it again, so
+ * only that moment says what this function did). */
 static void nv_leave_caller_cpu(void) {
 #ifdef __linux__
     const int caller = atomic_load(&nv_pool.caller_cpu);
-    if (caller < 0 || caller >= CPU_SETSIZE || nv_current_cpu() != caller) return;
-    cpu_set_t mine, others;
-    if (sched_getaffinity(0, sizeof mine, &mine) != 0) return;
-    others = mine;
-    CPU_CLR(caller, &others);
-    if (CPU_COUNT(&others) == 0) return; /* nowhere else to go */
-    if (sched_setaffinity(0, sizeof others, &others) == 0)
-        (void)sched_setaffinity(0, sizeof mine, &mine);
+    int now = nv_current_cpu();
+    if (caller >= 0 && caller < CPU_SETSIZE && now == caller) {
+        cpu_set_t mine, others;
+        if (sched_getaffinity(0, sizeof mine, &mine) == 0) {
+            others = mine;
+            CPU_CLR(caller, &others);
+            /* an empty set: nowhere else to go */
+            if (CPU_COUNT(&others) > 0 && sched_setaffinity(0, sizeof others, &others) == 0) {
+                now = nv_current_cpu();
+                (void)sched_setaffinity(0, sizeof mine, &mine);
+            }
+        }
+    }
+    atomic_store(&nv_pool.join_cpu, now);
 #endif
 }
+
+NV_API int nvfp4cpu_pool_join_cpu(void) { return atomic_load(&nv_pool.join_cpu); }
 
 /* Claim and process items until none is left. */
 static void nv_drain(nv_job *job) {

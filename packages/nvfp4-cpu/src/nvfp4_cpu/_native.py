@@ -91,6 +91,7 @@ _SIGNATURES: dict[str, tuple[object, list[object]]] = {
     "nvfp4cpu_isa_compiled": (_int, [_int]),
     "nvfp4cpu_isa_supported": (_int, [_int]),
     "nvfp4cpu_avx2_m1_decode": (_int, [_int]),
+    "nvfp4cpu_pool_join_cpu": (_int, []),
     "nvfp4cpu_plan_parse_cache": (_int, [ctypes.c_char_p, _i64p, ctypes.c_char_p, _int]),
     "nvfp4cpu_plan_detect": (_int, [_i64p]),
     "nvfp4cpu_plan_derive": (_int, [_i64p, _i64p]),
