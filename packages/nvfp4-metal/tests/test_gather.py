@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from metal_helpers import NP_DTYPES, check_close, realistic_planes, to_np
 from nvfp4 import reference
-from nvfp4.testing import activations
+from nvfp4.testing import activations, unrouted_nonfinite_rows
 from nvfp4_metal import MetalBackend, ops
 from nvfp4_metal.transcode import transcode
 
@@ -65,11 +65,7 @@ def test_out_of_range_rows_with_nan_and_inf_are_zero(dtype: str) -> None:
     rng = np.random.default_rng(11)
     p = realistic_planes(rng, 24, 64, experts=4)
     x = activations(rng, 12, 64, dtype)
-    ids = rng.integers(0, 4, size=12)
-    ids[[2, 7, 11]] = [-1, 4, 99]
-    x[2, 5] = np.nan
-    x[7, :] = np.inf
-    x[11, 0] = -np.inf
+    ids = unrouted_nonfinite_rows(rng, x, 4)
     y = to_np(ops.gather_qmm(mx.array(x), transcode(p), mx.array(ids)))
     bad = y[[2, 7, 11]].astype(np.float64)
     assert not np.isnan(bad).any(), f"rows: {bad}"

@@ -23,7 +23,7 @@ from nvfp4 import reference
 from nvfp4.dtypes import OUTPUT_DTYPES
 from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import GLOBAL_AMAX_DIVISOR
-from nvfp4.testing import activations
+from nvfp4.testing import activations, unrouted_nonfinite_rows
 
 from nvfp4_conformance.calls import assert_output, call_verb
 from nvfp4_conformance.cases import case_rng, realistic_weight
@@ -285,11 +285,7 @@ def test_gather_qmm_out_of_range_rows_not_read(
     rng = case_rng("gather_nan")
     planes = realistic_weight(rng, 24, 64, experts=4, name="t4.moe_nan")
     x = activations(rng, 12, 64, dtype)
-    ids = rng.integers(0, 4, size=12)
-    ids[[2, 7, 11]] = [-1, 4, 99]
-    x[2, 5] = np.nan
-    x[7, :] = np.inf
-    x[11, 0] = -np.inf
+    ids = unrouted_nonfinite_rows(rng, x, 4)
     _check_gather(
         nvfp4_backend,
         nvfp4_record,

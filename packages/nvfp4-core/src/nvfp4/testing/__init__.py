@@ -25,6 +25,7 @@ from .data import (
     random_planes,
     raw_planes,
     realistic_weight,
+    unrouted_nonfinite_rows,
 )
 from .errors import as_float64, assert_within, error_figures, relative_error
 from .modules import module_from_file
@@ -46,4 +47,5 @@ __all__ = [
     "raw_planes",
     "realistic_weight",
     "relative_error",
+    "unrouted_nonfinite_rows",
 ]

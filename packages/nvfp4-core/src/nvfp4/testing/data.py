@@ -26,7 +26,26 @@ __all__ = [
     "random_planes",
     "raw_planes",
     "realistic_weight",
+    "unrouted_nonfinite_rows",
 ]
+
+#: The rows :func:`unrouted_nonfinite_rows` routes to no expert and fills with NaN / Inf.
+UNROUTED_ROWS = (2, 7, 11)
+
+
+def unrouted_nonfinite_rows(
+    rng: np.random.Generator, x: npt.NDArray[Any], experts: int
+) -> npt.NDArray[np.int64]:
+    """Expert ids for the rows of ``x`` (at least 12), drawn from ``rng``, with rows 2, 7
+    and 11 routed out of range (ids -1, ``experts`` and 99) and, in place, holding a NaN, a
+    row of +Inf and a -Inf: a gather that computes an unrouted row gives NaN there, where
+    the spec says exact zeros."""
+    ids = rng.integers(0, experts, size=x.shape[0])
+    ids[list(UNROUTED_ROWS)] = [-1, experts, 99]
+    x[2, 5] = np.nan
+    x[7, :] = np.inf
+    x[11, 0] = -np.inf
+    return ids
 
 
 def llama_layer_shapes(hidden: int, intermediate: int, kv: int) -> dict[str, tuple[int, int]]:
