@@ -14,8 +14,8 @@ from nvfp4_checkpoints.safetensors_io import (
     SafetensorsError,
     SafetensorsFile,
     SafetensorsWriter,
-    dtype_name,
     read_header,
+    safetensors_dtype,
     save_file,
 )
 
@@ -133,12 +133,12 @@ def test_streaming_writer_checks_order_dtype_shape_and_completion(tmp_path: Path
 
 
 def test_dtype_names() -> None:
-    assert dtype_name(np.float32) == "F32"
-    assert dtype_name(ml_dtypes.bfloat16) == "BF16"
-    assert dtype_name(ml_dtypes.float8_e4m3fn) == "F8_E4M3"
-    assert dtype_name(np.dtype(">f4")) == "F32"
+    assert safetensors_dtype(np.float32) == "F32"
+    assert safetensors_dtype(ml_dtypes.bfloat16) == "BF16"
+    assert safetensors_dtype(ml_dtypes.float8_e4m3fn) == "F8_E4M3"
+    assert safetensors_dtype(np.dtype(">f4")) == "F32"
     with pytest.raises(SafetensorsError):
-        dtype_name(np.complex64)
+        safetensors_dtype(np.complex64)
 
 
 # ------------------------------------------------------------------ malformed headers
@@ -229,3 +229,13 @@ def test_modelopt_export_reads_identically(modelopt_exports: dict[str, Path]) ->
         assert sorted(ours.names()) == sorted(theirs)
         for n, t in theirs.items():
             assert ours.get(n).tobytes() == _bytes_of(t), n
+
+
+def test_the_old_name_of_safetensors_dtype_warns() -> None:
+    import nvfp4_checkpoints.safetensors_io as io
+
+    with pytest.warns(DeprecationWarning, match="renamed safetensors_dtype"):
+        old = io.dtype_name
+    assert old is safetensors_dtype
+    with pytest.raises(AttributeError, match="no attribute 'dtype_nam'"):
+        io.dtype_nam

@@ -43,7 +43,7 @@ from .safetensors_io import (
     SafetensorsFile,
     SafetensorsWriter,
     TensorInfo,
-    dtype_name,
+    safetensors_dtype,
 )
 from .source import Plan, PlaneItem, Progress, Source, TensorItem, fetch, natural, plan, slow
 from .tokenizer import check_tokenizer_source, output_tokenizer
@@ -487,7 +487,7 @@ def exclude_modules(layout: Plan) -> list[str]:
 
 def _tensor_entry(item: TensorItem) -> Entry:
     try:
-        return (item.name, dtype_name(item.dtype), item.shape)
+        return (item.name, safetensors_dtype(item.dtype), item.shape)
     except ValueError:
         raise CheckpointError(
             f"tensor {item.name!r}: dtype {item.dtype} has no safetensors type"

@@ -28,6 +28,7 @@ import json
 import math
 import os
 import struct
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, BinaryIO, Final
@@ -50,8 +51,8 @@ __all__ = [
     "SafetensorsError",
     "SafetensorsFile",
     "SafetensorsWriter",
-    "dtype_name",
     "read_header",
+    "safetensors_dtype",
     "save_file",
 ]
 
@@ -63,7 +64,7 @@ class SafetensorsError(CheckpointError):
     tensor where one is concerned)."""
 
 
-def dtype_name(dtype: npt.DTypeLike) -> str:
+def safetensors_dtype(dtype: npt.DTypeLike) -> str:
     """The safetensors dtype string of a numpy dtype (``float32`` -> ``"F32"``)."""
     dt = np.dtype(dtype)
     if dt.byteorder == ">":
@@ -276,7 +277,21 @@ def save_file(
 ) -> None:
     """Write ``tensors`` (name -> array) to a safetensors file, in the mapping's order."""
     arrays = {k: np.asarray(v) for k, v in tensors.items()}
-    entries = [(k, dtype_name(a.dtype), a.shape) for k, a in arrays.items()]
+    entries = [(k, safetensors_dtype(a.dtype), a.shape) for k, a in arrays.items()]
     with SafetensorsWriter(path, entries, metadata) as w:
         for k, a in arrays.items():
             w.write(k, a)
+
+
+def __getattr__(name: str) -> Any:
+    """``dtype_name``, :func:`safetensors_dtype`'s name until this release (core's
+    ``nvfp4.dtypes.dtype_name`` names dtypes as the verbs take them): one release, warns."""
+    if name == "dtype_name":
+        warnings.warn(
+            "nvfp4_checkpoints.safetensors_io.dtype_name is renamed safetensors_dtype; the "
+            "alias dtype_name is removed in the next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return safetensors_dtype
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

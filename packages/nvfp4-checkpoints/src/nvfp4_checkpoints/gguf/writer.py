@@ -28,7 +28,7 @@ from nvfp4.spec import GGUF_BLOCK_BYTES, GGUF_SUPER_BLOCK, WEIGHT_FORMAT_VERSION
 from ..flavours import CheckpointError, import_gguf
 from ..folder import Fields
 from ..overlapped import OverlappedWriter
-from ..safetensors_io import DTYPES, dtype_name
+from ..safetensors_io import DTYPES, safetensors_dtype
 from ..source import Plan, PlaneItem, Progress, Source, TensorItem, fetch, plan, plane_items, slow
 from .file import PLAIN_TYPES
 from .metadata import (
@@ -134,7 +134,7 @@ class _Header:
     def add_tensor(self, it: TensorItem) -> None:
         """A plain tensor as it is (1-D bf16/f16 widened to F32, q/k rows of ``llama``
         RoPE-permuted), under gguf-py's name for it when the map knows one."""
-        st = dtype_name(it.dtype) if it.dtype in DTYPES.values() else str(it.dtype)
+        st = safetensors_dtype(it.dtype) if it.dtype in DTYPES.values() else str(it.dtype)
         if st not in _PLAIN_TYPE_NAMES:
             raise CheckpointError(
                 f"tensor {it.name!r}: dtype {st} has no GGUF type "

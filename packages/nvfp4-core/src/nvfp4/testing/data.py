@@ -40,7 +40,7 @@ def unrouted_nonfinite_rows(
     and 11 routed out of range (ids -1, ``experts`` and 99) and, in place, holding a NaN, a
     row of +Inf and a -Inf: a gather that computes an unrouted row gives NaN there, where
     the spec says exact zeros."""
-    ids = rng.integers(0, experts, size=x.shape[0])
+    ids = np.asarray(rng.integers(0, experts, size=x.shape[0]), dtype=np.int64)
     ids[list(UNROUTED_ROWS)] = [-1, experts, 99]
     x[2, 5] = np.nan
     x[7, :] = np.inf
