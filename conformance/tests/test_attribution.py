@@ -1,10 +1,14 @@
 """``nvfp4_conformance.attribution``: a refusal is explained by the narrowest emulated
-refusal that makes it, a decode by the deviation whose emulation gives it exactly, and the
-verdict follows the registry's severities."""
+refusal that makes it, a decode by the deviation whose emulation gives it exactly, only
+among the deviations the registry declares for the backend under test, and the verdict
+follows the registry's severities."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 import numpy as np
+import pytest
 from nvfp4 import deviation_emulators as emu
 from nvfp4 import reference
 from nvfp4_conformance import attribution
@@ -44,3 +48,39 @@ def test_the_verdict_follows_the_registry() -> None:
     v = attribution.verdict([benign, bug], "failed")
     assert v["class"] == "incompatible"
     assert v["unexplained"] == ["d"]
+
+
+@pytest.fixture
+def declared() -> Iterator[Callable[[str], frozenset[str] | None]]:
+    """``attribution.declare_for`` for one test, every deviation again after it."""
+    yield attribution.declare_for
+    attribution.declare_for(None)
+
+
+def test_a_failure_is_explained_by_its_own_engines_deviations_only(
+    declared: Callable[[str], frozenset[str] | None],
+) -> None:
+    # K = 48: ggml's and MLX's refusals both make it; each engine gets its own
+    assert "k_multiple_of_64" in (declared("ggml") or ())
+    assert _refusal(48) == ["k_multiple_of_64"]
+    assert "mlx_k_multiple_of_32" in (declared("mlx-native") or ())
+    assert _refusal(48) == ["mlx_k_multiple_of_32"]
+    # an MLX refusal its own emulation does not make is a bug, not ggml's deviation
+    assert _refusal(32) is None
+    # a backend the registry names nowhere has no declared deviation
+    assert declared("cpu") == frozenset()
+    assert _refusal(48) is None
+    x = np.random.default_rng(3).standard_normal((8, 64)).astype(np.float32)
+    planes = reference.quantize_activations(x)
+    first = emu.dequantize(planes, "float32", deviations=["scale_times_global_first"])
+    assert attribution.explain_dequantize(first, planes, "float32") is None
+    declared("torchao")
+    assert attribution.explain_dequantize(first, planes, "float32") == ["scale_times_global_first"]
+
+
+def test_a_backend_declares_registry_deviations_only(
+    declared: Callable[..., frozenset[str] | None],
+) -> None:
+    assert declared("my-engine", ["scale_times_global_first"]) == {"scale_times_global_first"}
+    with pytest.raises(ValueError, match="does not hold: made_up"):
+        declared("my-engine", ["made_up"])

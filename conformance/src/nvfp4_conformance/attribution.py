@@ -9,6 +9,14 @@ emulations of :mod:`nvfp4.deviation_emulators`. The answer (a list of deviation 
 test still fails. A backend that raises where an emulated ``refuses`` deviation refuses the
 same input is explained by that deviation.
 
+Only the deviations declared for the backend under test take part: those whose registry
+entry's ``seen_in`` names it, and those its ``BackendInfo.deviations`` declares
+(:func:`declare_for`, called by the plugin). Where two deviations of different engines make the same output (ggml's K multiple
+of 64 and MLX's K multiple of 32 both refuse K = 48), each engine's failure is explained by
+its own; a backend the registry names nowhere has no declared deviation, so its failures
+stay unexplained until one enters the registry with evidence. Outside a run (no
+:func:`declare_for`), every deviation takes part.
+
 :func:`verdict` turns a certificate's tests into its class: ``conformant`` (no failure),
 ``compatible`` (every failing test explained, by deviations none of which is ``unsafe``),
 ``incompatible`` (anything else).
@@ -29,6 +37,7 @@ from nvfp4.planes import NVFP4Planes
 from .checks import exact_mismatches
 
 __all__ = [
+    "declare_for",
     "decode_or_explain",
     "exact_or_explain",
     "explain_dequantize",
@@ -40,6 +49,32 @@ __all__ = [
 _REFUSALS = tuple(d.id for d in registry.deviations() if d.emulated and d.bound == "refuses")
 _DECODE = tuple(sorted(emu.DECODER_DEVIATIONS - set(_REFUSALS)))
 _ENCODE = tuple(sorted(emu.ENCODER_DEVIATIONS - set(_REFUSALS)))
+#: The deviations declared for the backend under test (None: every deviation).
+_declared: frozenset[str] | None = None
+
+
+def declare_for(backend: str | None, declared: Iterable[str] = ()) -> frozenset[str] | None:
+    """Attribute failures only to the deviations whose ``seen_in`` names ``backend`` and to
+    the registry ids in ``declared`` (the backend's own declaration; an id the registry does
+    not hold is a ``ValueError``); ``None``: to every deviation again. Returns that set."""
+    global _declared
+    if backend is None:
+        _declared = None
+        return None
+    own = frozenset(declared)
+    known = {d.id for d in registry.deviations()}
+    if own - known:
+        raise ValueError(
+            f"backend {backend!r} declares deviations the registry does not hold: "
+            f"{', '.join(sorted(own - known))} (registry of spec {registry.REGISTRY_SPEC_VERSION})"
+        )
+    _declared = own | {d.id for d in registry.deviations() if backend in d.seen_in}
+    return _declared
+
+
+def _candidates(ids: Sequence[str]) -> tuple[str, ...]:
+    """``ids`` less those not declared for the backend under test, in order."""
+    return tuple(ids) if _declared is None else tuple(i for i in ids if i in _declared)
 
 
 def _first(
@@ -65,7 +100,7 @@ def explain_dequantize(found: Any, planes: NVFP4Planes, dtype: str) -> list[str]
         want = emu.dequantize(planes, dtype, deviations=chosen)
         return f.shape == want.shape and not exact_mismatches(f, want).any()
 
-    return _first(_DECODE, matches)
+    return _first(_candidates(_DECODE), matches)
 
 
 def _same_planes(got: NVFP4Planes, want: NVFP4Planes, chosen: Iterable[str]) -> bool:
@@ -90,7 +125,7 @@ def explain_encoding(x: Any, input_scale: Any, got: NVFP4Planes) -> list[str] | 
         want = emu.quantize_activations(x, input_scale, deviations=chosen)
         return _same_planes(got, want, chosen)
 
-    return _first(_ENCODE, matches)
+    return _first(_candidates(_ENCODE), matches)
 
 
 @functools.cache
@@ -118,7 +153,7 @@ def explain_refusal(run: Callable[[Sequence[str]], Any]) -> list[str] | None:
     """For a backend that raised: the emulated ``refuses`` deviation whose emulation
     ``run(deviations)`` raises :class:`nvfp4.deviation_emulators.DeviationRefusal` too (the
     most specific one where several do)."""
-    for ident in _refusals_most_specific_first():
+    for ident in _candidates(_refusals_most_specific_first()):
         try:
             run((ident,))
         except emu.DeviationRefusal:

@@ -41,7 +41,7 @@ from typing import Any
 
 import pytest
 
-from . import SUITE_SPEC_VERSIONS, emulation
+from . import SUITE_SPEC_VERSIONS, attribution, emulation
 from .recording import ConformanceRun, TestOutcome, tier_of
 
 __all__ = ["RUN_KEY", "TIERS_DIR", "is_conformance_item", "stable_test_id"]
@@ -156,6 +156,12 @@ def _resolve(run: ConformanceRun, config: pytest.Config) -> None:
 
     run.backend_name = name
     run.backend = backend
+    # failures are explained only by the deviations declared for this backend: by the
+    # registry's seen_in, or by the backend itself (ids of the registry only)
+    try:
+        attribution.declare_for(name, getattr(backend.info, "deviations", ()) or ())
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
     run.spec_version = spec
     try:
         avail = backend.availability()

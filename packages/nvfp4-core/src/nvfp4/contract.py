@@ -162,6 +162,9 @@ class BackendInfo:
         version: the distribution's version.
         package: the distribution to install to get it (used in error messages).
         notes: free-form facts the certificate repeats (for instance "W4A4 emulated").
+        deviations: ids of the spec's deviation registry (1.2 draft) this backend declares;
+            with those whose ``seen_in`` names it, the only ones that may explain its
+            failing tests.
     """
 
     name: str
@@ -171,6 +174,7 @@ class BackendInfo:
     version: str = ""
     package: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
+    deviations: tuple[str, ...] = field(default_factory=tuple)
 
 
 @runtime_checkable
