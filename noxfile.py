@@ -626,9 +626,9 @@ for _hw in HARDWARE:
 ENGINE_PINS: dict[str, tuple[str, ...]] = {
     "gguf-py": ("gguf==0.19.0",),
     "mlx-native": ("mlx[cpu]==0.32.4",) if sys.platform == "linux" else ("mlx==0.32.4",),
-    # No wheel on PyPI for most platforms: pip builds libggml from source (about 18 min);
-    # point PIP_FIND_LINKS at a folder holding a built wheel to skip that.
-    "ggml": ("llama-cpp-python==0.3.36",),
+    # ggml 0.20.2 prebuilt (manylinux_2_28; NVFP4 is its type 40): no source build. It has
+    # no OpenMP, so ggml-cpu starts its threads for each graph (about 15 ms a call here).
+    "ggml": ("libggml-python==0.20.2.post1",),
     # The torch engines: torch itself is pinned by the session's constraints (2.13.0, the
     # CPU build on a machine without a GPU), so none of them can bring another torch.
     "modelopt": ("nvidia-modelopt==0.47.0",),

@@ -50,10 +50,13 @@ if REQUIRED - set(_known):
 
 
 def _installed(module: str, engine: str) -> bool:
-    """The engine's module is importable; for the ggml adapter, a folder of ggml's own
-    libraries named by NVFP4_GGML_LIB_DIR stands in for llama_cpp (the adapter loads those
-    then; the llama.cpp whole-model engine needs the package itself)."""
-    if engine == "ggml" and os.environ.get("NVFP4_GGML_LIB_DIR"):
+    """The engine's module is importable; for the ggml adapter, libggml-python's prebuilt
+    libraries (module ``libggml``) or a folder of ggml's own libraries named by
+    NVFP4_GGML_LIB_DIR stand in for llama_cpp (the adapter loads those first; the llama.cpp
+    whole-model engine needs the package itself)."""
+    if engine == "ggml" and (
+        os.environ.get("NVFP4_GGML_LIB_DIR") or importlib.util.find_spec("libggml") is not None
+    ):
         return True
     return importlib.util.find_spec(module) is not None
 

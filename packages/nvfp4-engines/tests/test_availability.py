@@ -92,18 +92,21 @@ def test_gguf_py_missing(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize(
-    "case", ["no llama-cpp-python", "not a folder", "no cpu library", "not ELF"]
+    "case", ["no libggml installed", "not a folder", "no cpu library", "not ELF"]
 )
 def test_ggml_unavailable_says_why(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, case: str
 ) -> None:
     real = importlib.util.find_spec
     monkeypatch.delenv(_libggml.LIB_DIR_ENV, raising=False)
-    if case == "no llama-cpp-python":
+    if case == "no libggml installed":
+        gone = ("libggml", "llama_cpp")
         monkeypatch.setattr(
-            importlib.util, "find_spec", lambda n, *a: None if n == "llama_cpp" else real(n, *a)
+            importlib.util, "find_spec", lambda n, *a: None if n in gone else real(n, *a)
         )
-        want = "llama-cpp-python>=0.3.36"
+        want = (
+            "neither libggml-python nor llama-cpp-python is installed: pip install 'libggml-python"
+        )
     elif case == "not a folder":
         monkeypatch.setenv(_libggml.LIB_DIR_ENV, str(tmp_path / "absent"))
         want = f"{_libggml.LIB_DIR_ENV}={tmp_path / 'absent'}: not a folder"

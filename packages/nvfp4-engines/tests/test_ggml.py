@@ -4,6 +4,7 @@ the reference (spec 1.1)."""
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -96,3 +97,17 @@ def test_backend_dl_variants_each_run_their_own_code() -> None:
             address = ctypes.cast(g.traits_cpu(ggml_type).vec_dot, ctypes.c_void_p).value
             assert _mapped_file(address or 0) == str(Path(variants[name]).resolve())
     assert _libggml.load().variant == max(opened, key=lambda n: scores[n])
+
+
+def test_libggml_is_found_where_it_is_installed(monkeypatch) -> None:
+    """NVFP4_GGML_LIB_DIR wins; without it, libggml-python's prebuilt libraries, else
+    llama-cpp-python's bundled ones; the availability names the one loaded."""
+    monkeypatch.setenv(_libggml.LIB_DIR_ENV, "/nonexistent-ggml-folder")
+    with pytest.raises(_libggml.GgmlUnavailable, match="not a folder"):
+        _libggml._library_folder(None)
+    monkeypatch.delenv(_libggml.LIB_DIR_ENV)
+    folder, kind = _libggml._library_folder(None)
+    assert kind in _libggml.DISTRIBUTIONS
+    assert folder.is_dir()
+    if importlib.util.find_spec("libggml") is not None:
+        assert kind == "libggml-python"

@@ -1,5 +1,7 @@
-"""ggml-cpu through ctypes: llama-cpp-python's bundled ``libggml-base`` / ``libggml-cpu``,
-or the two libraries of a ggml built from source (a folder named by ``NVFP4_GGML_LIB_DIR``).
+"""ggml-cpu through ctypes: the prebuilt ``libggml-base`` / ``libggml-cpu`` of the PyPI
+package libggml-python (``libggml/lib64``; manylinux_2_28, built without OpenMP), else
+llama-cpp-python's bundled copies, or the two libraries of a ggml built from source (a folder
+named by ``NVFP4_GGML_LIB_DIR``, which wins over both).
 
 Only what the ``ggml`` adapter and ``benchmarks/cpu_kernels.py`` call is declared here, with
 the C signatures of ``ggml.h`` and ``ggml-cpu.h``. Nothing is loaded at import: :func:`load`
@@ -56,10 +58,13 @@ GGML_TYPE_NVFP4: Final = GGUF_TYPE_NVFP4
 #: llama-cpp-python's bundled copies when set.
 LIB_DIR_ENV: Final = "NVFP4_GGML_LIB_DIR"
 INSTALL: Final = (
-    "pip install 'llama-cpp-python>=0.3.36' (its wheel bundles libggml-base and libggml-cpu "
-    f"with the NVFP4 type; it builds from source where no wheel fits), or set {LIB_DIR_ENV} "
-    "to a folder holding a source build's libggml-base.so / libggml-cpu.so"
+    "pip install 'libggml-python==0.20.2.post1' (prebuilt libggml-base and libggml-cpu with "
+    "the NVFP4 type, glibc 2.28 and newer), or 'llama-cpp-python>=0.3.36' (its wheel bundles "
+    f"them; it builds from source where no wheel fits), or set {LIB_DIR_ENV} to a folder "
+    "holding a source build's libggml-base.so / libggml-cpu.so"
 )
+#: The distributions that carry libggml, in the order :func:`load` looks for them.
+DISTRIBUTIONS: Final = ("libggml-python", "llama-cpp-python")
 
 
 class GgmlUnavailable(RuntimeError):
@@ -180,27 +185,28 @@ def _declare(base: Any, cpu: Any) -> None:
 
 def _library_folder(lib_dir: str | None) -> tuple[Path, str]:
     """The folder to search and what it is: ``lib_dir``, else ``$NVFP4_GGML_LIB_DIR``, else
-    the installed llama_cpp package."""
+    the installed libggml package (libggml-python), else the installed llama_cpp package."""
     chosen = lib_dir or os.environ.get(LIB_DIR_ENV)
     if chosen:
         folder = Path(chosen)
         if not folder.is_dir():
             raise GgmlUnavailable(f"{LIB_DIR_ENV}={chosen}: not a folder: {INSTALL}")
         return folder, "source build"
-    spec = importlib.util.find_spec("llama_cpp")
-    if spec is None or spec.origin is None:
-        raise GgmlUnavailable(f"llama-cpp-python is not installed: {INSTALL}")
-    return Path(spec.origin).parent, "llama-cpp-python"
+    for module, kind in (("libggml", "libggml-python"), ("llama_cpp", "llama-cpp-python")):
+        spec = importlib.util.find_spec(module)
+        if spec is not None and spec.submodule_search_locations:
+            return Path(next(iter(spec.submodule_search_locations))), kind
+    raise GgmlUnavailable(f"neither libggml-python nor llama-cpp-python is installed: {INSTALL}")
 
 
 def _source(kind: str, base_files: list[str]) -> str:
-    if kind == "llama-cpp-python":
+    if kind in DISTRIBUTIONS:
         from importlib.metadata import PackageNotFoundError, version
 
         try:
-            return f"llama-cpp-python {version('llama-cpp-python')}"
+            return f"{kind} {version(kind)}"
         except PackageNotFoundError:
-            return "llama-cpp-python (version unknown)"
+            return f"{kind} (version unknown)"
     # a source build's versioned file names carry ggml's version: libggml-base.so.0.25.3
     versioned = [f for f in base_files if Path(f).name.count(".") > 2]
     ggml_version = Path(versioned[-1]).name.split(".so.", 1)[1] if versioned else "version unknown"
@@ -250,7 +256,8 @@ def _pick_variant(folder: Path, variants: dict[str, str], wanted: str | None) ->
 @functools.lru_cache(maxsize=8)
 def load(lib_dir: str | None = None, variant: str | None = None) -> Ggml:
     """Open libggml once per (folder, variant) (cached), or raise :class:`GgmlUnavailable`:
-    from ``lib_dir``, else ``$NVFP4_GGML_LIB_DIR``, else llama-cpp-python's bundled copies.
+    from ``lib_dir``, else ``$NVFP4_GGML_LIB_DIR``, else libggml-python's prebuilt libraries,
+    else llama-cpp-python's bundled copies.
     ``variant`` names a backend-DL CPU variant (``haswell``); None takes the folder's plain
     ``libggml-cpu.so``, or its best-scoring variant when it holds variants only."""
     folder, kind = _library_folder(lib_dir)

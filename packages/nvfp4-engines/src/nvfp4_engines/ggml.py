@@ -1,6 +1,6 @@
 """``ggml``: ggml-cpu's own NVFP4 code (llama.cpp's tensor library), through ctypes on the
-``libggml`` that llama-cpp-python bundles, or a source build's (``NVFP4_GGML_LIB_DIR``; see
-:mod:`nvfp4_engines._libggml`).
+prebuilt ``libggml`` of libggml-python, the one llama-cpp-python bundles, or a source build's
+(``NVFP4_GGML_LIB_DIR``; see :mod:`nvfp4_engines._libggml`).
 
 What the engine has, and the kernel each becomes:
 
@@ -48,13 +48,14 @@ from nvfp4.planes import NVFP4Planes, PlaneError
 from nvfp4.spec import GGUF_SUPER_BLOCK, Q8_BLOCK_SIZE
 
 from . import _libggml as lib
-from ._common import adapter_info, numpy_in, numpy_out
+from ._common import adapter_info, dist_version, numpy_in, numpy_out
 from ._gguf import GgufWeight, to_gguf_weight
 
 __all__ = ["DISTRIBUTION", "NAME", "GgmlKernels", "GgmlWeight", "backend"]
 
 NAME: Final = "ggml"
-DISTRIBUTION: Final = "llama-cpp-python"
+#: The pinned carrier of libggml (``nox -s engines``); llama-cpp-python's copy serves too.
+DISTRIBUTION: Final = "libggml-python"
 #: ggml-cpu threads per graph (the conformance shapes are small).
 THREADS: Final = max(1, min(4, os.cpu_count() or 1))
 #: A Q8_0 block: a float16 d, then 32 int8 codes (ggml's ``block_q8_0``).
@@ -123,12 +124,14 @@ class GgmlKernels:
     """The kernel contract over libggml-cpu (numpy arrays in and out)."""
 
     def __init__(self) -> None:
+        # the certificate names the distribution whose libggml is installed
+        carrier = next((d for d in lib.DISTRIBUTIONS if dist_version(d)), DISTRIBUTION)
         self.info = adapter_info(
             NAME,
-            DISTRIBUTION,
+            carrier,
             frozenset({"dequantize", "fused_partitions", "quantize_activations", "w4a8"}),
             (
-                "ggml-cpu from llama-cpp-python's bundled libggml, through ctypes",
+                f"ggml-cpu from {carrier}'s libggml (or NVFP4_GGML_LIB_DIR's), through ctypes",
                 "dequantize: the NVFP4 type traits' to_float, times the tensor's .scale",
                 "W4A8: ggml_mul(ggml_mul_mat(w, x), scale), x quantized by ggml to Q8_0; "
                 "MoE: ggml_mul_mat_id, then the expert's .scale",
