@@ -319,7 +319,14 @@ def moe_config(hidden: int, inter: int, experts: int) -> dict[str, Any]:
 
 @pytest.mark.parametrize(
     ("flavour", "stacked"),
-    [("modelopt", False), ("compressed-tensors", False), ("gguf", False), ("mlx", True)],
+    [
+        ("modelopt", False),
+        ("compressed-tensors", False),
+        ("gguf", False),
+        ("gguf", True),
+        ("mlx", False),
+        ("mlx", True),
+    ],
 )
 @pytest.mark.parametrize(("tp", "ep"), [(1, 2), (2, 2), (1, 3)])
 def test_experts_go_to_ranks_by_index_with_their_globals(
