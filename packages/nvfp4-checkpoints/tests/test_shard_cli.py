@@ -413,6 +413,10 @@ def test_a_plan_that_cuts_a_block_is_refused(tmp_path: Path, refused: Any) -> No
     refused("shard", str(src), str(tmp_path / "t"), "--tp", "32", match="down_proj", names=src)
     refused("shard", str(src), str(tmp_path / "t"), "--tp", "0", match="--tp", names="--tp")
     refused("shard", str(src), str(tmp_path / "t"), "--ep", "2", match="--ep 2", names=src)
+    refused("shard", str(src), str(tmp_path / "t"), "--ep", "0", match="--ep", names="--ep")
+    refused(
+        "shard", str(src), str(tmp_path / "t"), "--align", "0", match="--align", names="(blocks)"
+    )
     assert listing(tmp_path) == before
 
 
