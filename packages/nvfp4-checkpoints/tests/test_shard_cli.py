@@ -555,3 +555,73 @@ def test_verify_refuses_rank_folders_that_disagree_with_the_manifest(
     shutil.rmtree(dst / "rank-0")
     shutil.move(extra, dst / "rank-0")
     refused("verify", str(src), str(dst), match="extra_proj", names=dst / "rank-0")
+
+
+def foreign_gguf(path: Path) -> tuple[Path, dict[str, np.ndarray[Any, Any]]]:
+    """A llama GGUF as llama.cpp's converter writes one (no ``nvfp4.*`` keys, no config:
+    hyper-parameters in the metadata, q/k rows RoPE-permuted, no ``.scale`` of 1.0): 4
+    heads of 64, 2 KV heads. Returns the path and every NVFP4 tensor's raw bytes."""
+    gguf = pytest.importorskip("gguf")
+    rng = np.random.default_rng(11)
+    shapes = {
+        "blk.0.attn_q": (256, 256),
+        "blk.0.attn_k": (128, 256),
+        "blk.0.attn_output": (256, 256),
+        "blk.0.ffn_gate": (512, 256),
+        "blk.0.ffn_down": (256, 512),
+    }
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_block_count(1)
+    w.add_embedding_length(256)
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    raw = {}
+    for base, (n, k) in shapes.items():
+        b = rng.integers(0, 256, (n, k // 64, 36), dtype=np.uint8)
+        b[..., :4] = rng.integers(0x08, 0x7F, (n, k // 64, 4), dtype=np.uint8)  # valid scales
+        raw[base] = b.reshape(n, -1)
+        w.add_tensor(f"{base}.weight", raw[base], raw_dtype=gguf.GGMLQuantizationType.NVFP4)
+    w.add_tensor("blk.0.ffn_down.scale", np.array([0.25], np.float32))
+    w.add_tensor("output_norm.weight", np.ones(256, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path, raw
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_a_llama_cpp_gguf_shards_as_slices_of_its_bytes(tmp_path: Path, tp: int) -> None:
+    # the plan from llama.cpp's names and the metadata's heads; every rank's NVFP4 data is a
+    # slice of the source file's: whole rows (heads, RoPE-permuted per head; at TP4 the 2 KV
+    # heads are replicated) or whole 36-byte super-blocks of every row
+    from nvfp4_checkpoints.gguf.file import GGUFFile
+
+    src, raw = foreign_gguf(tmp_path / "foreign.gguf")
+    dst = tmp_path / "dst"
+    assert run("shard", str(src), str(dst), "--tp", str(tp)) == 0
+    tensors = manifest_of(dst)["tensors"]
+    assert tensors["blk.0.ffn_down"]["dim"] == "k"
+    assert tensors["blk.0.attn_output"]["dim"] == "k"
+    assert tensors["blk.0.ffn_gate"]["ranks"] == tensors["blk.0.ffn_down"]["ranks"]
+    assert tensors["blk.0.attn_q"]["unit"] == 64  # whole heads
+    for rank in range(tp):
+        f = GGUFFile(rank_checkpoint(dst, rank))
+        try:
+            assert f.value("general.architecture") == "llama"
+            q = tensors["blk.0.attn_q"]["ranks"][rank]
+            assert f.value("llama.attention.head_count") == (q[1] - q[0]) // 64
+            for base, entry in tensors.items():
+                a, b, padded = entry["ranks"][rank]
+                got = np.array(f.array(f.tensors[f"{base}.weight"]))
+                want = (
+                    raw[base][a:b]
+                    if entry["dim"] == "n"
+                    else raw[base][:, a // 64 * 36 : b // 64 * 36]
+                )
+                assert padded == b - a
+                np.testing.assert_array_equal(got, want, err_msg=f"{base} rank {rank}")
+            assert f.array(f.tensors["blk.0.ffn_down.scale"]).tolist() == [0.25]
+        finally:
+            f.close()
+    assert run("verify", str(src), str(dst)) == 0

@@ -41,12 +41,16 @@ from .checkpoint import Checkpoint
 from .destination import destination
 from .flavour_io import WriteOptions
 from .folder import CheckpointError
+from .gguf import GGUFCheckpoint
+from .gguf.metadata import config_from_metadata
 from .hf import DEFAULT_MAX_SHARD_BYTES, SHARD_MANIFEST
 from .shard_layout import (
+    Q_PROJ,
     ShardLayout,
     build_layout,
     default_align,
     heads_of,
+    layer_of,
     plan_entry,
     plan_for,
     plan_from_entry,
@@ -82,7 +86,7 @@ def _rank_config(config: Mapping[str, Any], layout: ShardLayout, rank: int) -> d
     cut = [
         t
         for t in layout.tensors.values()
-        if t.name.rsplit(".", 1)[-1] == "q_proj" and t.plan.dim == "n" and t.plan.unit == heads[2]
+        if layer_of(t.name) in Q_PROJ and t.plan.dim == "n" and t.plan.unit == heads[2]
     ]
     if not cut:
         return out
@@ -98,11 +102,22 @@ def _rank_config(config: Mapping[str, Any], layout: ShardLayout, rank: int) -> d
     return out
 
 
+def source_config(ck: Checkpoint) -> dict[str, Any]:
+    """The config the plan and the ranks follow: SRC's, or for a GGUF that records none
+    (llama.cpp's converter writes hyper-parameters only) the one its metadata gives
+    (architecture, head counts...), so that heads stay whole and the ranks keep them."""
+    if isinstance(ck, GGUFCheckpoint) and not ck.config:
+        return config_from_metadata(ck.file, ck.arch)
+    return ck.config
+
+
 def _rank_path(folder: Path, ck: Checkpoint) -> Path:
     return folder / ck.path.name if ck.flavour == "gguf" else folder
 
 
-def _write_rank(ck: Checkpoint, layout: ShardLayout, rank: int, folder: Path) -> None:
+def _write_rank(
+    ck: Checkpoint, config: dict[str, Any], layout: ShardLayout, rank: int, folder: Path
+) -> None:
     """Rank ``rank``'s checkpoint at ``folder`` (a new path), through SRC's flavour writer
     with SRC as its origin (its tokenizer and other files come along)."""
     planes: dict[str, NVFP4Planes] = {}
@@ -113,7 +128,8 @@ def _write_rank(ck: Checkpoint, layout: ShardLayout, rank: int, folder: Path) ->
         if v is not None:
             inputs[local] = v
     tensors = {name: ck.tensor(name) for name in ck.tensor_names()}
-    config = _rank_config(ck.config, layout, rank) if ck.flavour == "gguf" else ck.config
+    if ck.flavour == "gguf":
+        config = _rank_config(config, layout, rank)
     src = mapping_source(planes, tensors, config, inputs)
     src.origin = ck
     io = FLAVOUR_IO[ck.flavour]
@@ -162,13 +178,18 @@ def shard_checkpoint(
                 f"{target}: expected a destination apart from the source {ck.path}, found it "
                 f"{'inside' if where.is_relative_to(source) else 'holding'} the source"
             )
+        config = source_config(ck)
         layout = build_layout(
-            ck, tp=tp, ep=ep, align=default_align(ck.flavour) if align is None else align
+            ck,
+            tp=tp,
+            ep=ep,
+            align=default_align(ck.flavour) if align is None else align,
+            config=config,
         )
         with destination(target, force=empty, source=ck.path) as tmp:
             tmp.mkdir()
             for rank in range(layout.world):
-                _write_rank(ck, layout, rank, tmp / f"rank-{rank}")
+                _write_rank(ck, config, layout, rank, tmp / f"rank-{rank}")
             manifest = layout.manifest(ck.flavour, ck.path.name)
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
     return target
@@ -317,7 +338,7 @@ def verify_sharded(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> 
     ep = _positive(manifest.get("ep", 1), f"{where}: ep")
     align = _positive(manifest.get("align_blocks"), f"{where}: align_blocks", " (blocks)")
     with open_checkpoint(src) as ck:
-        layout = build_layout(ck, tp=tp, ep=ep, align=align)
+        layout = build_layout(ck, tp=tp, ep=ep, align=align, config=source_config(ck))
         _check_manifest(manifest, layout, ck.flavour, where)
         folders = sorted(p.name for p in root.iterdir() if p.name.startswith("rank-"))
         want = [f"rank-{r}" for r in range(layout.world)]
