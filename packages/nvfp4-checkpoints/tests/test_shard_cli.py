@@ -447,6 +447,15 @@ def test_gguf_refuses_a_cut_inside_a_super_block(tmp_path: Path, refused: Any) -
     before = listing(tmp_path)
     err = refused("shard", str(attn), str(tmp_path / "t"), "--tp", "4", match="o_proj", names=attn)
     assert "super-block" in err
+    # 10 heads over 2 KV heads at TP4: rank 1's 3 query heads read 2 KV heads
+    gqa = _write(
+        tmp_path / "gqa",
+        attention_planes(640, 10, 2),
+        "gguf",
+        config={**llama_config(hidden=640, kv_heads=2), "num_attention_heads": 10},
+    )
+    before = listing(tmp_path)
+    refused("shard", str(gqa), str(tmp_path / "t"), "--tp", "4", match="KV heads", names=gqa)
     assert listing(tmp_path) == before
 
 

@@ -76,9 +76,12 @@ def _positive(value: object, what: str, unit: str = "") -> int:
     return value
 
 
-def _rank_config(config: Mapping[str, Any], layout: ShardLayout, rank: int) -> dict[str, Any]:
+def _rank_config(
+    config: Mapping[str, Any], layout: ShardLayout, rank: int, where: Path
+) -> dict[str, Any]:
     """A GGUF rank's config: SRC's, with the attention heads the rank holds (llama.cpp's
-    head counts describe the file's q/k rows, which are RoPE-permuted per head)."""
+    head counts describe the file's q/k rows, which are RoPE-permuted per head); a rank
+    whose query heads are no whole groups of its KV heads is refused (GGUF cannot say it)."""
     out = dict(config)
     heads = heads_of(config)
     if heads is None or layout.tp == 1:
@@ -94,6 +97,12 @@ def _rank_config(config: Mapping[str, Any], layout: ShardLayout, rank: int) -> d
     _, tp_rank = layout.split(rank)
     q = h.q[tp_rank]
     kv_start, kv_stop = h.kv[tp_rank]
+    if q.size % (kv_stop - kv_start):
+        raise CheckpointError(
+            f"{where}: rank {rank}: {q.size} query heads over {kv_stop - kv_start} KV heads: "
+            "expected a multiple (a GGUF's head_count over its head_count_kv), found a "
+            f"remainder at tp {layout.tp} ({heads[0]} heads, {heads[1]} KV heads)"
+        )
     out.update(
         num_attention_heads=q.size,
         num_key_value_heads=kv_stop - kv_start,
@@ -119,7 +128,8 @@ def _write_rank(
     ck: Checkpoint, config: dict[str, Any], layout: ShardLayout, rank: int, folder: Path
 ) -> None:
     """Rank ``rank``'s checkpoint at ``folder`` (a new path), through SRC's flavour writer
-    with SRC as its origin (its tokenizer and other files come along)."""
+    with SRC as its origin (its tokenizer and other files come along); ``config`` is the
+    rank's."""
     planes: dict[str, NVFP4Planes] = {}
     inputs: dict[str, float] = {}
     for local, t in layout.held(rank):
@@ -128,8 +138,6 @@ def _write_rank(
         if v is not None:
             inputs[local] = v
     tensors = {name: ck.tensor(name) for name in ck.tensor_names()}
-    if ck.flavour == "gguf":
-        config = _rank_config(config, layout, rank)
     src = mapping_source(planes, tensors, config, inputs)
     src.origin = ck
     io = FLAVOUR_IO[ck.flavour]
@@ -186,10 +194,14 @@ def shard_checkpoint(
             align=default_align(ck.flavour) if align is None else align,
             config=config,
         )
+        configs = [
+            _rank_config(config, layout, rank, ck.path) if ck.flavour == "gguf" else config
+            for rank in range(layout.world)
+        ]
         with destination(target, force=empty, source=ck.path) as tmp:
             tmp.mkdir()
-            for rank in range(layout.world):
-                _write_rank(ck, config, layout, rank, tmp / f"rank-{rank}")
+            for rank, rank_config in enumerate(configs):
+                _write_rank(ck, rank_config, layout, rank, tmp / f"rank-{rank}")
             manifest = layout.manifest(ck.flavour, ck.path.name)
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
     return target
