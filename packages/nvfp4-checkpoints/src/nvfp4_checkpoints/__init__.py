@@ -7,6 +7,8 @@ The checkpoint tooling of the NVFP4 standard, on top of ``nvfp4`` (nvfp4-core):
   the other tensors, MoE expert groups and fused q/k/v, gate/up groups;
 * :func:`write_checkpoint`: write a checkpoint of any flavour, from an opened checkpoint (a
   conversion) or from mappings of planes and tensors, streaming and atomic;
+* :func:`load_rank` -> :class:`RankShard`: one tensor-parallel rank's shards, reading that
+  rank's bytes only (:mod:`.rank_loading`);
 * :func:`detect_flavour`, :class:`CheckpointError`;
 * the ``nvfp4`` command (:mod:`nvfp4_checkpoints.cli`: ``inspect | convert | verify``).
 
@@ -29,6 +31,7 @@ from .checkpoint import Checkpoint, PlaneShape
 from .destination import destination, recover
 from .flavours import FLAVOURS, CheckpointError, Flavour, detect_flavour
 from .hf import DEFAULT_MAX_SHARD_BYTES
+from .rank_loading import RankShard, load_rank
 from .source import Progress
 
 __all__ = [
@@ -40,9 +43,11 @@ __all__ = [
     "Flavour",
     "PlaneShape",
     "Progress",
+    "RankShard",
     "__version__",
     "destination",
     "detect_flavour",
+    "load_rank",
     "open_checkpoint",
     "recover",
     "write_checkpoint",

@@ -77,8 +77,8 @@ class CompressedTensorsCheckpoint(HFCheckpoint):
         # a dense layer of a mixed checkpoint may have a weight_scale of its own (FP8)
         return f"{prefix}.{self.CODES}" in self.store or f"{prefix}.{self.GLOBAL}" in self.store
 
-    def planes(self, prefix: str) -> NVFP4Planes:
-        return from_compressed_tensors(self._parts(prefix), name=prefix)
+    def planes_from_parts(self, prefix: str, parts: Mapping[str, Any]) -> NVFP4Planes:
+        return from_compressed_tensors(parts, name=prefix)
 
     def _decode_input(self, a: npt.NDArray[Any], name: str) -> npt.NDArray[Any]:
         return input_scale_from_input_global_scale(a, name)

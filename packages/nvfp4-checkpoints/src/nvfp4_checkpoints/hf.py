@@ -151,6 +151,13 @@ class SafetensorsStore:
     def get(self, name: str) -> npt.NDArray[Any]:
         return self.where[name].get(name)
 
+    def read(
+        self, name: str, *, axis: int | None = None, start: int = 0, stop: int | None = None
+    ) -> npt.NDArray[Any]:
+        """``name`` (or a range of one axis) read into memory, nothing mapped
+        (:meth:`~.safetensors_io.SafetensorsFile.read`)."""
+        return self.where[name].read(name, axis=axis, start=start, stop=stop)
+
 
 #: The file ``nvfp4 shard`` writes beside its rank folders (its one source: :mod:`.shard`
 #: imports it from here, as it reads checkpoints through this module).
@@ -314,11 +321,25 @@ class HFCheckpoint(Checkpoint):
         if prefix not in self._qset:
             raise CheckpointError(f"{self.path}: {prefix!r} is not an NVFP4 tensor")
 
-    def _parts(self, prefix: str) -> dict[str, npt.NDArray[Any]]:
+    def planes(self, prefix: str) -> NVFP4Planes:
+        return self.planes_from_parts(prefix, self._parts(prefix))
+
+    def planes_from_parts(self, prefix: str, parts: Mapping[str, Any]) -> NVFP4Planes:
+        """The canonical planes of ``prefix`` from its stored tensors (``parts``: suffix ->
+        array, those of :attr:`OWNED` the checkpoint holds), validated with content: the
+        flavour's lossless transcode. :meth:`planes` passes the whole tensors; a rank
+        loader (:mod:`.rank_loading`) passes the rank's rows or columns of the codes and
+        scales, as a transcode of a range is the range of the transcode."""
+        raise NotImplementedError
+
+    def part_names(self, prefix: str) -> dict[str, str]:
+        """``prefix``'s stored tensors: suffix -> tensor name, those of :attr:`OWNED` the
+        checkpoint holds."""
         self._check_prefix(prefix)
-        return {
-            s: self.store.get(f"{prefix}.{s}") for s in self.OWNED if f"{prefix}.{s}" in self.store
-        }
+        return {s: f"{prefix}.{s}" for s in self.OWNED if f"{prefix}.{s}" in self.store}
+
+    def _parts(self, prefix: str) -> dict[str, npt.NDArray[Any]]:
+        return {s: self.store.get(name) for s, name in self.part_names(prefix).items()}
 
     def plane_shape(self, prefix: str) -> PlaneShape:
         self._check_prefix(prefix)

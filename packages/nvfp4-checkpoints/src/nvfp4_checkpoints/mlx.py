@@ -24,6 +24,7 @@ decodes it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from importlib.resources import files
 from pathlib import Path
 from typing import Any, Final
@@ -128,9 +129,8 @@ class MLXCheckpoint(HFCheckpoint):
             )
         return PlaneShape(base.shape, parts.shape[0] - 1)
 
-    def planes(self, prefix: str) -> NVFP4Planes:
+    def planes_from_parts(self, prefix: str, parts: Mapping[str, Any]) -> NVFP4Planes:
         self.plane_shape(prefix)  # checks the partitions tensor
-        parts = self._parts(prefix)
         partitions = None
         if "partitions" in parts:
             partitions = tuple(int(b) for b in np.asarray(parts["partitions"]).tolist())

@@ -102,8 +102,8 @@ class ModelOptCheckpoint(HFCheckpoint):
             return self.quant_algo
         return "NVFP4" if self.input_scale(prefix) is not None else "W4A16_NVFP4"
 
-    def planes(self, prefix: str) -> NVFP4Planes:
-        return from_modelopt(self._parts(prefix), name=prefix)
+    def planes_from_parts(self, prefix: str, parts: Mapping[str, Any]) -> NVFP4Planes:
+        return from_modelopt(parts, name=prefix)
 
 
 class ModelOptFormat(PackedFormat):

@@ -162,6 +162,77 @@ class SafetensorsFile(Closing):
             raise fail(f"cannot map the tensor's data ({e})", name) from None
         return arr
 
+    def read(
+        self, name: str, *, axis: int | None = None, start: int = 0, stop: int | None = None
+    ) -> npt.NDArray[Any]:
+        """Tensor ``name``, or its range ``[start, stop)`` along ``axis``, read into a fresh
+        writable array by positioned reads of those bytes only: nothing is memory-mapped,
+        so the process holds the result and nothing else (a rank loading its shard,
+        :mod:`.rank_loading`). A range of the last axis of ``[R, C]`` is one read a row
+        (``C`` bytes apart); a range of an outer axis is one read per index before it.
+
+        Raises:
+            SafetensorsError: the file was replaced since its header was read, or it ends
+                before the tensor's bytes (naming the file and the tensor).
+            ValueError: an axis or range outside the tensor's shape (a caller's error).
+        """
+        t = self.info(name)
+        shape = list(t.shape)
+        dt = t.numpy_dtype
+        if axis is None:
+            axis, start, stop = 0, 0, (shape[0] if shape else 1)
+            shape = shape or [1]
+        else:
+            if not -len(shape) <= axis < len(shape):
+                raise ValueError(f"{self.path}: tensor {name!r}: no axis {axis} in {t.shape}")
+            axis %= len(shape)
+        stop = shape[axis] if stop is None else stop
+        if not 0 <= start <= stop <= shape[axis]:
+            raise ValueError(
+                f"{self.path}: tensor {name!r}: range [{start}, {stop}) outside axis {axis} "
+                f"of {t.shape}"
+            )
+        inner = math.prod(shape[axis + 1 :]) * dt.itemsize
+        span, piece = shape[axis] * inner, (stop - start) * inner
+        outer = math.prod(shape[:axis])
+        out = np.empty((*shape[:axis], stop - start, *shape[axis + 1 :]), dtype=dt)
+        flat = out.reshape(-1).view(np.uint8).data
+        if piece:
+            # whole rows of the axis are contiguous across outer indices: one read
+            runs = (
+                [(t.start + start * inner, 0, outer * piece)]
+                if piece == span or outer == 1
+                else [(t.start + o * span + start * inner, o * piece, piece) for o in range(outer)]
+            )
+            fail = Refusals(f"safetensors file {self.path}", SafetensorsError)
+            with self._opener() as f:
+                st = os.fstat(f.fileno())
+                if (st.st_dev, st.st_ino) != self._node:
+                    raise fail("replaced since its header was read (another file now)", name)
+                for offset, at, size in runs:
+                    _read_exactly(f, flat[at : at + size], offset, fail, name)
+        return out.reshape(t.shape) if not t.shape else out
+
+
+#: The largest single read (Linux moves at most about 2 GiB a call).
+_MAX_READ: Final = 1 << 30
+
+
+def _read_exactly(f: BinaryIO, into: memoryview, offset: int, fail: Refusals, name: str) -> None:
+    """Fill ``into`` from byte ``offset`` of ``f`` (positioned reads where the platform
+    has them, else seek and read), or refuse a file that ends first."""
+    done = 0
+    while done < len(into):
+        chunk = into[done : done + _MAX_READ]
+        if hasattr(os, "preadv"):
+            got = os.preadv(f.fileno(), [chunk], offset + done)
+        else:  # pragma: no cover - Windows
+            f.seek(offset + done)
+            got = f.readinto(chunk) or 0  # type: ignore[attr-defined]
+        if got <= 0:
+            raise fail(f"ends at byte {offset + done}, inside the tensor's data (truncated?)", name)
+        done += got
+
 
 def _header_bytes(
     entries: Sequence[tuple[str, str, tuple[int, ...]]], metadata: Mapping[str, str] | None

@@ -37,6 +37,7 @@ from .spec import BLOCK_SIZE
 
 __all__ = [
     "check_padding",
+    "pad_shard",
     "reassemble",
     "reassemble_fused",
     "reassemble_swizzled_scales",
@@ -68,32 +69,46 @@ def _check_plan(planes: NVFP4Planes, plan: ShardPlan) -> None:
         )
 
 
-def _rows(planes: NVFP4Planes, r: ShardRange) -> NVFP4Planes:
-    s = slice_rows(planes, r.start, r.stop)
-    if not r.padding:
-        return s
-    parts = s.partitions
-    if parts is not None:  # the padding joins the last partition
-        parts = (*parts[:-1], parts[-1] + r.padding)
-    return NVFP4Planes(
-        _pad(s.codes, -2, r.padding),
-        _pad(s.scales, -2, r.padding),
-        s.global_scale,
-        partitions=parts,
-        name=s.name,
-    )
+def pad_shard(piece: NVFP4Planes, plan: ShardPlan, rank: int) -> NVFP4Planes:
+    """``rank``'s shard from ``piece``, the rank's logical range alone (``plan[rank].size``
+    rows of an ``"n"`` plan, K columns of a ``"k"`` plan), with the rank's zero padding
+    appended (codes 0, scale bytes 0x00; padded rows join the last partition): what
+    :func:`shard_planes` returns. For a loader that reads only the range from a file
+    (nvfp4-checkpoints' rank loading), so both pad by this one rule. An ``"experts"`` plan
+    has no padding: the piece is returned as it is.
 
-
-def _cols(planes: NVFP4Planes, r: ShardRange) -> NVFP4Planes:
-    s = slice_k(planes, r.start, r.stop)
-    if not r.padding:
-        return s
+    Raises:
+        PlaneError: a piece whose size along the plan's dimension is not the range's.
+    """
+    validate(piece)
+    r = plan[rank]
+    have = {"n": piece.n, "k": piece.k, "experts": piece.num_experts}.get(plan.dim)
+    if have != r.size:
+        raise PlaneError(
+            piece.name,
+            f"rank {rank} {plan.dim} size before padding (plan {plan.name!r})",
+            r.size,
+            "no expert axis" if have is None else have,
+        )
+    if not r.padding or plan.dim == "experts":
+        return piece
+    if plan.dim == "n":
+        parts = piece.partitions
+        if parts is not None:  # the padding joins the last partition
+            parts = (*parts[:-1], parts[-1] + r.padding)
+        return NVFP4Planes(
+            _pad(piece.codes, -2, r.padding),
+            _pad(piece.scales, -2, r.padding),
+            piece.global_scale,
+            partitions=parts,
+            name=piece.name,
+        )
     return NVFP4Planes(
-        _pad(s.codes, -1, r.padding // 2),
-        _pad(s.scales, -1, r.padding // BLOCK_SIZE),
-        s.global_scale,
-        partitions=s.partitions,
-        name=s.name,
+        _pad(piece.codes, -1, r.padding // 2),
+        _pad(piece.scales, -1, r.padding // BLOCK_SIZE),
+        piece.global_scale,
+        partitions=piece.partitions,
+        name=piece.name,
     )
 
 
@@ -119,9 +134,9 @@ def shard_planes(planes: NVFP4Planes, plan: ShardPlan, rank: int) -> NVFP4Planes
     _check_plan(planes, plan)
     r = plan[rank]
     if plan.dim == "n":
-        return _rows(planes, r)
+        return pad_shard(slice_rows(planes, r.start, r.stop), plan, rank)
     if plan.dim == "k":
-        return _cols(planes, r)
+        return pad_shard(slice_k(planes, r.start, r.stop), plan, rank)
     return _experts(planes, r)
 
 

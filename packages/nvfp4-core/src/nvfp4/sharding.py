@@ -15,11 +15,12 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
+import numpy.typing as npt
 
 from .planes import NVFP4Planes, PlaneError, validate
 from .spec import BLOCK_SIZE
 
-__all__ = ["shard", "shard_bounds", "slice_k", "slice_rows"]
+__all__ = ["clip_partitions", "shard", "shard_bounds", "slice_k", "slice_rows"]
 
 
 def _is_int(x: object) -> bool:
@@ -49,14 +50,24 @@ def slice_rows(planes: NVFP4Planes, start: int, stop: int) -> NVFP4Planes:
     scales = planes.scales[..., start:stop, :]
     if planes.partitions is None:
         return NVFP4Planes(codes, scales, planes.global_scale, name=planes.name)
-    bounds = np.asarray(planes.partitions, dtype=np.int64)
+    new_bounds, new_g = clip_partitions(planes.partitions, planes.global_scale, start, stop)
+    return NVFP4Planes(codes, scales, new_g, partitions=new_bounds, name=planes.name)
+
+
+def clip_partitions(
+    partitions: tuple[int, ...], global_scale: npt.NDArray[np.float32], start: int, stop: int
+) -> tuple[tuple[int, ...], npt.NDArray[np.float32]]:
+    """The partition bounds and globals of rows ``[start, stop)`` of a fused tensor:
+    bounds clipped to the range and counted from ``start``, the partitions left empty
+    dropped with their globals (a scalar global is kept). :func:`slice_rows` uses it, and
+    so does a loader that reads only a rank's rows (nvfp4-checkpoints' rank loading)."""
+    bounds = np.asarray(partitions, dtype=np.int64)
     lo = np.clip(bounds[:-1], start, stop)
     hi = np.clip(bounds[1:], start, stop)
     keep = np.flatnonzero(hi > lo)
     new_bounds = (0, *(int(b) - start for b in hi[keep]))
-    g = planes.global_scale
-    new_g = g if g.ndim == 0 else np.ascontiguousarray(g[..., keep])
-    return NVFP4Planes(codes, scales, new_g, partitions=new_bounds, name=planes.name)
+    g = global_scale
+    return new_bounds, (g if g.ndim == 0 else np.ascontiguousarray(g[..., keep]))
 
 
 def slice_k(planes: NVFP4Planes, start: int, stop: int) -> NVFP4Planes:

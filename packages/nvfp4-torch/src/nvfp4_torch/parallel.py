@@ -13,6 +13,12 @@
 * :class:`ExpertParallelExperts` - experts split by an ``"experts"`` plan; a rank's rows
   for other ranks' experts come out exactly zero, so the float32 sum is exact.
 
+Every layer takes the whole weight (each rank cuts its own shard) or, with
+``planes_are_shard=True``, this rank's shard already cut, as
+:func:`nvfp4_checkpoints.load_rank` reads it from a checkpoint (``shard.planes[name]`` with
+``shard.plans[name]``): a rank then never holds the whole weight. The shard's size along the
+plan's dimension is checked against the plan (padding included).
+
 A padded shard (a plan with alignment) pads codes with 0 and scales with 0x00: padded output
 rows are exactly zero, and padded K columns add exactly zero whatever x holds there (the
 layers put zeros there anyway). A column-parallel layer that feeds a row-parallel one takes
@@ -37,6 +43,23 @@ from .modules import NVFP4Experts, NVFP4Linear
 __all__ = ["ColumnParallelLinear", "ExpertParallelExperts", "RowParallelLinear"]
 
 
+def _check_shard(shard: NVFP4Planes, plans: Sequence[ShardPlan], rank: int, what: str) -> None:
+    """Refuse a shard (``planes_are_shard=True``) whose size along the plans' dimension
+    is not what the plans give ``rank``: the sum of the partitions' padded rows, the padded
+    K, or the number of experts."""
+    dim = plans[0].dim
+    if dim == "experts":
+        want, have = plans[0][rank].size, shard.num_experts
+    else:
+        want = sum(p[rank].padded for p in plans)
+        have = shard.n if dim == "n" else shard.k
+    if have != want:
+        raise ValueError(
+            f"{what} rank {rank}: planes_are_shard: expected the plan's {dim} size {want} "
+            f"(padding included), found {have}"
+        )
+
+
 def _check_plan(plan: ShardPlan, dim: str, world: int, what: str) -> None:
     if plan.dim != dim:
         raise ValueError(f"{what} ({plan.name!r}): expected a {dim!r} plan, found {plan.dim!r}")
@@ -50,12 +73,15 @@ class ColumnParallelLinear(torch.nn.Module):  # type: ignore[misc]
     """This rank's output rows of ``planes`` (``y = x @ W[rows].T``).
 
     Args:
-        planes: the whole weight ``[N, K]`` (every rank cuts its own shard).
+        planes: the whole weight ``[N, K]`` (every rank cuts its own shard), or this rank's
+            shard with ``planes_are_shard=True``.
         plan: an ``"n"`` plan of N, or one ``"n"`` plan a partition of a fused weight.
         group: the process group (default: the default group).
         gather_output: gather every rank's columns into ``[..., N]`` (default); ``False``
             returns the local ``[..., padded rows]`` for a paired row-parallel layer.
         backend: bind the local linear to this backend object (:meth:`NVFP4Linear.bind`).
+        planes_are_shard: ``planes`` is this rank's shard (a fused one: the rank's pieces
+            of every partition, fused), not the whole weight.
     """
 
     def __init__(
@@ -66,14 +92,19 @@ class ColumnParallelLinear(torch.nn.Module):  # type: ignore[misc]
         group: Any = None,
         gather_output: bool = True,
         backend: Any = None,
+        planes_are_shard: bool = False,
     ) -> None:
         super().__init__()
         self.rank, world = rank_and_world(group)
         self.group = group
         self.plans: tuple[ShardPlan, ...] = (plan,) if isinstance(plan, ShardPlan) else tuple(plan)
+        what = f"ColumnParallelLinear({planes.name!r})"
         for p in self.plans:
-            _check_plan(p, "n", world, f"ColumnParallelLinear({planes.name!r})")
-        if isinstance(plan, ShardPlan):
+            _check_plan(p, "n", world, what)
+        if planes_are_shard:
+            _check_shard(planes, self.plans, self.rank, what)
+            shard = planes
+        elif isinstance(plan, ShardPlan):
             shard = shard_planes(planes, plan, self.rank)
         else:
             shard = shard_fused(planes, self.plans, self.rank)
@@ -98,13 +129,15 @@ class RowParallelLinear(torch.nn.Module):  # type: ignore[misc]
     """This rank's K columns of ``planes``; the ranks' partial outputs summed in float32.
 
     Args:
-        planes: the whole weight ``[N, K]``.
+        planes: the whole weight ``[N, K]``, or this rank's shard with
+            ``planes_are_shard=True``.
         plan: a ``"k"`` plan of K (whole blocks; an alignment pads the last rank).
         group: the process group.
         input_is_parallel: ``forward`` gets this rank's columns of x (``[..., size]`` or,
             from a paired column-parallel layer, ``[..., padded]``) instead of the whole x.
         bias: an optional ``[N]`` bias, added once after the sum.
         backend: bind the local linear to this backend object.
+        planes_are_shard: ``planes`` is this rank's shard (its padded K columns).
     """
 
     def __init__(
@@ -116,14 +149,19 @@ class RowParallelLinear(torch.nn.Module):  # type: ignore[misc]
         input_is_parallel: bool = False,
         bias: torch.Tensor | None = None,
         backend: Any = None,
+        planes_are_shard: bool = False,
     ) -> None:
         super().__init__()
         self.rank, world = rank_and_world(group)
-        _check_plan(plan, "k", world, f"RowParallelLinear({planes.name!r})")
+        what = f"RowParallelLinear({planes.name!r})"
+        _check_plan(plan, "k", world, what)
         self.group = group
         self.plan = plan
         self.input_is_parallel = input_is_parallel
-        self.linear = NVFP4Linear(shard_planes(planes, plan, self.rank), backend=backend)
+        if planes_are_shard:
+            _check_shard(planes, (plan,), self.rank, what)
+        shard = planes if planes_are_shard else shard_planes(planes, plan, self.rank)
+        self.linear = NVFP4Linear(shard, backend=backend)
         self.bias = None if bias is None else torch.nn.Parameter(bias, requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -149,22 +187,33 @@ class ExpertParallelExperts(torch.nn.Module):  # type: ignore[misc]
     ranks' rows are zero). Global scales travel with their experts.
 
     Args:
-        planes: the whole expert stack.
+        planes: the whole expert stack, or this rank's experts with
+            ``planes_are_shard=True``.
         plan: an ``"experts"`` plan of E.
         group: the process group.
         backend: compute with this backend object's ``gather_qmm`` (eager) instead of
             ``torch.ops.nvfp4.gather_qmm``.
+        planes_are_shard: ``planes`` is this rank's experts.
     """
 
     def __init__(
-        self, planes: NVFP4Planes, plan: ShardPlan, *, group: Any = None, backend: Any = None
+        self,
+        planes: NVFP4Planes,
+        plan: ShardPlan,
+        *,
+        group: Any = None,
+        backend: Any = None,
+        planes_are_shard: bool = False,
     ) -> None:
         super().__init__()
         self.rank, world = rank_and_world(group)
-        _check_plan(plan, "experts", world, f"ExpertParallelExperts({planes.name!r})")
+        what = f"ExpertParallelExperts({planes.name!r})"
+        _check_plan(plan, "experts", world, what)
         self.group = group
         self.first = plan[self.rank].start
-        shard = shard_planes(planes, plan, self.rank)
+        if planes_are_shard:
+            _check_shard(planes, (plan,), self.rank, what)
+        shard = planes if planes_are_shard else shard_planes(planes, plan, self.rank)
         self.experts = NVFP4Experts(shard)
         self.backend = backend
         self.handle = None if backend is None else backend.prepare(shard)

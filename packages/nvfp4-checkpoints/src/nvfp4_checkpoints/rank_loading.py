@@ -1,0 +1,290 @@
+"""Load one rank's share of an NVFP4 checkpoint for tensor parallelism (spec 1.2 draft,
+"Sharding"), reading that rank's bytes only.
+
+:func:`load_rank` ``(path, rank, world)`` returns a :class:`RankShard`: the rank's planes of
+every NVFP4 tensor (each equal byte for byte to
+``nvfp4.shard_planes.shard_planes(whole, plan, rank)``), the plans, the activations' input
+scales, and the other tensors (embeddings, norms), which every rank holds whole. Two
+sources:
+
+* an unsharded Hugging Face folder (ModelOpt, compressed-tensors, MLX): each tensor's plan
+  is :func:`nvfp4_checkpoints.shard.plan_for` (the one naming rule ``nvfp4 shard`` follows),
+  and its rank's range is read from the safetensors file by the offsets of its header,
+  nothing memory-mapped. An ``"n"`` plan (output rows) is one contiguous read of the codes
+  and one of the scales; a ``"k"`` plan (whole blocks of K) is one read a row of that
+  row's column slice (codes at ``start / 2`` bytes, or ``start / 8`` MLX words; scales at
+  ``start / 16``), straight into the result, so no other rank's bytes are read and no
+  temporary holds more than the result. Globals, input scales and partition bounds are
+  read whole. The range is then transcoded by the flavour's reader
+  (:meth:`~.hf.HFCheckpoint.planes_from_parts`, with the same content validation as a
+  whole tensor's, on the bytes read) and padded by :func:`nvfp4.shard_planes.pad_shard`
+  (codes 0, scale bytes 0x00).
+* a folder written by ``nvfp4 shard`` (a ``shard-manifest.json`` beside ``rank-<r>/``):
+  ``DST/rank-<rank>/`` alone is read, after checking the manifest (its ``tp`` is the world
+  size asked for, every plan it states is the plan of :func:`~.shard.plan_for`, every
+  tensor's shape in the rank folder is the rank's padded size).
+
+GGUF is refused (one line): its K is cut in 256-value super-blocks, one file holds every
+tensor, and ``nvfp4 shard`` does not write it; convert to a safetensors flavour first.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+from nvfp4.file_checks import parse_json
+from nvfp4.planes import NVFP4Planes
+from nvfp4.shard_plan import ShardPlan, ShardRange
+from nvfp4.shard_planes import pad_shard
+from nvfp4.sharding import clip_partitions
+from nvfp4.spec import BLOCK_SIZE
+
+from .api import open_checkpoint
+from .checkpoint import Checkpoint
+from .flavours import CheckpointError
+from .hf import HFCheckpoint
+from .shard import MANIFEST, plan_for
+from .shard_layout import plan_entry, plan_from_entry
+
+__all__ = ["RankShard", "load_rank"]
+
+#: The largest shard manifest read (a manifest of 100,000 tensors is a few MB).
+MAX_MANIFEST_BYTES: Final = 64_000_000
+
+
+@dataclass(frozen=True)
+class RankShard:
+    """What rank ``rank`` of ``world`` holds of a checkpoint.
+
+    Attributes:
+        path: the folder read (the checkpoint, or ``DST/rank-<rank>`` of a sharded one).
+        flavour: its flavour.
+        rank, world, align: the rank, the world size and the K alignment in blocks.
+        config: the model's ``config.json`` (the whole model's dimensions).
+        plans: every NVFP4 tensor's plan (by module prefix).
+        planes: every NVFP4 tensor's shard (``plans[name][rank].padded`` rows or K values,
+            zero-padded), in fresh arrays.
+        input_scales: the activations' DECODE globals of the tensors that have one.
+        tensors: every other tensor, whole (replicated on every rank), in fresh arrays.
+        bytes_read: the bytes read from the files (codes, scales, globals, other tensors).
+    """
+
+    path: Path
+    flavour: str
+    rank: int
+    world: int
+    align: int
+    config: dict[str, Any]
+    plans: Mapping[str, ShardPlan]
+    planes: Mapping[str, NVFP4Planes]
+    input_scales: Mapping[str, float]
+    tensors: Mapping[str, npt.NDArray[Any]]
+    bytes_read: int
+
+
+def _positive(value: object, what: str, where: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise CheckpointError(f"{where}: {what}: expected an integer >= 1, found {value!r}")
+    return value
+
+
+def _read_range(ck: HFCheckpoint, name: str, plan: ShardPlan, rank: int) -> NVFP4Planes:
+    """Rank ``rank``'s logical range of NVFP4 tensor ``name`` (no padding yet): the codes'
+    and scales' rows or columns read alone, the other parts whole."""
+    r = plan[rank]
+    parts: dict[str, Any] = {}
+    for suffix, tensor in ck.part_names(name).items():
+        if suffix not in (ck.CODES, ck.SCALES):
+            parts[suffix] = ck.store.read(tensor)
+        elif plan.dim == "n":
+            parts[suffix] = ck.store.read(tensor, axis=-2, start=r.start, stop=r.stop)
+        else:
+            per = ck.CODES_PER_ELEMENT if suffix == ck.CODES else BLOCK_SIZE
+            parts[suffix] = ck.store.read(tensor, axis=-1, start=r.start // per, stop=r.stop // per)
+    if plan.dim == "n" and "partitions" in parts:  # a fused tensor (MLX): clip its partitions
+        whole = tuple(int(b) for b in np.asarray(parts["partitions"]).tolist())
+        global_scale = np.asarray(parts["global_scale"], dtype=np.float32)
+        bounds, parts["global_scale"] = clip_partitions(whole, global_scale, r.start, r.stop)
+        parts["partitions"] = np.asarray(bounds, dtype=np.int64)
+    return ck.planes_from_parts(name, parts)
+
+
+def _nbytes(planes: NVFP4Planes) -> int:
+    return int(planes.codes.nbytes + planes.scales.nbytes + planes.global_scale.nbytes)
+
+
+def _load(
+    ck: HFCheckpoint,
+    plans: dict[str, ShardPlan],
+    rank: int,
+    world: int,
+    align: int,
+    config: dict[str, Any],
+) -> RankShard:
+    planes: dict[str, NVFP4Planes] = {}
+    read = 0
+    for name, plan in plans.items():
+        piece = _read_range(ck, name, plan, rank)
+        read += _nbytes(piece)
+        planes[name] = pad_shard(piece, plan, rank)
+    tensors = {n: ck.store.read(n) for n in ck.tensor_names()}
+    scales = {n: s for n in plans if (s := ck.input_scale(n)) is not None}
+    return RankShard(
+        path=ck.path,
+        flavour=ck.flavour,
+        rank=rank,
+        world=world,
+        align=align,
+        config=config,
+        plans=plans,
+        planes=planes,
+        input_scales=scales,
+        tensors=tensors,
+        bytes_read=read + sum(int(t.nbytes) for t in tensors.values()),
+    )
+
+
+def _safetensors(ck: Checkpoint, why: str) -> HFCheckpoint:
+    if not isinstance(ck, HFCheckpoint):
+        raise CheckpointError(
+            f"{ck.path}: {ck.flavour} cannot be loaded a rank at a time ({why}): expected a "
+            "safetensors flavour (modelopt, compressed-tensors, mlx); convert it first"
+        )
+    return ck
+
+
+def _from_unsharded(path: Path, rank: int, world: int, align: int) -> RankShard:
+    with open_checkpoint(path) as opened:
+        ck = _safetensors(opened, "GGUF cuts K in 256-value super-blocks in one file")
+        plans = {}
+        for name in ck.quantized_names():
+            shape = ck.plane_shape(name).shape
+            plans[name] = plan_for(name, shape[-2], shape[-1], world, align, ck.config)
+        return _load(ck, plans, rank, world, align, ck.config)
+
+
+def _manifest(root: Path) -> dict[str, Any]:
+    where = root / MANIFEST
+    try:
+        with open(where, "rb") as f:
+            raw = f.read(MAX_MANIFEST_BYTES + 1)
+    except OSError as e:
+        raise CheckpointError(f"{where}: cannot read the shard manifest ({e.strerror})") from None
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise CheckpointError(
+            f"{where}: expected a manifest of at most {MAX_MANIFEST_BYTES} bytes, found more"
+        )
+    data = parse_json(raw, where, error=CheckpointError)
+    if not isinstance(data, dict) or not isinstance(data.get("tensors"), dict):
+        raise CheckpointError(f"{where}: expected an object with a 'tensors' object")
+    return data
+
+
+def _from_sharded(root: Path, rank: int, world: int, align: int | None) -> RankShard:
+    where = root / MANIFEST
+    manifest = _manifest(root)
+    tp = _positive(manifest.get("tp"), "tp", where)
+    if tp != world:
+        raise CheckpointError(
+            f"{where}: tp: expected {world} (the world size asked for), found {tp}"
+        )
+    stated_align = _positive(manifest.get("align_blocks"), "align_blocks", where)
+    if align is not None and align != stated_align:
+        raise CheckpointError(
+            f"{where}: align_blocks: expected {align} (the alignment asked for), found "
+            f"{stated_align}"
+        )
+    folder = root / f"rank-{rank}"
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: missing (the manifest gives {tp} ranks)")
+    entries: dict[str, Any] = manifest["tensors"]
+    with open_checkpoint(folder) as opened:
+        ck = _safetensors(opened, "not a rank folder nvfp4 shard writes")
+        if manifest.get("flavour") != ck.flavour:
+            raise CheckpointError(
+                f"{where}: flavour: expected {ck.flavour!r} (rank-{rank}'s), found "
+                f"{manifest.get('flavour')!r}"
+            )
+        names = ck.quantized_names()
+        if sorted(entries) != sorted(names):
+            odd = sorted(set(names) ^ set(entries))[0]
+            raise CheckpointError(
+                f"{where}: tensors: expected rank-{rank}'s {len(names)} NVFP4 tensors, found "
+                f"{len(entries)} (first disagreeing: {odd!r})"
+            )
+        plans = {}
+        for name in names:
+            plan = plan_from_entry(entries[name], name, tp, where)
+            n, k = ck.plane_shape(name).shape[-2:]
+            r = plan[rank]
+            have = n if plan.dim == "n" else k
+            if have != r.padded:
+                raise CheckpointError(
+                    f"{folder}: tensor {name!r}: expected {plan.dim.upper()} = {r.padded} "
+                    f"(the manifest's rank {rank}), found {have}"
+                )
+            whole = (plan.size, k) if plan.dim == "n" else (n, plan.size)
+            want = plan_for(name, *whole, tp, stated_align, ck.config)
+            if (want.dim, want.ranges) != (plan.dim, plan.ranges):
+                raise CheckpointError(
+                    f"{where}: tensor {name!r}: expected the plan {plan_entry(want)}, found "
+                    f"{plan_entry(plan)}"
+                )
+            plans[name] = plan
+        whole_plans = {name: _whole(plans[name], rank) for name in names}
+        shard = _load(ck, whole_plans, 0, 1, stated_align, ck.config)
+    return RankShard(
+        path=shard.path,
+        flavour=shard.flavour,
+        rank=rank,
+        world=world,
+        align=stated_align,
+        config=shard.config,
+        plans=plans,
+        planes=shard.planes,
+        input_scales=shard.input_scales,
+        tensors=shard.tensors,
+        bytes_read=shard.bytes_read,
+    )
+
+
+def _whole(plan: ShardPlan, rank: int) -> ShardPlan:
+    """A one-rank plan covering a rank folder's stored (already padded) dimension: its
+    tensors are read whole."""
+    padded = plan[rank].padded
+    return ShardPlan(plan.name, plan.dim, padded, 1, plan.unit, (ShardRange(0, 0, padded, padded),))
+
+
+def load_rank(
+    path: str | os.PathLike[str], rank: int, world: int, *, align: int | None = None
+) -> RankShard:
+    """Rank ``rank``'s share of the checkpoint at ``path`` for a world of ``world`` ranks,
+    reading that rank's bytes only (module docstring). ``path`` is an unsharded Hugging
+    Face folder or the output folder of ``nvfp4 shard``. ``align``: the K alignment in
+    blocks (``nvfp4 shard --align``); by default 1, or the manifest's for a sharded folder
+    (which must equal it when given).
+
+    Raises:
+        CheckpointError: a bad rank, world size or alignment, a GGUF file, a manifest that
+            disagrees with the world size, the plan or the rank folder's files, a missing
+            rank folder; and whatever opening the checkpoint refuses (one line naming the
+            file, the tensor, the expected and the found).
+        PlaneError: a tensor the plan cannot split at ``world`` ranks.
+    """
+    world = _positive(world, "world size", "load_rank")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world:
+        raise CheckpointError(
+            f"load_rank: rank: expected an integer in [0, {world}), found {rank!r}"
+        )
+    if align is not None:
+        align = _positive(align, "align (blocks)", "load_rank")
+    root = Path(path)
+    if (root / MANIFEST).is_file():
+        return _from_sharded(root, rank, world, align)
+    return _from_unsharded(root, rank, world, 1 if align is None else align)

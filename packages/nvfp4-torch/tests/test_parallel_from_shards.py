@@ -1,0 +1,125 @@
+"""The parallel layers built from shards a rank loaded alone
+(:func:`nvfp4_checkpoints.load_rank`, ``planes_are_shard=True``) give exactly the outputs of
+the same layers built from the whole planes, on real gloo groups of 2 and 3 ranks: a paired
+gate/up -> down MLP with a padded last unit, and a gathered column-parallel lm_head; a shard
+of the wrong size is refused naming the layer, the rank, the expected and the found."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import nvfp4
+import pytest
+import torch
+from nvfp4.planes import NVFP4Planes
+from nvfp4_checkpoints import load_rank, open_checkpoint, write_checkpoint
+from nvfp4_torch.parallel import ColumnParallelLinear, RowParallelLinear
+from nvfp4_torch.ranks import run_worlds
+
+HIDDEN, INTER, VOCAB = 64, 176, 48  # 176 = 11 blocks: align 2 leaves a padded last unit
+MLP = "model.layers.0.mlp."
+GATE, UP, DOWN, HEAD = MLP + "gate_proj", MLP + "up_proj", MLP + "down_proj", "lm_head"
+ALIGN = 2
+
+
+def x_of(seed: int, m: int, k: int) -> torch.Tensor:
+    return torch.from_numpy(np.random.default_rng(seed).standard_normal((m, k)).astype(np.float32))
+
+
+def layers_out(planes: dict[str, NVFP4Planes], plans: Any, g: Any, is_shard: bool) -> Any:
+    """The MLP's and lm_head's outputs of this rank, from ``planes`` (shards or whole)."""
+    be = nvfp4.get_backend("cpu")
+    rank = torch.distributed.get_rank(g)
+
+    def column(name: str, gather: bool) -> ColumnParallelLinear:
+        return ColumnParallelLinear(
+            planes[name],
+            plans[name],
+            group=g,
+            gather_output=gather,
+            backend=be,
+            planes_are_shard=is_shard,
+        )
+
+    gate, up = column(GATE, False), column(UP, False)
+    down = RowParallelLinear(
+        planes[DOWN],
+        plans[DOWN],
+        group=g,
+        input_is_parallel=True,
+        backend=be,
+        planes_are_shard=is_shard,
+    )
+    x = x_of(1, 4, HIDDEN)
+    local = gate(x)
+    assert local.shape[-1] == plans[DOWN][rank].padded
+    mlp = down(torch.nn.functional.silu(local) * up(x))
+    return {"mlp": mlp, "head": column(HEAD, True)(x)}
+
+
+def _rank_main(ops: Any, folder: str, src: str) -> None:
+    shard = load_rank(src, ops.rank, ops.world, align=ALIGN)
+    with open_checkpoint(src) as ck:
+        whole = {name: ck.planes(name) for name in ck.quantized_names()}
+    out = {
+        "shard": layers_out(dict(shard.planes), shard.plans, ops.group, True),
+        "whole": layers_out(whole, shard.plans, ops.group, False),
+    }
+    try:
+        RowParallelLinear(whole[DOWN], shard.plans[DOWN], group=ops.group, planes_are_shard=True)
+        out["refusal"] = "none"
+    except ValueError as e:
+        out["refusal"] = str(e)
+    torch.save(out, Path(folder) / f"world{ops.world}_rank{ops.rank}.pt")
+
+
+@pytest.fixture(scope="module")
+def spawned(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("shard_ranks")
+    rng = np.random.default_rng(7)
+    shapes = {
+        GATE: (INTER, HIDDEN),
+        UP: (INTER, HIDDEN),
+        DOWN: (HIDDEN, INTER),
+        HEAD: (VOCAB, HIDDEN),
+    }
+    planes = {
+        n: nvfp4.quantize(rng.standard_normal(s, dtype=np.float32), name=n)
+        for n, s in shapes.items()
+    }
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": HIDDEN,
+        "intermediate_size": INTER,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": VOCAB,
+    }
+    src = write_checkpoint(folder / "model", planes, flavour="modelopt", config=config)
+    run_worlds(_rank_main, (2, 3), (str(folder), str(src)))
+    return folder
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_layers_from_loaded_shards_equal_layers_from_whole_planes(
+    spawned: Path, world: int
+) -> None:
+    for rank in range(world):
+        out = torch.load(spawned / f"world{world}_rank{rank}.pt")
+        for key in ("mlp", "head"):
+            got, want = out["shard"][key], out["whole"][key]
+            assert got.shape == want.shape, (key, rank)
+            assert torch.equal(got, want), (key, rank)
+            assert torch.count_nonzero(got) > 0
+        assert out["whole"]["head"].shape == (4, VOCAB)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_shard_of_the_wrong_size_is_refused(spawned: Path, world: int) -> None:
+    msg = torch.load(spawned / f"world{world}_rank0.pt")["refusal"]
+    assert "RowParallelLinear('model.layers.0.mlp.down_proj') rank 0" in msg
+    assert f"found {INTER}" in msg  # the whole K, not the rank's
+    assert "expected the plan's k size" in msg
