@@ -634,3 +634,59 @@ def test_a_llama_cpp_gguf_shards_as_slices_of_its_bytes(tmp_path: Path, tp: int)
         finally:
             f.close()
     assert run("verify", str(src), str(dst)) == 0
+
+
+def test_a_llama_cpp_moe_gguf_gives_each_rank_its_merged_experts(tmp_path: Path) -> None:
+    # llama.cpp merges experts into blk.<i>.ffn_*_exps [E, N, K] with a .scale [E]: at
+    # --tp 2 --ep 2 each rank's merged tensor is its experts' slice of the source's bytes
+    # (cut by TP too) and its .scale their globals
+    gguf = pytest.importorskip("gguf")
+    from nvfp4_checkpoints.gguf.file import GGUFFile
+
+    rng = np.random.default_rng(12)
+    experts, hidden, inter = 5, 128, 256
+    shapes = {
+        "blk.0.ffn_gate_exps": (inter, hidden),
+        "blk.0.ffn_up_exps": (inter, hidden),
+        "blk.0.ffn_down_exps": (hidden, inter),
+    }
+    src = tmp_path / "moe.gguf"
+    w = gguf.GGUFWriter(src, "qwen3moe")
+    w.add_block_count(1)
+    w.add_expert_count(experts)
+    raw, scales = {}, {}
+    for base, (n, k) in shapes.items():
+        b = rng.integers(0, 256, (experts, n, k // 64, 36), dtype=np.uint8)
+        b[..., :4] = rng.integers(0x08, 0x7F, (experts, n, k // 64, 4), dtype=np.uint8)
+        raw[base] = b.reshape(experts, n, -1)
+        scales[base] = rng.uniform(0.5, 2.0, experts).astype(np.float32)
+        w.add_tensor(f"{base}.weight", raw[base], raw_dtype=gguf.GGMLQuantizationType.NVFP4)
+        w.add_tensor(f"{base}.scale", scales[base])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    dst = tmp_path / "dst"
+    assert run("shard", str(src), str(dst), "--tp", "2", "--ep", "2") == 0
+    manifest = manifest_of(dst)
+    assert sorted(manifest["experts"]) == sorted(f"{b}.{{}}" for b in shapes)
+    assert manifest["experts"]["blk.0.ffn_down_exps.{}"]["ranks"] == [[0, 3, 3], [3, 5, 2]]
+    for rank in range(4):
+        ep_rank, tp_rank = divmod(rank, 2)
+        e0, e1, _ = manifest["experts"]["blk.0.ffn_down_exps.{}"]["ranks"][ep_rank]
+        f = GGUFFile(rank_checkpoint(dst, rank))
+        try:
+            for base in shapes:
+                a, b, _ = manifest["tensors"][f"{base}.0"]["ranks"][tp_rank]
+                got = np.array(f.array(f.tensors[f"{base}.weight"]))
+                want = raw[base][e0:e1]
+                if base == "blk.0.ffn_down_exps":  # row-parallel: whole super-blocks of K
+                    want = want[..., a // 64 * 36 : b // 64 * 36]
+                else:  # gate / up: the down projection's K range as rows
+                    want = want[:, a:b]
+                np.testing.assert_array_equal(got, want, err_msg=f"{base} rank {rank}")
+                scale = np.array(f.array(f.tensors[f"{base}.scale"]))
+                np.testing.assert_array_equal(scale, scales[base][e0:e1])
+        finally:
+            f.close()
+    assert run("verify", str(src), str(dst)) == 0
