@@ -9,6 +9,7 @@ poisoned scales do not stop it); bad input refused in one line."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -294,3 +295,33 @@ def test_bad_input_is_refused_in_one_line(tmp_path: Path, checkpoints: dict[str,
     with pytest.raises(CheckpointError) as e:
         load_rank(gguf, 0, 2)
     _one_line(e, str(gguf), "gguf", "expected a safetensors flavour")
+
+
+@pytest.mark.parametrize("short_reads", [False, True])
+def test_safetensors_ranges_are_the_slices_of_the_tensor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, short_reads: bool
+) -> None:
+    """``SafetensorsFile.read``: every axis and range of a 3-D tensor (scattered reads of
+    more than one call's 512 slices), and the same after a short scattered read."""
+    from nvfp4_checkpoints.safetensors_io import SafetensorsFile, save_file
+
+    a = np.arange(3 * 700 * 24, dtype=np.uint16).reshape(3, 700, 24)
+    save_file(tmp_path / "t.safetensors", {"a": a, "s": np.array(2.5, np.float32)})
+    if short_reads:  # the scattered read comes back one byte short: read a slice at a time
+        real = os.preadv
+        monkeypatch.setattr(
+            os, "preadv", lambda fd, bufs, at: real(fd, bufs, at) - (1 if len(bufs) > 1 else 0)
+        )
+    with SafetensorsFile(tmp_path / "t.safetensors") as f:
+        assert f.read("s").shape == ()
+        assert f.read("s") == np.float32(2.5)
+        assert np.array_equal(f.read("a"), a)
+        for axis, start, stop in ((0, 1, 3), (1, 0, 700), (1, 5, 690), (-1, 8, 20), (2, 0, 0)):
+            got = f.read("a", axis=axis, start=start, stop=stop)
+            want = np.take(a, range(start, stop), axis=axis)
+            assert got.shape == want.shape
+            assert np.array_equal(got, want), (axis, start, stop)
+            assert got.flags.writeable
+            assert not isinstance(got, np.memmap)
+        with pytest.raises(ValueError, match="outside axis 1"):
+            f.read("a", axis=1, start=5, stop=701)

@@ -168,8 +168,9 @@ class SafetensorsFile(Closing):
         """Tensor ``name``, or its range ``[start, stop)`` along ``axis``, read into a fresh
         writable array by positioned reads of those bytes only: nothing is memory-mapped,
         so the process holds the result and nothing else (a rank loading its shard,
-        :mod:`.rank_loading`). A range of the last axis of ``[R, C]`` is one read a row
-        (``C`` bytes apart); a range of an outer axis is one read per index before it.
+        :mod:`.rank_loading`). A range of an axis whose outer indices are contiguous (the
+        first axis, or the whole axis) is one read; any other, a range of the last axis of
+        ``[R, C]`` for instance, is one slice a row, ``C`` bytes apart (:func:`_read_strided`).
 
         Raises:
             SafetensorsError: the file was replaced since its header was read, or it ends
@@ -198,24 +199,60 @@ class SafetensorsFile(Closing):
         out = np.empty((*shape[:axis], stop - start, *shape[axis + 1 :]), dtype=dt)
         flat = out.reshape(-1).view(np.uint8).data
         if piece:
-            # whole rows of the axis are contiguous across outer indices: one read
-            runs = (
-                [(t.start + start * inner, 0, outer * piece)]
-                if piece == span or outer == 1
-                else [(t.start + o * span + start * inner, o * piece, piece) for o in range(outer)]
-            )
             fail = Refusals(f"safetensors file {self.path}", SafetensorsError)
             with self._opener() as f:
                 st = os.fstat(f.fileno())
                 if (st.st_dev, st.st_ino) != self._node:
                     raise fail("replaced since its header was read (another file now)", name)
-                for offset, at, size in runs:
-                    _read_exactly(f, flat[at : at + size], offset, fail, name)
+                first = t.start + start * inner
+                if piece == span or outer == 1:  # one contiguous range
+                    _read_exactly(f, flat, first, fail, name)
+                else:
+                    _read_strided(f, flat, first, outer, piece, span - piece, fail, name)
         return out.reshape(t.shape) if not t.shape else out
 
 
 #: The largest single read (Linux moves at most about 2 GiB a call).
 _MAX_READ: Final = 1 << 30
+
+
+#: Slices one scattered read fills (half of Linux's IOV_MAX of 1024 buffers: a slice and a
+#: gap each).
+_SLICES_PER_CALL: Final = 512
+
+
+def _read_strided(
+    f: BinaryIO,
+    into: memoryview,
+    offset: int,
+    count: int,
+    piece: int,
+    gap: int,
+    fail: Refusals,
+    name: str,
+) -> None:
+    """Fill ``into`` with ``count`` slices of ``piece`` bytes, the first at byte ``offset``
+    of ``f`` and each ``gap`` bytes after the previous one's end. Where the platform has
+    scattered reads (``preadv``), one call reads up to :data:`_SLICES_PER_CALL` slices,
+    each straight into its place in ``into``, the gaps between them into one scratch
+    buffer of ``gap`` bytes that nothing keeps (a system call a row would cost more than
+    the bytes); else, and after a short read, one read a slice."""
+    scratch = memoryview(bytearray(gap)) if hasattr(os, "preadv") else None
+    for first in range(0, count, _SLICES_PER_CALL):
+        last = min(count, first + _SLICES_PER_CALL)
+        at = offset + first * (piece + gap)
+        if scratch is not None:
+            buffers: list[memoryview] = []
+            for i in range(first, last):
+                buffers.append(into[i * piece : (i + 1) * piece])
+                buffers.append(scratch)
+            buffers.pop()  # no gap after the last slice
+            want = (last - first) * piece + (last - first - 1) * gap
+            if os.preadv(f.fileno(), buffers, at) == want:
+                continue
+        for i in range(first, last):  # one slice a read (and the end of a short file)
+            _read_exactly(f, into[i * piece : (i + 1) * piece], at, fail, name)
+            at += piece + gap
 
 
 def _read_exactly(f: BinaryIO, into: memoryview, offset: int, fail: Refusals, name: str) -> None:
