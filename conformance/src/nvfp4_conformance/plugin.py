@@ -439,6 +439,23 @@ def nvfp4_conformance_run(request: pytest.FixtureRequest) -> ConformanceRun:
 
 
 @pytest.fixture(scope="session")
+def nvfp4_t6_model(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """T6's model (:class:`nvfp4_conformance.t6.T6Model`: SmolLM2-135M-Instruct in float32
+    and as an NVFP4 ModelOpt checkpoint), built once per run for T6's parity and T7's
+    sharded parity; a model that cannot be built fails the test (a conformance run never
+    skips)."""
+    from . import t6
+
+    try:
+        golden = t6.load_golden()
+        return t6.build_model(golden, Path(tmp_path_factory.mktemp("t6")))
+    except t6.T6ModelUnavailable as exc:
+        pytest.fail(f"the T6 model: {exc}", pytrace=False)
+    except Exception as exc:  # an unreadable golden file
+        pytest.fail(f"t6_golden.json could not be read: {type(exc).__name__}: {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
 def nvfp4_backend(nvfp4_conformance_run: ConformanceRun) -> Any:
     """The backend under test, as :func:`nvfp4.get_backend` returned it."""
     return nvfp4_conformance_run.backend

@@ -21,7 +21,10 @@ compare two runs (token parity, margins, KL) are :mod:`nvfp4_torch.parity`'s.
 from __future__ import annotations
 
 import json
+import time
+from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import numpy.typing as npt
@@ -30,6 +33,9 @@ __all__ = [
     "GOLDEN_RESOURCE",
     "MIN_PROMPTS",
     "NEW_TOKENS",
+    "T6Model",
+    "T6ModelUnavailable",
+    "build_model",
     "check_golden",
     "load_golden",
     "mismatch_message",
@@ -113,3 +119,58 @@ def mismatch_message(
         f"threshold {threshold}{detail}). Reference continuation: "
         f"{prompt.get('golden_text', '')!r}"
     )
+
+
+class T6ModelUnavailable(Exception):
+    """The T6 model cannot be built here (a missing extra or model, or a model that is not
+    the golden file's); the message says which and what to install."""
+
+
+@dataclass
+class T6Model:
+    """The float32 SmolLM2 model, the NVFP4 ModelOpt checkpoint made from it, its sha256 and
+    the seconds the build took."""
+
+    fp32: Any
+    checkpoint: Path
+    fingerprint: str
+    build_s: float
+
+
+def build_model(golden: dict[str, Any], folder: Path) -> T6Model:
+    """Load SmolLM2-135M-Instruct (float32), quantize it as the golden file's generator did,
+    check its sha256 against ``golden`` and write it as a ModelOpt checkpoint under
+    ``folder``: the model T6 decodes on one process and T7 on several ranks.
+
+    Raises:
+        T6ModelUnavailable: the ``parity`` extra or the GGUF is missing, or the model built
+            is not the one the golden tokens were made from.
+    """
+    try:
+        from nvfp4_torch import smollm2
+        from nvfp4_torch.generate import missing_requirements
+    except ImportError as exc:
+        raise T6ModelUnavailable(f"`pip install 'nvfp4-conformance[parity]'`: {exc}") from None
+    missing = missing_requirements()
+    if missing:
+        raise T6ModelUnavailable(
+            f"`pip install 'nvfp4-conformance[parity]'`: {', '.join(missing)} missing"
+        )
+    t0 = time.time()
+    try:
+        fp32 = smollm2.load_float32_model()
+    except Exception as exc:
+        raise T6ModelUnavailable(
+            f"SmolLM2-135M-Instruct could not be loaded: {type(exc).__name__}: {exc}"
+        ) from None
+    q = smollm2.quantize_model(fp32)
+    fingerprint = smollm2.planes_fingerprint(q.planes, q.tensors)
+    want = golden["model"]["quantized_model_sha256"]
+    if fingerprint != want:
+        raise T6ModelUnavailable(
+            f"the NVFP4 model built here (sha256 {fingerprint}) is not the one the golden "
+            f"tokens were made from ({want}): the GGUF, transformers' GGUF loader or the "
+            f"reference encoder changed; regenerate with conformance/scripts/make_t6_golden.py"
+        )
+    ckpt = smollm2.write_nvfp4_checkpoint(q, folder / "smollm2-nvfp4")
+    return T6Model(fp32, ckpt, fingerprint, time.time() - t0)

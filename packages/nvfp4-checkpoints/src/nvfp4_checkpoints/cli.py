@@ -6,7 +6,7 @@
     nvfp4 convert SRC DST --to {modelopt,compressed-tensors,mlx,gguf} [--force]
                   [--max-shard-bytes N]
     nvfp4 verify A B
-    nvfp4 shard SRC DST --tp N [--align A]
+    nvfp4 shard SRC DST [--tp N] [--ep M] [--align A]
     nvfp4 example-checkpoint DST [--model tiny|smollm2] [--flavour FLAVOUR]
 
 ``PATH``, ``SRC``, ``A`` and ``B`` are Hugging Face checkpoint directories (ModelOpt,
@@ -326,13 +326,15 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 # ============================================================================ shard
 def _cmd_shard(args: argparse.Namespace) -> int:
-    from .shard import shard_checkpoint
+    from .shard import MANIFEST, shard_checkpoint
 
     start = time.monotonic()
-    dst = shard_checkpoint(args.src, args.dst, tp=args.tp, align=args.align)
+    dst = shard_checkpoint(args.src, args.dst, tp=args.tp, ep=args.ep, align=args.align)
     secs = time.monotonic() - start
+    manifest = json.loads((dst / MANIFEST).read_text(encoding="utf-8"))
     print(
-        f"wrote {dst} ({args.tp} ranks, alignment {args.align} blocks, {secs:.2f} s)",
+        f"wrote {dst} ({manifest['world']} ranks: tp {args.tp} x ep {args.ep}, alignment "
+        f"{manifest['align_blocks']} blocks, {secs:.2f} s)",
         file=sys.stderr,
     )
     return 0
@@ -406,20 +408,28 @@ def _parser() -> argparse.ArgumentParser:
     v.set_defaults(func=_cmd_verify)
     sh = sub.add_parser(
         "shard",
-        help="write a pre-sharded checkpoint for tensor parallelism (spec 1.2 draft)",
-        description="Write DST/rank-<r>/ (SRC's flavour; GGUF refused) and "
-        "DST/shard-manifest.json: every NVFP4 tensor cut by the shard plan (K in whole "
-        "blocks, heads whole, gate/up paired with down), padding zero. `nvfp4 verify SRC "
-        "DST` checks it.",
+        help="write a pre-sharded checkpoint for tensor / expert parallelism (spec 1.2 draft)",
+        description="Write DST/rank-<r>/ (SRC's flavour; for a GGUF, one .gguf file a rank) "
+        "for r < tp * ep (rank = ep_rank * tp + tp_rank) and DST/shard-manifest.json: every "
+        "NVFP4 tensor cut by the shard plan (K in whole blocks, whole 64-value super-blocks "
+        "for GGUF, heads whole, gate/up paired with down), experts dealt to the EP ranks "
+        "with their globals, padding zero. `nvfp4 verify SRC DST` checks it.",
     )
-    sh.add_argument("src", help="the checkpoint folder to shard")
-    sh.add_argument("dst", help="a new folder")
-    sh.add_argument("--tp", type=int, required=True, help="tensor-parallel ranks")
+    sh.add_argument("src", help="the checkpoint to shard (a folder or a .gguf file)")
+    sh.add_argument("dst", help="a new folder (or an empty one)")
+    sh.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (default 1)")
+    sh.add_argument(
+        "--ep",
+        type=int,
+        default=1,
+        help="expert-parallel ranks: experts split by index (default 1)",
+    )
     sh.add_argument(
         "--align",
         type=int,
-        default=1,
-        help="the K unit in 16-value blocks (4: multiples of 64 values; default 1)",
+        default=None,
+        help="the K unit in 16-value blocks (4: multiples of 64 values; default 1, and 4 for "
+        "GGUF, whose super-block is 64 values)",
     )
     sh.set_defaults(func=_cmd_shard)
     e = sub.add_parser(

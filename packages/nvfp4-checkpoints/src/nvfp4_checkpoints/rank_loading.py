@@ -49,7 +49,8 @@ from .api import open_checkpoint
 from .checkpoint import Checkpoint
 from .flavours import CheckpointError
 from .hf import HFCheckpoint
-from .shard import MANIFEST, _entry, _plan_from, plan_for
+from .shard import MANIFEST, plan_for
+from .shard_layout import plan_entry, plan_from_entry
 
 __all__ = ["RankShard", "load_rank"]
 
@@ -219,7 +220,7 @@ def _from_sharded(root: Path, rank: int, world: int, align: int | None) -> RankS
             )
         plans = {}
         for name in names:
-            plan = _plan_from(entries[name], name, tp, where)
+            plan = plan_from_entry(entries[name], name, tp, where)
             n, k = ck.plane_shape(name).shape[-2:]
             r = plan[rank]
             have = n if plan.dim == "n" else k
@@ -232,8 +233,8 @@ def _from_sharded(root: Path, rank: int, world: int, align: int | None) -> RankS
             want = plan_for(name, *whole, tp, stated_align, ck.config)
             if (want.dim, want.ranges) != (plan.dim, plan.ranges):
                 raise CheckpointError(
-                    f"{where}: tensor {name!r}: expected the plan {_entry(want)}, found "
-                    f"{_entry(plan)}"
+                    f"{where}: tensor {name!r}: expected the plan {plan_entry(want)}, found "
+                    f"{plan_entry(plan)}"
                 )
             plans[name] = plan
         whole_plans = {name: _whole(plans[name], rank) for name in names}

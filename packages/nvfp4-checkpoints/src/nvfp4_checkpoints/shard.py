@@ -1,187 +1,209 @@
-"""``nvfp4 shard``: a pre-sharded checkpoint for tensor parallelism (spec 1.2 draft,
-"Sharding"), and its verification.
+"""``nvfp4 shard``: a pre-sharded checkpoint for tensor and expert parallelism (spec 1.2
+draft, "Sharding"), and its verification.
 
-``shard_checkpoint(SRC, DST, tp=N, align=A)`` writes ``DST/rank-<r>/`` for every rank, each a
-checkpoint of SRC's flavour (ModelOpt, compressed-tensors or MLX; GGUF is refused: its
-super-blocks of 256 values and its one-file layout do not hold per-rank shards) that our
-loader opens alone, and ``DST/shard-manifest.json``. Every NVFP4 tensor is cut by the shard
-plan (:mod:`nvfp4.shard_plan`), chosen by its name:
-
-* row-parallel (``o_proj``, ``down_proj``, ``w2``): K in whole blocks, ``align`` blocks a
-  unit; ``o_proj`` by whole attention heads when ``config.json`` gives them;
-* ``q_proj`` / ``k_proj`` / ``v_proj``: whole heads (KV heads replicated where fewer than
-  ranks); ``gate_proj`` / ``up_proj`` / ``w1`` / ``w3``: the down projection's K plan (the
-  paired rule); any other NVFP4 tensor: N at any row.
-
-Zero padding (codes 0, scale bytes 0x00) fills a partial last unit. Other tensors
-(embeddings, norms) are copied to every rank, and every rank keeps SRC's ``config.json``:
-the manifest, not the config, gives each rank's shapes. The manifest gives, for every NVFP4
-tensor, the dimension split, each rank's ``[start, stop)`` and padded size, and the spec
-version. The whole DST is written under a temporary sibling and renamed at the end.
+``shard_checkpoint(SRC, DST, tp=N, ep=M, align=A)`` writes ``DST/rank-<r>/`` for each of the
+``N * M`` ranks and ``DST/shard-manifest.json``. A rank is a checkpoint of SRC's flavour
+that our loader opens alone: a Hugging Face folder (ModelOpt, compressed-tensors, MLX), or
+for a GGUF SRC one ``.gguf`` file named as SRC (:func:`rank_checkpoint` finds it) of the same
+NVFP4 type, with SRC's tokenizer and metadata. What each rank holds is
+:mod:`.shard_layout`: every NVFP4 tensor cut by its TP plan (K in whole blocks, whole
+GGUF super-blocks for GGUF; heads whole; gate/up paired with down), experts dealt to the EP
+ranks with their globals, zero padding (codes 0, scale bytes 0x00) filling a partial last
+unit. Other tensors (embeddings, norms, routers) are copied to every rank, and every rank
+keeps SRC's ``config.json`` and other files (tokenizer...): the manifest, not the config,
+gives each rank's shapes. A GGUF rank's metadata gives the attention heads it holds (its
+q/k rows are RoPE-permuted per head, as llama.cpp's converter does, so the head counts must
+be the file's own). The whole DST is written under a temporary sibling and renamed at the
+end; an existing DST is refused unless it is an empty folder.
 
 :func:`verify_sharded` checks a sharded DST against its SRC: the manifest against the plan,
-every rank folder present, every shard equal byte for byte to the source's shard by the
-plan (padding included: zeros).
+the rank folders (as many as the manifest's world size, no more), every rank's NVFP4 tensors
+(its names, and every shard equal byte for byte to the source's shard by the plan, padding
+included: zeros) and its other tensors (equal to the source's).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
-import shutil
+from collections.abc import Mapping
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
 from nvfp4.planes import NVFP4Planes
-from nvfp4.shard_plan import ShardPlan, ShardRange, head_plan, paired_plan, shard_plan
-from nvfp4.shard_planes import shard_planes
+from nvfp4.shard_plan import head_plan
 
-from .api import open_checkpoint, write_checkpoint
+from .api import FLAVOUR_IO, open_checkpoint
 from .checkpoint import Checkpoint
+from .destination import destination
+from .flavour_io import WriteOptions
 from .folder import CheckpointError
-from .hf import SHARD_MANIFEST
+from .gguf import GGUFCheckpoint
+from .gguf.metadata import config_from_metadata
+from .hf import DEFAULT_MAX_SHARD_BYTES, SHARD_MANIFEST
+from .shard_layout import (
+    Q_PROJ,
+    ShardLayout,
+    build_layout,
+    default_align,
+    heads_of,
+    layer_of,
+    plan_entry,
+    plan_for,
+    plan_from_entry,
+)
+from .source import mapping_source
 
-__all__ = ["MANIFEST", "plan_for", "shard_checkpoint", "verify_sharded"]
+__all__ = [
+    "MANIFEST",
+    "is_sharded",
+    "plan_for",
+    "rank_checkpoint",
+    "shard_checkpoint",
+    "verify_sharded",
+]
 
 MANIFEST: Final = SHARD_MANIFEST
-#: The spec version whose plan the manifest follows.
-SHARD_SPEC = "1.2-draft"
-ROW_PARALLEL = ("o_proj", "down_proj", "w2")
-PAIRED_COLUMN = ("gate_proj", "up_proj", "w1", "w3")
-HEADS = ("q_proj", "k_proj", "v_proj")
+logger = logging.getLogger(__name__)
 
 
-def _heads(config: dict[str, Any]) -> tuple[int, int, int] | None:
-    heads = config.get("num_attention_heads")
-    kv = config.get("num_key_value_heads", heads)
-    hidden = config.get("hidden_size")
-    dim = config.get("head_dim") or (hidden // heads if heads and hidden else None)
-    if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (heads, kv, dim)):
-        return int(heads), int(kv), int(dim)  # type: ignore[arg-type]
-    return None
+def _positive(value: object, what: str, unit: str = "") -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise CheckpointError(f"{what}: expected an integer >= 1{unit}, found {value!r}")
+    return value
 
 
-def plan_for(name: str, n: int, k: int, tp: int, align: int, config: dict[str, Any]) -> ShardPlan:
-    """The plan of NVFP4 tensor ``name`` (``[N, K]``) at ``tp`` ranks (module docstring)."""
-    leaf = name.rsplit(".", 1)[-1]
-    heads = _heads(config)
-    if leaf in ROW_PARALLEL:
-        if leaf == "o_proj" and heads is not None and heads[0] * heads[2] == k:
-            return head_plan(*heads, tp, name=name).o_k()
-        return shard_plan(k, tp, dim="k", align=align, name=name)
-    if leaf in HEADS and heads is not None:
-        h = head_plan(*heads, tp, name=name)
-        rows = h.q_rows() if leaf == "q_proj" else h.kv_rows_plan(name=name)
-        if rows.size == n:
-            return rows
-    if leaf in PAIRED_COLUMN and n % 16 == 0:
-        return paired_plan(shard_plan(n, tp, dim="k", align=align, name=name), name=name)
-    return shard_plan(n, tp, dim="n", name=name)
-
-
-def _entry(plan: ShardPlan) -> dict[str, Any]:
-    return {
-        "dim": plan.dim,
-        "size": plan.size,
-        "unit": plan.unit,
-        "ranks": [[r.start, r.stop, r.padded] for r in plan],
-    }
-
-
-def _plan_from(entry: Any, name: str, tp: int, where: Path) -> ShardPlan:
-    """The plan a manifest entry states, every value checked where it is read."""
-    if not isinstance(entry, dict):
-        raise CheckpointError(f"{where}: tensor {name!r}: expected an object, found {entry!r}")
-    dim, size, unit, ranks = (entry.get(k) for k in ("dim", "size", "unit", "ranks"))
-    ok_ranks = (
-        isinstance(ranks, list)
-        and len(ranks) == tp
-        and all(
-            isinstance(r, list)
-            and len(r) == 3
-            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in r)
-            for r in ranks
-        )
-    )
-    if (
-        dim not in ("n", "k")
-        or not isinstance(size, int)
-        or not isinstance(unit, int)
-        or not ok_ranks
-    ):
+def _rank_config(
+    config: Mapping[str, Any], layout: ShardLayout, rank: int, where: Path
+) -> dict[str, Any]:
+    """A GGUF rank's config: SRC's, with the attention heads the rank holds (llama.cpp's
+    head counts describe the file's q/k rows, which are RoPE-permuted per head); a rank
+    whose query heads are no whole groups of its KV heads is refused (GGUF cannot say it)."""
+    out = dict(config)
+    heads = heads_of(config)
+    if heads is None or layout.tp == 1:
+        return out
+    cut = [
+        t
+        for t in layout.tensors.values()
+        if layer_of(t.name) in Q_PROJ and t.plan.dim == "n" and t.plan.unit == heads[2]
+    ]
+    if not cut:
+        return out
+    h = head_plan(*heads, layout.tp, name=cut[0].name)
+    _, tp_rank = layout.split(rank)
+    q = h.q[tp_rank]
+    kv_start, kv_stop = h.kv[tp_rank]
+    if q.size % (kv_stop - kv_start):
         raise CheckpointError(
-            f"{where}: tensor {name!r}: expected dim 'n'/'k', integer size and unit and "
-            f"{tp} [start, stop, padded] ranks, found {json.dumps(entry)[:200]}"
+            f"{where}: rank {rank}: {q.size} query heads over {kv_stop - kv_start} KV heads: "
+            "expected a multiple (a GGUF's head_count over its head_count_kv), found a "
+            f"remainder at tp {layout.tp} ({heads[0]} heads, {heads[1]} KV heads)"
         )
-    assert isinstance(ranks, list)
-    return ShardPlan(
-        name, dim, size, tp, unit, tuple(ShardRange(i, *r) for i, r in enumerate(ranks))
+    out.update(
+        num_attention_heads=q.size,
+        num_key_value_heads=kv_stop - kv_start,
+        head_dim=heads[2],
     )
+    return out
 
 
-def _rank_planes(ck: Checkpoint, plans: dict[str, ShardPlan], rank: int) -> dict[str, NVFP4Planes]:
-    return {name: shard_planes(ck.planes(name), plan, rank) for name, plan in plans.items()}
+def source_config(ck: Checkpoint) -> dict[str, Any]:
+    """The config the plan and the ranks follow: SRC's, or for a GGUF that records none
+    (llama.cpp's converter writes hyper-parameters only) the one its metadata gives
+    (architecture, head counts...), so that heads stay whole and the ranks keep them."""
+    if isinstance(ck, GGUFCheckpoint) and not ck.config:
+        return config_from_metadata(ck.file, ck.arch)
+    return ck.config
+
+
+def _rank_path(folder: Path, ck: Checkpoint) -> Path:
+    return folder / ck.path.name if ck.flavour == "gguf" else folder
+
+
+def _write_rank(
+    ck: Checkpoint, config: dict[str, Any], layout: ShardLayout, rank: int, folder: Path
+) -> None:
+    """Rank ``rank``'s checkpoint at ``folder`` (a new path), through SRC's flavour writer
+    with SRC as its origin (its tokenizer and other files come along); ``config`` is the
+    rank's."""
+    planes: dict[str, NVFP4Planes] = {}
+    inputs: dict[str, float] = {}
+    for local, t in layout.held(rank):
+        planes[local] = layout.shard(ck.planes(t.name), t, rank, local)
+        v = ck.input_scale(t.name)
+        if v is not None:
+            inputs[local] = v
+    tensors = {name: ck.tensor(name) for name in ck.tensor_names()}
+    src = mapping_source(planes, tensors, config, inputs)
+    src.origin = ck
+    io = FLAVOUR_IO[ck.flavour]
+    io.check(src)
+    if ck.flavour == "gguf":
+        folder.mkdir()
+    for note in io.write(_rank_path(folder, ck), src, WriteOptions(None, DEFAULT_MAX_SHARD_BYTES)):
+        logger.info("rank %d: %s", rank, note)
 
 
 def shard_checkpoint(
-    src: str | os.PathLike[str], dst: str | os.PathLike[str], *, tp: int, align: int = 1
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    tp: int = 1,
+    ep: int = 1,
+    align: int | None = None,
 ) -> Path:
-    """Write the pre-sharded checkpoint of ``src`` at ``dst`` (module docstring); ``dst``
-    must not exist. Returns ``dst``.
+    """Write the pre-sharded checkpoint of ``src`` at ``dst`` (module docstring): ``tp``
+    tensor-parallel times ``ep`` expert-parallel ranks, K in units of ``align`` blocks (by
+    default 1, and for GGUF one super-block: 4). ``dst`` must not exist, or be an empty
+    folder. Returns ``dst``.
 
     Raises:
-        CheckpointError: a GGUF source, an existing ``dst``, bad ``tp`` / ``align``.
-        PlaneError: a tensor the plan cannot split (naming the tensor, the dimension, the
-            split and the alignment).
+        CheckpointError: bad ``tp`` / ``ep`` / ``align``, an existing ``dst`` that is not
+            an empty folder, ``dst`` inside ``src`` or above it, ``--ep`` for a checkpoint
+            without experts, or a tensor the plan cannot split (naming the file, the
+            tensor, the dimension, the split and the alignment).
     """
     target = Path(dst)
-    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-        raise CheckpointError(f"--tp: expected an integer >= 1, found {tp!r}")
-    if isinstance(align, bool) or not isinstance(align, int) or align < 1:
-        raise CheckpointError(f"--align: expected an integer >= 1 (blocks), found {align!r}")
-    if target.exists() or target.is_symlink():
-        raise CheckpointError(f"{target}: exists; nvfp4 shard writes a new folder")
+    tp = _positive(tp, "--tp")
+    ep = _positive(ep, "--ep")
+    if align is not None:
+        align = _positive(align, "--align", " (blocks)")
+    empty = target.is_dir() and not target.is_symlink() and not any(target.iterdir())
+    if (target.exists() or target.is_symlink()) and not empty:
+        raise CheckpointError(
+            f"{target}: expected a new path or an empty folder, found an existing "
+            f"{'folder that is not empty' if target.is_dir() else 'file'}; nvfp4 shard "
+            "never deletes it"
+        )
     with open_checkpoint(src) as ck:
-        if ck.flavour == "gguf":
+        source, where = ck.path.resolve(), target.resolve()
+        if where == source or where.is_relative_to(source) or source.is_relative_to(where):
             raise CheckpointError(
-                f"{ck.path}: GGUF cannot be sharded (one file, 256-value super-blocks): "
-                "convert it to modelopt, compressed-tensors or mlx first"
+                f"{target}: expected a destination apart from the source {ck.path}, found it "
+                f"{'inside' if where.is_relative_to(source) else 'holding'} the source"
             )
-        plans = {}
-        for name in ck.quantized_names():
-            shape = ck.plane_shape(name)
-            n, k = int(shape.shape[-2]), int(shape.shape[-1])
-            plans[name] = plan_for(name, n, k, tp, align, ck.config)
-        tmp = target.parent / f".{target.name}.nvfp4-shard-tmp"
-        if tmp.exists():
-            shutil.rmtree(tmp)  # our own leftover of an interrupted run (hidden, named ours)
-        tmp.mkdir(parents=True)
-        try:
-            tensors = {name: ck.tensor(name) for name in ck.tensor_names()}
-            scales = {n: s for n in ck.quantized_names() if (s := ck.input_scale(n)) is not None}
-            for rank in range(tp):
-                write_checkpoint(
-                    tmp / f"rank-{rank}",
-                    _rank_planes(ck, plans, rank),
-                    flavour=ck.flavour,
-                    tensors=tensors,
-                    config=ck.config,
-                    input_scales=scales,
-                )
-            manifest = {
-                "spec_version": SHARD_SPEC,
-                "flavour": ck.flavour,
-                "tp": tp,
-                "align_blocks": align,
-                "source": ck.path.name,
-                "tensors": {name: _entry(plan) for name, plan in plans.items()},
-            }
+        config = source_config(ck)
+        layout = build_layout(
+            ck,
+            tp=tp,
+            ep=ep,
+            align=default_align(ck.flavour) if align is None else align,
+            config=config,
+        )
+        configs = [
+            _rank_config(config, layout, rank, ck.path) if ck.flavour == "gguf" else config
+            for rank in range(layout.world)
+        ]
+        with destination(target, force=empty, source=ck.path) as tmp:
+            tmp.mkdir()
+            for rank, rank_config in enumerate(configs):
+                _write_rank(ck, rank_config, layout, rank, tmp / f"rank-{rank}")
+            manifest = layout.manifest(ck.flavour, ck.path.name)
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
-            tmp.rename(target)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
     return target
 
 
@@ -190,71 +212,171 @@ def is_sharded(path: str | os.PathLike[str]) -> bool:
     return (Path(path) / MANIFEST).is_file()
 
 
+def _read_manifest(dst: Path) -> dict[str, Any]:
+    where = dst / MANIFEST
+    try:
+        manifest = json.loads(where.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{where}: expected a readable JSON manifest: {e}") from None
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"{where}: expected a JSON object, found {type(manifest).__name__}")
+    return manifest
+
+
+def rank_checkpoint(dst: str | os.PathLike[str], rank: int) -> Path:
+    """The path to open for rank ``rank`` of the sharded ``dst``: ``DST/rank-<r>/``, or the
+    ``.gguf`` file in it for a GGUF (named as the manifest's ``source``)."""
+    root = Path(dst)
+    manifest = _read_manifest(root)
+    folder = root / f"rank-{rank}"
+    if manifest.get("flavour") != "gguf":
+        return folder
+    name = manifest.get("source")
+    if not isinstance(name, str) or not name or Path(name).name != name:
+        raise CheckpointError(
+            f"{root / MANIFEST}: source: expected the GGUF file name, found {name!r}"
+        )
+    return folder / name
+
+
+def _check_manifest(
+    manifest: dict[str, Any], layout: ShardLayout, flavour: str, where: Path
+) -> None:
+    """Every fact of the manifest equal to the layout's (each disagreement named)."""
+    want = layout.manifest(flavour, "")
+    why = {
+        "flavour": "the source's flavour",
+        "world": f"tp {layout.tp} x ep {layout.ep}",
+        "rank_order": "the only order",
+    }
+    for key, reason in why.items():
+        if key in manifest and manifest[key] != want[key]:
+            raise CheckpointError(
+                f"{where}: {key}: expected {want[key]!r} ({reason}), found {manifest[key]!r}"
+            )
+    for section, world in (("tensors", layout.tp), ("experts", layout.ep)):
+        stated = manifest.get(section, {} if section == "experts" else None)
+        expected = want[section]
+        if not isinstance(stated, dict):
+            raise CheckpointError(f"{where}: {section}: expected an object, found {stated!r}")
+        if sorted(stated) != sorted(expected):
+            odd = sorted(set(expected) ^ set(stated))
+            raise CheckpointError(
+                f"{where}: {section}: expected the source's {len(expected)} entries, found "
+                f"{len(stated)} (first disagreeing: {odd[0]!r})"
+            )
+        for name, entry in expected.items():
+            found = plan_entry(plan_from_entry(stated[name], name, world, where))
+            for key in ("dim", "size", "unit"):
+                if found[key] != entry[key]:
+                    raise CheckpointError(
+                        f"{where}: {name!r}: {key}: expected {entry[key]!r} by the plan, "
+                        f"found {found[key]!r}"
+                    )
+            for rank, (a, b) in enumerate(zip(entry["ranks"], found["ranks"], strict=True)):
+                if a != b:
+                    raise CheckpointError(
+                        f"{where}: {name!r}: rank {rank}'s [start, stop, padded]: expected "
+                        f"{a} by the plan, found {b}"
+                    )
+
+
+def _same_global(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any], flavour: str) -> bool:
+    if a.shape != b.shape:
+        return False
+    if np.array_equal(a, b):
+        return True
+    if flavour != "compressed-tensors":
+        return False
+    # a compressed-tensors global is a float32 reciprocal: 1 ulp
+    ulps = np.abs(a.view(np.int32).astype(np.int64) - b.view(np.int32))
+    return bool(np.all(ulps <= 1))
+
+
+def _check_rank(ck: Checkpoint, part: Checkpoint, layout: ShardLayout, rank: int) -> None:
+    """Rank ``rank``'s checkpoint ``part`` against the source's shards by the layout."""
+    held = dict(layout.held(rank))
+    names = part.quantized_names()
+    if sorted(names) != sorted(held):
+        odd = sorted(set(held) ^ set(names))
+        raise CheckpointError(
+            f"{part.path}: expected the {len(held)} NVFP4 tensors of rank {rank} by the plan, "
+            f"found {len(names)} (first disagreeing: {odd[0]!r})"
+        )
+    plain = ck.tensor_names()
+    if sorted(part.tensor_names()) != sorted(plain):
+        odd = sorted(set(plain) ^ set(part.tensor_names()))
+        raise CheckpointError(
+            f"{part.path}: expected the source's {len(plain)} other tensors, found "
+            f"{len(part.tensor_names())} (first disagreeing: {odd[0]!r})"
+        )
+    for name in plain:
+        a, b = part.tensor(name), ck.tensor(name)
+        if a.dtype != b.dtype or a.shape != b.shape or not np.array_equal(a, b):
+            raise CheckpointError(
+                f"{part.path}: tensor {name!r} (rank {rank}): expected the source's "
+                f"{b.dtype} {list(b.shape)}, found {a.dtype} {list(a.shape)} or other values"
+            )
+    for local, t in held.items():
+        want = layout.shard(ck.planes(t.name), t, rank, local)
+        got = part.planes(local)
+        for what in ("codes", "scales"):
+            a, b = getattr(got, what), getattr(want, what)
+            if a.shape != b.shape or not np.array_equal(a, b):
+                raise CheckpointError(
+                    f"{part.path}: tensor {local!r} (rank {rank}, source {t.name!r}): {what}: "
+                    f"expected the source's shard by the plan, shape {list(b.shape)}, found "
+                    f"{list(a.shape)}{'' if a.shape != b.shape else ' with other bytes'}"
+                )
+        if not _same_global(got.global_scale, want.global_scale, ck.flavour):
+            raise CheckpointError(
+                f"{part.path}: tensor {local!r} (rank {rank}, source {t.name!r}): global: "
+                f"expected {want.global_scale.tolist()}, found {got.global_scale.tolist()}"
+            )
+
+
 def verify_sharded(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> str:
     """Check the sharded ``dst`` against ``src``; returns a one-line verdict.
 
     Raises:
-        CheckpointError: the manifest disagrees with the plan or the files, a rank folder
-            is missing, or a shard differs from the source's (naming file, tensor, rank).
+        CheckpointError: the manifest disagrees with the plan or the files (a range, a
+            shape, the world size), a rank folder is missing or one too many, or a shard
+            differs from the source's (naming the file, the tensor and the rank).
     """
-    where = Path(dst) / MANIFEST
-    try:
-        manifest = json.loads(where.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{where}: not a readable JSON manifest: {e}") from None
-    tp = manifest.get("tp") if isinstance(manifest, dict) else None
-    align = manifest.get("align_blocks") if isinstance(manifest, dict) else None
-    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-        raise CheckpointError(f"{where}: tp: expected an integer >= 1, found {tp!r}")
-    if isinstance(align, bool) or not isinstance(align, int) or align < 1:
-        raise CheckpointError(f"{where}: align_blocks: expected an integer >= 1, found {align!r}")
-    entries = manifest.get("tensors")
-    if not isinstance(entries, dict):
-        raise CheckpointError(f"{where}: tensors: expected an object")
+    root = Path(dst)
+    where = root / MANIFEST
+    manifest = _read_manifest(root)
+    tp = _positive(manifest.get("tp"), f"{where}: tp")
+    ep = _positive(manifest.get("ep", 1), f"{where}: ep")
+    align = _positive(manifest.get("align_blocks"), f"{where}: align_blocks", " (blocks)")
     with open_checkpoint(src) as ck:
-        names = ck.quantized_names()
-        if sorted(entries) != sorted(names):
-            missing = sorted(set(names) - set(entries)) or sorted(set(entries) - set(names))
-            raise CheckpointError(
-                f"{where}: tensors: expected the source's {len(names)} NVFP4 tensors, "
-                f"found {len(entries)} (first disagreeing: {missing[0]!r})"
-            )
-        plans = {}
-        for name in names:
-            stated = _plan_from(entries[name], name, tp, where)
-            shape = ck.plane_shape(name)
-            want = plan_for(name, int(shape.shape[-2]), int(shape.shape[-1]), tp, align, ck.config)
-            if (stated.dim, stated.size, stated.ranges) != (want.dim, want.size, want.ranges):
+        layout = build_layout(ck, tp=tp, ep=ep, align=align, config=source_config(ck))
+        _check_manifest(manifest, layout, ck.flavour, where)
+        folders = sorted(p.name for p in root.iterdir() if p.name.startswith("rank-"))
+        want = [f"rank-{r}" for r in range(layout.world)]
+        for name in want:
+            if not (root / name).is_dir():
                 raise CheckpointError(
-                    f"{where}: tensor {name!r}: expected the plan {_entry(want)}, found "
-                    f"{_entry(stated)}"
+                    f"{root / name}: expected a rank folder (the manifest gives "
+                    f"{layout.world} ranks: tp {tp} x ep {ep}), found it missing"
                 )
-            plans[name] = want
-        for rank in range(tp):
-            folder = Path(dst) / f"rank-{rank}"
-            if not folder.is_dir():
-                raise CheckpointError(f"{folder}: missing (the manifest gives {tp} ranks)")
-            with open_checkpoint(folder) as part:
-                for name, plan in plans.items():
-                    want_p = shard_planes(ck.planes(name), plan, rank)
-                    got = part.planes(name)
-                    for what in ("codes", "scales", "global_scale"):
-                        a, b = getattr(got, what), getattr(want_p, what)
-                        same = a.shape == b.shape and np.array_equal(a, b)
-                        if (
-                            not same
-                            and what == "global_scale"
-                            and ck.flavour == "compressed-tensors"
-                        ):
-                            # a compressed-tensors global is a float32 reciprocal: 1 ulp
-                            ulps = np.abs(a.view(np.int32).astype(np.int64) - b.view(np.int32))
-                            same = a.shape == b.shape and bool(np.all(ulps <= 1))
-                        if not same:
-                            raise CheckpointError(
-                                f"{folder}: tensor {name!r} rank {rank}: {what} differ from "
-                                f"the source's shard (expected shape {b.shape}, found {a.shape})"
-                            )
+        if len(folders) != len(want):
+            extra = sorted(set(folders) - set(want))
+            raise CheckpointError(
+                f"{root / extra[0]}: expected {layout.world} rank folders (tp {tp} x ep {ep}, "
+                f"{where.name}), found {len(folders)}"
+            )
+        with ExitStack() as stack:
+            for rank in range(layout.world):
+                part = stack.enter_context(open_checkpoint(rank_checkpoint(root, rank)))
+                if part.flavour != ck.flavour:
+                    raise CheckpointError(
+                        f"{part.path}: expected a {ck.flavour} checkpoint (the source's "
+                        f"flavour), found {part.flavour}"
+                    )
+                _check_rank(ck, part, layout, rank)
+    experts = f", ep={ep}: {len(layout.experts)} expert groups" if layout.experts else ""
     return (
-        f"SAME (sharded, tp={tp}, align={align} blocks): {len(plans)} NVFP4 tensors, every "
-        "rank's shard byte-identical to the source's by the plan, padding zero"
+        f"SAME (sharded, tp={tp}, align={align} blocks{experts}): {len(layout.tensors)} NVFP4 "
+        "tensors, every rank's shard byte-identical to the source's by the plan, padding zero"
     )

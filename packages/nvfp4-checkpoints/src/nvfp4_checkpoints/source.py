@@ -127,7 +127,8 @@ def mapping_source(
         key, i = members[prefix]
         p = planes[key]
         dims = p.shape if i is None else p.shape[1:]
-        shared = i is None and p.num_experts is not None and p.global_scale.size == 1
+        # a stack's one global is shape (); (1,) is the per-expert global of one expert
+        shared = i is None and p.num_experts is not None and p.global_scale.ndim == 0
         return PlaneShape(tuple(dims), p.num_partitions, shared)
 
     def input_of(prefix: str) -> float | None:
