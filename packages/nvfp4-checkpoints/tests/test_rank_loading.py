@@ -9,7 +9,6 @@ poisoned scales do not stop it); bad input refused in one line."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -210,7 +209,7 @@ def test_a_sharded_folder_that_disagrees_is_refused(
     dst = shard_checkpoint(checkpoints["modelopt"], tmp_path / "dst", tp=2)
     with pytest.raises(CheckpointError) as e:
         load_rank(dst, 0, 4)
-    _one_line(e, MANIFEST, "tp", "expected 4", "found 2")
+    _one_line(e, MANIFEST, "tp x ep", "expected 4", "found 2 x 1 = 2")
     with pytest.raises(CheckpointError) as e:
         load_rank(dst, 0, 2, align=4)
     _one_line(e, "align_blocks", "expected 4", "found 1")
@@ -237,6 +236,13 @@ def test_a_sharded_folder_that_disagrees_is_refused(
     with pytest.raises(CheckpointError) as e:
         load_rank(dst, 0, 2)
     _one_line(e, MANIFEST, "model.layers.9.mlp.down_proj", "expected rank-0's 8 NVFP4 tensors")
+    # an expert-parallel manifest (tp 2 x ep 2)
+    manifest = json.loads(good)
+    manifest.update(ep=2, world=4)
+    (dst / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError) as e:
+        load_rank(dst, 0, 4)
+    _one_line(e, MANIFEST, "ep: expected 1", "found 2")
     (dst / MANIFEST).write_text("{not json")
     with pytest.raises(CheckpointError) as e:
         load_rank(dst, 0, 2)
@@ -295,23 +301,24 @@ def test_bad_input_is_refused_in_one_line(tmp_path: Path, checkpoints: dict[str,
     with pytest.raises(CheckpointError) as e:
         load_rank(gguf, 0, 2)
     _one_line(e, str(gguf), "gguf", "expected a safetensors flavour")
+    sharded = shard_checkpoint(gguf, tmp_path / "gguf-tp2", tp=2)
+    with pytest.raises(CheckpointError) as e:
+        load_rank(sharded, 0, 2)
+    _one_line(e, MANIFEST, "flavour", "found 'gguf'")
 
 
-@pytest.mark.parametrize("short_reads", [False, True])
+@pytest.mark.parametrize("window", [100, 8 << 20])
 def test_safetensors_ranges_are_the_slices_of_the_tensor(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, short_reads: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, window: int
 ) -> None:
-    """``SafetensorsFile.read``: every axis and range of a 3-D tensor (scattered reads of
-    more than one call's 512 slices), and the same after a short scattered read."""
+    """``SafetensorsFile.read``: every axis and range of a 3-D tensor, a strided range also
+    through windows of two rows (not page-aligned: 48-byte rows)."""
+    from nvfp4_checkpoints import safetensors_io
     from nvfp4_checkpoints.safetensors_io import SafetensorsFile, save_file
 
     a = np.arange(3 * 700 * 24, dtype=np.uint16).reshape(3, 700, 24)
     save_file(tmp_path / "t.safetensors", {"a": a, "s": np.array(2.5, np.float32)})
-    if short_reads:  # the scattered read comes back one byte short: read a slice at a time
-        real = os.preadv
-        monkeypatch.setattr(
-            os, "preadv", lambda fd, bufs, at: real(fd, bufs, at) - (1 if len(bufs) > 1 else 0)
-        )
+    monkeypatch.setattr(safetensors_io, "_STRIDED_CHUNK", window)
     with SafetensorsFile(tmp_path / "t.safetensors") as f:
         assert f.read("s").shape == ()
         assert f.read("s") == np.float32(2.5)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import mmap
 import os
 import struct
 import warnings
@@ -170,7 +171,8 @@ class SafetensorsFile(Closing):
         so the process holds the result and nothing else (a rank loading its shard,
         :mod:`.rank_loading`). A range of an axis whose outer indices are contiguous (the
         first axis, or the whole axis) is one read; any other, a range of the last axis of
-        ``[R, C]`` for instance, is one slice a row, ``C`` bytes apart (:func:`_read_strided`).
+        ``[R, C]`` for instance, is one slice a row, ``C`` bytes apart, copied out of bounded
+        windows of the file (:func:`_read_strided`).
 
         Raises:
             SafetensorsError: the file was replaced since its header was read, or it ends
@@ -208,7 +210,8 @@ class SafetensorsFile(Closing):
                 if piece == span or outer == 1:  # one contiguous range
                     _read_exactly(f, flat, first, fail, name)
                 else:
-                    _read_strided(f, flat, first, outer, piece, span - piece, fail, name)
+                    rows = out.reshape(-1).view(np.uint8).reshape(outer, piece)
+                    _read_strided(f, rows, first, span - piece, fail, name)
         return out.reshape(t.shape) if not t.shape else out
 
 
@@ -216,43 +219,46 @@ class SafetensorsFile(Closing):
 _MAX_READ: Final = 1 << 30
 
 
-#: Slices one scattered read fills (half of Linux's IOV_MAX of 1024 buffers: a slice and a
-#: gap each).
-_SLICES_PER_CALL: Final = 512
+#: The bytes of the file one window of a strided read maps at most.
+_STRIDED_CHUNK: Final = 8 << 20
 
 
 def _read_strided(
     f: BinaryIO,
-    into: memoryview,
+    into: npt.NDArray[np.uint8],
     offset: int,
-    count: int,
-    piece: int,
     gap: int,
     fail: Refusals,
     name: str,
 ) -> None:
-    """Fill ``into`` with ``count`` slices of ``piece`` bytes, the first at byte ``offset``
-    of ``f`` and each ``gap`` bytes after the previous one's end. Where the platform has
-    scattered reads (``preadv``), one call reads up to :data:`_SLICES_PER_CALL` slices,
-    each straight into its place in ``into``, the gaps between them into one scratch
-    buffer of ``gap`` bytes that nothing keeps (a system call a row would cost more than
-    the bytes); else, and after a short read, one read a slice."""
-    scratch = memoryview(bytearray(gap)) if hasattr(os, "preadv") else None
-    for first in range(0, count, _SLICES_PER_CALL):
-        last = min(count, first + _SLICES_PER_CALL)
-        at = offset + first * (piece + gap)
-        if scratch is not None:
-            buffers: list[memoryview] = []
-            for i in range(first, last):
-                buffers.append(into[i * piece : (i + 1) * piece])
-                buffers.append(scratch)
-            buffers.pop()  # no gap after the last slice
-            want = (last - first) * piece + (last - first - 1) * gap
-            if os.preadv(f.fileno(), buffers, at) == want:
-                continue
-        for i in range(first, last):  # one slice a read (and the end of a short file)
-            _read_exactly(f, into[i * piece : (i + 1) * piece], at, fail, name)
-            at += piece + gap
+    """Fill ``into`` (``[count, piece]`` bytes) with ``count`` slices of ``piece`` bytes of
+    ``f``, the first at byte ``offset`` and each ``gap`` bytes after the previous one's end
+    (a rank's columns of every row). The rows are mapped a window of at most
+    :data:`_STRIDED_CHUNK` bytes (or one row) at a time and the slices copied out by numpy,
+    then the window is unmapped: only the slices' bytes are copied, and the process never
+    holds more than one window of the file (a read a row costs a system call each, a
+    read of whole rows copies every rank's columns)."""
+    count, piece = into.shape
+    row = piece + gap
+    per_chunk = max(1, _STRIDED_CHUNK // row)
+    grain = mmap.ALLOCATIONGRANULARITY
+    for first in range(0, count, per_chunk):
+        n = min(count, first + per_chunk) - first
+        start = offset + first * row
+        base = start - start % grain
+        size = n * row - gap
+        try:
+            window = mmap.mmap(
+                f.fileno(), start - base + size, access=mmap.ACCESS_READ, offset=base
+            )
+        except (OSError, ValueError) as e:
+            raise fail(f"cannot map the tensor's data ({e})", name) from None
+        with window:
+            rows = np.frombuffer(window, dtype=np.uint8, count=size, offset=start - base)
+            into[first : first + n] = np.lib.stride_tricks.as_strided(
+                rows, shape=(n, piece), strides=(row, 1), writeable=False
+            )
+            del rows  # the window closes only once no array refers to it
 
 
 def _read_exactly(f: BinaryIO, into: memoryview, offset: int, fail: Refusals, name: str) -> None:
