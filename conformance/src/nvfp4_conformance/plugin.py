@@ -305,9 +305,16 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 # ---------------------------------------------------------------------------- results
 def _short_message(call: pytest.CallInfo[Any]) -> str:
+    """The failure's own lines (40 at most); an exception group (Hypothesis's "distinct
+    failures") with the first line of each error it holds, so none is left out."""
     if call.excinfo is None:
         return ""
     text = call.excinfo.exconly()
+    group = call.excinfo.value
+    if isinstance(group, BaseExceptionGroup):
+        for i, sub in enumerate(group.exceptions, 1):
+            first = (str(sub).strip().splitlines() or [""])[0]
+            text += f"\n  [{i}] {type(sub).__name__}: {first}"
     lines = text.splitlines()
     if len(lines) > 40:
         lines = [*lines[:40], f"... ({len(lines) - 40} more lines)"]
