@@ -310,9 +310,10 @@ def _short_message(call: pytest.CallInfo[Any]) -> str:
     if call.excinfo is None:
         return ""
     text = call.excinfo.exconly()
-    group = call.excinfo.value
-    if isinstance(group, BaseExceptionGroup):
-        for i, sub in enumerate(group.exceptions, 1):
+    # an exception group (Python 3.11's, or the backport Hypothesis raises on 3.10)
+    subs = getattr(call.excinfo.value, "exceptions", None)
+    if isinstance(subs, tuple) and all(isinstance(e, BaseException) for e in subs):
+        for i, sub in enumerate(subs, 1):
             first = (str(sub).strip().splitlines() or [""])[0]
             text += f"\n  [{i}] {type(sub).__name__}: {first}"
     lines = text.splitlines()
