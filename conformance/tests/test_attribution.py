@@ -114,7 +114,7 @@ def test_a_group_of_failures_keeps_each_error_s_first_line() -> None:
     from nvfp4_conformance.plugin import _short_message
 
     try:
-        group = ExceptionGroup  # noqa: F821 - Python 3.11 on
+        group = ExceptionGroup  # Python 3.11 on
     except NameError:  # Python 3.10: the backport Hypothesis depends on there
         from exceptiongroup import ExceptionGroup as group
 
