@@ -9,7 +9,9 @@ Sessions:
 * ``conformance-<hw>`` - certify one backend: build the wheels, install core + that backend +
                           the suite in a fresh environment, run the plugin, write
                           ``reports/conformance-<hw>.json`` and ``.md``;
-* ``conformance``      - every backend this machine can run, then a summary table;
+* ``conformance``      - every backend this machine can run, then a summary table (the
+                          Triton backends under the interpreter in a second process beside
+                          the others; each wheel built once);
 * ``certificates``     - publish the certificates in reports/ to docs/certificates/ and
   README's excerpt (after ``conformance``: ``nox -s conformance certificates``);
 * ``engines``          - certify one third-party engine (``engines(engine='ggml')``, ...)
