@@ -244,6 +244,9 @@ PARALLEL_TESTS = (
     "nvfp4-cuda",
     "nvfp4-rocm",
     "nvfp4-torch",
+    # certification runs in subprocesses and in-process pytester runs, a file a worker
+    "nvfp4-conformance",
+    "repository",
 )
 TEST_WORKERS = "NVFP4_TEST_WORKERS"
 
@@ -299,9 +302,12 @@ def tests(session: nox.Session, package: str) -> None:
     path = PACKAGES[package]
     chosen = _plan(session)  # the tests run here: the Triton packages under the interpreter
     if path == ROOT:
-        _install(session, chosen, *REPOSITORY_TEST_DEPS, str(CORE))
+        workers = _workers(package)
+        xdist = ("pytest-xdist",) if workers else ()
+        _install(session, chosen, *REPOSITORY_TEST_DEPS, str(CORE), *xdist)
         session.run(
             *("pytest", "-q", "-ra", f"--durations={SLOWEST_REPORTED}", str(ROOT / "tests")),
+            *workers,
             *session.posargs,
         )
         _discard_venv(session)

@@ -14,6 +14,15 @@ from nvfp4 import reference
 from nvfp4_conformance import attribution
 
 
+@pytest.fixture(autouse=True)
+def _every_deviation() -> Iterator[None]:
+    """Each test starts from "every deviation takes part" (what a run outside the plugin
+    sees), whatever a certification run earlier in this process declared, and leaves it so."""
+    attribution.declare_for(None)
+    yield
+    attribution.declare_for(None)
+
+
 def _refusal(k: int) -> list[str] | None:
     planes = reference.quantize_activations(np.ones((2, k), np.float32))
     return attribution.explain_refusal(lambda d: emu.dequantize(planes, "float32", deviations=d))

@@ -492,3 +492,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     run = config.stash.get(RUN_KEY, None)
     if _COLLECT_RUN.get("run") is run:
         _COLLECT_RUN.pop("run", None)
+    if run is not None and run.backend_name is not None:
+        # the run's declaration ends with it (an in-process run inside another session,
+        # as the suite's own tests make, leaves attribution as it found it)
+        attribution.declare_for(None)
