@@ -43,7 +43,8 @@ def _run(matched: dict[int, list[int]], agree: bool = True) -> ConformanceRun:
             )
     run.extra["t7_greedy"] = {
         "spawn_seconds": 90.5,
-        "model_build_seconds": 30.0,
+        "checkpoint_seconds": 3.0,
+        "checkpoint_reused": True,
         "worlds": {"2": {"load_seconds": 2.0, "shard_seconds": 1.5, "decode_seconds": 40.0}},
     }
     return run
@@ -58,9 +59,11 @@ def test_the_certificate_sums_tokens_per_world_size() -> None:
     assert greedy["worlds"]["2"]["decode_seconds"] == 40.0
     assert "decode_seconds" not in greedy["worlds"]["3"]
     assert greedy["spawn_seconds"] == 90.5
+    assert greedy["checkpoint_reused"] is True
     assert cert["t7"]["tests"] == {"passed": 7, "failed": 1}
     md = "\n".join(t7_markdown(cert))
     assert "| 2 | 4 | 160/160 | yes | 2.0 | 1.5 | 40.0 |" in md
+    assert "the checkpoint reused, its sha256 checked in 3.0 s" in md
     assert "| 3 | 4 | 132/160 | yes | - | - | - |" in md
 
 
@@ -76,3 +79,32 @@ def test_without_the_greedy_parity_the_section_has_none() -> None:
     run.outcome(node).outcome = "passed"
     run.record(node, "x", {"dtype": "float32", "max_rel_err": 1e-6, "tolerance": 1e-4})
     assert "greedy_parity" not in t7_section(run)["t7"]
+
+
+def test_a_cached_checkpoint_is_used_only_when_it_is_the_golden_model(tmp_path: Any) -> None:
+    golden = t6.load_golden()
+    assert t6.cached_checkpoint(golden, tmp_path) is None  # none there
+    folder = tmp_path / t6.CHECKPOINT_DIR
+    folder.mkdir()
+    (folder / "config.json").write_text("{not json", encoding="utf-8")
+    assert t6.cached_checkpoint(golden, tmp_path) is None  # a partial or broken folder
+
+
+def test_a_cached_checkpoint_of_another_model_is_not_used(tmp_path: Any) -> None:
+    """A readable checkpoint whose planes are not the golden model's (a stale cache)."""
+    transformers = pytest.importorskip("transformers")
+    from nvfp4_torch import smollm2
+
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
+    model = transformers.LlamaForCausalLM(config).eval()
+    smollm2.write_nvfp4_checkpoint(smollm2.quantize_model(model), tmp_path / t6.CHECKPOINT_DIR)
+    assert (tmp_path / t6.CHECKPOINT_DIR / "config.json").is_file()
+    assert t6.cached_checkpoint(t6.load_golden(), tmp_path) is None

@@ -85,7 +85,8 @@ def _greedy_parity(run: ConformanceRun, t7: list[Any]) -> dict[str, Any]:
         "model": "T6's (SmolLM2-135M-Instruct, every decoder linear NVFP4)",
         "worlds": dict(sorted(worlds.items())),
         "spawn_seconds": timing.get("spawn_seconds"),
-        "model_build_seconds": timing.get("model_build_seconds"),
+        "checkpoint_seconds": timing.get("checkpoint_seconds"),
+        "checkpoint_reused": timing.get("checkpoint_reused"),
     }
 
 
@@ -114,11 +115,12 @@ def t7_markdown(cert: dict[str, Any]) -> list[str]:
             )
     greedy = t7.get("greedy_parity")
     if greedy:
+        how = "reused, its sha256 checked" if greedy["checkpoint_reused"] else "built"
         lines += [
             "",
             f"Greedy parity, tensor-parallel, on {greedy['model']}: the golden tokens of T6 "
-            f"(one spawn of ranks: {greedy['spawn_seconds']} s; the model built in "
-            f"{greedy['model_build_seconds']} s):",
+            f"(one spawn of ranks: {greedy['spawn_seconds']} s; the checkpoint {how} in "
+            f"{greedy['checkpoint_seconds']} s):",
             "",
             "| world size | prompts | tokens matched | ranks agree | load s | shard s | decode s |",
             "|---|---|---|---|---|---|---|",
