@@ -319,7 +319,14 @@ def moe_config(hidden: int, inter: int, experts: int) -> dict[str, Any]:
 
 @pytest.mark.parametrize(
     ("flavour", "stacked"),
-    [("modelopt", False), ("compressed-tensors", False), ("gguf", False), ("mlx", True)],
+    [
+        ("modelopt", False),
+        ("compressed-tensors", False),
+        ("gguf", False),
+        ("gguf", True),
+        ("mlx", False),
+        ("mlx", True),
+    ],
 )
 @pytest.mark.parametrize(("tp", "ep"), [(1, 2), (2, 2), (1, 3)])
 def test_experts_go_to_ranks_by_index_with_their_globals(
@@ -406,6 +413,10 @@ def test_a_plan_that_cuts_a_block_is_refused(tmp_path: Path, refused: Any) -> No
     refused("shard", str(src), str(tmp_path / "t"), "--tp", "32", match="down_proj", names=src)
     refused("shard", str(src), str(tmp_path / "t"), "--tp", "0", match="--tp", names="--tp")
     refused("shard", str(src), str(tmp_path / "t"), "--ep", "2", match="--ep 2", names=src)
+    refused("shard", str(src), str(tmp_path / "t"), "--ep", "0", match="--ep", names="--ep")
+    refused(
+        "shard", str(src), str(tmp_path / "t"), "--align", "0", match="--align", names="(blocks)"
+    )
     assert listing(tmp_path) == before
 
 
@@ -436,6 +447,15 @@ def test_gguf_refuses_a_cut_inside_a_super_block(tmp_path: Path, refused: Any) -
     before = listing(tmp_path)
     err = refused("shard", str(attn), str(tmp_path / "t"), "--tp", "4", match="o_proj", names=attn)
     assert "super-block" in err
+    # 10 heads over 2 KV heads at TP4: rank 1's 3 query heads read 2 KV heads
+    gqa = _write(
+        tmp_path / "gqa",
+        attention_planes(640, 10, 2),
+        "gguf",
+        config={**llama_config(hidden=640, kv_heads=2), "num_attention_heads": 10},
+    )
+    before = listing(tmp_path)
+    refused("shard", str(gqa), str(tmp_path / "t"), "--tp", "4", match="KV heads", names=gqa)
     assert listing(tmp_path) == before
 
 
@@ -544,3 +564,129 @@ def test_verify_refuses_rank_folders_that_disagree_with_the_manifest(
     shutil.rmtree(dst / "rank-0")
     shutil.move(extra, dst / "rank-0")
     refused("verify", str(src), str(dst), match="extra_proj", names=dst / "rank-0")
+
+
+def foreign_gguf(path: Path) -> tuple[Path, dict[str, np.ndarray[Any, Any]]]:
+    """A llama GGUF as llama.cpp's converter writes one (no ``nvfp4.*`` keys, no config:
+    hyper-parameters in the metadata, q/k rows RoPE-permuted, no ``.scale`` of 1.0): 4
+    heads of 64, 2 KV heads. Returns the path and every NVFP4 tensor's raw bytes."""
+    gguf = pytest.importorskip("gguf")
+    rng = np.random.default_rng(11)
+    shapes = {
+        "blk.0.attn_q": (256, 256),
+        "blk.0.attn_k": (128, 256),
+        "blk.0.attn_output": (256, 256),
+        "blk.0.ffn_gate": (512, 256),
+        "blk.0.ffn_down": (256, 512),
+    }
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_block_count(1)
+    w.add_embedding_length(256)
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    raw = {}
+    for base, (n, k) in shapes.items():
+        b = rng.integers(0, 256, (n, k // 64, 36), dtype=np.uint8)
+        b[..., :4] = rng.integers(0x08, 0x7F, (n, k // 64, 4), dtype=np.uint8)  # valid scales
+        raw[base] = b.reshape(n, -1)
+        w.add_tensor(f"{base}.weight", raw[base], raw_dtype=gguf.GGMLQuantizationType.NVFP4)
+    w.add_tensor("blk.0.ffn_down.scale", np.array([0.25], np.float32))
+    w.add_tensor("output_norm.weight", np.ones(256, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path, raw
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_a_llama_cpp_gguf_shards_as_slices_of_its_bytes(tmp_path: Path, tp: int) -> None:
+    # the plan from llama.cpp's names and the metadata's heads; every rank's NVFP4 data is a
+    # slice of the source file's: whole rows (heads, RoPE-permuted per head; at TP4 the 2 KV
+    # heads are replicated) or whole 36-byte super-blocks of every row
+    from nvfp4_checkpoints.gguf.file import GGUFFile
+
+    src, raw = foreign_gguf(tmp_path / "foreign.gguf")
+    dst = tmp_path / "dst"
+    assert run("shard", str(src), str(dst), "--tp", str(tp)) == 0
+    tensors = manifest_of(dst)["tensors"]
+    assert tensors["blk.0.ffn_down"]["dim"] == "k"
+    assert tensors["blk.0.attn_output"]["dim"] == "k"
+    assert tensors["blk.0.ffn_gate"]["ranks"] == tensors["blk.0.ffn_down"]["ranks"]
+    assert tensors["blk.0.attn_q"]["unit"] == 64  # whole heads
+    for rank in range(tp):
+        f = GGUFFile(rank_checkpoint(dst, rank))
+        try:
+            assert f.value("general.architecture") == "llama"
+            q = tensors["blk.0.attn_q"]["ranks"][rank]
+            assert f.value("llama.attention.head_count") == (q[1] - q[0]) // 64
+            for base, entry in tensors.items():
+                a, b, padded = entry["ranks"][rank]
+                got = np.array(f.array(f.tensors[f"{base}.weight"]))
+                want = (
+                    raw[base][a:b]
+                    if entry["dim"] == "n"
+                    else raw[base][:, a // 64 * 36 : b // 64 * 36]
+                )
+                assert padded == b - a
+                np.testing.assert_array_equal(got, want, err_msg=f"{base} rank {rank}")
+            assert f.array(f.tensors["blk.0.ffn_down.scale"]).tolist() == [0.25]
+        finally:
+            f.close()
+    assert run("verify", str(src), str(dst)) == 0
+
+
+def test_a_llama_cpp_moe_gguf_gives_each_rank_its_merged_experts(tmp_path: Path) -> None:
+    # llama.cpp merges experts into blk.<i>.ffn_*_exps [E, N, K] with a .scale [E]: at
+    # --tp 2 --ep 2 each rank's merged tensor is its experts' slice of the source's bytes
+    # (cut by TP too) and its .scale their globals
+    gguf = pytest.importorskip("gguf")
+    from nvfp4_checkpoints.gguf.file import GGUFFile
+
+    rng = np.random.default_rng(12)
+    experts, hidden, inter = 5, 128, 256
+    shapes = {
+        "blk.0.ffn_gate_exps": (inter, hidden),
+        "blk.0.ffn_up_exps": (inter, hidden),
+        "blk.0.ffn_down_exps": (hidden, inter),
+    }
+    src = tmp_path / "moe.gguf"
+    w = gguf.GGUFWriter(src, "qwen3moe")
+    w.add_block_count(1)
+    w.add_expert_count(experts)
+    raw, scales = {}, {}
+    for base, (n, k) in shapes.items():
+        b = rng.integers(0, 256, (experts, n, k // 64, 36), dtype=np.uint8)
+        b[..., :4] = rng.integers(0x08, 0x7F, (experts, n, k // 64, 4), dtype=np.uint8)
+        raw[base] = b.reshape(experts, n, -1)
+        scales[base] = rng.uniform(0.5, 2.0, experts).astype(np.float32)
+        w.add_tensor(f"{base}.weight", raw[base], raw_dtype=gguf.GGMLQuantizationType.NVFP4)
+        w.add_tensor(f"{base}.scale", scales[base])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    dst = tmp_path / "dst"
+    assert run("shard", str(src), str(dst), "--tp", "2", "--ep", "2") == 0
+    manifest = manifest_of(dst)
+    assert sorted(manifest["experts"]) == sorted(f"{b}.{{}}" for b in shapes)
+    assert manifest["experts"]["blk.0.ffn_down_exps.{}"]["ranks"] == [[0, 3, 3], [3, 5, 2]]
+    for rank in range(4):
+        ep_rank, tp_rank = divmod(rank, 2)
+        e0, e1, _ = manifest["experts"]["blk.0.ffn_down_exps.{}"]["ranks"][ep_rank]
+        f = GGUFFile(rank_checkpoint(dst, rank))
+        try:
+            for base in shapes:
+                a, b, _ = manifest["tensors"][f"{base}.0"]["ranks"][tp_rank]
+                got = np.array(f.array(f.tensors[f"{base}.weight"]))
+                want = raw[base][e0:e1]
+                if base == "blk.0.ffn_down_exps":  # row-parallel: whole super-blocks of K
+                    want = want[..., a // 64 * 36 : b // 64 * 36]
+                else:  # gate / up: the down projection's K range as rows
+                    want = want[:, a:b]
+                np.testing.assert_array_equal(got, want, err_msg=f"{base} rank {rank}")
+                scale = np.array(f.array(f.tensors[f"{base}.scale"]))
+                np.testing.assert_array_equal(scale, scales[base][e0:e1])
+        finally:
+            f.close()
+    assert run("verify", str(src), str(dst)) == 0

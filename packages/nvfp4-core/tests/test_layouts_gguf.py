@@ -99,6 +99,13 @@ def test_expert_scale_shapes() -> None:
     assert one.global_scale == np.float32(0.5)
     with pytest.raises(PlaneError, match=r"GGUF .scale shape"):
         from_gguf(data, np.ones(2, np.float32))
+    # a stack of one expert (an expert-parallel rank's): its [1] .scale is that expert's
+    single = random_planes(np.random.default_rng(8), (1, 2, 64))
+    data1, scale1 = to_gguf(single)
+    assert scale1.shape == (1,)
+    back = from_gguf(data1, scale1)
+    assert back.global_scale.shape == (1,)
+    np.testing.assert_array_equal(back.global_scale, single.global_scale)
 
 
 def test_refusals() -> None:

@@ -44,6 +44,8 @@ from .flavours import Flavour
 __all__ = ["FUSED_PATTERNS", "Checkpoint", "PlaneShape", "group_experts", "scalar"]
 
 _EXPERT_RE: Final = re.compile(r"^(?P<head>.*\.experts)\.(?P<idx>\d+)\.(?P<tail>.+)$")
+#: llama.cpp's merged experts as a GGUF reader presents them per expert (``blk.0.ffn_up_exps.3``).
+_GGUF_EXPERT_RE: Final = re.compile(r"^(?P<head>.*_exps)\.(?P<idx>\d+)$")
 #: Fused groups: (member leaf names in order, the fused leaf name).
 FUSED_PATTERNS: Final = (
     (("q_proj", "k_proj", "v_proj"), "qkv_proj"),
@@ -75,14 +77,18 @@ class PlaneShape(WeightShape):
 def group_experts(
     names: Sequence[str], shape_of: Callable[[str], PlaneShape]
 ) -> dict[str, list[str]]:
-    """Group ``<head>.experts.<i>.<tail>`` prefixes by ``<head>.experts.{}.<tail>``, in
-    expert order; only complete runs ``0..E-1`` of equally shaped 2-D tensors."""
+    """Group ``<head>.experts.<i>.<tail>`` prefixes by ``<head>.experts.{}.<tail>`` (and
+    llama.cpp's ``<head>_exps.<i>`` by ``<head>_exps.{}``), in expert order; only complete
+    runs ``0..E-1`` of equally shaped 2-D tensors."""
     found: dict[str, dict[int, str]] = {}
     for name in names:
         m = _EXPERT_RE.match(name)
+        g = None if m else _GGUF_EXPERT_RE.match(name)
         if m:
             key = f"{m['head']}.{{}}.{m['tail']}"
             found.setdefault(key, {})[int(m["idx"])] = name
+        elif g:
+            found.setdefault(f"{g['head']}.{{}}", {})[int(g["idx"])] = name
     groups: dict[str, list[str]] = {}
     for key, by_idx in found.items():
         if sorted(by_idx) != list(range(len(by_idx))):

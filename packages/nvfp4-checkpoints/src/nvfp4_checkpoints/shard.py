@@ -41,12 +41,16 @@ from .checkpoint import Checkpoint
 from .destination import destination
 from .flavour_io import WriteOptions
 from .folder import CheckpointError
+from .gguf import GGUFCheckpoint
+from .gguf.metadata import config_from_metadata
 from .hf import DEFAULT_MAX_SHARD_BYTES, SHARD_MANIFEST
 from .shard_layout import (
+    Q_PROJ,
     ShardLayout,
     build_layout,
     default_align,
     heads_of,
+    layer_of,
     plan_entry,
     plan_for,
     plan_from_entry,
@@ -72,9 +76,12 @@ def _positive(value: object, what: str, unit: str = "") -> int:
     return value
 
 
-def _rank_config(config: Mapping[str, Any], layout: ShardLayout, rank: int) -> dict[str, Any]:
+def _rank_config(
+    config: Mapping[str, Any], layout: ShardLayout, rank: int, where: Path
+) -> dict[str, Any]:
     """A GGUF rank's config: SRC's, with the attention heads the rank holds (llama.cpp's
-    head counts describe the file's q/k rows, which are RoPE-permuted per head)."""
+    head counts describe the file's q/k rows, which are RoPE-permuted per head); a rank
+    whose query heads are no whole groups of its KV heads is refused (GGUF cannot say it)."""
     out = dict(config)
     heads = heads_of(config)
     if heads is None or layout.tp == 1:
@@ -82,7 +89,7 @@ def _rank_config(config: Mapping[str, Any], layout: ShardLayout, rank: int) -> d
     cut = [
         t
         for t in layout.tensors.values()
-        if t.name.rsplit(".", 1)[-1] == "q_proj" and t.plan.dim == "n" and t.plan.unit == heads[2]
+        if layer_of(t.name) in Q_PROJ and t.plan.dim == "n" and t.plan.unit == heads[2]
     ]
     if not cut:
         return out
@@ -90,6 +97,12 @@ def _rank_config(config: Mapping[str, Any], layout: ShardLayout, rank: int) -> d
     _, tp_rank = layout.split(rank)
     q = h.q[tp_rank]
     kv_start, kv_stop = h.kv[tp_rank]
+    if q.size % (kv_stop - kv_start):
+        raise CheckpointError(
+            f"{where}: rank {rank}: {q.size} query heads over {kv_stop - kv_start} KV heads: "
+            "expected a multiple (a GGUF's head_count over its head_count_kv), found a "
+            f"remainder at tp {layout.tp} ({heads[0]} heads, {heads[1]} KV heads)"
+        )
     out.update(
         num_attention_heads=q.size,
         num_key_value_heads=kv_stop - kv_start,
@@ -98,13 +111,25 @@ def _rank_config(config: Mapping[str, Any], layout: ShardLayout, rank: int) -> d
     return out
 
 
+def source_config(ck: Checkpoint) -> dict[str, Any]:
+    """The config the plan and the ranks follow: SRC's, or for a GGUF that records none
+    (llama.cpp's converter writes hyper-parameters only) the one its metadata gives
+    (architecture, head counts...), so that heads stay whole and the ranks keep them."""
+    if isinstance(ck, GGUFCheckpoint) and not ck.config:
+        return config_from_metadata(ck.file, ck.arch)
+    return ck.config
+
+
 def _rank_path(folder: Path, ck: Checkpoint) -> Path:
     return folder / ck.path.name if ck.flavour == "gguf" else folder
 
 
-def _write_rank(ck: Checkpoint, layout: ShardLayout, rank: int, folder: Path) -> None:
+def _write_rank(
+    ck: Checkpoint, config: dict[str, Any], layout: ShardLayout, rank: int, folder: Path
+) -> None:
     """Rank ``rank``'s checkpoint at ``folder`` (a new path), through SRC's flavour writer
-    with SRC as its origin (its tokenizer and other files come along)."""
+    with SRC as its origin (its tokenizer and other files come along); ``config`` is the
+    rank's."""
     planes: dict[str, NVFP4Planes] = {}
     inputs: dict[str, float] = {}
     for local, t in layout.held(rank):
@@ -113,7 +138,6 @@ def _write_rank(ck: Checkpoint, layout: ShardLayout, rank: int, folder: Path) ->
         if v is not None:
             inputs[local] = v
     tensors = {name: ck.tensor(name) for name in ck.tensor_names()}
-    config = _rank_config(ck.config, layout, rank) if ck.flavour == "gguf" else ck.config
     src = mapping_source(planes, tensors, config, inputs)
     src.origin = ck
     io = FLAVOUR_IO[ck.flavour]
@@ -162,13 +186,22 @@ def shard_checkpoint(
                 f"{target}: expected a destination apart from the source {ck.path}, found it "
                 f"{'inside' if where.is_relative_to(source) else 'holding'} the source"
             )
+        config = source_config(ck)
         layout = build_layout(
-            ck, tp=tp, ep=ep, align=default_align(ck.flavour) if align is None else align
+            ck,
+            tp=tp,
+            ep=ep,
+            align=default_align(ck.flavour) if align is None else align,
+            config=config,
         )
+        configs = [
+            _rank_config(config, layout, rank, ck.path) if ck.flavour == "gguf" else config
+            for rank in range(layout.world)
+        ]
         with destination(target, force=empty, source=ck.path) as tmp:
             tmp.mkdir()
-            for rank in range(layout.world):
-                _write_rank(ck, layout, rank, tmp / f"rank-{rank}")
+            for rank, rank_config in enumerate(configs):
+                _write_rank(ck, rank_config, layout, rank, tmp / f"rank-{rank}")
             manifest = layout.manifest(ck.flavour, ck.path.name)
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
     return target
@@ -317,7 +350,7 @@ def verify_sharded(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> 
     ep = _positive(manifest.get("ep", 1), f"{where}: ep")
     align = _positive(manifest.get("align_blocks"), f"{where}: align_blocks", " (blocks)")
     with open_checkpoint(src) as ck:
-        layout = build_layout(ck, tp=tp, ep=ep, align=align)
+        layout = build_layout(ck, tp=tp, ep=ep, align=align, config=source_config(ck))
         _check_manifest(manifest, layout, ck.flavour, where)
         folders = sorted(p.name for p in root.iterdir() if p.name.startswith("rank-"))
         want = [f"rank-{r}" for r in range(layout.world)]

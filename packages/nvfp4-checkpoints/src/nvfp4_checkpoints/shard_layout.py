@@ -46,6 +46,8 @@ __all__ = [
     "TensorLayout",
     "build_layout",
     "default_align",
+    "heads_of",
+    "layer_of",
     "plan_entry",
     "plan_for",
     "plan_from_entry",
@@ -57,9 +59,22 @@ SHARD_SPEC: Final = "1.2-draft"
 GGUF_ALIGN: Final = GGUF_SUPER_BLOCK // BLOCK_SIZE
 #: How the manifest says rank numbers are formed from the EP and TP ranks.
 RANK_ORDER: Final = "rank = ep_rank * tp + tp_rank"
-ROW_PARALLEL: Final = ("o_proj", "down_proj", "w2")
-PAIRED_COLUMN: Final = ("gate_proj", "up_proj", "w1", "w3")
-HEADS: Final = ("q_proj", "k_proj", "v_proj")
+# The layers by their last name component, as Hugging Face checkpoints and llama.cpp's GGUF
+# names (blk.<i>.attn_output, ffn_down_exps...) call them.
+O_PROJ: Final = ("o_proj", "attn_output")
+ROW_PARALLEL: Final = (*O_PROJ, "down_proj", "w2", "ffn_down", "ffn_down_exps")
+PAIRED_COLUMN: Final = (
+    "gate_proj",
+    "up_proj",
+    "w1",
+    "w3",
+    "ffn_gate",
+    "ffn_up",
+    "ffn_gate_exps",
+    "ffn_up_exps",
+)
+Q_PROJ: Final = ("q_proj", "attn_q")
+HEADS: Final = (*Q_PROJ, "k_proj", "v_proj", "attn_k", "attn_v")
 
 
 def default_align(flavour: str) -> int:
@@ -78,26 +93,35 @@ def heads_of(config: Mapping[str, Any]) -> tuple[int, int, int] | None:
     return None
 
 
+def layer_of(name: str) -> str:
+    """The layer a tensor name ends with (``down_proj``), skipping an expert index
+    (``blk.0.ffn_down_exps.3`` -> ``ffn_down_exps``)."""
+    return next((c for c in reversed(name.split(".")) if not c.isdigit()), name)
+
+
 def plan_for(
     name: str, n: int, k: int, tp: int, align: int, config: Mapping[str, Any]
 ) -> ShardPlan:
-    """The TP plan of NVFP4 tensor ``name`` (``[N, K]``) at ``tp`` ranks:
+    """The TP plan of NVFP4 tensor ``name`` (``[N, K]``) at ``tp`` ranks, by its layer
+    (:func:`layer_of`; llama.cpp's GGUF names in brackets):
 
-    * row-parallel (``o_proj``, ``down_proj``, ``w2``): K in whole blocks, ``align`` blocks a
-      unit; ``o_proj`` by whole attention heads when ``config.json`` gives them;
-    * ``q_proj`` / ``k_proj`` / ``v_proj``: whole heads (KV heads replicated where fewer
-      than ranks); ``gate_proj`` / ``up_proj`` / ``w1`` / ``w3``: the down projection's K
-      plan (the paired rule); any other NVFP4 tensor: N at any row.
+    * row-parallel (``o_proj``, ``down_proj``, ``w2``; ``attn_output``, ``ffn_down``,
+      ``ffn_down_exps``): K in whole blocks, ``align`` blocks a unit; the o projection by
+      whole attention heads when ``config.json`` gives them;
+    * ``q_proj`` / ``k_proj`` / ``v_proj`` (``attn_q`` / ``attn_k`` / ``attn_v``): whole heads
+      (KV heads replicated where fewer than ranks); ``gate_proj`` / ``up_proj`` / ``w1`` /
+      ``w3`` (``ffn_gate``, ``ffn_up`` and their ``_exps``): the down projection's K plan
+      (the paired rule); any other NVFP4 tensor: N at any row.
     """
-    leaf = name.rsplit(".", 1)[-1]
+    leaf = layer_of(name)
     heads = heads_of(config)
     if leaf in ROW_PARALLEL:
-        if leaf == "o_proj" and heads is not None and heads[0] * heads[2] == k:
+        if leaf in O_PROJ and heads is not None and heads[0] * heads[2] == k:
             return head_plan(*heads, tp, name=name).o_k()
         return shard_plan(k, tp, dim="k", align=align, name=name)
     if leaf in HEADS and heads is not None:
         h = head_plan(*heads, tp, name=name)
-        rows = h.q_rows() if leaf == "q_proj" else h.kv_rows_plan(name=name)
+        rows = h.q_rows() if leaf in Q_PROJ else h.kv_rows_plan(name=name)
         if rows.size == n:
             return rows
     if leaf in PAIRED_COLUMN and n % BLOCK_SIZE == 0:
@@ -244,8 +268,11 @@ def _check_gguf_ranges(path: Path, plan: ShardPlan) -> None:
             )
 
 
-def build_layout(ck: Checkpoint, *, tp: int, ep: int, align: int) -> ShardLayout:
-    """The layout of ``ck`` at ``tp * ep`` ranks (module docstring).
+def build_layout(
+    ck: Checkpoint, *, tp: int, ep: int, align: int, config: Mapping[str, Any] | None = None
+) -> ShardLayout:
+    """The layout of ``ck`` at ``tp * ep`` ranks (module docstring); ``config`` gives the
+    attention heads (by default ``ck.config``).
 
     Raises:
         CheckpointError: ``--ep`` above 1 for a checkpoint without experts, an alignment a
@@ -268,7 +295,14 @@ def build_layout(ck: Checkpoint, *, tp: int, ep: int, align: int) -> ShardLayout
         tensors: dict[str, TensorLayout] = {}
         for name in ck.quantized_names():
             shape = ck.plane_shape(name).shape
-            plan = plan_for(name, int(shape[-2]), int(shape[-1]), tp, align, ck.config)
+            plan = plan_for(
+                name,
+                int(shape[-2]),
+                int(shape[-1]),
+                tp,
+                align,
+                ck.config if config is None else config,
+            )
             if ck.flavour == "gguf":
                 _check_gguf_ranges(ck.path, plan)
             if len(shape) == 3:

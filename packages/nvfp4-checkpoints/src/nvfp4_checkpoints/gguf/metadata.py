@@ -21,6 +21,7 @@ __all__ = [
     "KV_ROPE_PERMUTED",
     "KV_SPEC",
     "add_hparams",
+    "config_from_metadata",
     "gguf_arch",
     "permuted_heads",
     "rope_permute_rows",
@@ -120,3 +121,39 @@ def add_hparams(w: Any, config: Mapping[str, Any]) -> None:
     theta = _rope_theta(f)
     if theta is not None:
         w.add_rope_freq_base(theta)
+
+
+def config_from_metadata(file: Any, arch: str) -> dict[str, Any]:
+    """The Hugging Face ``config.json`` keys that :func:`add_hparams` writes, read back from
+    a GGUF's metadata (``file``: a :class:`~.file.GGUFFile`), with ``model_type`` the
+    architecture: the config of a GGUF that records none (llama.cpp's converter writes the
+    hyper-parameters, not the config). Values that are not one integer (a per-layer
+    array) or one finite number are left out."""
+    gguf = import_gguf()
+    llm, attention, rope = gguf.Keys.LLM, gguf.Keys.Attention, gguf.Keys.Rope
+    ints = (
+        ("max_position_embeddings", llm.CONTEXT_LENGTH),
+        ("hidden_size", llm.EMBEDDING_LENGTH),
+        ("num_hidden_layers", llm.BLOCK_COUNT),
+        ("intermediate_size", llm.FEED_FORWARD_LENGTH),
+        ("num_attention_heads", attention.HEAD_COUNT),
+        ("num_key_value_heads", attention.HEAD_COUNT_KV),
+        ("head_dim", attention.KEY_LENGTH),
+        ("vocab_size", llm.VOCAB_SIZE),
+        ("num_local_experts", llm.EXPERT_COUNT),
+        ("num_experts_per_tok", llm.EXPERT_USED_COUNT),
+        ("moe_intermediate_size", llm.EXPERT_FEED_FORWARD_LENGTH),
+    )
+    config: dict[str, Any] = {"model_type": arch} if arch else {}
+    for hf_key, key in ints:
+        v = file.value(key.format(arch=arch))
+        if type(v) is int and 0 < v <= _UINT32_MAX:
+            config[hf_key] = v
+    for hf_key, key in (
+        ("rms_norm_eps", attention.LAYERNORM_RMS_EPS),
+        ("rope_theta", rope.FREQ_BASE),
+    ):
+        v = file.value(key.format(arch=arch))
+        if type(v) in (int, float) and np.isfinite(v) and v > 0:
+            config[hf_key] = float(v)
+    return config

@@ -227,7 +227,8 @@ def from_gguf(
     Args:
         data: uint8 ``[N, K/64 * 36]`` or ``[E, N, K/64 * 36]`` (K inferred), or a flat
             1-D buffer of whole rows when ``k`` is given.
-        scale: the float32 ``<name>.scale`` tensor, shape ``()``, ``(1,)`` or ``(E,)``;
+        scale: the float32 ``<name>.scale`` tensor, shape ``()``, ``(1,)`` or ``(E,)``
+            (per expert for 3-D data, a stack of one expert's ``(1,)`` included);
             ``None`` means 1.0 (llama.cpp's converter omits a scale of 1.0).
         name: the tensor's name, for the planes and their errors.
         k: the row length K, checked against ``data`` (required for flat data).
@@ -281,9 +282,9 @@ def _gguf_scale(scale: Any, experts: int | None, name: str) -> npt.NDArray[np.fl
     if scale is None:
         return np.asarray(1.0, dtype=np.float32)
     g = as_float32_exact(np.asarray(scale), name, "GGUF .scale")
+    if experts is not None and g.shape == (experts,):
+        return g  # per expert, also for one expert: a GGUF stack has no shared global
     if g.shape in ((), (1,)):
         return g.reshape(())
-    if experts is not None and g.shape == (experts,):
-        return g
     allowed = "() or (1,)" + (f" or ({experts},) per expert" if experts is not None else "")
     raise PlaneError(name, "GGUF .scale shape", allowed, tuple(g.shape))
