@@ -57,7 +57,8 @@ def test_naming_t7_collects_every_world_and_case(run_tiers: RunTiers) -> None:
 
 def test_t7_certifies_the_reference_backend(run_tiers: RunTiers, pytester: pytest.Pytester) -> None:
     pytest.importorskip("nvfp4_torch.ranks")  # the parity extra (torch)
-    result, cert = run_tiers("reference", "--nvfp4-tiers=T7")
+    # the greedy parity (SmolLM2 on ranks: minutes) is test_t7_parity.py's
+    result, cert = run_tiers("reference", "--nvfp4-tiers=T7", "-k", "not greedy_parity")
     assert result.ret == 0, result.stdout.str()[-3000:]
     t7 = [t for t in cert["tests"] if t["tier"] == "T7"]
     assert len(t7) == len(WORLDS) * len(CASES) * len(DTYPES)
@@ -73,3 +74,4 @@ def test_t7_certifies_the_reference_backend(run_tiers: RunTiers, pytester: pytes
     md = (pytester.path / "cert-reference.md").read_text(encoding="utf-8")
     assert "## T7 sharded (spec 1.2 (draft))" in md
     assert "| row_parallel | float32 |" in md
+    assert "greedy_parity" not in section

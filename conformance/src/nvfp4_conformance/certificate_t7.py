@@ -1,6 +1,7 @@
 """The certificate's T7 section (sharding, spec 1.2 draft): the worst measured error per
 parallel path and output dtype against its tolerance, with the case it came from, over
-every world size. Present only when T7 ran, so a certificate without T7 (every 1.0 / 1.1
+every world size; and the greedy parity of T6's model decoded tensor-parallel (tokens
+matched per world size, and what the spawn cost). Present only when T7 ran, so a certificate without T7 (every 1.0 / 1.1
 certificate) is what it was before T7 existed."""
 
 from __future__ import annotations
@@ -45,14 +46,47 @@ def t7_section(run: ConformanceRun) -> dict[str, Any]:
     counts: dict[str, int] = {}
     for o in t7:
         counts[o.outcome] = counts.get(o.outcome, 0) + 1
+    section: dict[str, Any] = {
+        "spec": f"{T7_FROM_SPEC} (draft)",
+        "process_group": "torch.distributed, gloo",
+        "world_sizes": list(WORLDS),
+        "tests": counts,
+        "worst": worst,
+    }
+    greedy = _greedy_parity(run, t7)
+    if greedy:
+        section["greedy_parity"] = greedy
+    return {"t7": section}
+
+
+def _greedy_parity(run: ConformanceRun, t7: list[Any]) -> dict[str, Any]:
+    """Per world size: prompts, tokens matched of tokens expected, ranks agreeing; with the
+    spawn's timings (empty when the greedy parity did not run)."""
+    worlds: dict[str, dict[str, Any]] = {}
+    for o in t7:
+        for c in o.cases:
+            f = c.figures
+            if f.get("kind") != "sharded_parity":
+                continue
+            w = worlds.setdefault(
+                str(f.get("world")),
+                {"prompts": 0, "tokens_matched": 0, "tokens_expected": 0, "ranks_agree": True},
+            )
+            w["prompts"] += 1
+            w["tokens_matched"] += int(f.get("tokens_matched") or 0)
+            w["tokens_expected"] += int(f.get("tokens_expected") or 0)
+            w["ranks_agree"] = w["ranks_agree"] and bool(f.get("ranks_agree"))
+    if not worlds:
+        return {}
+    timing = run.extra.get("t7_greedy", {})
+    for world, w in worlds.items():
+        w.update(timing.get("worlds", {}).get(world, {}))
     return {
-        "t7": {
-            "spec": f"{T7_FROM_SPEC} (draft)",
-            "process_group": "torch.distributed, gloo",
-            "world_sizes": list(WORLDS),
-            "tests": counts,
-            "worst": worst,
-        }
+        "model": "T6's (SmolLM2-135M-Instruct, every decoder linear NVFP4)",
+        "worlds": dict(sorted(worlds.items())),
+        "spawn_seconds": timing.get("spawn_seconds"),
+        "checkpoint_seconds": timing.get("checkpoint_seconds"),
+        "checkpoint_reused": timing.get("checkpoint_reused"),
     }
 
 
@@ -78,5 +112,23 @@ def t7_markdown(cert: dict[str, Any]) -> list[str]:
             lines.append(
                 f"| {path} | {dtype} | {shown} | {e['tolerance']} {e['tolerance_of']} "
                 f"| {e['case']} |"
+            )
+    greedy = t7.get("greedy_parity")
+    if greedy:
+        how = "reused, its sha256 checked" if greedy["checkpoint_reused"] else "built"
+        lines += [
+            "",
+            f"Greedy parity, tensor-parallel, on {greedy['model']}: the golden tokens of T6 "
+            f"(one spawn of ranks: {greedy['spawn_seconds']} s; the checkpoint {how} in "
+            f"{greedy['checkpoint_seconds']} s):",
+            "",
+            "| world size | prompts | tokens matched | ranks agree | load s | shard s | decode s |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for world, w in greedy["worlds"].items():
+            lines.append(
+                f"| {world} | {w['prompts']} | {w['tokens_matched']}/{w['tokens_expected']} "
+                f"| {'yes' if w['ranks_agree'] else 'no'} | {w.get('load_seconds', '-')} "
+                f"| {w.get('shard_seconds', '-')} | {w.get('decode_seconds', '-')} |"
             )
     return lines

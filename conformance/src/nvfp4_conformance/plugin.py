@@ -305,9 +305,17 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 # ---------------------------------------------------------------------------- results
 def _short_message(call: pytest.CallInfo[Any]) -> str:
+    """The failure's own lines (40 at most); an exception group (Hypothesis's "distinct
+    failures") with the first line of each error it holds, so none is left out."""
     if call.excinfo is None:
         return ""
     text = call.excinfo.exconly()
+    # an exception group (Python 3.11's, or the backport Hypothesis raises on 3.10)
+    subs = getattr(call.excinfo.value, "exceptions", None)
+    if isinstance(subs, tuple) and all(isinstance(e, BaseException) for e in subs):
+        for i, sub in enumerate(subs, 1):
+            first = (str(sub).strip().splitlines() or [""])[0]
+            text += f"\n  [{i}] {type(sub).__name__}: {first}"
     lines = text.splitlines()
     if len(lines) > 40:
         lines = [*lines[:40], f"... ({len(lines) - 40} more lines)"]
@@ -438,6 +446,56 @@ def nvfp4_conformance_run(request: pytest.FixtureRequest) -> ConformanceRun:
     return run
 
 
+def _t6_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the T6 checkpoint is written: ``$NVFP4_T6_CACHE`` (kept between runs), else
+    this run's temporary folder."""
+    from .t6 import CACHE_ENV
+
+    cache = os.environ.get(CACHE_ENV)
+    folder = Path(cache) if cache else tmp_path_factory.getbasetemp() / "t6"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def nvfp4_t6_model(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """T6's model (:class:`nvfp4_conformance.t6.T6Model`: SmolLM2-135M-Instruct in float32
+    and as an NVFP4 ModelOpt checkpoint), built once per run; a model that cannot be built
+    fails the test (a conformance run never skips)."""
+    from . import t6
+
+    try:
+        golden = t6.load_golden()
+        return t6.build_model(golden, _t6_folder(tmp_path_factory))
+    except t6.T6ModelUnavailable as exc:
+        pytest.fail(f"the T6 model: {exc}", pytrace=False)
+    except Exception as exc:  # an unreadable golden file
+        pytest.fail(f"t6_golden.json could not be read: {type(exc).__name__}: {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def nvfp4_t6_checkpoint(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, float, bool]:
+    """T6's NVFP4 checkpoint alone (T7's greedy parity): ``(path, seconds to get it,
+    reused)``. A checkpoint already written (by this run's T6, or by an earlier run into
+    ``$NVFP4_T6_CACHE``) is reused once its sha256 is the golden file's; else the model is
+    built (:func:`nvfp4_t6_model`)."""
+    import time
+
+    from . import t6
+
+    t0 = time.time()
+    try:
+        cached = t6.cached_checkpoint(t6.load_golden(), _t6_folder(tmp_path_factory))
+    except Exception as exc:  # an unreadable golden file
+        pytest.fail(f"t6_golden.json could not be read: {type(exc).__name__}: {exc}", pytrace=False)
+    if cached is not None:
+        return cached, time.time() - t0, True
+    model = request.getfixturevalue("nvfp4_t6_model")
+    return model.checkpoint, time.time() - t0, False
+
+
 @pytest.fixture(scope="session")
 def nvfp4_backend(nvfp4_conformance_run: ConformanceRun) -> Any:
     """The backend under test, as :func:`nvfp4.get_backend` returned it."""
@@ -484,3 +542,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     run = config.stash.get(RUN_KEY, None)
     if _COLLECT_RUN.get("run") is run:
         _COLLECT_RUN.pop("run", None)
+    if run is not None and run.backend_name is not None:
+        # the run's declaration ends with it (an in-process run inside another session,
+        # as the suite's own tests make, leaves attribution as it found it)
+        attribution.declare_for(None)

@@ -21,15 +21,24 @@ compare two runs (token parity, margins, KL) are :mod:`nvfp4_torch.parity`'s.
 from __future__ import annotations
 
 import json
+import time
+from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import numpy.typing as npt
 
 __all__ = [
+    "CACHE_ENV",
+    "CHECKPOINT_DIR",
     "GOLDEN_RESOURCE",
     "MIN_PROMPTS",
     "NEW_TOKENS",
+    "T6Model",
+    "T6ModelUnavailable",
+    "build_model",
+    "cached_checkpoint",
     "check_golden",
     "load_golden",
     "mismatch_message",
@@ -113,3 +122,91 @@ def mismatch_message(
         f"threshold {threshold}{detail}). Reference continuation: "
         f"{prompt.get('golden_text', '')!r}"
     )
+
+
+#: The checkpoint's folder name inside the folder :func:`build_model` writes to.
+CHECKPOINT_DIR = "smollm2-nvfp4"
+#: A folder where the T6 checkpoint is kept between runs (``nox -s conformance-<hw>``
+#: sets it: its T7 certificate run reuses the checkpoint its T6 run wrote).
+CACHE_ENV = "NVFP4_T6_CACHE"
+
+
+class T6ModelUnavailable(Exception):
+    """The T6 model cannot be built here (a missing extra or model, or a model that is not
+    the golden file's); the message says which and what to install."""
+
+
+@dataclass
+class T6Model:
+    """The float32 SmolLM2 model, the NVFP4 ModelOpt checkpoint made from it, its sha256 and
+    the seconds the build took."""
+
+    fp32: Any
+    checkpoint: Path
+    fingerprint: str
+    build_s: float
+
+
+def build_model(golden: dict[str, Any], folder: Path) -> T6Model:
+    """Load SmolLM2-135M-Instruct (float32), quantize it as the golden file's generator did,
+    check its sha256 against ``golden`` and write it as a ModelOpt checkpoint under
+    ``folder``: the model T6 decodes on one process and T7 on several ranks.
+
+    Raises:
+        T6ModelUnavailable: the ``parity`` extra or the GGUF is missing, or the model built
+            is not the one the golden tokens were made from.
+    """
+    try:
+        from nvfp4_torch import smollm2
+        from nvfp4_torch.generate import missing_requirements
+    except ImportError as exc:
+        raise T6ModelUnavailable(f"`pip install 'nvfp4-conformance[parity]'`: {exc}") from None
+    missing = missing_requirements()
+    if missing:
+        raise T6ModelUnavailable(
+            f"`pip install 'nvfp4-conformance[parity]'`: {', '.join(missing)} missing"
+        )
+    t0 = time.time()
+    try:
+        fp32 = smollm2.load_float32_model()
+    except Exception as exc:
+        raise T6ModelUnavailable(
+            f"SmolLM2-135M-Instruct could not be loaded: {type(exc).__name__}: {exc}"
+        ) from None
+    q = smollm2.quantize_model(fp32)
+    fingerprint = smollm2.planes_fingerprint(q.planes, q.tensors)
+    want = golden["model"]["quantized_model_sha256"]
+    if fingerprint != want:
+        raise T6ModelUnavailable(
+            f"the NVFP4 model built here (sha256 {fingerprint}) is not the one the golden "
+            f"tokens were made from ({want}): the GGUF, transformers' GGUF loader or the "
+            f"reference encoder changed; regenerate with conformance/scripts/make_t6_golden.py"
+        )
+    ckpt = smollm2.write_nvfp4_checkpoint(q, folder / CHECKPOINT_DIR)
+    return T6Model(fp32, ckpt, fingerprint, time.time() - t0)
+
+
+def cached_checkpoint(golden: dict[str, Any], folder: Path) -> Path | None:
+    """The T6 checkpoint :func:`build_model` wrote under ``folder`` (an earlier run's), or
+    None when there is none or it is not the golden file's model: its planes and tensors,
+    read back, must have the golden sha256 (a partial or stale folder is not used)."""
+    path = folder / CHECKPOINT_DIR
+    if not (path / "config.json").is_file():
+        return None
+    try:
+        import numpy as np
+        from nvfp4_checkpoints import open_checkpoint
+        from nvfp4_torch import smollm2
+        from nvfp4_torch.loader import AUX_SUFFIXES
+
+        with open_checkpoint(path) as ckpt:
+            planes = {p: ckpt.planes(p) for p in ckpt.quantized_names()}
+            tensors = {
+                n: np.asarray(ckpt.tensor(n))
+                for n in ckpt.tensor_names()
+                if not n.endswith(AUX_SUFFIXES)
+            }
+    except Exception:  # unreadable: built again
+        return None
+    want = golden["model"]["quantized_model_sha256"]
+    return path if smollm2.planes_fingerprint(planes, tensors) == want else None

@@ -33,6 +33,7 @@ import numpy as np
 __all__ = [
     "CASES",
     "MAX_WORLD",
+    "PARITY_WORLDS",
     "T7_FROM_SPEC",
     "WORLDS",
     "Case",
@@ -63,6 +64,9 @@ def t7_applies(spec_version: str | None, tiers_selected: frozenset[str] | None) 
 
 WORLDS = (2, 3, 4, 8)
 MAX_WORLD = max(WORLDS)
+#: World sizes of T7's greedy parity (T6's model and tokens, tensor-parallel): SmolLM2's
+#: 9 query / 3 KV heads split unevenly by KV groups at 2 (6 + 3 heads), evenly at 3.
+PARITY_WORLDS = (2, 3)
 DTYPES = ("float32", "float16", "bfloat16")
 
 

@@ -209,7 +209,7 @@ def test_a_sharded_folder_that_disagrees_is_refused(
     dst = shard_checkpoint(checkpoints["modelopt"], tmp_path / "dst", tp=2)
     with pytest.raises(CheckpointError) as e:
         load_rank(dst, 0, 4)
-    _one_line(e, MANIFEST, "tp", "expected 4", "found 2")
+    _one_line(e, MANIFEST, "tp x ep", "expected 4", "found 2 x 1 = 2")
     with pytest.raises(CheckpointError) as e:
         load_rank(dst, 0, 2, align=4)
     _one_line(e, "align_blocks", "expected 4", "found 1")
@@ -236,6 +236,13 @@ def test_a_sharded_folder_that_disagrees_is_refused(
     with pytest.raises(CheckpointError) as e:
         load_rank(dst, 0, 2)
     _one_line(e, MANIFEST, "model.layers.9.mlp.down_proj", "expected rank-0's 8 NVFP4 tensors")
+    # an expert-parallel manifest (tp 2 x ep 2)
+    manifest = json.loads(good)
+    manifest.update(ep=2, world=4)
+    (dst / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError) as e:
+        load_rank(dst, 0, 4)
+    _one_line(e, MANIFEST, "ep: expected 1", "found 2")
     (dst / MANIFEST).write_text("{not json")
     with pytest.raises(CheckpointError) as e:
         load_rank(dst, 0, 2)
@@ -294,3 +301,34 @@ def test_bad_input_is_refused_in_one_line(tmp_path: Path, checkpoints: dict[str,
     with pytest.raises(CheckpointError) as e:
         load_rank(gguf, 0, 2)
     _one_line(e, str(gguf), "gguf", "expected a safetensors flavour")
+    sharded = shard_checkpoint(gguf, tmp_path / "gguf-tp2", tp=2)
+    with pytest.raises(CheckpointError) as e:
+        load_rank(sharded, 0, 2)
+    _one_line(e, MANIFEST, "flavour", "found 'gguf'")
+
+
+@pytest.mark.parametrize("window", [100, 8 << 20])
+def test_safetensors_ranges_are_the_slices_of_the_tensor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, window: int
+) -> None:
+    """``SafetensorsFile.read``: every axis and range of a 3-D tensor, a strided range also
+    through windows of two rows (not page-aligned: 48-byte rows)."""
+    from nvfp4_checkpoints import safetensors_io
+    from nvfp4_checkpoints.safetensors_io import SafetensorsFile, save_file
+
+    a = np.arange(3 * 700 * 24, dtype=np.uint16).reshape(3, 700, 24)
+    save_file(tmp_path / "t.safetensors", {"a": a, "s": np.array(2.5, np.float32)})
+    monkeypatch.setattr(safetensors_io, "_STRIDED_CHUNK", window)
+    with SafetensorsFile(tmp_path / "t.safetensors") as f:
+        assert f.read("s").shape == ()
+        assert f.read("s") == np.float32(2.5)
+        assert np.array_equal(f.read("a"), a)
+        for axis, start, stop in ((0, 1, 3), (1, 0, 700), (1, 5, 690), (-1, 8, 20), (2, 0, 0)):
+            got = f.read("a", axis=axis, start=start, stop=stop)
+            want = np.take(a, range(start, stop), axis=axis)
+            assert got.shape == want.shape
+            assert np.array_equal(got, want), (axis, start, stop)
+            assert got.flags.writeable
+            assert not isinstance(got, np.memmap)
+        with pytest.raises(ValueError, match="outside axis 1"):
+            f.read("a", axis=1, start=5, stop=701)

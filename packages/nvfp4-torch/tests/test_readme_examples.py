@@ -123,6 +123,15 @@ TORCHRUN = (
 )
 ALLOWLIST[("packages/nvfp4-torch/README.md", "import torch.distributed as dist")] = TORCHRUN
 ALLOWLIST[("docs/sharding.md", "import torch")] = TORCHRUN
+ALLOWLIST[
+    ("docs/sharding.md", "$ torchrun --standalone --nproc-per-node 2 -m nvfp4_torch generate \\")
+] = (
+    "tensor-parallel generation of SmolLM2 (minutes on a 2-core runner); "
+    "tests/test_parallel_decoder.py runs the same command at 2 processes on a tiny model"
+)
+ALLOWLIST[("docs/sharding.md", "$ torchrun --nnodes 2 --node-rank 0 --nproc-per-node 4 \\")] = (
+    "two machines with NVIDIA GPUs"
+)
 BENCHMARK = "a benchmark script: minutes of measurement, results written under benchmarks/"
 ALLOWLIST.update(
     {

@@ -23,8 +23,6 @@ tests fail (a conformance run never skips).
 from __future__ import annotations
 
 import time
-from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -72,47 +70,14 @@ def test_golden_self_check(nvfp4_record: Any, nvfp4_conformance_run: Any) -> Non
 
 
 @pytest.fixture(scope="session")
-def t6_model(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
-    """The float32 model and the NVFP4 ModelOpt checkpoint built from it (once per run)."""
-    if _GOLDEN_ERROR:
-        pytest.fail(f"t6_golden.json could not be read: {_GOLDEN_ERROR}", pytrace=False)
-    try:
-        from nvfp4_torch import smollm2
-        from nvfp4_torch.generate import missing_requirements
-    except ImportError as exc:
-        pytest.fail(f"T6 needs `pip install 'nvfp4-conformance[parity]'`: {exc}", pytrace=False)
-    missing = missing_requirements()
-    if missing:
-        pytest.fail(
-            f"T6 needs `pip install 'nvfp4-conformance[parity]'`: {', '.join(missing)} missing",
-            pytrace=False,
-        )
-    t0 = time.time()
-    try:
-        fp32 = smollm2.load_float32_model()
-    except Exception as exc:
-        pytest.fail(
-            f"T6 could not load SmolLM2-135M-Instruct: {type(exc).__name__}: {exc}", pytrace=False
-        )
-    q = smollm2.quantize_model(fp32)
-    fingerprint = smollm2.planes_fingerprint(q.planes, q.tensors)
-    want = GOLDEN["model"]["quantized_model_sha256"]
-    if fingerprint != want:
-        pytest.fail(
-            f"the NVFP4 model built here (sha256 {fingerprint}) is not the one the golden tokens "
-            f"were made from ({want}): the GGUF, transformers' GGUF loader or the reference "
-            f"encoder changed; regenerate with conformance/scripts/make_t6_golden.py",
-            pytrace=False,
-        )
-    ckpt = smollm2.write_nvfp4_checkpoint(q, Path(tmp_path_factory.mktemp("t6")) / "smollm2-nvfp4")
-    del q
-    return SimpleNamespace(
-        fp32=fp32, checkpoint=ckpt, fingerprint=fingerprint, build_s=time.time() - t0
-    )
+def t6_model(nvfp4_t6_model: t6.T6Model) -> t6.T6Model:
+    """The float32 model and the NVFP4 ModelOpt checkpoint built from it (once per run:
+    the plugin's fixture, which T7's greedy parity shares)."""
+    return nvfp4_t6_model
 
 
 @pytest.fixture(scope="session")
-def t6_backend_model(t6_model: SimpleNamespace, nvfp4_backend: Any) -> Any:
+def t6_backend_model(t6_model: t6.T6Model, nvfp4_backend: Any) -> Any:
     """The NVFP4 checkpoint loaded through the ``generate`` code path on the backend."""
     from nvfp4_torch import loader
 
@@ -120,7 +85,7 @@ def t6_backend_model(t6_model: SimpleNamespace, nvfp4_backend: Any) -> Any:
 
 
 @pytest.fixture(scope="session")
-def t6_teacher_forced(t6_model: SimpleNamespace) -> Any:
+def t6_teacher_forced(t6_model: t6.T6Model) -> Any:
     """``logits(model_key, model, prompt, ids)``: teacher-forced logits, computed once per
     model, prompt and token sequence (parity and the activation modes share the float32
     and W4A16 ones)."""
@@ -141,7 +106,7 @@ def t6_teacher_forced(t6_model: SimpleNamespace) -> Any:
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_parity(
     nvfp4_record: Any,
-    t6_model: SimpleNamespace,
+    t6_model: t6.T6Model,
     t6_backend_model: Any,
     t6_teacher_forced: Any,
     prompt: str,
@@ -199,7 +164,7 @@ def _mode_params() -> list[Any]:
 @pytest.mark.parametrize("mode", _mode_params())
 def test_activation_quality(
     nvfp4_record: Any,
-    t6_model: SimpleNamespace,
+    t6_model: t6.T6Model,
     t6_backend_model: Any,
     t6_teacher_forced: Any,
     mode: str,

@@ -10,22 +10,25 @@ sources:
 * an unsharded Hugging Face folder (ModelOpt, compressed-tensors, MLX): each tensor's plan
   is :func:`nvfp4_checkpoints.shard.plan_for` (the one naming rule ``nvfp4 shard`` follows),
   and its rank's range is read from the safetensors file by the offsets of its header,
-  nothing memory-mapped. An ``"n"`` plan (output rows) is one contiguous read of the codes
-  and one of the scales; a ``"k"`` plan (whole blocks of K) is one read a row of that
-  row's column slice (codes at ``start / 2`` bytes, or ``start / 8`` MLX words; scales at
-  ``start / 16``), straight into the result, so no other rank's bytes are read and no
-  temporary holds more than the result. Globals, input scales and partition bounds are
+  into fresh arrays. An ``"n"`` plan (output rows) is one contiguous read of the codes and
+  one of the scales; a ``"k"`` plan (whole blocks of K) copies each row's column slice
+  (codes at ``start / 2`` bytes, or ``start / 8`` MLX words; scales at ``start / 16``) out
+  of windows of the file mapped at most 8 MiB at a time, so no other rank's bytes are
+  copied and nothing but the result and one window is held. Globals, input scales and partition bounds are
   read whole. The range is then transcoded by the flavour's reader
   (:meth:`~.hf.HFCheckpoint.planes_from_parts`, with the same content validation as a
   whole tensor's, on the bytes read) and padded by :func:`nvfp4.shard_planes.pad_shard`
   (codes 0, scale bytes 0x00).
-* a folder written by ``nvfp4 shard`` (a ``shard-manifest.json`` beside ``rank-<r>/``):
-  ``DST/rank-<rank>/`` alone is read, after checking the manifest (its ``tp`` is the world
-  size asked for, every plan it states is the plan of :func:`~.shard.plan_for`, every
-  tensor's shape in the rank folder is the rank's padded size).
+* a folder written by ``nvfp4 shard --tp N`` of a safetensors flavour (a
+  ``shard-manifest.json`` beside ``rank-<r>/``): ``DST/rank-<rank>/`` alone is read, after
+  checking the manifest (``tp`` is the world size asked for and ``ep`` 1, every plan it
+  states is the plan of :func:`~.shard.plan_for`, every tensor's shape in the rank folder
+  is the rank's padded size).
 
-GGUF is refused (one line): its K is cut in 256-value super-blocks, one file holds every
-tensor, and ``nvfp4 shard`` does not write it; convert to a safetensors flavour first.
+GGUF is refused (one line), unsharded (one file holds every tensor, and its K is stored in
+super-blocks of 64 values) and pre-sharded (a GGUF rank's config is its own, so its plan
+cannot be checked against the manifest here); so is an expert-parallel manifest (``ep`` >
+1): open that rank's folder with :func:`~.api.open_checkpoint`.
 """
 
 from __future__ import annotations
@@ -161,7 +164,7 @@ def _safetensors(ck: Checkpoint, why: str) -> HFCheckpoint:
 
 def _from_unsharded(path: Path, rank: int, world: int, align: int) -> RankShard:
     with open_checkpoint(path) as opened:
-        ck = _safetensors(opened, "GGUF cuts K in 256-value super-blocks in one file")
+        ck = _safetensors(opened, "one file holds every tensor, K in 64-value super-blocks")
         plans = {}
         for name in ck.quantized_names():
             shape = ck.plane_shape(name).shape
@@ -190,9 +193,22 @@ def _from_sharded(root: Path, rank: int, world: int, align: int | None) -> RankS
     where = root / MANIFEST
     manifest = _manifest(root)
     tp = _positive(manifest.get("tp"), "tp", where)
-    if tp != world:
+    ep = _positive(manifest.get("ep", 1), "ep", where)
+    if tp * ep != world:
         raise CheckpointError(
-            f"{where}: tp: expected {world} (the world size asked for), found {tp}"
+            f"{where}: tp x ep: expected {world} (the world size asked for), found "
+            f"{tp} x {ep} = {tp * ep}"
+        )
+    if ep != 1:
+        raise CheckpointError(
+            f"{where}: ep: expected 1 (load_rank loads tensor-parallel ranks; open an "
+            f"expert-parallel rank's folder with open_checkpoint), found {ep}"
+        )
+    if manifest.get("flavour") == "gguf":
+        raise CheckpointError(
+            f"{where}: flavour: expected a safetensors flavour (modelopt, compressed-tensors, "
+            "mlx; a GGUF rank's config is its own, so its plan cannot be checked here: open "
+            f"{root / f'rank-{rank}'} with open_checkpoint), found 'gguf'"
         )
     stated_align = _positive(manifest.get("align_blocks"), "align_blocks", where)
     if align is not None and align != stated_align:
@@ -205,7 +221,7 @@ def _from_sharded(root: Path, rank: int, world: int, align: int | None) -> RankS
         raise CheckpointError(f"{folder}: missing (the manifest gives {tp} ranks)")
     entries: dict[str, Any] = manifest["tensors"]
     with open_checkpoint(folder) as opened:
-        ck = _safetensors(opened, "not a rank folder nvfp4 shard writes")
+        ck = _safetensors(opened, "the manifest says another flavour")
         if manifest.get("flavour") != ck.flavour:
             raise CheckpointError(
                 f"{where}: flavour: expected {ck.flavour!r} (rank-{rank}'s), found "

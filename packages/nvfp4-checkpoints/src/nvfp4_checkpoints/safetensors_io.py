@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import mmap
 import os
 import struct
 import warnings
@@ -168,8 +169,10 @@ class SafetensorsFile(Closing):
         """Tensor ``name``, or its range ``[start, stop)`` along ``axis``, read into a fresh
         writable array by positioned reads of those bytes only: nothing is memory-mapped,
         so the process holds the result and nothing else (a rank loading its shard,
-        :mod:`.rank_loading`). A range of the last axis of ``[R, C]`` is one read a row
-        (``C`` bytes apart); a range of an outer axis is one read per index before it.
+        :mod:`.rank_loading`). A range of an axis whose outer indices are contiguous (the
+        first axis, or the whole axis) is one read; any other, a range of the last axis of
+        ``[R, C]`` for instance, is one slice a row, ``C`` bytes apart, copied out of bounded
+        windows of the file (:func:`_read_strided`).
 
         Raises:
             SafetensorsError: the file was replaced since its header was read, or it ends
@@ -198,24 +201,64 @@ class SafetensorsFile(Closing):
         out = np.empty((*shape[:axis], stop - start, *shape[axis + 1 :]), dtype=dt)
         flat = out.reshape(-1).view(np.uint8).data
         if piece:
-            # whole rows of the axis are contiguous across outer indices: one read
-            runs = (
-                [(t.start + start * inner, 0, outer * piece)]
-                if piece == span or outer == 1
-                else [(t.start + o * span + start * inner, o * piece, piece) for o in range(outer)]
-            )
             fail = Refusals(f"safetensors file {self.path}", SafetensorsError)
             with self._opener() as f:
                 st = os.fstat(f.fileno())
                 if (st.st_dev, st.st_ino) != self._node:
                     raise fail("replaced since its header was read (another file now)", name)
-                for offset, at, size in runs:
-                    _read_exactly(f, flat[at : at + size], offset, fail, name)
+                first = t.start + start * inner
+                if piece == span or outer == 1:  # one contiguous range
+                    _read_exactly(f, flat, first, fail, name)
+                else:
+                    rows = out.reshape(-1).view(np.uint8).reshape(outer, piece)
+                    _read_strided(f, rows, first, span - piece, fail, name)
         return out.reshape(t.shape) if not t.shape else out
 
 
 #: The largest single read (Linux moves at most about 2 GiB a call).
 _MAX_READ: Final = 1 << 30
+
+
+#: The bytes of the file one window of a strided read maps at most.
+_STRIDED_CHUNK: Final = 8 << 20
+
+
+def _read_strided(
+    f: BinaryIO,
+    into: npt.NDArray[np.uint8],
+    offset: int,
+    gap: int,
+    fail: Refusals,
+    name: str,
+) -> None:
+    """Fill ``into`` (``[count, piece]`` bytes) with ``count`` slices of ``piece`` bytes of
+    ``f``, the first at byte ``offset`` and each ``gap`` bytes after the previous one's end
+    (a rank's columns of every row). The rows are mapped a window of at most
+    :data:`_STRIDED_CHUNK` bytes (or one row) at a time and the slices copied out by numpy,
+    then the window is unmapped: only the slices' bytes are copied, and the process never
+    holds more than one window of the file (a read a row costs a system call each, a
+    read of whole rows copies every rank's columns)."""
+    count, piece = into.shape
+    row = piece + gap
+    per_chunk = max(1, _STRIDED_CHUNK // row)
+    grain = mmap.ALLOCATIONGRANULARITY
+    for first in range(0, count, per_chunk):
+        n = min(count, first + per_chunk) - first
+        start = offset + first * row
+        base = start - start % grain
+        size = n * row - gap
+        try:
+            window = mmap.mmap(
+                f.fileno(), start - base + size, access=mmap.ACCESS_READ, offset=base
+            )
+        except (OSError, ValueError) as e:
+            raise fail(f"cannot map the tensor's data ({e})", name) from None
+        with window:
+            rows = np.frombuffer(window, dtype=np.uint8, count=size, offset=start - base)
+            into[first : first + n] = np.lib.stride_tricks.as_strided(
+                rows, shape=(n, piece), strides=(row, 1), writeable=False
+            )
+            del rows  # the window closes only once no array refers to it
 
 
 def _read_exactly(f: BinaryIO, into: memoryview, offset: int, fail: Refusals, name: str) -> None:

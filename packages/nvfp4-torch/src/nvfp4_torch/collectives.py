@@ -35,12 +35,22 @@ def rank_and_world(group: Any = None) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
+def _wire_device(group: Any, device: torch.device) -> torch.device:
+    """Where a collective's tensors must be: this rank's GPU for an NCCL group (NCCL moves
+    CUDA tensors only), else where they are."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def all_reduce_f32(partial: torch.Tensor, group: Any = None) -> torch.Tensor:
     """The sum over the group of every rank's ``partial``, computed in float32 (a float32
-    copy of ``partial`` is reduced; ``partial`` itself is left as it is)."""
-    t = partial.detach().to(torch.float32, copy=True).contiguous()
+    copy of ``partial`` is reduced; ``partial`` itself is left as it is), on
+    ``partial``'s device."""
+    wire = _wire_device(group, partial.device)
+    t = partial.detach().to(wire, torch.float32, copy=True).contiguous()
     dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
-    return t
+    return t.to(partial.device)
 
 
 def all_gather_last(local: torch.Tensor, widths: Sequence[int], group: Any = None) -> torch.Tensor:
@@ -55,10 +65,10 @@ def all_gather_last(local: torch.Tensor, widths: Sequence[int], group: Any = Non
             f"{widths[rank]}"
         )
     wide = max(widths)
-    padded = torch.zeros((*local.shape[:-1], wide), dtype=torch.float32)
-    padded[..., : local.shape[-1]] = local.detach().to(torch.float32)
+    wire = _wire_device(group, local.device)
+    padded = torch.zeros((*local.shape[:-1], wide), dtype=torch.float32, device=wire)
+    padded[..., : local.shape[-1]] = local.detach().to(wire, torch.float32)
     pieces = [torch.empty_like(padded) for _ in range(world)]
     dist.all_gather(pieces, padded, group=group)
-    return torch.cat([p[..., :w] for p, w in zip(pieces, widths, strict=True)], dim=-1).to(
-        local.dtype
-    )
+    gathered = torch.cat([p[..., :w] for p, w in zip(pieces, widths, strict=True)], dim=-1)
+    return gathered.to(local.device, local.dtype)

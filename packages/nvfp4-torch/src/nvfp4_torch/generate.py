@@ -236,7 +236,67 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     if missing:
         print(f"generate needs {', '.join(missing)} (not installed): {INSTALL_HINT}", file=err)
         return 2
+    from .launch import torchrun_world
 
+    try:
+        world = torchrun_world()
+    except ValueError as exc:
+        print(f"generate: {exc}", file=err)
+        return 2
+    if world > 1 and args.forward == "transformers":
+        print(
+            f"--forward transformers: a tensor-parallel run (WORLD_SIZE={world}) decodes on "
+            "the lean forward only (the sharded one); leave --forward out",
+            file=err,
+        )
+        return 2
+    if world == 1:
+        return _generate(args, ids, out, err, parallel=False)
+    return _ranked(args, ids, out, err)
+
+
+def _ranked(args: argparse.Namespace, ids: list[int] | None, out: TextIO, err: TextIO) -> int:
+    """:func:`_generate` on one rank of a torchrun launch: join the process group, print on
+    rank 0 only (another rank's messages are printed, with its rank, when it fails)."""
+    import io
+
+    import nvfp4
+    import torch.distributed as dist
+    from nvfp4.registry import BackendUnavailable
+
+    from .launch import init_from_env
+
+    try:
+        launch = init_from_env(nvfp4.get_backend(args.backend))
+    except (BackendUnavailable, ValueError) as exc:
+        print(f"generate: {exc}", file=err)
+        return 2
+    quiet = launch.rank != 0
+    held = io.StringIO()  # another rank's messages, shown only when it fails
+    try:
+        if quiet:
+            status = _generate(args, ids, io.StringIO(), held, parallel=True)
+        else:
+            status = _generate(args, ids, out, err, parallel=True)
+    finally:
+        dist.destroy_process_group()
+    if quiet and status != 0:
+        for line in held.getvalue().splitlines():
+            print(f"rank {launch.rank}: {line}", file=err)
+    return status
+
+
+def _generate(
+    args: argparse.Namespace,
+    ids: list[int] | None,
+    out: TextIO,
+    err: TextIO,
+    *,
+    parallel: bool,
+) -> int:
+    """:func:`run` once the arguments are checked: on one process, or (``parallel``) on
+    this rank of an initialised process group with a
+    :class:`~nvfp4_torch.parallel_decoder.ParallelDecoder`."""
     import nvfp4
     import torch
     from nvfp4.registry import BackendUnavailable
@@ -261,7 +321,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     timed = TimedBackend(backend)
     start = time.perf_counter()
     try:
-        loaded = loader.load_model(args.checkpoint, timed, fuse=not args.no_fuse)
+        loaded = loader.load_model(args.checkpoint, timed, fuse=not args.no_fuse, bind=not parallel)
     except (CheckpointError, ValueError, OSError) as exc:
         print(f"generate: {exc}", file=err)
         return 1
@@ -275,9 +335,28 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         print(f"--prompt-ids: ids {bad[:5]} are outside the vocabulary [0, {vocab})", file=err)
         return 2
 
-    lean = None
+    lean: Any = None
     forward = "transformers"
-    if args.forward == "lean":
+    products = loaded.products  # per forward pass (per rank when tensor-parallel)
+    if parallel:
+        import torch.distributed as dist
+
+        from .parallel_decoder import ParallelDecoder, unsupported_parallel
+
+        why = unsupported_parallel(loaded.model)
+        if why is not None:
+            print(f"generate: no tensor-parallel decoder for this model: {why}", file=err)
+            return 1
+        try:
+            lean = ParallelDecoder(
+                loaded.model, len(ids) + args.max_new_tokens, timed, fuse=not args.no_fuse
+            )
+        except ValueError as exc:  # a plan that cannot split the model over the ranks
+            print(f"generate: {exc}", file=err)
+            return 1
+        products = lean.products
+        forward = f"lean (tensor parallel: {lean.world} ranks, {dist.get_backend()})"
+    elif args.forward == "lean":
         from .lean_decoder import LeanDecoder, unsupported
 
         why = unsupported(loaded.model)
@@ -314,7 +393,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     else:
         out.write("\n")
     steps = len(result.new_ids) - 1  # the first new token comes from the prompt's pass
-    fused = "" if args.no_fuse else f", q/k/v and gate/up fused: {loaded.products} products"
+    fused = "" if args.no_fuse else f", q/k/v and gate/up fused: {products} products"
     print(
         f"generate: backend {_backend_line(backend)}{fused}, {forward} forward; "
         f"loaded in {load_seconds:.1f} s; "

@@ -18,6 +18,13 @@ transformers model :func:`nvfp4_torch.loader.load_model` built:
   tied head are read at both cores' bandwidth without waking torch's OpenMP pool, whose
   spinning threads would take the cores from the backend's kernels).
 
+The same forward runs tensor-parallel: :class:`nvfp4_torch.parallel_decoder.ParallelDecoder`
+is a subclass that replaces where the pieces come from (each rank's shards of the linears,
+its heads, its rows of the ``lm_head`` and the gather of the logits: the ``_local_heads``,
+``_attention_linears``, ``_mlp_linears``, ``_bind_layers``, ``_head_rows``,
+``_head_module`` and ``_gather_logits`` hooks) and nothing of the arithmetic; at one rank it
+is this decoder, bit for bit. An NVFP4 ``lm_head`` is called as its module.
+
 Tier T6 certifies backends on the transformers forward (an implementation nobody here
 wrote); the tests hold this one to it: the same greedy tokens on the golden prompts, logits
 within float32 summation-order differences (:func:`nvfp4_torch.decode.greedy` takes
@@ -130,40 +137,36 @@ class LeanDecoder:
     def __init__(self, model: Any, capacity: int) -> None:
         why = unsupported(model)
         if why is not None:
-            raise ValueError(f"LeanDecoder: unsupported model: {why}")
+            raise ValueError(f"{type(self).__name__}: unsupported model: {why}")
         if capacity < 1:
-            raise ValueError(f"LeanDecoder: capacity: expected >= 1, found {capacity}")
+            raise ValueError(f"{type(self).__name__}: capacity: expected >= 1, found {capacity}")
         cfg = model.config
         inner = model.model
-        self.heads = int(cfg.num_attention_heads)
-        self.kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.heads)
+        #: the model's attention heads, query and KV (:attr:`heads` / :attr:`kv_heads` are
+        #: the ones this decoder computes: all of them here, a rank's under tensor parallelism)
+        self.model_heads = int(cfg.num_attention_heads)
+        self.model_kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.model_heads)
         self.head_dim = int(
             getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         )
+        self.heads, self.kv_heads, self.kv_index = self._local_heads()
         self.scale = self.head_dim**-0.5
         self.capacity = capacity
         self.embed = inner.embed_tokens.weight.detach()
         self.norm = inner.norm.weight.detach()
         self.norm_eps = float(inner.norm.variance_epsilon)
-        head = model.get_output_embeddings()
-        self.head = head.weight.detach()
-        self.head_bias = None if head.bias is None else head.bias.detach()
         self.layers = [
             _Layer(
                 layer.input_layernorm.weight.detach(),
                 float(layer.input_layernorm.variance_epsilon),
-                layer.self_attn.q_proj,
-                layer.self_attn.k_proj,
-                layer.self_attn.v_proj,
-                layer.self_attn.o_proj,
+                *self._attention_linears(f"model.layers.{i}.self_attn", layer.self_attn),
                 layer.post_attention_layernorm.weight.detach(),
                 float(layer.post_attention_layernorm.variance_epsilon),
-                layer.mlp.gate_proj,
-                layer.mlp.up_proj,
-                layer.mlp.down_proj,
+                *self._mlp_linears(f"model.layers.{i}.mlp", layer.mlp),
             )
-            for layer in inner.layers
+            for i, layer in enumerate(inner.layers)
         ]
+        self._bind_layers()
         # Rotary table by transformers' formula: angle = position * inv_freq, each
         # frequency used for the two halves of the head dimension.
         rotary = inner.rotary_emb
@@ -180,9 +183,54 @@ class LeanDecoder:
         self.length = 0
         #: wall time inside the lm_head since construction (for profiles)
         self.head_seconds = 0.0
-        vocab = self.head.shape[0]
-        bounds = [vocab * i // HEAD_WORKERS for i in range(HEAD_WORKERS + 1)]
+        head = model.get_output_embeddings()
+        self.vocab = int(head.out_features)
+        #: a float ``lm_head``'s rows this decoder computes ``[lo, hi)`` (all of them here)
+        self.head_rows = self._head_rows()
+        self.head: Any = None  # the float rows [lo, hi), or None when the head is a module
+        self.head_bias: torch.Tensor | None = None
+        self.head_module: Any = None
+        if isinstance(head, torch.nn.Linear):
+            lo, hi = self.head_rows
+            self.head = head.weight.detach()[lo:hi]
+            self.head_bias = None if head.bias is None else head.bias.detach()[lo:hi]
+        else:  # an NVFP4 lm_head
+            self.head_module = self._head_module(head)
+        rows = self.head_rows[1] - self.head_rows[0]
+        bounds = [rows * i // HEAD_WORKERS for i in range(HEAD_WORKERS + 1)]
         self._head_parts = [(lo, hi) for lo, hi in itertools.pairwise(bounds) if hi > lo]
+
+    # -- what a tensor-parallel subclass replaces (nvfp4_torch.parallel_decoder) -----------
+
+    def _local_heads(self) -> tuple[int, int, torch.Tensor | None]:
+        """``(query heads, KV heads, kv_index)`` this decoder computes; ``kv_index`` maps
+        each query head to its KV head where grouped attention's uniform rule (query head
+        ``j`` reads KV head ``j // group``) does not, else None."""
+        return self.model_heads, self.model_kv_heads, None
+
+    def _attention_linears(self, prefix: str, attn: Any) -> tuple[Any, Any, Any, Any]:
+        """q, k, v and o of one layer (the model's modules)."""
+        return attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj
+
+    def _mlp_linears(self, prefix: str, mlp: Any) -> tuple[Any, Any, Any]:
+        """gate, up and down of one layer (the model's modules)."""
+        return mlp.gate_proj, mlp.up_proj, mlp.down_proj
+
+    def _bind_layers(self) -> None:
+        """Bind the layers' linears to a backend (the model's are bound already)."""
+
+    def _head_rows(self) -> tuple[int, int]:
+        """The vocabulary rows ``[lo, hi)`` of the logits this decoder computes itself."""
+        return 0, self.vocab
+
+    def _head_module(self, head: Any) -> Any:
+        """The module that computes the logits when the ``lm_head`` is not a float
+        ``torch.nn.Linear`` (an NVFP4 one): the model's."""
+        return head
+
+    def _gather_logits(self, local: torch.Tensor) -> torch.Tensor:
+        """The logits ``[1, vocab]`` from this decoder's rows (all of them here)."""
+        return local
 
     def reset(self) -> None:
         """Forget the cached sequence."""
@@ -204,7 +252,7 @@ class LeanDecoder:
         end = start + t
         h = self.embed[torch.tensor(list(ids), dtype=torch.long)]  # [t, hidden]
         cos, sin = self.cos[start:end], self.signed_sin[start:end]  # [t, head_dim]
-        gqa = self.heads != self.kv_heads
+        gqa = self.kv_index is None and self.heads != self.kv_heads
         for i, layer in enumerate(self.layers):
             x = _rms_norm(h, layer.norm1, layer.eps1)
             q, k, v = _project((layer.q, layer.k, layer.v), x)
@@ -214,11 +262,14 @@ class LeanDecoder:
             v = v.view(t, self.kv_heads, self.head_dim).transpose(0, 1)
             self.keys[i, :, start:end] = _rotate(k, cos, sin)
             self.values[i, :, start:end] = v
+            keys, values = self.keys[i, :, :end], self.values[i, :, :end]
+            if self.kv_index is not None:  # a rank's KV heads not in uniform groups
+                keys, values = keys[self.kv_index], values[self.kv_index]
             # Query heads g*j .. g*j+g-1 read KV head j (enable_gqa: no copies).
             attn = F.scaled_dot_product_attention(
                 _rotate(q, cos, sin)[None],
-                self.keys[i, None, :, :end],  # [1, kv_heads, end, head_dim], a view
-                self.values[i, None, :, :end],
+                keys[None],  # [1, kv_heads, end, head_dim], a view
+                values[None],
                 is_causal=t > 1,
                 scale=self.scale,
                 enable_gqa=gqa,
@@ -237,8 +288,14 @@ class LeanDecoder:
         return logits
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        """``x [1, hidden] @ head.T (+ bias)``, its rows in :data:`HEAD_WORKERS` threads."""
-        out = torch.empty((1, self.head.shape[0]), dtype=torch.float32)
+        """The logits ``[1, vocab]`` of ``x [1, hidden]``: ``x @ head.T (+ bias)`` over
+        this decoder's rows, in :data:`HEAD_WORKERS` threads, then gathered
+        (:meth:`_gather_logits`); an NVFP4 ``lm_head`` is its module's product."""
+        if self.head_module is not None:
+            (y,) = _project((self.head_module,), x)
+            return y.to(torch.float32)
+        rows = self.head_rows[1] - self.head_rows[0]
+        out = torch.empty((1, rows), dtype=torch.float32)
 
         def part(lo: int, hi: int) -> None:
             torch.mm(x, self.head[lo:hi].t(), out=out[:, lo:hi])
@@ -256,4 +313,4 @@ class LeanDecoder:
                 w.join()
         if self.head_bias is not None:
             out += self.head_bias
-        return out
+        return self._gather_logits(out)

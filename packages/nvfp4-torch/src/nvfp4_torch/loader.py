@@ -171,14 +171,16 @@ class LoadedModel:
 
 
 def load_model(
-    checkpoint: str | os.PathLike[str], backend: Any, *, fuse: bool = False
+    checkpoint: str | os.PathLike[str], backend: Any, *, fuse: bool = False, bind: bool = True
 ) -> LoadedModel:
     """The float32 model of an NVFP4 checkpoint (:func:`load_causal_lm`) with every NVFP4
     linear bound to ``backend`` (an :class:`nvfp4.Frontend`, or any object with its verbs):
     each product is ``backend.qmm`` (or the verb of the linear's activation mode) on a handle
     ``backend.prepare`` made once. ``fuse``: q/k/v and gate/up share one product each
     (:func:`nvfp4_torch.modules.bind_linears`); T6 certifies the unfused model, one backend
-    call per checkpoint tensor."""
+    call per checkpoint tensor. ``bind=False`` leaves the linears unbound (``products``
+    0): a tensor-parallel rank prepares only its shards
+    (:class:`nvfp4_torch.parallel_decoder.ParallelDecoder`)."""
     from nvfp4_checkpoints import open_checkpoint
 
     linears: dict[str, NVFP4Linear] = {}
@@ -188,7 +190,7 @@ def load_model(
         return linears[prefix]
 
     model = load_causal_lm(checkpoint, make=make, use_cache=True)
-    products = bind_linears(linears, backend, fuse=fuse)
+    products = bind_linears(linears, backend, fuse=fuse) if bind else 0
     with open_checkpoint(Path(checkpoint)) as ckpt:
         raw_config = dict(ckpt.config)
         quantized = list(ckpt.quantized_names())
