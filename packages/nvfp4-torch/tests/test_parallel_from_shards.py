@@ -1,7 +1,8 @@
 """The parallel layers built from shards a rank loaded alone
 (:func:`nvfp4_checkpoints.load_rank`, ``planes_are_shard=True``) give exactly the outputs of
 the same layers built from the whole planes, on real gloo groups of 2 and 3 ranks: a paired
-gate/up -> down MLP with a padded last unit, and a gathered column-parallel lm_head; a shard
+gate/up -> down MLP with a padded last unit, a gathered column-parallel lm_head, and expert
+parallelism from an expert shard cut beforehand; a shard
 of the wrong size is refused naming the layer, the rank, the expected and the found."""
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ import nvfp4
 import pytest
 import torch
 from nvfp4.planes import NVFP4Planes
+from nvfp4.shard_plan import expert_plan
+from nvfp4.shard_planes import shard_planes
 from nvfp4_checkpoints import load_rank, open_checkpoint, write_checkpoint
-from nvfp4_torch.parallel import ColumnParallelLinear, RowParallelLinear
+from nvfp4_torch.parallel import ColumnParallelLinear, ExpertParallelExperts, RowParallelLinear
 from nvfp4_torch.ranks import run_worlds
 
 HIDDEN, INTER, VOCAB = 64, 176, 48  # 176 = 11 blocks: align 2 leaves a padded last unit
@@ -67,6 +70,24 @@ def _rank_main(ops: Any, folder: str, src: str) -> None:
         "shard": layers_out(dict(shard.planes), shard.plans, ops.group, True),
         "whole": layers_out(whole, shard.plans, ops.group, False),
     }
+    # expert parallelism from a shard cut beforehand (as a loader of EP ranks would)
+    experts = nvfp4.quantize(
+        np.random.default_rng(9).standard_normal((5, 16, 64), dtype=np.float32), name="experts"
+    )
+    plan = expert_plan(5, ops.world)
+    ids = torch.tensor([0, 4, -1, 2, 1, 3])
+    xe = x_of(10, 6, 64)
+    be = nvfp4.get_backend("cpu")
+    out["experts"] = {
+        "shard": ExpertParallelExperts(
+            shard_planes(experts, plan, ops.rank),
+            plan,
+            group=ops.group,
+            backend=be,
+            planes_are_shard=True,
+        )(xe, ids),
+        "whole": ExpertParallelExperts(experts, plan, group=ops.group, backend=be)(xe, ids),
+    }
     try:
         RowParallelLinear(whole[DOWN], shard.plans[DOWN], group=ops.group, planes_are_shard=True)
         out["refusal"] = "none"
@@ -115,6 +136,10 @@ def test_layers_from_loaded_shards_equal_layers_from_whole_planes(
             assert torch.equal(got, want), (key, rank)
             assert torch.count_nonzero(got) > 0
         assert out["whole"]["head"].shape == (4, VOCAB)
+        got, want = out["experts"]["shard"], out["experts"]["whole"]
+        assert torch.equal(got, want), rank
+        assert torch.equal(got[2], torch.zeros(16))  # id -1: no rank's expert
+        assert torch.count_nonzero(got[0]) > 0
 
 
 @pytest.mark.parametrize("world", [2, 3])
