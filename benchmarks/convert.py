@@ -76,7 +76,7 @@ sys.path[:0] = SOURCES
 
 import ml_dtypes  # noqa: E402
 import nvfp4  # noqa: E402
-from machine import cpu_model  # noqa: E402
+from machine import cpu_model, dist_version, ram_bytes  # noqa: E402
 from nvfp4.planes import NVFP4Planes  # noqa: E402
 from nvfp4.spec import BLOCK_SIZE  # noqa: E402
 from nvfp4_checkpoints import write_checkpoint  # noqa: E402
@@ -450,20 +450,16 @@ def verify_outputs(src: Path, workdir: Path, shard_bytes: int) -> dict[str, str]
 # ============================================================================ machine
 def machine_info() -> dict[str, Any]:
     cpu = cpu_model()
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     versions: dict[str, str | None] = {
         "numpy": np.__version__,
         "ml_dtypes": ml_dtypes.__version__,
         "nvfp4": nvfp4.__version__,
     }
-    try:
-        versions["gguf"] = importlib.metadata.version("gguf")
-    except importlib.metadata.PackageNotFoundError:
-        versions["gguf"] = None
+    versions["gguf"] = dist_version("gguf")
     return {
         "cpu": cpu,
         "cores": os.cpu_count(),
-        "ram_bytes": ram,
+        "ram_bytes": ram_bytes(),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "versions": versions,

@@ -81,8 +81,6 @@ os.environ["NVFP4_CPU_THREADS"] = str(_THREADS)
 
 import ctypes  # noqa: E402
 import dataclasses  # noqa: E402
-import importlib.metadata  # noqa: E402
-import importlib.util  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
@@ -94,7 +92,7 @@ from typing import Any  # noqa: E402
 import numpy as np  # noqa: E402
 import nvfp4  # noqa: E402
 import nvfp4_cpu  # noqa: E402
-from machine import cpu_model, simd_flags  # noqa: E402
+from machine import cpu_model, dist_version, simd_flags  # noqa: E402
 from nvfp4 import reference  # noqa: E402
 from nvfp4.layouts.gguf import to_gguf  # noqa: E402
 from nvfp4.spec import GGUF_TYPE_NVFP4  # noqa: E402
@@ -655,13 +653,6 @@ def paired_probe(cold: Case, native: Any, isa: str, threads: int) -> dict[str, A
     }
 
 
-def _dist_version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def machine_info() -> dict[str, Any]:
     info: dict[str, Any] = {"platform": platform.platform(), "python": platform.python_version()}
     info["cpu"] = cpu_model()
@@ -677,7 +668,7 @@ def machine_info() -> dict[str, Any]:
             versions[mod] = __import__(mod, fromlist=["_"]).__version__
         except ImportError:
             versions[mod] = None
-    versions["llama_cpp_python"] = _dist_version("llama_cpp_python")
+    versions["llama_cpp_python"] = dist_version("llama_cpp_python")
     info["versions"] = versions
     return info
 

@@ -1,10 +1,12 @@
 """What machine a benchmark ran on, read once for every script: the CPU's model name with its
 x86 family / model numbers (a VM often reports only "AMD EPYC", and the numbers tell Zen 3
-from Zen 4 or Zen 5), and its SIMD flags. Linux reads ``/proc/cpuinfo``; elsewhere the
-platform module's answer stands."""
+from Zen 4 or Zen 5), its SIMD flags, its memory, and the installed version of a
+distribution. Linux reads ``/proc/cpuinfo``; elsewhere the platform module's answer stands."""
 
 from __future__ import annotations
 
+import importlib.metadata
+import os
 import platform
 from pathlib import Path
 
@@ -40,3 +42,19 @@ def simd_flags() -> list[str]:
     f = _cpuinfo()
     flags = (f.get("flags") or f.get("Features") or "").split()
     return sorted(f for f in flags if f.startswith(SIMD_PREFIXES))
+
+
+def ram_bytes() -> int | None:
+    """Physical memory in bytes (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def dist_version(dist: str) -> str | None:
+    """The installed version of distribution ``dist`` (None where it is not installed)."""
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import gc
-import importlib.metadata
-import importlib.util
 import json
 import os
 import platform
@@ -29,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from machine import cpu_model
+from machine import cpu_model, dist_version, ram_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -38,13 +36,6 @@ DEFAULT_WORKDIR = Path(os.environ.get("TMPDIR", "/tmp")) / "nvfp4-metal-bench"
 
 
 # ------------------------------------------------------------------------------ facts
-def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
-
-
 def _git_commit() -> str:
     try:
         out = subprocess.run(
@@ -68,14 +59,12 @@ def machine() -> dict[str, Any]:
         "platform": platform.platform(),
         "cpu": cpu_model(),
         "cores": os.cpu_count(),
-        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
-        if hasattr(os, "sysconf")
-        else None,
+        "memory_gib": None if (ram := ram_bytes()) is None else round(ram / 2**30, 1),
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "device": avail.device if avail.ok else f"unavailable: {avail.reason}",
         "python": platform.python_version(),
         "versions": {
-            d: _version(d)
+            d: dist_version(d) or "not installed"
             for d in ("mlx", "mlx-lm", "nvfp4-core", "nvfp4-metal", "numpy", "transformers")
         },
         "git_commit": _git_commit(),

@@ -18,7 +18,13 @@ import noxfile  # noqa: E402
 
 GITHUB = ROOT / ".github" / "workflows" / "conformance.yml"
 GITLAB = ROOT / "docs" / "ci" / "gitlab-ci.yml"
-SCHEMAS = {GITHUB: "vendor.github-workflows", GITLAB: "vendor.gitlab-ci"}
+#: The tests: the quick gate on every push, the full run nightly and on release tags.
+GITHUB_TESTS = ROOT / ".github" / "workflows" / "tests.yml"
+SCHEMAS = {
+    GITHUB: "vendor.github-workflows",
+    GITLAB: "vendor.gitlab-ci",
+    GITHUB_TESTS: "vendor.github-workflows",
+}
 BACKENDS = list(noxfile.HARDWARE)
 RUNNERS = {  # backend -> a label its runner must carry
     "reference": "ubuntu-latest",
@@ -38,19 +44,23 @@ def _validate(path: Path, schema: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.parametrize("path", [GITHUB, GITLAB], ids=["github", "gitlab"])
+@pytest.mark.parametrize(
+    "path", [GITHUB, GITLAB, GITHUB_TESTS], ids=["github", "gitlab", "github-tests"]
+)
 def test_schema(path: Path) -> None:
     done = _validate(path, SCHEMAS[path])
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("path", [GITHUB, GITLAB], ids=["github", "gitlab"])
+@pytest.mark.parametrize(
+    "path", [GITHUB, GITLAB, GITHUB_TESTS], ids=["github", "gitlab", "github-tests"]
+)
 def test_schema_catches_a_mistake(path: Path, tmp_path: Path) -> None:
     """The lint is real: a misspelt key fails it."""
     text = path.read_text()
     bad = (
         text.replace("runs-on:", "runs_on:", 1)
-        if path == GITHUB
+        if path in (GITHUB, GITHUB_TESTS)
         else text.replace("  tags:", "  tag:", 1)
     )
     assert bad != text
@@ -113,3 +123,54 @@ def test_sessions_named_by_the_workflows_exist() -> None:
     )
     for backend in BACKENDS:
         assert f"conformance-{backend}" in done.stdout
+
+
+def _nox_sessions(command: str) -> list[str]:
+    """The sessions after ``nox -s`` in a command line."""
+    words = command.split()
+    return words[words.index("-s") + 1 :]
+
+
+def test_the_gate_and_the_full_run_are_readmes_and_ci_s() -> None:
+    """README's test command (the quick gate) is what ``.ci/run`` and the workflow's gate
+    step run; the full run is the same sessions plus ``cpu-aarch64``, with
+    ``NVFP4_FULL_RUN=1``, on the schedule, release tags and by hand."""
+    readme = (ROOT / "README.md").read_text()
+    (gate,) = [
+        line
+        for line in readme.splitlines()
+        if line.startswith("python3 -m pip install nox uv && python3 -m nox -s tests")
+    ]
+    assert gate in (ROOT / ".ci" / "run").read_text().splitlines()
+    workflow = yaml.safe_load(GITHUB_TESTS.read_text())
+    steps = {s.get("name"): s for s in workflow["jobs"]["tests"]["steps"]}
+    quick = steps["The quick gate (README's test command)"]
+    full = steps["The full run"]
+    assert _nox_sessions(quick["run"]) == _nox_sessions(gate)
+    assert _nox_sessions(full["run"]) == [*_nox_sessions(gate), "cpu-aarch64"]
+    assert quick["if"] == f"env.{noxfile.FULL_RUN} != '1'"
+    assert full["if"] == f"env.{noxfile.FULL_RUN} == '1'"
+    triggers = workflow.get("on", workflow.get(True))  # YAML 1.1 reads the key `on` as True
+    assert {"push", "pull_request", "schedule", "workflow_dispatch"} <= set(triggers)
+    switch = workflow["jobs"]["tests"]["env"][noxfile.FULL_RUN]
+    for event in ("schedule", "workflow_dispatch", "refs/tags/"):
+        assert event in switch
+    # README names both and says which is which
+    assert (
+        f"{noxfile.FULL_RUN}=1 python3 -m nox -s {' '.join(_nox_sessions(full['run']))}" in readme
+    )
+    assert "quick gate" in readme
+    assert "full run" in readme
+
+
+def test_the_fuzz_is_sized_by_the_kind_of_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NVFP4_FUZZ_EXAMPLES", raising=False)
+    monkeypatch.delenv(noxfile.FULL_RUN, raising=False)
+    assert noxfile._fuzz_examples() == {"NVFP4_FUZZ_EXAMPLES": noxfile.FUZZ_EXAMPLES["quick"]}
+    monkeypatch.setenv(noxfile.FULL_RUN, "1")
+    assert noxfile._fuzz_examples() == {"NVFP4_FUZZ_EXAMPLES": noxfile.FUZZ_EXAMPLES["full"]}
+    monkeypatch.setenv("NVFP4_FUZZ_EXAMPLES", "10000")  # a deep run's own size wins
+    assert noxfile._fuzz_examples() == {}
+    monkeypatch.setenv(noxfile.FULL_RUN, "yes")
+    with pytest.raises(SystemExit, match="NVFP4_FULL_RUN='yes'"):
+        noxfile._full_run()

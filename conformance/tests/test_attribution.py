@@ -14,6 +14,15 @@ from nvfp4 import reference
 from nvfp4_conformance import attribution
 
 
+@pytest.fixture(autouse=True)
+def _every_deviation() -> Iterator[None]:
+    """Each test starts from "every deviation takes part" (what a run outside the plugin
+    sees), whatever a certification run earlier in this process declared, and leaves it so."""
+    attribution.declare_for(None)
+    yield
+    attribution.declare_for(None)
+
+
 def _refusal(k: int) -> list[str] | None:
     planes = reference.quantize_activations(np.ones((2, k), np.float32))
     return attribution.explain_refusal(lambda d: emu.dequantize(planes, "float32", deviations=d))
@@ -84,3 +93,47 @@ def test_a_backend_declares_registry_deviations_only(
     assert declared("my-engine", ["scale_times_global_first"]) == {"scale_times_global_first"}
     with pytest.raises(ValueError, match="does not hold: made_up"):
         declared("my-engine", ["made_up"])
+
+
+def test_a_hypothesis_test_is_explained_only_when_every_failing_example_is() -> None:
+    passing = {"case": "m1_k16_sNone", "max_abs_err": 0.0}  # a passing example: no key
+
+    def test(*failing: list[str] | None) -> dict[str, object]:
+        cases = [passing, *({"case": "m2", "explained_by": ids} for ids in failing), passing]
+        return {"nodeid": "p", "outcome": "failed", "hypothesis": True, "cases": cases}
+
+    a, b = ["scale_times_global_first"], ["ct_encode_global"]
+    assert attribution.failing_explanation(test(a, a)) == a
+    # two distinct failures, each explained: both deviations, in order
+    assert attribution.failing_explanation(test(a, b, a)) == [*a, *b]
+    # one example nothing explains leaves the test unexplained, wherever it ran
+    assert attribution.failing_explanation(test(None, a)) is None
+    assert attribution.failing_explanation(test(a, None)) is None
+    assert attribution.failing_explanation(test(a, [])) is None
+    assert attribution.failing_explanation(test()) is None  # failed with no example recorded
+    # a test that is not Hypothesis's answers by its last case, as before
+    plain = {"nodeid": "q", "outcome": "failed", "cases": [{"case": "c", "explained_by": None}]}
+    plain["cases"].append({"case": "d", "explained_by": a})
+    assert attribution.failing_explanation(plain) == a
+
+
+def test_a_group_of_failures_keeps_each_error_s_first_line() -> None:
+    """Hypothesis's "distinct failures" arrive as one exception group; the certificate's
+    message names every error in it, not the group's line alone."""
+    from nvfp4_conformance.plugin import _short_message
+
+    try:
+        group = ExceptionGroup  # Python 3.11 on
+    except NameError:  # Python 3.10: the backport Hypothesis depends on there
+        from exceptiongroup import ExceptionGroup as group
+
+    def fail() -> None:
+        errors = [AssertionError("codes differ at (0, 3)\nmore"), ValueError("K = 48 refused")]
+        raise group("Hypothesis found 2 distinct failures.", errors)
+
+    call = pytest.CallInfo.from_call(fail, when="call")
+    lines = _short_message(call).splitlines()
+    assert lines[0].startswith("ExceptionGroup: Hypothesis found 2 distinct failures.")
+    assert "  [1] AssertionError: codes differ at (0, 3)" in lines
+    assert "  [2] ValueError: K = 48 refused" in lines
+    assert "more" not in lines

@@ -7,8 +7,9 @@ of the counts array, and the row itself is never computed, so the output keeps w
 its memory held. Shown with NVFP4 experts (GGML_TYPE_NVFP4 = 40); the grouping does not
 depend on the weight type.
 
-Needs numpy and ggml's shared libraries: those of llama-cpp-python (import llama_cpp), or
-libggml-base.so and libggml-cpu.so in the folder GGML_LIB_DIR names. Prints the expected
+Needs numpy and ggml's shared libraries: those of libggml-python (import libggml) or of
+llama-cpp-python (import llama_cpp), or libggml-base.so and libggml-cpu.so in the folder
+GGML_LIB_DIR names. Prints the expected
 and the actual output row; exits 1 while the row of an id outside [0, E) is left
 unwritten (not zero), 0 once it is zero or the graph refuses the id.
 """
@@ -22,9 +23,14 @@ import numpy as np
 
 lib = os.environ.get("GGML_LIB_DIR")
 if not lib:
-    import llama_cpp
+    try:  # libggml-python's prebuilt libraries
+        import libggml
 
-    lib = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
+        lib = os.path.join(os.path.dirname(libggml.__file__), "lib64")
+    except ImportError:  # or the copies llama-cpp-python bundles
+        import llama_cpp
+
+        lib = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
 base = ctypes.CDLL(glob.glob(lib + "/libggml-base.so")[0], mode=ctypes.RTLD_GLOBAL)
 cpu = ctypes.CDLL(glob.glob(lib + "/libggml-cpu.so")[0], mode=ctypes.RTLD_GLOBAL)
 vp, i64 = ctypes.c_void_p, ctypes.c_int64

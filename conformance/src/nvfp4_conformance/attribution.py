@@ -196,13 +196,24 @@ def exact_or_explain(
 
 
 def failing_explanation(test: Mapping[str, Any]) -> list[str] | None:
-    """What explains a failed certificate test: the ``explained_by`` of its last recorded
-    case (a tier records the failing case last, then fails), else ``None``."""
+    """What explains a failed certificate test, else ``None``.
+
+    A test records its failing case last, then fails: its ``explained_by`` answers. A
+    Hypothesis test (``hypothesis`` true) records every failing example it ran, while
+    searching and shrinking, each with ``explained_by``, and may fail with several distinct
+    errors at once: it is explained only when every such example is, by the union of their
+    deviations (in order of first appearance); one unexplained example leaves the test
+    unexplained."""
     cases = test.get("cases") or []
     if not cases:
         return None
-    last = cases[-1].get("explained_by")
-    return list(last) if isinstance(last, list) and last else None
+    if not test.get("hypothesis"):
+        last = cases[-1].get("explained_by")
+        return list(last) if isinstance(last, list) and last else None
+    failing = [c["explained_by"] for c in cases if "explained_by" in c]
+    if not failing or not all(isinstance(ids, list) and ids for ids in failing):
+        return None
+    return list(dict.fromkeys(i for ids in failing for i in ids))
 
 
 def verdict(tests: Sequence[Mapping[str, Any]], result: str) -> dict[str, Any]:

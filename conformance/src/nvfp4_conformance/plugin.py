@@ -305,9 +305,17 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 # ---------------------------------------------------------------------------- results
 def _short_message(call: pytest.CallInfo[Any]) -> str:
+    """The failure's own lines (40 at most); an exception group (Hypothesis's "distinct
+    failures") with the first line of each error it holds, so none is left out."""
     if call.excinfo is None:
         return ""
     text = call.excinfo.exconly()
+    # an exception group (Python 3.11's, or the backport Hypothesis raises on 3.10)
+    subs = getattr(call.excinfo.value, "exceptions", None)
+    if isinstance(subs, tuple) and all(isinstance(e, BaseException) for e in subs):
+        for i, sub in enumerate(subs, 1):
+            first = (str(sub).strip().splitlines() or [""])[0]
+            text += f"\n  [{i}] {type(sub).__name__}: {first}"
     lines = text.splitlines()
     if len(lines) > 40:
         lines = [*lines[:40], f"... ({len(lines) - 40} more lines)"]
@@ -534,3 +542,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     run = config.stash.get(RUN_KEY, None)
     if _COLLECT_RUN.get("run") is run:
         _COLLECT_RUN.pop("run", None)
+    if run is not None and run.backend_name is not None:
+        # the run's declaration ends with it (an in-process run inside another session,
+        # as the suite's own tests make, leaves attribution as it found it)
+        attribution.declare_for(None)

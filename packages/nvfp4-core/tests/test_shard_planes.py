@@ -16,6 +16,7 @@ from nvfp4.reference import qmm
 from nvfp4.shard_plan import expert_plan, head_plan, paired_plan, shard_plan
 from nvfp4.shard_planes import (
     check_padding,
+    pad_shard,
     reassemble,
     reassemble_fused,
     reassemble_swizzled_scales,
@@ -186,6 +187,18 @@ def test_a_plan_for_another_size_is_refused() -> None:
         shard_planes(w, shard_plan(128, 2, dim="k", name="x"), 0)
     with pytest.raises(PlaneError, match="no expert axis"):
         shard_planes(w, expert_plan(4, 2), 0)
+
+
+def test_a_rank_piece_of_another_size_is_refused() -> None:
+    """pad_shard checks the piece a loader read against the rank's range, by the same rule."""
+    plan = shard_plan(64, 2, dim="n", name="x")
+    with pytest.raises(
+        PlaneError,
+        match=r"tensor 'w': rank 1 n size before padding \(plan 'x'\): expected 32, found 8",
+    ):
+        pad_shard(planes(15, (8, 64)), plan, 1)
+    with pytest.raises(PlaneError, match=r"rank 0 experts size .*no expert axis"):
+        pad_shard(planes(16, (8, 64)), expert_plan(4, 2), 0)
 
 
 @settings(max_examples=150, deadline=None)

@@ -111,3 +111,36 @@ def test_libggml_is_found_where_it_is_installed(monkeypatch) -> None:
     assert folder.is_dir()
     if importlib.util.find_spec("libggml") is not None:
         assert kind == "libggml-python"
+
+
+def test_one_threadpool_serves_every_graph(backend, rng, monkeypatch) -> None:
+    """The adapter plans every graph on one persistent ggml threadpool of THREADS workers
+    (no thread start per graph), and its products are those of ggml's own per-graph
+    threads, bit for bit."""
+    from nvfp4_engines import ggml as adapter
+
+    g = _libggml.load()
+    pool = g.threadpool(adapter.THREADS)
+    assert pool is not None, "libggml 0.20.2 has the threadpool API"
+    assert g.threadpool(adapter.THREADS) == pool
+    planned = []
+    plan = g.cpu.ggml_graph_plan
+
+    def spy(graph, n_threads, threadpool):
+        cplan = plan(graph, n_threads, threadpool)
+        planned.append(threadpool)
+        assert cplan.n_threads == adapter.THREADS
+        assert cplan.threadpool == threadpool  # ggml keeps the pool it was given
+        return cplan
+
+    p = weight(40, 256, 7)
+    x = rng.standard_normal((5, 256)).astype(np.float32)
+    monkeypatch.setattr(g.cpu, "ggml_graph_plan", spy)
+    pooled = [backend.qmm_w4a8(x, p) for _ in range(3)]
+    assert planned
+    assert set(planned) == {pool}
+    monkeypatch.setattr(type(g), "threadpool", lambda self, n: None)
+    fresh = backend.qmm_w4a8(x, p)
+    assert planned[-1] is None
+    for y in pooled:
+        assert np.array_equal(y, fresh)

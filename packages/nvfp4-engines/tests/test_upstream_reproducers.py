@@ -89,11 +89,14 @@ REPRODUCERS = {
 def _engine_env(adapter: str) -> dict[str, str] | None:
     """The environment a reproducer of this adapter's engine runs in, or None where the
     engine is not installed. For ggml, a folder of ggml's own libraries named by
-    NVFP4_GGML_LIB_DIR stands in for llama-cpp-python (the reproducer reads GGML_LIB_DIR)."""
+    NVFP4_GGML_LIB_DIR, or libggml-python, stands in for llama-cpp-python (the reproducer
+    reads GGML_LIB_DIR, then tries libggml, then llama_cpp)."""
     env = dict(os.environ)
     if adapter == "ggml" and os.environ.get("NVFP4_GGML_LIB_DIR"):
         env["GGML_LIB_DIR"] = os.environ["NVFP4_GGML_LIB_DIR"]
         return env
+    if adapter == "ggml" and importlib.util.find_spec("libggml") is not None:
+        return env  # libggml-python's prebuilt libraries, which the reproducer loads first
     return env if importlib.util.find_spec(ENGINES[adapter][1]) is not None else None
 
 

@@ -78,12 +78,15 @@ def detect_flavour(path: str | os.PathLike[str]) -> Flavour:
     """
     p = Path(path)
     if not p.exists():
-        raise CheckpointError(f"{p}: no such file or directory")
+        raise CheckpointError(
+            f"{p}: no such file or directory (expected a checkpoint folder or a GGUF file)"
+        )
     if p.is_file():
         if _is_gguf(p):
             return "gguf"
         raise CheckpointError(
-            f"{p}: unknown flavour (a file that is not GGUF; HF checkpoints are directories)"
+            f"{p}: unknown flavour (expected a GGUF file or a Hugging Face checkpoint folder, "
+            "found a file that is not GGUF)"
         )
     folder = CheckpointFolder(p)
     config = folder.fields("config.json")

@@ -54,19 +54,20 @@ def _pad(a: npt.NDArray[np.uint8], axis: int, extra: int) -> npt.NDArray[np.uint
     return np.pad(a, widths, mode="constant", constant_values=0)
 
 
+def _require_size(planes: NVFP4Planes, dim: str, expected: int, what: str) -> None:
+    """Raise :class:`PlaneError` (naming ``what``) unless ``planes`` hold ``expected``
+    rows (``"n"``), K values (``"k"``) or experts (``"experts"``) along ``dim``."""
+    have = {"n": planes.n, "k": planes.k, "experts": planes.num_experts}.get(dim)
+    if have != expected:
+        raise PlaneError(planes.name, what, expected, "no expert axis" if have is None else have)
+
+
 def _check_plan(planes: NVFP4Planes, plan: ShardPlan) -> None:
-    size = {"n": planes.n, "k": planes.k, "experts": planes.num_experts}.get(plan.dim)
     if plan.dim == "heads":
         raise PlaneError(
             planes.name, "shard plan", "an 'n', 'k' or 'experts' plan (scale a head plan)", "heads"
         )
-    if size != plan.size:
-        raise PlaneError(
-            planes.name,
-            f"{plan.dim} size for plan {plan.name!r}",
-            plan.size,
-            "no expert axis" if size is None else size,
-        )
+    _require_size(planes, plan.dim, plan.size, f"{plan.dim} size for plan {plan.name!r}")
 
 
 def pad_shard(piece: NVFP4Planes, plan: ShardPlan, rank: int) -> NVFP4Planes:
@@ -82,14 +83,9 @@ def pad_shard(piece: NVFP4Planes, plan: ShardPlan, rank: int) -> NVFP4Planes:
     """
     validate(piece)
     r = plan[rank]
-    have = {"n": piece.n, "k": piece.k, "experts": piece.num_experts}.get(plan.dim)
-    if have != r.size:
-        raise PlaneError(
-            piece.name,
-            f"rank {rank} {plan.dim} size before padding (plan {plan.name!r})",
-            r.size,
-            "no expert axis" if have is None else have,
-        )
+    _require_size(
+        piece, plan.dim, r.size, f"rank {rank} {plan.dim} size before padding (plan {plan.name!r})"
+    )
     if not r.padding or plan.dim == "experts":
         return piece
     if plan.dim == "n":

