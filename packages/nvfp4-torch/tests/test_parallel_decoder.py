@@ -177,3 +177,45 @@ def test_tensor_parallel_generate_refuses_the_transformers_forward(
     monkeypatch.setenv("WORLD_SIZE", "two")
     assert __main__.main(argv) == 2
     assert "WORLD_SIZE: expected an integer, found 'two'" in err.getvalue()
+
+
+def test_an_nvfp4_lm_head(tmp_path: Path) -> None:
+    """An NVFP4 ``lm_head`` (untied): the lean decoder calls it as a module and gives the
+    transformers forward's logits bit for bit; the tensor-parallel decoder cuts it by
+    vocabulary rows (a column-parallel layer, gathered) and, on a one-rank gloo group,
+    gives the lean decoder's logits bit for bit."""
+    import socket
+
+    import nvfp4
+    import torch.distributed as dist
+    from nvfp4_torch import decode, loader, smollm2
+    from nvfp4_torch.lean_decoder import LeanDecoder
+    from nvfp4_torch.modules import NVFP4Linear
+    from nvfp4_torch.parallel_decoder import ParallelDecoder
+
+    model = tiny_model("qwen2", seed=5)
+    model.config.tie_word_embeddings = False
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+    q = smollm2.quantize_model(model)
+    q.planes["lm_head"] = nvfp4.quantize(q.tensors.pop("lm_head.weight"), name="lm_head")
+    ckpt = smollm2.write_nvfp4_checkpoint(q, tmp_path / "nvfp4-head")
+    backend = nvfp4.get_backend("reference")
+    loaded = loader.load_model(ckpt, backend, fuse=True)
+    assert isinstance(loaded.model.lm_head, NVFP4Linear)
+    prompt, capacity = PROMPTS[0], len(PROMPTS[0]) + 8
+    want = decode.greedy(loaded.model, prompt, 8)
+    lean = decode.greedy(loaded.model, prompt, 8, lean=LeanDecoder(loaded.model, capacity))
+    assert lean.new_ids == want.new_ids
+    np.testing.assert_array_equal(lean.logits, want.logits)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        decoder = ParallelDecoder(loaded.model, capacity, backend, fuse=True)
+        assert decoder.head_module is not None
+        sharded = decode.greedy(loaded.model, prompt, 8, lean=decoder)
+    finally:
+        dist.destroy_process_group()
+    assert sharded.new_ids == lean.new_ids
+    np.testing.assert_array_equal(sharded.logits, lean.logits)
