@@ -72,22 +72,25 @@ def _run(backend: Any, x: npt.NDArray[Any], input_scale: float | None) -> tuple[
 _EXPLAINED = "; explained by declared deviation(s) "
 
 
-def _judge_encoding(
+def _encode_and_judge(
     backend: Any,
     record: Any,
     tolerance: Callable[[str, Any], float],
     case: str,
     x: npt.NDArray[Any],
     input_scale: float | None,
-    got: Any,
-    ref: NVFP4Planes,
     **fields: Any,
-) -> dict[str, Any]:
-    """:func:`compare_encodings` of ``backend``'s planes ``got`` with the reference's ``ref``
-    (exactly for the reference backend); the case is recorded with ``input_scale``,
-    ``fields`` and the figures, which are returned. Where the comparison fails, the case is
-    recorded with the declared deviations whose emulation gives exactly ``got``
-    (``explained_by``, spec 1.2 draft) and the test fails as before."""
+) -> tuple[Any, dict[str, Any]]:
+    """``backend``'s encoding ``got`` of ``x`` (:func:`_run`) and the figures of
+    :func:`compare_encodings` with the reference's (exactly for the reference backend); the
+    case is recorded with ``input_scale``, ``fields`` and the figures. Where the backend
+    refuses or the comparison fails, the case is recorded with the declared deviations that
+    explain it (``explained_by``, spec 1.2 draft) and the test fails as before."""
+    try:
+        got, ref = _run(backend, x, input_scale)
+    except AssertionError as exc:
+        _record_refusal(record, case, input_scale, exc)
+        raise
     try:
         figures = compare_encodings(x, got, ref, exact=is_reference(backend), tolerance=tolerance)
     except AssertionError:
@@ -95,7 +98,7 @@ def _judge_encoding(
         record(case, input_scale=input_scale, explained_by=ids, **fields)
         raise
     record(case, input_scale=input_scale, **fields, **figures)
-    return figures
+    return got, figures
 
 
 def _tie_blocks(rng: np.random.Generator, m: int, k: int, amax: float) -> npt.NDArray[np.float32]:
@@ -162,21 +165,8 @@ def test_quantize_activations(
     zero blocks, float16 / bfloat16 inputs."""
     build, input_scale = CASES[case]
     x = build(np.random.default_rng(zlib.crc32(case.encode())))
-    try:
-        got, ref = _run(nvfp4_backend, x, input_scale)
-    except AssertionError as exc:
-        _record_refusal(nvfp4_record, case, input_scale, exc)
-        raise
-    _judge_encoding(
-        nvfp4_backend,
-        nvfp4_record,
-        nvfp4_tolerance,
-        case,
-        x,
-        input_scale,
-        got,
-        ref,
-        shape=list(x.shape),
+    _encode_and_judge(
+        nvfp4_backend, nvfp4_record, nvfp4_tolerance, case, x, input_scale, shape=list(x.shape)
     )
 
 
@@ -216,17 +206,8 @@ def test_random_corpus_disagreement_fraction(
         else:
             x = rng.standard_normal(shape) * np.exp(rng.normal(0.0, 1.0, size=(shape[0], 1)))
         x = x.astype(np.float32)
-        got, ref = _run(nvfp4_backend, x, input_scale)
-        figures = _judge_encoding(
-            nvfp4_backend,
-            nvfp4_record,
-            nvfp4_tolerance,
-            name,
-            x,
-            input_scale,
-            got,
-            ref,
-            shape=list(shape),
+        got, figures = _encode_and_judge(
+            nvfp4_backend, nvfp4_record, nvfp4_tolerance, name, x, input_scale, shape=list(shape)
         )
         tally.add(figures)
         runs.append((x, input_scale, got))
@@ -281,18 +262,15 @@ def test_quantize_activations_property(
         label="x",
     )
     input_scale = data.draw(st.sampled_from([None, None, 1.0, 0.01, 7.5]), label="input_scale")
-    got, ref = _run(nvfp4_backend, x, input_scale)
     case = f"m{m}_k{kb * BLOCK_SIZE}_s{input_scale}"
     # a failing example is recorded with the declared deviations that explain it, like the
     # corpus tests' cases: the certificate explains the test only if every one is explained
-    _judge_encoding(
+    _encode_and_judge(
         nvfp4_backend,
         nvfp4_record,
         nvfp4_tolerance,
         case,
         x,
         input_scale,
-        got,
-        ref,
         shape=[m, kb * BLOCK_SIZE],
     )
