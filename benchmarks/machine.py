@@ -8,24 +8,9 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
-from pathlib import Path
 
 #: The flag prefixes a summary lists (the ISA paths our kernels can take).
 SIMD_PREFIXES = ("avx", "amx", "fma", "f16c", "asimd", "sve")
-
-
-def _cpuinfo() -> dict[str, str]:
-    """The first processor's fields of ``/proc/cpuinfo`` (empty where there is none)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return {}
-    fields: dict[str, str] = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if sep and key.strip() not in fields:
-            fields[key.strip()] = value.strip()
-    return fields
 
 
 def cpu_model() -> str:
@@ -39,7 +24,9 @@ def cpu_model() -> str:
 
 def simd_flags() -> list[str]:
     """The CPU's SIMD feature flags (sorted), empty where the OS does not list them."""
-    f = _cpuinfo()
+    from nvfp4.hardware import cpuinfo
+
+    f = cpuinfo()
     flags = (f.get("flags") or f.get("Features") or "").split()
     return sorted(f for f in flags if f.startswith(SIMD_PREFIXES))
 

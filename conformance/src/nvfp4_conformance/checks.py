@@ -7,7 +7,9 @@
   their ratio against a tolerance (the one measure of :mod:`nvfp4.testing.errors`, with
   its rules for zero, empty and non-finite arrays), with a diagnosis per row group
   (partition, expert) that names the group whose error is out of line and the factor it
-  is off by (a dropped or misapplied global shows up as a constant ratio).
+  is off by (a dropped or misapplied global shows up as a constant ratio);
+* :func:`is_reference` - whether the backend under test is the reference itself, which
+  every encoder comparison holds to exact agreement.
 """
 
 from __future__ import annotations
@@ -28,9 +30,16 @@ __all__ = [
     "exact_mismatches",
     "global_mixup_hint",
     "group_diagnosis",
+    "is_reference",
 ]
 
 Explain = Callable[[tuple[int, ...]], str]
+
+
+def is_reference(backend: Any) -> bool:
+    """Whether ``backend`` is the reference itself: an encoder comparison then allows no
+    boundary disagreement at all (another backend gets its tolerance's fraction)."""
+    return bool(backend.info.name == "reference")
 
 
 def exact_mismatches(found: npt.NDArray[Any], expected: npt.NDArray[Any]) -> npt.NDArray[np.bool_]:

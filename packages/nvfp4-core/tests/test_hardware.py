@@ -34,3 +34,17 @@ def test_cpu_model_names_the_family_and_model(
         hardware, "Path", lambda p: real_path(fake) if p == "/proc/cpuinfo" else real_path(p)
     )
     assert hardware.cpu_model() == want
+
+
+def test_cpuinfo_reads_the_first_processor(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The first processor's fields, values stripped; a second processor's are ignored; a
+    machine without /proc/cpuinfo gives no fields."""
+    fake = tmp_path / "cpuinfo"
+    fake.write_text("processor\t: 0\nflags\t\t: avx2 fma \n\nprocessor\t: 1\nflags\t\t: sse2\n")
+    real_path = hardware.Path
+    monkeypatch.setattr(
+        hardware, "Path", lambda p: real_path(fake) if p == "/proc/cpuinfo" else real_path(p)
+    )
+    assert hardware.cpuinfo() == {"processor": "0", "flags": "avx2 fma"}
+    monkeypatch.setattr(hardware, "Path", lambda p: real_path(tmp_path / "absent"))
+    assert hardware.cpuinfo() == {}

@@ -6,12 +6,12 @@ weights of the W4A16 and W4A8 tests, and their check of a gather kernel."""
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from pathlib import Path
 
 import numpy as np
 import nvfp4
 from nvfp4 import reference
 from nvfp4.contract import VERBS
+from nvfp4.hardware import cpuinfo
 from nvfp4.testing import assert_within
 from nvfp4.tolerances import tolerance
 
@@ -28,15 +28,7 @@ CROSS_CHECKED: Counter[str] = Counter()
 def cpuinfo_field(name: str) -> str:
     """Field ``name`` of the first processor in /proc/cpuinfo (``"flags"``, ``"vendor_id"``,
     ...), read independently of the library; ``""`` where there is no such file or field."""
-    try:
-        text = Path("/proc/cpuinfo").read_text(encoding="ascii", errors="replace")
-    except OSError:
-        return ""
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if sep and key.strip() == name:
-            return value.strip()
-    return ""
+    return cpuinfo().get(name, "")
 
 
 def cpuinfo_flags() -> set[str]:

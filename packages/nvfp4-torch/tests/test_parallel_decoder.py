@@ -128,11 +128,9 @@ def test_without_a_process_group_the_decoder_says_how_to_start_one(
         ParallelDecoder(model, 8, nvfp4.get_backend("reference"))
 
 
-def test_torchrun_generate_at_two_processes(
-    qwen2_checkpoint: Path, one_process: Any, tmp_path: Path
-) -> None:
-    """``torchrun --nproc-per-node 2 -m nvfp4_torch generate --prompt-ids ...`` prints the
-    one-process tokens once (rank 0), and the summary names the tensor-parallel forward."""
+def _torchrun_generate(checkpoint: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``torchrun --standalone --nproc-per-node 2 -m nvfp4_torch generate`` of
+    ``PROMPTS[0]`` on the reference backend."""
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     assert torchrun is not None, "torch installs the torchrun command beside python"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "NVFP4_CPU_THREADS": "1"}
@@ -145,7 +143,7 @@ def test_torchrun_generate_at_two_processes(
         "nvfp4_torch",
         "generate",
         "--checkpoint",
-        str(qwen2_checkpoint),
+        str(checkpoint),
         "--backend",
         "reference",
         "--prompt-ids",
@@ -153,12 +151,30 @@ def test_torchrun_generate_at_two_processes(
         "--max-new-tokens",
         str(NEW),
     ]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=600)
+
+
+def test_torchrun_generate_at_two_processes(
+    qwen2_checkpoint: Path, one_process: Any, tmp_path: Path
+) -> None:
+    """``torchrun --nproc-per-node 2 -m nvfp4_torch generate --prompt-ids ...`` prints the
+    one-process tokens once (rank 0), and the summary names the tensor-parallel forward."""
+    done = _torchrun_generate(qwen2_checkpoint, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     printed = [line for line in done.stdout.splitlines() if line.startswith("{")]
     assert len(printed) == 1, done.stdout  # rank 1 is quiet
     assert json.loads(printed[0])["new_ids"] == one_process[0].new_ids
     assert "tensor parallel: 2 ranks, gloo" in done.stderr
+
+
+def test_a_failing_rank_is_heard(tmp_path: Path) -> None:
+    """A checkpoint that cannot be read: every rank fails; rank 0 says why as a one-process
+    run does, and rank 1, quiet otherwise, says it too, with its rank."""
+    done = _torchrun_generate(tmp_path / "absent", tmp_path)
+    assert done.returncode != 0
+    lines = done.stdout.splitlines() + done.stderr.splitlines()
+    assert any(line.startswith("generate: ") and "absent" in line for line in lines), lines
+    assert any(line.startswith("rank 1: generate: ") and "absent" in line for line in lines)
 
 
 def test_tensor_parallel_generate_refuses_the_transformers_forward(

@@ -30,6 +30,7 @@ from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import BLOCK_SIZE, E2M1_BOUNDS
 
 from nvfp4_conformance.attribution import explain_encoding, explain_refusal
+from nvfp4_conformance.checks import is_reference
 from nvfp4_conformance.corpus import CorpusTally
 from nvfp4_conformance.encoders import compare_encoding
 
@@ -71,12 +72,6 @@ def _run(backend: Any, x: npt.NDArray[Any], input_scale: float | None) -> tuple[
 _EXPLAINED = "; explained by declared deviation(s) "
 
 
-def _is_reference(backend: Any) -> bool:
-    """Whether ``backend`` is the reference itself, which must agree exactly (no
-    disagreement fraction is allowed it)."""
-    return bool(backend.info.name == "reference")
-
-
 def _judge_encoding(
     backend: Any,
     record: Any,
@@ -94,7 +89,7 @@ def _judge_encoding(
     recorded with the declared deviations whose emulation gives exactly ``got``
     (``explained_by``, spec 1.2 draft) and the test fails as before."""
     try:
-        figures = compare_encodings(x, got, ref, exact=_is_reference(backend), tolerance=tolerance)
+        figures = compare_encodings(x, got, ref, exact=is_reference(backend), tolerance=tolerance)
     except AssertionError:
         ids = explain_encoding(x, input_scale, got) if isinstance(got, NVFP4Planes) else None
         record(case, input_scale=input_scale, explained_by=ids, **fields)
@@ -211,7 +206,7 @@ def test_random_corpus_disagreement_fraction(
     """Random activations, 2^20 elements and more: every difference is a boundary
     disagreement and their fraction is within ``[quantize] others`` (``reference``, 0, for
     the reference)."""
-    exact = _is_reference(nvfp4_backend)
+    exact = is_reference(nvfp4_backend)
     tally = CorpusTally()
     runs: list[tuple[Any, Any, Any]] = []
     for name, shape, _dtype, input_scale, scale in RANDOM_CORPUS:

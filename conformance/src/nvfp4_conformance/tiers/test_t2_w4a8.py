@@ -25,6 +25,7 @@ from nvfp4 import reference
 from nvfp4.activations import Q8Activations
 from nvfp4.spec import Q8_BLOCK_SIZE
 
+from nvfp4_conformance.checks import is_reference
 from nvfp4_conformance.corpus import CorpusTally
 from nvfp4_conformance.w4a8_encoders import compare_fp8, compare_q8
 
@@ -81,7 +82,7 @@ def test_quantize_activations_q8(
     below it (zero or subnormal), zeros, zero blocks, NaN/Inf blocks, float16 / bfloat16."""
     x = Q8_CASES[case](_rng(case))
     got, ref = _q8(nvfp4_backend, x)
-    exact = nvfp4_backend.info.name == "reference"
+    exact = is_reference(nvfp4_backend)
     figures = compare_q8(x, got, ref, window=nvfp4_tolerance("quantize_q8", "boundary_window"))
     nvfp4_record(case, shape=list(x.shape), **figures)
     if exact:
@@ -94,7 +95,7 @@ def test_quantize_activations_q8_random_corpus(
 ) -> None:
     """2^20 and more random float32 activations: boundary disagreements only, their fraction
     within ``[quantize_q8] others`` (``reference``, 0, for the reference backend)."""
-    exact = nvfp4_backend.info.name == "reference"
+    exact = is_reference(nvfp4_backend)
     window = nvfp4_tolerance("quantize_q8", "boundary_window")
     tally = CorpusTally()
     for name, shape in (("normal_256x4096", (256, 4096)), ("heavy_64x1024", (64, 1024))):

@@ -33,7 +33,13 @@ from nvfp4.contract import KERNELS
 from nvfp4.planes import NVFP4Planes, PlaneError
 
 from nvfp4_conformance.attribution import decode_or_explain, exact_or_explain
-from nvfp4_conformance.checks import as_float64, assert_exact, assert_within, error_figures
+from nvfp4_conformance.checks import (
+    as_float64,
+    assert_exact,
+    assert_within,
+    error_figures,
+    is_reference,
+)
 from nvfp4_conformance.encoders import compare_encoding
 from nvfp4_conformance.w4a8_encoders import compare_fp8, compare_q8
 
@@ -240,7 +246,7 @@ def test_golden(
                 got,
                 ref,
                 window=window,
-                exact=b.info.name == "reference",
+                exact=is_reference(b),
                 what=f"{name}: quantize_activations",
             ).figures()
             nvfp4_record(ref.name, **figs)
@@ -261,7 +267,7 @@ def test_golden(
             except AssertionError as exc:
                 raise AssertionError(f"{name}: quantize_activations_q8 -> {stem}: {exc}") from None
             nvfp4_record(stem, encoder="int8", **figs)
-            if b.info.name == "reference":
+            if is_reference(b):
                 assert figs["disagreements"] == 0, (
                     f"{name}: the reference backend's int8 codes differ from the golden ones "
                     f"in {figs['disagreements']} places"

@@ -1,4 +1,6 @@
-"""Cheap probes of the machine: which vendor's GPU driver is loaded, and the CPU's model.
+"""Cheap probes of the machine: which vendor's GPU driver is loaded, the CPU's model, and the
+first processor's fields of Linux's ``/proc/cpuinfo`` (the benchmarks' SIMD flags and
+nvfp4-cpu's tests read them too).
 
 No library is loaded and nothing is initialised: the probe looks for the files a loaded
 driver creates. The registry uses it to hint at a backend that is not installed, and the
@@ -12,7 +14,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-__all__ = ["DRIVER_PATHS", "cpu_model", "driver_evidence"]
+__all__ = ["DRIVER_PATHS", "cpu_model", "cpuinfo", "driver_evidence"]
 
 #: Files that exist where a GPU driver is loaded, by vendor.
 DRIVER_PATHS: dict[str, tuple[str, ...]] = {
@@ -27,21 +29,29 @@ def driver_evidence(vendor: str) -> str:
     return next((p for p in DRIVER_PATHS[vendor] if Path(p).exists()), "")
 
 
+def cpuinfo() -> dict[str, str]:
+    """The first processor's fields of Linux's ``/proc/cpuinfo`` (``"model name"``,
+    ``"flags"``, ``"CPU part"``, ...; a later processor's repeat of a key is ignored), empty
+    where there is no such file."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return {}
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() not in fields:
+            fields[key.strip()] = value.strip()
+    return fields
+
+
 def cpu_model() -> str | None:
     """The CPU's model name as the operating system reports it (Linux ``/proc/cpuinfo``'s
     ``model name``, with the x86 family and model numbers, which tell Zen 3 from Zen 4 where
     a VM reports only "AMD EPYC"; or its ``CPU implementer`` / ``CPU part`` on ARM; macOS'
     ``machdep.cpu.brand_string``), or None. Under qemu-user this is the host's CPU
     (``platform.emulation`` says so)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        text = ""
-    fields: dict[str, str] = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if sep and key.strip() not in fields:
-            fields[key.strip()] = value.strip()
+    fields = cpuinfo()
     if fields.get("model name") and fields.get("cpu family") and fields.get("model"):
         return (
             f"{fields['model name']} (x86 family {fields['cpu family']}, model {fields['model']})"
