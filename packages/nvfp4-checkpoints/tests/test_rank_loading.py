@@ -172,6 +172,26 @@ def test_a_fused_mlx_tensor_keeps_the_partitions_of_its_rows(tmp_path: Path) -> 
             assert_rank_is_the_shard(shard, src)
 
 
+def test_stacked_mlx_experts_are_cut_expert_by_expert(tmp_path: Path) -> None:
+    """MLX's stacked ``switch_mlp`` experts ``[E, N, K]``, one global per expert: every
+    expert's rows (gate, by down's K plan) or K columns (down) of the rank."""
+    rng = np.random.default_rng(4)
+    head = "model.layers.0.mlp.switch_mlp."
+    planes = {
+        head + "gate_proj": quantize(rng.standard_normal((4, 96, 64), dtype=np.float32)),
+        head + "down_proj": quantize(rng.standard_normal((4, 64, 96), dtype=np.float32)),
+    }
+    planes = {name: p.replace(name=name) for name, p in planes.items()}
+    src = write_checkpoint(tmp_path / "moe", planes, flavour="mlx", config=llama_config())
+    for world in (2, 3, 4):
+        for rank in range(world):
+            shard = load_rank(src, rank, world)
+            assert shard.plans[head + "down_proj"].dim == "k"
+            assert shard.planes[head + "down_proj"].num_experts == 4
+            assert shard.planes[head + "gate_proj"].global_scale.shape == (4,)
+            assert_rank_is_the_shard(shard, src)
+
+
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_a_sharded_folder_loads_its_rank_folder_alone(
     tmp_path: Path, checkpoints: dict[str, Path], flavour: str
