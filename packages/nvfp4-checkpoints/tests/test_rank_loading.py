@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from nvfp4 import quantize
 from nvfp4.fusion import fuse
-from nvfp4.planes import NVFP4Planes, PlaneError
+from nvfp4.planes import NVFP4Planes
 from nvfp4.shard_planes import shard_planes
 from nvfp4_checkpoints import (
     CheckpointError,
@@ -172,6 +172,26 @@ def test_a_fused_mlx_tensor_keeps_the_partitions_of_its_rows(tmp_path: Path) -> 
             assert_rank_is_the_shard(shard, src)
 
 
+def test_stacked_mlx_experts_are_cut_expert_by_expert(tmp_path: Path) -> None:
+    """MLX's stacked ``switch_mlp`` experts ``[E, N, K]``, one global per expert: every
+    expert's rows (gate, by down's K plan) or K columns (down) of the rank."""
+    rng = np.random.default_rng(4)
+    head = "model.layers.0.mlp.switch_mlp."
+    planes = {
+        head + "gate_proj": quantize(rng.standard_normal((4, 96, 64), dtype=np.float32)),
+        head + "down_proj": quantize(rng.standard_normal((4, 64, 96), dtype=np.float32)),
+    }
+    planes = {name: p.replace(name=name) for name, p in planes.items()}
+    src = write_checkpoint(tmp_path / "moe", planes, flavour="mlx", config=llama_config())
+    for world in (2, 3, 4):
+        for rank in range(world):
+            shard = load_rank(src, rank, world)
+            assert shard.plans[head + "down_proj"].dim == "k"
+            assert shard.planes[head + "down_proj"].num_experts == 4
+            assert shard.planes[head + "gate_proj"].global_scale.shape == (4,)
+            assert_rank_is_the_shard(shard, src)
+
+
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_a_sharded_folder_loads_its_rank_folder_alone(
     tmp_path: Path, checkpoints: dict[str, Path], flavour: str
@@ -267,9 +287,9 @@ def test_only_the_ranks_bytes_are_read(tmp_path: Path, checkpoints: dict[str, Pa
     shard = load_rank(src, 0, 2)  # rank 0 never reads them
     assert shard.planes[DOWN].k == plan[0].padded
     assert not np.any(shard.planes[DOWN].scales == 0x7F)
-    with pytest.raises(PlaneError) as e:
+    with pytest.raises(CheckpointError) as e:
         load_rank(src, 1, 2)
-    _one_line(e, DOWN)
+    _one_line(e, src.name, DOWN, "0x7F")
 
 
 def test_bad_input_is_refused_in_one_line(tmp_path: Path, checkpoints: dict[str, Path]) -> None:
@@ -286,9 +306,9 @@ def test_bad_input_is_refused_in_one_line(tmp_path: Path, checkpoints: dict[str,
     with pytest.raises(CheckpointError) as e:
         load_rank(src, 0, 2, align=0)
     _one_line(e, "align", "found 0")
-    with pytest.raises(PlaneError) as e:  # 5 KV heads of 64, 45 heads: not 64 ranks
+    with pytest.raises(CheckpointError) as e:  # 5 KV heads of 64, 45 heads: not 64 ranks
         load_rank(src, 0, 64)
-    _one_line(e, "64 ranks")
+    _one_line(e, src.name, "64 ranks")
     gguf = tmp_path / "w.gguf"
     small = write_checkpoint(
         tmp_path / "small",

@@ -42,7 +42,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 from nvfp4.file_checks import parse_json
-from nvfp4.planes import NVFP4Planes
+from nvfp4.planes import NVFP4Planes, PlaneError
 from nvfp4.shard_plan import ShardPlan, ShardRange
 from nvfp4.shard_planes import pad_shard
 from nvfp4.sharding import clip_partitions
@@ -133,7 +133,10 @@ def _load(
     planes: dict[str, NVFP4Planes] = {}
     read = 0
     for name, plan in plans.items():
-        piece = _read_range(ck, name, plan, rank)
+        try:
+            piece = _read_range(ck, name, plan, rank)
+        except PlaneError as e:  # the bytes read refused (a NaN scale...): name the file
+            raise CheckpointError(f"{ck.path}: {e}") from None
         read += _nbytes(piece)
         planes[name] = pad_shard(piece, plan, rank)
     tensors = {n: ck.store.read(n) for n in ck.tensor_names()}
@@ -168,7 +171,10 @@ def _from_unsharded(path: Path, rank: int, world: int, align: int) -> RankShard:
         plans = {}
         for name in ck.quantized_names():
             shape = ck.plane_shape(name).shape
-            plans[name] = plan_for(name, shape[-2], shape[-1], world, align, ck.config)
+            try:
+                plans[name] = plan_for(name, shape[-2], shape[-1], world, align, ck.config)
+            except PlaneError as e:  # a split the plan refuses (too few heads, K % 16)
+                raise CheckpointError(f"{ck.path}: {e}") from None
         return _load(ck, plans, rank, world, align, ck.config)
 
 
@@ -289,9 +295,9 @@ def load_rank(
     Raises:
         CheckpointError: a bad rank, world size or alignment, a GGUF file, a manifest that
             disagrees with the world size, the plan or the rank folder's files, a missing
-            rank folder; and whatever opening the checkpoint refuses (one line naming the
-            file, the tensor, the expected and the found).
-        PlaneError: a tensor the plan cannot split at ``world`` ranks.
+            rank folder; a tensor the plan cannot split at ``world`` ranks, or whose bytes
+            read are refused (an E4M3 NaN scale); and whatever opening the checkpoint
+            refuses (one line naming the file, the tensor, the expected and the found).
     """
     world = _positive(world, "world size", "load_rank")
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world:
