@@ -64,6 +64,7 @@ __all__ = [
     "dequantize",
     "dequantize_unscaled",
     "e2m1_encode",
+    "fp8_input_scale_from_amax",
     "gather_qmm",
     "gather_qmm_2d",
     "gather_qmm_w4a8",
@@ -591,13 +592,18 @@ def quantize_activations_fp8(
     return quantize_activations_fp8_2d(a, input_scale_value(input_scale, what), name=name)
 
 
-def fp8_input_scale(a: npt.NDArray[np.float32]) -> np.float32:
-    """The dynamic FP8 input scale: ``amax / 448`` over the finite values of ``a``, in
-    float32; 1.0 where that quotient is 0."""
-    clean = np.where(np.isfinite(a), a, np.float32(0.0))
-    amax = np.abs(clean).max() if clean.size else np.float32(0.0)
+def fp8_input_scale_from_amax(amax: float | np.floating[Any]) -> np.float32:
+    """The dynamic FP8 input scale of activations with this (finite) amax: ``amax / 448``,
+    one float32 division; 1.0 where that quotient is 0 (spec 1.1, "W4A8")."""
     s = np.float32(np.float32(amax) / np.float32(E4M3_MAX))
     return np.float32(1.0) if s == 0 else s
+
+
+def fp8_input_scale(a: npt.NDArray[np.float32]) -> np.float32:
+    """The dynamic FP8 input scale of ``a``: :func:`fp8_input_scale_from_amax` of the amax
+    over its finite values."""
+    clean = np.where(np.isfinite(a), a, np.float32(0.0))
+    return fp8_input_scale_from_amax(np.abs(clean).max() if clean.size else np.float32(0.0))
 
 
 def quantize_activations_fp8_2d(

@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from nvfp4.activations import FP8Activations, Q8Activations
-from nvfp4.spec import E4M3_MAX, E4M3_VALUES, Q8_BLOCK_SIZE
+from nvfp4.reference import fp8_input_scale_from_amax
+from nvfp4.spec import E4M3_VALUES, Q8_BLOCK_SIZE
 
 from ._native import ISA_LEVELS, Native, ptr
 from .layout import PreparedWeight
@@ -106,9 +107,7 @@ def quantize_activations_fp8(
     finite values (1.0 where that is 0); NaN / Inf elements get the NaN byte 0x7F."""
     a = np.ascontiguousarray(x, dtype=np.float32)
     if input_scale is None:
-        # one float32 division, as the spec
-        s = np.float32(finite_absmax(native, a) / np.float32(E4M3_MAX))
-        s = np.float32(1.0) if s == 0 else s
+        s = fp8_input_scale_from_amax(finite_absmax(native, a))
     else:
         s = np.float32(input_scale)
     codes = np.empty(a.shape, dtype=np.uint8)
