@@ -1,6 +1,7 @@
 """How the tiers call a backend's verbs and check what comes back: numpy arrays in
 (through the backend's ``from_numpy``), numpy arrays out (``to_numpy``), the output's shape
-and dtype checked before its values are."""
+and dtype checked before its values are; and whose activation encoder T4's references
+use (:func:`own_encoding`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from nvfp4 import reference
 from nvfp4.dtypes import OUTPUT_DTYPES
 
 
@@ -27,3 +29,13 @@ def assert_output(y: npt.NDArray[Any], shape: tuple[int, ...], dtype: str, what:
     assert y.dtype == OUTPUT_DTYPES[dtype], (
         f"{what}: output dtype {y.dtype}, expected {dtype} (x's dtype)"
     )
+
+
+def own_encoding(backend: Any, verb: str, x: npt.NDArray[Any], *args: Any) -> Any:
+    """``x`` encoded by ``backend``'s own activation encoder ``verb``
+    (``quantize_activations``, ``quantize_activations_q8``, ``quantize_activations_fp8``;
+    ``args``: the input scale) where it runs one - T2 judges that encoder - else by the
+    reference's: a T4 reference takes the codes the backend's matmul multiplied."""
+    if backend.has(verb):
+        return getattr(backend, verb)(backend.from_numpy(x), *args)
+    return getattr(reference, verb)(x, *args)

@@ -25,7 +25,7 @@ from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import GLOBAL_AMAX_DIVISOR
 from nvfp4.testing import activations, unrouted_nonfinite_rows
 
-from nvfp4_conformance.calls import assert_output, call_verb
+from nvfp4_conformance.calls import assert_output, call_verb, own_encoding
 from nvfp4_conformance.cases import case_rng, realistic_weight
 from nvfp4_conformance.checks import as_float64, assert_within, error_figures
 
@@ -334,15 +334,9 @@ def w4a4_reference(
     """Spec 1.0's W4A4 reference: ``(decoded x @ decoded w.T) * global_x * global_w`` in
     float64, with x quantized by the backend's own activation encoder when it declares one
     (its encoder is judged in T2), else by the reference's."""
-    if "quantize_activations" in backend.info.capabilities:
-        xp = backend.quantize_activations(backend.from_numpy(x), input_scale)
-    else:
-        xp = reference.quantize_activations(x, input_scale)
-    xd = reference.dequantize_unscaled(xp).astype(np.float64)
-    wd = reference.dequantize_unscaled(w).astype(np.float64)
-    g = w.row_global().astype(np.float64) * np.float64(np.asarray(xp.global_scale).reshape(()))
+    xp = own_encoding(backend, "quantize_activations", x, input_scale)
     with np.errstate(invalid="ignore"):
-        return (xd @ wd.T) * g
+        return reference.w4a4_from_activations(xp, w)
 
 
 W4A4 = [

@@ -21,7 +21,7 @@ from nvfp4.dtypes import OUTPUT_DTYPES
 from nvfp4.planes import NVFP4Planes
 from nvfp4.testing import activations, relative_error
 
-from nvfp4_conformance.calls import assert_output, call_verb
+from nvfp4_conformance.calls import assert_output, call_verb, own_encoding
 from nvfp4_conformance.cases import case_rng, realistic_weight
 from nvfp4_conformance.checks import as_float64, assert_within, error_figures
 
@@ -45,10 +45,7 @@ SHAPES = [
 
 def q8_reference(backend: Any, x: npt.NDArray[Any], w: NVFP4Planes) -> npt.NDArray[np.float64]:
     """W4A8 int8 in float64 on the backend's own int8 activations (or the reference's)."""
-    if backend.has("quantize_activations_q8"):
-        xq = backend.quantize_activations_q8(backend.from_numpy(x))
-    else:
-        xq = reference.quantize_activations_q8(x)
+    xq = own_encoding(backend, "quantize_activations_q8", x)
     return reference.w4a8_from_activations(xq, w)
 
 
@@ -56,10 +53,7 @@ def fp8_reference(
     backend: Any, x: npt.NDArray[Any], w: NVFP4Planes, scale: float | None
 ) -> npt.NDArray[np.float64]:
     """W4A8 FP8 in float64 on the backend's own FP8 activations (or the reference's)."""
-    if backend.has("quantize_activations_fp8"):
-        xq = backend.quantize_activations_fp8(backend.from_numpy(x), scale)
-    else:
-        xq = reference.quantize_activations_fp8(x, scale)
+    xq = own_encoding(backend, "quantize_activations_fp8", x, scale)
     return reference.w4a8_fp8_from_activations(xq, w)
 
 

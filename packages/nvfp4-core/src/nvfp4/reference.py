@@ -461,9 +461,8 @@ def w4a4_from_activations(xp: NVFP4Planes, w: NVFP4Planes) -> npt.NDArray[np.flo
     ``(sum_k xq * wq) * global_x * global_w[n]`` (both globals after accumulation)."""
     xd = dequantize_unscaled(xp).astype(np.float64)
     wd = dequantize_unscaled(w).astype(np.float64)
-    y: npt.NDArray[np.float64] = (xd @ wd.T) * (
-        w.row_global().astype(np.float64) * np.float64(xp.global_scale)
-    )
+    gx = np.float64(np.asarray(xp.global_scale).reshape(()))  # a scalar, or a 1-element array
+    y: npt.NDArray[np.float64] = (xd @ wd.T) * (w.row_global().astype(np.float64) * gx)
     return y
 
 
