@@ -703,6 +703,10 @@ ENGINE_PINS: dict[str, tuple[str, ...]] = {
     "vllm": ("vllm==0.33.0",),
     "transformer-engine": ("transformer-engine[pytorch]==2.20.2",),
 }
+#: The minutes one ``engines`` session may take in the full run (the workflow's job timeout;
+#: README states it): the slowest measured, torchao's, decodes T6's 160 tokens through
+#: torchao's weight-only path, which decodes every weight at every call.
+ENGINE_BUDGET_MINUTES = 15
 #: The engines whose kernels need an NVIDIA GPU (their adapters say "needs CUDA" elsewhere).
 GPU_ENGINES = ("flashinfer", "vllm", "transformer-engine")
 #: The spec the engines are certified against (1.1: ggml's matmul is W4A8).

@@ -174,3 +174,19 @@ def test_the_fuzz_is_sized_by_the_kind_of_run(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv(noxfile.FULL_RUN, "yes")
     with pytest.raises(SystemExit, match="NVFP4_FULL_RUN='yes'"):
         noxfile._full_run()
+
+
+def test_the_full_run_certifies_every_cpu_engine_within_the_budget() -> None:
+    """Every engine with no GPU requirement has a job in the full run (and none in the
+    gate), whose timeout is noxfile's ENGINE_BUDGET_MINUTES, the budget README states."""
+    job = yaml.safe_load(GITHUB_TESTS.read_text())["jobs"]["engines"]
+    cpu_engines = [e for e in noxfile.ENGINE_PINS if e not in noxfile.GPU_ENGINES]
+    assert sorted(job["strategy"]["matrix"]["engine"]) == sorted(cpu_engines)
+    for event in ("schedule", "workflow_dispatch", "refs/tags/"):
+        assert event in job["if"]
+    assert "push" not in job["if"]
+    assert job["timeout-minutes"] == noxfile.ENGINE_BUDGET_MINUTES
+    (run,) = [s["run"] for s in job["steps"] if "nox" in s.get("run", "") and "engines" in s["run"]]
+    assert "engines(engine='${{ matrix.engine }}')" in run
+    readme = (ROOT / "README.md").read_text()
+    assert f"within {noxfile.ENGINE_BUDGET_MINUTES} minutes an engine" in readme

@@ -85,14 +85,17 @@ def check_dequantize(backend: Any, record: Any, case: str, planes: NVFP4Planes, 
     mismatches = (
         int(exact_mismatches(found, expected).sum()) if found.shape == expected.shape else -1
     )
+    # a failing case carries the declared deviations whose emulation gives exactly this
+    # output (spec 1.2 draft); a passing one carries no explained_by, so a Hypothesis test's
+    # failing examples are the cases that have one (attribution.failing_explanation)
+    explained = {"explained_by": explain_dequantize(found, planes, dtype)} if mismatches else {}
     record(
         case,
         dtype=dtype,
         shape=list(planes.shape),
         mismatches=mismatches,
         elements=int(expected.size),
-        # the declared deviations whose emulation gives exactly this output (spec 1.2 draft)
-        explained_by=explain_dequantize(found, planes, dtype) if mismatches else None,
+        **explained,
     )
     assert_exact(
         found,
