@@ -124,6 +124,12 @@ TORCHRUN = (
 ALLOWLIST[("packages/nvfp4-torch/README.md", "import torch.distributed as dist")] = TORCHRUN
 ALLOWLIST[("docs/sharding.md", "import torch")] = TORCHRUN
 ALLOWLIST[
+    ("docs/sharding.md", "shard = load_rank(path, dist.get_rank(), dist.get_world_size())")
+] = (
+    "a rank of a torch.distributed process group; tests/test_parallel_from_shards.py builds "
+    "these layers from load_rank's shards on spawned gloo ranks"
+)
+ALLOWLIST[
     ("docs/sharding.md", "$ torchrun --standalone --nproc-per-node 2 -m nvfp4_torch generate \\")
 ] = (
     "tensor-parallel generation of SmolLM2 (minutes on a 2-core runner); "
