@@ -12,6 +12,7 @@ Tests that need the ``parity`` extra or the SmolLM2 wheel import them with
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -24,6 +25,13 @@ import pytest
 from nvfp4.testing import pytest_configure, pytest_sessionfinish  # noqa: F401 - the oracle rule
 
 pytest_plugins = ["pytester"]
+
+# pytester's in-process runs put sys.modules back as they found it, dropping every module
+# first imported inside them; torch cannot be imported a second time in one process ("module
+# functions cannot set METH_CLASS or METH_STATIC"). Imported here, it is in every snapshot,
+# whatever order a pytest-xdist worker runs the files in.
+with contextlib.suppress(ImportError):  # no parity extra: the tests needing torch skip or fail
+    import torch  # noqa: F401
 
 
 @pytest.fixture
