@@ -35,13 +35,22 @@ def _same_model(a: Any, b: Any) -> None:
     )
 
 
-def test_the_cached_model_is_the_gguf_model_bit_for_bit(
+def test_without_the_variable_nothing_is_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv(smollm2.CACHE_ENV, raising=False)
-    from_gguf = smollm2.load_float32_model()  # unset: the GGUF, and nothing written
+    monkeypatch.chdir(tmp_path)
+    sentinel = object()
+    monkeypatch.setattr(smollm2, "_float32_from_gguf", lambda path: sentinel)
+    assert smollm2.load_float32_model() is sentinel  # the GGUF, read as before
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_cached_model_is_the_gguf_model_bit_for_bit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv(smollm2.CACHE_ENV, str(tmp_path / "cache"))
-    first = smollm2.load_float32_model()  # reads the GGUF and writes the file
+    from_gguf = smollm2.load_float32_model()  # reads the GGUF and writes the file
     (cached,) = (tmp_path / "cache").iterdir()
     assert cached == smollm2.float32_cache_file(tmp_path / "cache", smollm2.gguf_file())
 
@@ -50,7 +59,6 @@ def test_the_cached_model_is_the_gguf_model_bit_for_bit(
 
     monkeypatch.setattr(smollm2, "_float32_from_gguf", no_gguf)
     second = smollm2.load_float32_model()
-    _same_model(from_gguf, first)
     _same_model(from_gguf, second)
     # and so the quantized model, whose sha256 the T6 golden file records
     fp = [smollm2.quantize_model(m) for m in (from_gguf, second)]
