@@ -258,6 +258,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
 def _ranked(args: argparse.Namespace, ids: list[int] | None, out: TextIO, err: TextIO) -> int:
     """:func:`_generate` on one rank of a torchrun launch: join the process group, print on
     rank 0 only (another rank's messages are printed, with its rank, when it fails)."""
+    import datetime
     import io
 
     import nvfp4
@@ -278,6 +279,13 @@ def _ranked(args: argparse.Namespace, ids: list[int] | None, out: TextIO, err: T
             status = _generate(args, ids, io.StringIO(), held, parallel=True)
         else:
             status = _generate(args, ids, out, err, parallel=True)
+        # every rank done before any tears its group down: a rank that destroyed its gloo
+        # group while a peer was still finishing made that peer abort ("terminate called
+        # without an active exception", seen once in CI); a dead peer ends the wait in 2 min
+        if launch.process_group == "gloo":
+            dist.monitored_barrier(timeout=datetime.timedelta(minutes=2))
+        else:
+            dist.barrier()
     finally:
         dist.destroy_process_group()
     if quiet and status != 0:
