@@ -268,9 +268,10 @@ def _full_run() -> bool:
 
 
 #: Where the sessions keep SmolLM2's float32 weights once read from its GGUF
-#: (``nvfp4_torch.smollm2.CACHE_ENV``): transformers' GGUF reading takes 20-40 s, and one CI
-#: run loaded the model about twenty times (tests, README examples, each backend's T6). The
-#: file is named by the GGUF's sha256 and the transformers and torch releases.
+#: (``nvfp4_torch.smollm2.CACHE_ENV``): transformers' GGUF reading took 41-56 s on two busy
+#: cores, the cached file 7.5 s, and a CI run loads the model many times (tests, README
+#: examples, each backend's T6). The file is named by the GGUF's sha256 and the transformers
+#: and torch releases.
 MODEL_CACHE = {"NVFP4_MODEL_CACHE": str(ROOT / ".nox" / "model-cache")}
 
 #: How many of its slowest tests each test session lists (pytest ``--durations``).

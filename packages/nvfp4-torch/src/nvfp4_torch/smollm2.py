@@ -13,8 +13,8 @@ tokenizer rebuilt from the GGUF (``tokenizer.json``, ``tokenizer_config.json``,
 writes the same model in any flavour: ``nvfp4 example-checkpoint DST --model smollm2`` (the
 entry point ``smollm2`` of the group ``nvfp4.example_models``).
 
-Reading the GGUF is the slow part (transformers dequantizes 272 tensors: 20-40 s on two
-cores, where quantizing takes 5-10). Where :data:`CACHE_ENV` names a folder (the nox sessions
+Reading the GGUF is the slow part (transformers dequantizes 272 tensors: 41-56 s on two busy
+cores, where quantizing took 9). Where :data:`CACHE_ENV` names a folder (the nox sessions
 set it, so one CI run reads the GGUF once), :func:`load_float32_model` keeps the float32
 weights there as one safetensors file, named by a key over everything that decides them (the
 GGUF's sha256 and the transformers and torch releases), written to a temporary and renamed,
