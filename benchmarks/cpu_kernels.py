@@ -98,6 +98,7 @@ from nvfp4.layouts.gguf import to_gguf  # noqa: E402
 from nvfp4.spec import GGUF_TYPE_NVFP4  # noqa: E402
 from nvfp4.tolerances import tolerance  # noqa: E402
 from nvfp4_cpu import ops, w4a8  # noqa: E402
+from nvfp4_cpu import plan as cpu_plan  # noqa: E402
 from nvfp4_cpu._native import load  # noqa: E402
 from nvfp4_cpu.layout import PreparedWeight  # noqa: E402
 from plotting import pyplot  # noqa: E402
@@ -187,6 +188,13 @@ GGML_TYPE_F32 = 0
 GGML_W4A8_BOUND = 2e-2
 
 
+def links_openmp(library: str) -> bool:
+    """Whether the shared library at ``library`` was built with OpenMP: it then imports
+    libgomp's (or LLVM libomp's) entry points, whose names its dynamic string table holds."""
+    data = Path(library).read_bytes()
+    return any(name in data for name in (b"GOMP_parallel", b"libgomp.so", b"libomp.so"))
+
+
 class Ggml:
     """ggml-cpu through nvfp4-engines' ctypes bindings (:mod:`nvfp4_engines._libggml`):
     llama-cpp-python's bundled libggml-base / libggml-cpu, or a source build's in the folder
@@ -215,6 +223,10 @@ class Ggml:
             else f"{g.source}'s bundled libraries"
         )
         self.init_params = _libggml.InitParams
+        self.threadpool = g.threadpool
+        #: whether ggml-cpu was built with OpenMP (llama-cpp-python's wheels are; libggml-python
+        #: is not): without it, ggml starts its threads on every graph unless given a pool
+        self.openmp = links_openmp(g.cpu._name)
 
     def matmuls(self, planes: nvfp4.NVFP4Planes, xs: dict[int, np.ndarray], threads: int) -> Any:
         """A :class:`GgmlMatmuls` computing ``(x @ W.T) * scale`` for each ``x`` of ``xs``."""
@@ -263,7 +275,10 @@ class GgmlMatmuls:
             yt = b.ggml_mul(self.ctx, b.ggml_mul_mat(self.ctx, wt, xt), st)
             graph = b.ggml_new_graph(self.ctx)
             b.ggml_build_forward_expand(graph, yt)
-            plan = g.cpu.ggml_graph_plan(graph, threads, None)
+            # a persistent pool for every graph (as llama.cpp keeps one): without OpenMP,
+            # ggml-cpu would otherwise start its threads in every ggml_graph_compute call
+            # (about 15 ms a call on two cores, more than a whole 4096 x 4096 GEMV)
+            plan = g.cpu.ggml_graph_plan(graph, threads, g.threadpool(threads))
             work = np.empty(max(1, plan.work_size), np.uint8)  # preallocated, kept alive
             plan.work_data = work.ctypes.data
             self.graphs[m] = (graph, plan, work)
@@ -851,6 +866,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         capped.close()
     results = [r.as_dict() for r in rows]
     isa_info = {level: native.describe(level) for level in isas}
+    cache_plan = cpu_plan.current(native)
     return {
         "benchmark": "cpu_kernels",
         "quick": bool(args.quick),
@@ -865,6 +881,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "ms": list(ms),
         "availability": backend.availability().device,
         "machine": machine_info(),
+        # the caches and the blocking every level of ours ran with (nvfp4_cpu.plan), and whether
+        # the AVX2 level was the CPU's own best or forced on a CPU with a wider one
+        "cache_plan": cache_plan.describe(),
+        "avx2_level": "native" if isa == "avx2" else f"forced (this CPU's best level: {isa})",
         "niceness": os.nice(0),
         "loadavg_start": load_start,
         "loadavg_end": os.getloadavg(),
@@ -880,6 +900,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "compiled_features": g.features,
                 "source": g.source,
                 "variant": g.variant,
+                "openmp": g.openmp,
+                "threadpool": "persistent"
+                if g.threadpool(threads)
+                else "none (ggml threads per graph)",
             }
             for arm, g in ggmls.items()
         },
@@ -1209,23 +1233,28 @@ def ggml_section(data: dict[str, Any]) -> list[str]:
         "",
         "## The ggml-cpu arms",
         "",
-        f"{source}, an OpenMP build, called with ctypes: one context per shape holding the NVFP4 "
+        f"{source}, called with ctypes: one context per shape holding the NVFP4 "
         "weight (type 40; its bytes are `nvfp4.layouts.gguf.to_gguf` of the same planes the other "
         "arms use) and its `.scale` tensor, and per M an F32 activation and the graph "
         "`ggml_mul(ggml_mul_mat(w, x), scale)` as llama.cpp's `build_lora_mm` builds it. "
-        "`ggml_graph_plan` runs once per graph with the same thread count as the other arms and "
-        "its work buffer is preallocated; a timed call is one `ggml_graph_compute`: quantizing x "
+        "`ggml_graph_plan` runs once per graph with the same thread count as the other arms, "
+        "given one persistent `ggml_threadpool_new` pool (as llama.cpp keeps one; a build "
+        "without OpenMP would otherwise start its threads in every call, about 15 ms on two "
+        "cores), and its work buffer is preallocated; a timed call is one "
+        "`ggml_graph_compute`: quantizing x "
         "to Q8_0, the NVFP4 x Q8_0 dot products and the `.scale` multiply, all included. ggml is "
         "therefore W4A8.",
         "",
-        "| arm | libraries | ggml-cpu variant | compiled features |",
-        "|---|---|---|---|",
+        "| arm | libraries | ggml-cpu variant | compiled features | OpenMP | threadpool |",
+        "|---|---|---|---|---|---|",
     ]
     for arm, lib in libs.items():
         lines.append(
             f"| {arm} | {', '.join(f'`{p}`' for p in lib.get('libraries', []))} | "
             f"{lib.get('variant') or 'plain build'} | "
-            f"{', '.join(lib.get('compiled_features', [])) or '?'} |"
+            f"{', '.join(lib.get('compiled_features', [])) or '?'} | "
+            f"{'yes' if lib.get('openmp') else 'no' if 'openmp' in lib else '?'} | "
+            f"{lib.get('threadpool', '?')} |"
         )
     lines += [
         "",
@@ -1316,6 +1345,8 @@ def markdown(data: dict[str, Any], png: str | None) -> str:
         "- our ISA levels measured (`NVFP4_CPU_ISA` forces one in an application): "
         + "; ".join(f"`{k}`: {v}" for k, v in (data.get("isas") or {data["isa"]: ""}).items()),
         f"- CPU SIMD flags: {' '.join(data['machine'].get('simd_flags', [])) or '?'}",
+        f"- cache plan (`nvfp4_cpu.plan`, every level of ours): {data.get('cache_plan', '?')}; "
+        f"the AVX2 level: {data.get('avx2_level', '?')}",
         f"- threads: {data['threads']} for every arm; load average at start / end: "
         f"{', '.join(f'{v:.2f}' for v in data['loadavg_start'])} / {', '.join(f'{v:.2f}' for v in data['loadavg_end'])}"
         " (a shared machine; this run's own threads count in these figures); this process ran at "
@@ -1438,6 +1469,12 @@ def main() -> None:
         default="haswell",
         help="the backend-DL ggml-cpu variant our AVX2 level is compared with (default haswell)",
     )
+    p.add_argument(
+        "--tag",
+        default="",
+        help="write cpu_kernels_<tag>.json / .md instead (a second run beside the main one, "
+        "e.g. the ggml arms on another libggml)",
+    )
     p.add_argument("--render", metavar="JSON", help="only re-render the summary and plot of a run")
     args = p.parse_args()
     if args.rounds < 1:
@@ -1449,7 +1486,7 @@ def main() -> None:
     data = json.loads(Path(args.render).read_text()) if args.render else run(args)
     if args.render:
         add_best_ratios(data)
-    suffix = "_quick" if data["quick"] else ""
+    suffix = ("_quick" if data["quick"] else "") + (f"_{args.tag}" if args.tag else "")
     res_dir = ROOT / "benchmarks" / "results"
     doc_dir = ROOT / "docs" / "benchmark_results"
     res_dir.mkdir(parents=True, exist_ok=True)
