@@ -41,7 +41,7 @@ from typing import Any
 
 import pytest
 
-from . import SUITE_SPEC_VERSIONS, attribution, emulation
+from . import SUITE_SPEC_VERSIONS, attribution, emulation, sizing
 from .recording import ConformanceRun, TestOutcome, tier_of
 
 __all__ = ["RUN_KEY", "TIERS_DIR", "is_conformance_item", "stable_test_id"]
@@ -94,6 +94,11 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers", "min_spec(version): NVFP4 conformance test that applies from that spec on"
+    )
+    config.addinivalue_line(
+        "markers",
+        f"{sizing.MARKER}(case, stand_in): NVFP4 conformance case sized for a GPU; left out "
+        "under the Triton interpreter, where its stand-in runs (nvfp4_conformance.sizing)",
     )
     run = ConformanceRun(certificate_path=config.getoption("nvfp4_certificate"))
     config.stash[RUN_KEY] = run
@@ -169,7 +174,7 @@ def _resolve(run: ConformanceRun, config: pytest.Config) -> None:
     except Exception as exc:  # availability() must not raise; say so rather than crash
         device = f"unknown (availability() raised {type(exc).__name__})"
     run.extra["backend_device"] = device
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if sizing.interpreting():
         device = "Triton interpreter on CPU"
     run.extra["emulation"] = emulation.detect()
     under = emulation.describe(run.extra["emulation"])
@@ -226,6 +231,14 @@ def pytest_collection_modifyitems(
             items[:] = [i for i in items if id(i) not in keep]
             config.hook.pytest_deselected(items=dropped)
             conformance = [i for i in conformance if id(i) not in keep]
+    if sizing.interpreting():
+        # GPU-sized cases: their stand-ins run instead; the certificate says which
+        big = [i for i in conformance if i.get_closest_marker(sizing.MARKER)]
+        if big:
+            keep = set(map(id, big))
+            items[:] = [i for i in items if id(i) not in keep]
+            config.hook.pytest_deselected(items=big)
+            conformance = [i for i in conformance if id(i) not in keep]
     from nvfp4.backend import CAPABILITIES
 
     declared = run.declared_capabilities
@@ -273,16 +286,18 @@ def pytest_deselected(items: list[pytest.Item]) -> None:
             run.deselected += 1
             run.outcomes.pop(key, None)
             tier = tier_of(key)
-            reason = _left_out_reason(run, tier, item.config)
+            reason = _left_out_reason(run, tier, item)
             run.left_out[(tier, reason)] = run.left_out.get((tier, reason), 0) + 1
 
 
-def _left_out_reason(run: ConformanceRun, tier: str, config: pytest.Config) -> str:
-    """Why a deselected conformance test of ``tier`` did not run, in the certificate's words."""
+def _left_out_reason(run: ConformanceRun, tier: str, item: pytest.Item) -> str:
+    """Why a deselected conformance test ``item`` of ``tier`` did not run, in the
+    certificate's words."""
     if run.tiers_selected is None or tier in run.tiers_selected:
-        return "deselected by pytest options (-k, -m or --deselect)"
-    reason = f"not selected: --nvfp4-tiers {config.getoption('nvfp4_tiers')}"
-    if tier == "T6" and os.environ.get("TRITON_INTERPRET") == "1":
+        sized = sizing.left_out_reason(item)  # a GPU-sized case under the interpreter
+        return sized or "deselected by pytest options (-k, -m or --deselect)"
+    reason = f"not selected: --nvfp4-tiers {item.config.getoption('nvfp4_tiers')}"
+    if tier == "T6" and sizing.interpreting():
         # the nox sessions leave T6 out under the interpreter; the certificate says why
         reason += (
             " (Triton interpreter on CPU: T6's 160 greedy decode steps of a 135M-parameter"

@@ -28,6 +28,7 @@ from nvfp4.testing import activations, unrouted_nonfinite_rows
 from nvfp4_conformance.calls import assert_output, call_verb, own_encoding
 from nvfp4_conformance.cases import case_rng, realistic_weight
 from nvfp4_conformance.checks import as_float64, assert_within, error_figures
+from nvfp4_conformance.sizing import matmul_params
 
 DTYPES = list(OUTPUT_DTYPES)
 
@@ -349,7 +350,10 @@ W4A4 = [
 
 @pytest.mark.requires_capability("w4a4")
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("label", "m", "k", "n", "scale"), W4A4, ids=[w[0] for w in W4A4])
+@pytest.mark.parametrize(
+    ("label", "m", "k", "n", "scale"),
+    matmul_params(W4A4, gpu_sized={"M300_K1024_N56"}, labelled=True),
+)
 def test_qmm_w4a4(
     nvfp4_backend: Any,
     nvfp4_record: Any,

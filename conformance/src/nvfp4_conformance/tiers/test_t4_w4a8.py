@@ -24,12 +24,15 @@ from nvfp4.testing import activations, relative_error
 from nvfp4_conformance.calls import assert_output, call_verb, own_encoding
 from nvfp4_conformance.cases import case_rng, realistic_weight
 from nvfp4_conformance.checks import as_float64, assert_within, error_figures
+from nvfp4_conformance.sizing import matmul_params
 
 pytestmark = pytest.mark.min_spec("1.1")
 
 DTYPES = list(OUTPUT_DTYPES)
 
 #: (M, K, N), K a multiple of 32; N of 1, 7, 13, 129 (not multiples of 8 or 16) included.
+#: The GPU-sized ones run under the Triton interpreter as their stand-ins
+#: (:mod:`nvfp4_conformance.sizing`).
 SHAPES = [
     (1, 32, 1),
     (1, 4096, 256),
@@ -64,7 +67,9 @@ def _vs_w4a16(ref: npt.NDArray[np.float64], x: npt.NDArray[Any], w: NVFP4Planes)
 # ------------------------------------------------------------------------------ int8
 @pytest.mark.requires_capability("w4a8")
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("m", "k", "n"), SHAPES, ids=[f"M{m}_K{k}_N{n}" for m, k, n in SHAPES])
+@pytest.mark.parametrize(
+    ("m", "k", "n"), matmul_params(SHAPES, gpu_sized={"M1_K4096_N256", "M300_K4096_N56"})
+)
 def test_qmm_w4a8(
     nvfp4_backend: Any, nvfp4_record: Any, nvfp4_tolerance: Any, m: int, k: int, n: int, dtype: str
 ) -> None:
@@ -245,7 +250,10 @@ FP8 = [
 
 @pytest.mark.requires_capability("w4a8_fp8")
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("label", "m", "k", "n", "scale"), FP8, ids=[f[0] for f in FP8])
+@pytest.mark.parametrize(
+    ("label", "m", "k", "n", "scale"),
+    matmul_params(FP8, gpu_sized={"M300_K1024_N56_dynamic"}, labelled=True),
+)
 def test_qmm_w4a8_fp8(
     nvfp4_backend: Any,
     nvfp4_record: Any,
