@@ -8,7 +8,8 @@ padded last rank) records the partition plans in the manifest; every rank equals
 each partition separately and concatenating, byte for byte; ``nvfp4 verify`` says SAME
 and reassembles the fused tensors; ``load_rank`` gives the same pieces from the source
 (reading each partition's rows of the rank only) and from DST; the sharded matmul equals
-the reference within the spec's tolerances; bad input is refused in one line."""
+the reference within the spec's tolerances; a GGUF (super-block alignment) shards the same
+way, each rank's file giving its own head counts; bad input is refused in one line."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from nvfp4.shard_plan import head_plan, shard_plan
 from nvfp4.tolerances import draft_tolerances, tolerance
 from nvfp4_checkpoints import CheckpointError, load_rank, open_checkpoint, write_checkpoint
 from nvfp4_checkpoints.cli import main
-from nvfp4_checkpoints.shard import MANIFEST, shard_checkpoint, verify_sharded
+from nvfp4_checkpoints.shard import MANIFEST, rank_checkpoint, shard_checkpoint, verify_sharded
 from small_models import llama_config
 
 FLAVOURS = ("modelopt", "compressed-tensors", "mlx")
@@ -282,3 +283,30 @@ def test_bad_fused_input_is_refused_in_one_line(
         ["verify", str(src), str(dst)],
         "partitions: expected ['q', 'k', 'v'] by the plan, found ['q', 'k']",
     )
+
+
+@pytest.mark.parametrize(("tp", "align"), [(2, 4), (3, 4), (8, 8)])
+def test_a_gguf_shards_fused_tensors_per_partition(
+    tmp_path: Path, layer: Any, tp: int, align: int
+) -> None:
+    """GGUF (one global a tensor, K in 64-value super-blocks): the same per-partition cut,
+    every rank's file saying the query and KV heads it holds."""
+    pytest.importorskip("gguf")
+    src = write_checkpoint(
+        tmp_path / "layer.gguf",
+        {name: fused(parts, name, "gguf") for name, parts in layer.items()},
+        flavour="gguf",
+        config=config(),
+    )
+    dst = shard_checkpoint(src, tmp_path / "dst", tp=tp, align=align)
+    assert "2 fused tensors reassembled per partition" in verify_sharded(src, dst)
+    want = expected_plans(tp, align)
+    h = head_plan(HEADS, KV_HEADS, HEAD_DIM, tp)
+    for rank in range(tp):
+        with open_checkpoint(rank_checkpoint(dst, rank)) as part:
+            for name, labels in LABELS.items():
+                expect = cut_separately(layer[name], [want[x][rank] for x in labels])
+                assert rows_of(part.planes(name)).tobytes() == expect.tobytes()
+            kv = h.kv[rank]
+            assert part.config["num_attention_heads"] == h.q[rank].size
+            assert part.config["num_key_value_heads"] == kv[1] - kv[0]
