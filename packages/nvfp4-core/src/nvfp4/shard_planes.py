@@ -75,13 +75,27 @@ def _check_plan(planes: NVFP4Planes, plan: ShardPlan) -> None:
             planes.name, "shard plan", "an 'n', 'k' or 'experts' plan (scale a head plan)", "heads"
         )
     _require_size(planes, plan.dim, plan.size, f"{plan.dim} size for plan {plan.name!r}")
+    _refuse_one_row_range(planes, plan)
+
+
+def _refuse_one_row_range(planes: NVFP4Planes, plan: ShardPlan) -> None:
+    """A fused tensor (two partitions or more) is never split as one range of rows."""
+    if plan.dim == "n" and planes.partitions is not None and len(planes.partitions) > 2:
+        raise PlaneError(
+            planes.name,
+            f"rows of a fused tensor (partitions {planes.partitions}) split by one plan "
+            f"{plan.name!r}",
+            "one plan a partition (shard_fused / pad_fused): a fused tensor is never split "
+            "as one range of rows",
+            "one 'n' plan",
+        )
 
 
 def pad_shard(piece: NVFP4Planes, plan: ShardPlan, rank: int) -> NVFP4Planes:
     """``rank``'s shard from ``piece``, the rank's logical range alone (``plan[rank].size``
     rows of an ``"n"`` plan, K columns of a ``"k"`` plan), with the rank's zero padding
-    appended (codes 0, scale bytes 0x00; padded rows join the last partition): what
-    :func:`shard_planes` returns. For a loader that reads only the range from a file
+    appended (codes 0, scale bytes 0x00): what :func:`shard_planes` returns (a fused
+    tensor's piece: :func:`pad_fused`). For a loader that reads only the range from a file
     (nvfp4-checkpoints' rank loading), so both pad by this one rule. An ``"experts"`` plan
     has no padding: the piece is returned as it is.
 
@@ -93,17 +107,16 @@ def pad_shard(piece: NVFP4Planes, plan: ShardPlan, rank: int) -> NVFP4Planes:
     _require_size(
         piece, plan.dim, r.size, f"rank {rank} {plan.dim} size before padding (plan {plan.name!r})"
     )
+    _refuse_one_row_range(piece, plan)
     if not r.padding or plan.dim == "experts":
         return piece
     if plan.dim == "n":
-        parts = piece.partitions
-        if parts is not None:  # the padding joins the last partition
-            parts = (*parts[:-1], parts[-1] + r.padding)
+        parts = piece.partitions  # None, or one partition: it takes the padded rows
         return NVFP4Planes(
             _pad(piece.codes, -2, r.padding),
             _pad(piece.scales, -2, r.padding),
             piece.global_scale,
-            partitions=parts,
+            partitions=None if parts is None else (0, parts[-1] + r.padding),
             name=piece.name,
         )
     return NVFP4Planes(
