@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -290,19 +290,7 @@ def _from_sharded(root: Path, rank: int, world: int, align: int | None) -> RankS
             plans[name] = plan
         whole_plans = {name: _whole(plans[name], rank) for name in names}
         shard = _load(ck, whole_plans, 0, 1, stated_align, ck.config)
-    return RankShard(
-        path=shard.path,
-        flavour=shard.flavour,
-        rank=rank,
-        world=world,
-        align=stated_align,
-        config=shard.config,
-        plans=plans,
-        planes=shard.planes,
-        input_scales=shard.input_scales,
-        tensors=shard.tensors,
-        bytes_read=shard.bytes_read,
-    )
+    return replace(shard, rank=rank, world=world, align=stated_align, plans=plans)
 
 
 def _whole(plan: AnyPlan, rank: int) -> AnyPlan:
