@@ -173,17 +173,16 @@ def build_model(golden: dict[str, Any], folder: Path) -> T6Model:
         raise T6ModelUnavailable(
             f"SmolLM2-135M-Instruct could not be loaded: {type(exc).__name__}: {exc}"
         ) from None
-    q = smollm2.quantize_model(fp32)
-    fingerprint = smollm2.planes_fingerprint(q.planes, q.tensors)
     want = golden["model"]["quantized_model_sha256"]
-    if fingerprint != want:
-        raise T6ModelUnavailable(
-            f"the NVFP4 model built here (sha256 {fingerprint}) is not the one the golden "
-            f"tokens were made from ({want}): the GGUF, transformers' GGUF loader or the "
-            f"reference encoder changed; regenerate with conformance/scripts/make_t6_golden.py"
+    try:
+        ckpt = smollm2.write_checked_checkpoint(
+            fp32, want, folder / CHECKPOINT_DIR, source=GOLDEN_RESOURCE
         )
-    ckpt = smollm2.write_nvfp4_checkpoint(q, folder / CHECKPOINT_DIR)
-    return T6Model(fp32, ckpt, fingerprint, time.time() - t0)
+    except smollm2.FingerprintMismatch as exc:
+        raise T6ModelUnavailable(
+            f"{exc}; regenerate with conformance/scripts/make_t6_golden.py"
+        ) from None
+    return T6Model(fp32, ckpt, want, time.time() - t0)
 
 
 def cached_checkpoint(golden: dict[str, Any], folder: Path) -> Path | None:

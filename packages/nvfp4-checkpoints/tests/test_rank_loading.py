@@ -17,9 +17,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 from nvfp4 import quantize
+from nvfp4.fused_plan import FusedPlan
 from nvfp4.fusion import fuse
 from nvfp4.planes import NVFP4Planes
-from nvfp4.shard_planes import shard_planes
+from nvfp4.shard_planes import shard_fused, shard_planes
 from nvfp4_checkpoints import (
     CheckpointError,
     RankShard,
@@ -29,6 +30,7 @@ from nvfp4_checkpoints import (
 )
 from nvfp4_checkpoints.safetensors_io import read_header
 from nvfp4_checkpoints.shard import MANIFEST, plan_for, shard_checkpoint
+from nvfp4_checkpoints.shard_layout import recorded_partitions
 from small_models import llama_config
 
 FLAVOURS = ("modelopt", "compressed-tensors", "mlx")
@@ -100,9 +102,13 @@ def assert_rank_is_the_shard(shard: RankShard, src: Path, align: int = 1) -> Non
         assert sorted(shard.planes) == sorted(ck.quantized_names())
         for name in ck.quantized_names():
             n, k = ck.plane_shape(name).shape[-2:]
-            plan = plan_for(name, n, k, shard.world, align, ck.config)
+            bounds = recorded_partitions(ck, name)
+            plan = plan_for(name, n, k, shard.world, align, ck.config, bounds)
             assert shard.plans[name] == plan
-            want = shard_planes(ck.planes(name), plan, shard.rank)
+            if isinstance(plan, FusedPlan):
+                want = shard_fused(ck.planes(name), plan, shard.rank)
+            else:
+                want = shard_planes(ck.planes(name), plan, shard.rank)
             assert_same_planes(shard.planes[name], want, f"{name} rank {shard.rank}")
             assert shard.input_scales.get(name) == ck.input_scale(name)
         assert sorted(shard.tensors) == sorted(ck.tensor_names())
@@ -155,9 +161,12 @@ def test_alignment_padding_is_zero_and_equal_to_shard_planes(
         assert_rank_is_the_shard(load_rank(src, rank, 8, align=8), src, align=8)
 
 
-def test_a_fused_mlx_tensor_keeps_the_partitions_of_its_rows(tmp_path: Path) -> None:
+def test_a_fused_mlx_tensor_is_read_per_partition(tmp_path: Path) -> None:
+    """q/k/v fused (4 heads, 2 KV heads of 16): every rank reads its rows of each partition
+    (the KV heads split at 2 ranks, replicated at 3 and 4) and keeps every partition's
+    global; its bounds are its own pieces'."""
     rng = np.random.default_rng(3)
-    parts = [quantize(rng.standard_normal((r, 64), dtype=np.float32)) for r in (48, 16, 16)]
+    parts = [quantize(rng.standard_normal((r, 64), dtype=np.float32)) for r in (64, 32, 32)]
     name = LAYER + "self_attn.qkv_proj"
     src = write_checkpoint(
         tmp_path / "fused",
@@ -165,10 +174,15 @@ def test_a_fused_mlx_tensor_keeps_the_partitions_of_its_rows(tmp_path: Path) -> 
         flavour="mlx",
         config=llama_config(),
     )
-    for world in (2, 3, 8):  # rows cut inside and at partition bounds
+    kv_rows = {2: [16, 16], 3: [16, 16, 16], 4: [16, 16, 16, 16]}
+    for world in (2, 3, 4):
         for rank in range(world):
             shard = load_rank(src, rank, world)
-            assert shard.planes[name].partitions is not None
+            plan = shard.plans[name]
+            assert isinstance(plan, FusedPlan)
+            q = plan[0][rank].size
+            assert shard.planes[name].partitions == (0, q, q + kv_rows[world][rank], q + 32)
+            assert shard.planes[name].global_scale.shape == (3,)
             assert_rank_is_the_shard(shard, src)
 
 

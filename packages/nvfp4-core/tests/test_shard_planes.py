@@ -121,9 +121,18 @@ def test_fused_gate_up_takes_the_down_projection_split() -> None:
             dequantize(s)[size:], dequantize(up)[down_k[r].start : down_k[r].stop]
         )
     assert same_bits(reassemble_fused(shards, [col, col]), gate_up)
-    rows = shard_plan(2 * 1856, 8, dim="n")  # a plain row split of the fused tensor
-    with pytest.raises(PlaneError, match="fused ones"):
-        reassemble([shard_planes(gate_up, rows, r) for r in range(8)], rows)
+    rows = shard_plan(2 * 1856, 8, dim="n", name="rows")  # one row range of the fused tensor
+    with pytest.raises(
+        PlaneError,
+        match=r"tensor 'gate_up': rows of a fused tensor \(partitions \(0, 1856, 3712\)\) split "
+        r"by one plan 'rows': expected one plan a partition",
+    ):
+        shard_planes(gate_up, rows, 0)
+    piece = gate_up.replace(
+        codes=gate_up.codes[:464], scales=gate_up.scales[:464], partitions=(0, 232, 464)
+    )
+    with pytest.raises(PlaneError, match="never split as one range of rows"):
+        pad_shard(piece, rows, 0)
 
 
 def test_fused_qkv_follows_the_head_plan_at_tp2() -> None:

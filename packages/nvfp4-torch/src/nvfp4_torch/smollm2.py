@@ -41,6 +41,7 @@ __all__ = [
     "CACHE_ENV",
     "PROJECTIONS",
     "SHARED_GLOBALS",
+    "FingerprintMismatch",
     "QuantizedModel",
     "example_checkpoint",
     "gguf_file",
@@ -48,6 +49,7 @@ __all__ = [
     "load_tokenizer",
     "planes_fingerprint",
     "quantize_model",
+    "write_checked_checkpoint",
     "write_nvfp4_checkpoint",
 ]
 
@@ -268,6 +270,34 @@ def write_nvfp4_checkpoint(
         tokenizer=gguf_file(),
         force=force,
     )
+
+
+class FingerprintMismatch(ValueError):
+    """The model quantized here is not the one a golden file's sha256 names."""
+
+    def __init__(self, source: str, expected: str, found: str) -> None:
+        self.source, self.expected, self.found = source, expected, found
+        super().__init__(
+            f"{source}: quantized_model_sha256 is {expected}, the model built here is {found}: "
+            f"the GGUF, transformers' GGUF loader or the reference encoder changed"
+        )
+
+
+def write_checked_checkpoint(
+    model: Any, expected_sha256: str, dst: str | os.PathLike[str], *, source: str
+) -> Path:
+    """Quantize ``model`` (:func:`quantize_model`), require its :func:`planes_fingerprint`
+    to be ``expected_sha256`` (the ``quantized_model_sha256`` of the file ``source``) and
+    write it as a ModelOpt checkpoint at ``dst`` (:func:`write_nvfp4_checkpoint`).
+
+    Raises:
+        FingerprintMismatch: the quantized model is not the one ``source`` names.
+    """
+    q = quantize_model(model)
+    found = planes_fingerprint(q.planes, q.tensors)
+    if found != expected_sha256:
+        raise FingerprintMismatch(source, expected_sha256, found)
+    return write_nvfp4_checkpoint(q, dst)
 
 
 def example_checkpoint(dst: str | os.PathLike[str], flavour: str) -> Path:

@@ -50,17 +50,15 @@ def golden_reference(prompt: dict[str, Any], mode: str) -> dict[str, Any]:
 def build_checkpoint(golden: dict[str, Any], dst: Path) -> Path:
     """The T6 model as a ModelOpt checkpoint at ``dst``; a clear error when the model built
     here is not the one the golden tokens were made from."""
+    from nvfp4_conformance import T6_GOLDEN_RESOURCE
     from nvfp4_torch import smollm2
 
-    q = smollm2.quantize_model(smollm2.load_float32_model())
-    fingerprint = smollm2.planes_fingerprint(q.planes, q.tensors)
-    want = golden["model"]["quantized_model_sha256"]
-    if fingerprint != want:
-        raise RuntimeError(
-            f"t6_golden.json: quantized_model_sha256 is {want}, the model built here is "
-            f"{fingerprint}: the GGUF, transformers' GGUF loader or the reference encoder changed"
-        )
-    return smollm2.write_nvfp4_checkpoint(q, dst)
+    return smollm2.write_checked_checkpoint(
+        smollm2.load_float32_model(),
+        golden["model"]["quantized_model_sha256"],
+        dst,
+        source=T6_GOLDEN_RESOURCE,
+    )
 
 
 def convert(checkpoint: Path, engine: Engine, workdir: Path) -> Path:
