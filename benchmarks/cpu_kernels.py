@@ -1325,7 +1325,7 @@ def markdown(data: dict[str, Any], png: str | None) -> str:
         "# CPU NVFP4 kernels: nvfp4-cpu against every other CPU path, one process",
         "",
         "Produced by `benchmarks/cpu_kernels.py` (raw figures: "
-        f"`benchmarks/results/{'cpu_kernels_quick' if data['quick'] else 'cpu_kernels'}.json`). "
+        f"`benchmarks/results/{data.get('stem') or ('cpu_kernels_quick' if data['quick'] else 'cpu_kernels')}.json`). "
         "Every arm ran in the same process with the same thread cap (but `torch_f32_avx2`, whose "
         "AVX2 cap is fixed when torch loads: a child process with the same cap, asked for each "
         "call in turn, timing it itself). The arms of one (shape, M) "
@@ -1487,6 +1487,8 @@ def main() -> None:
     if args.render:
         add_best_ratios(data)
     suffix = ("_quick" if data["quick"] else "") + (f"_{args.tag}" if args.tag else "")
+    if not args.render:
+        data["stem"] = f"cpu_kernels{suffix}"  # the files this run's summary names
     res_dir = ROOT / "benchmarks" / "results"
     doc_dir = ROOT / "docs" / "benchmark_results"
     res_dir.mkdir(parents=True, exist_ok=True)
