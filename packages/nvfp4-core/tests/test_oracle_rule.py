@@ -58,3 +58,25 @@ def test_optional():
     result = pytester.runpytest_subprocess("--strict-markers")
     result.assert_outcomes(skipped=1)
     assert result.ret == pytest.ExitCode.OK
+
+
+def test_a_module_skipped_while_collected_fails_by_name(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a module-level skip leaves a collection report (no keywords): named, not a crash
+    monkeypatch.setenv("NVFP4_REQUIRE_ORACLES", "1")
+    pytester.makeconftest(_CONFTEST)
+    pytester.makepyfile(
+        test_module="""
+import pytest
+
+pytest.importorskip("no_such_module_oracle")
+
+def test_never_collected():
+    assert True
+"""
+    )
+    result = pytester.runpytest_subprocess()
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*forbids skips: test_module.py*no_such_module_oracle*"])
+    assert "AttributeError" not in result.stdout.str() + result.stderr.str()
