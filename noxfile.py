@@ -3,7 +3,8 @@
 Sessions:
 
 * ``tests``            - every package's own tests, one fresh environment per package
-                          (``tests(package='nvfp4-core')``, ...), oracles installed and required;
+                          (``package-tests(package='nvfp4-core')``, ...), oracles installed and
+                          required; two package sessions at a time (``.ci/lanes.py``);
 * ``lint``             - ruff check + ruff format --check over the whole tree;
 * ``typecheck``        - mypy, strict on nvfp4-core, nvfp4-checkpoints and nvfp4-torch;
 * ``conformance-<hw>`` - certify one backend: build the wheels, install core + that backend +
@@ -57,6 +58,7 @@ from packaging.requirements import Requirement
 
 sys.path.insert(0, str(Path(__file__).parent / ".ci"))
 import install_targets as targets
+import lanes
 
 nox.needs_version = ">=2024.4.15"
 #: uv creates the environments and installs (about 10x faster than pip on 2 cores: figures in
@@ -296,9 +298,65 @@ def _fuzz_examples() -> dict[str, str]:
     return {"NVFP4_FUZZ_EXAMPLES": FUZZ_EXAMPLES["full" if _full_run() else "quick"]}
 
 
-@nox.session
+#: Seconds each package's test session took in the gate (a fresh clone on 2 cores, AMD EPYC
+#: Zen 4, docs/ci/timings.md): ``nox -s tests`` starts them longest first.
+EXPECTED_TEST_SECONDS = {
+    "nvfp4-torch": 317,
+    "nvfp4-checkpoints": 118,
+    "nvfp4-conformance": 111,
+    "nvfp4-metal": 106,
+    "nvfp4-cuda": 92,
+    "repository": 64,
+    "nvfp4-rocm": 63,
+    "nvfp4-core": 42,
+    "nvfp4-cpu": 40,
+    "nvfp4-triton": 27,
+    "nvfp4-engines": 13,
+}
+
+
+def package_session(package: str) -> str:
+    """The name of ``package``'s test session."""
+    return f"package-tests(package={package!r})"
+
+
+@nox.session(venv_backend="none")
+def tests(session: nox.Session) -> None:
+    """Every package's tests: each package's session (``package-tests(package=...)``) in its
+    own nox process, :func:`lanes.lane_count` at a time, longest first (``.ci/lanes.py``);
+    every line of theirs printed as it comes, prefixed with the package. Arguments after
+    ``--`` go to each package's pytest."""
+    try:
+        count = lanes.lane_count()
+    except ValueError as exc:
+        session.error(str(exc))
+    names = lanes.longest_first(list(PACKAGES), EXPECTED_TEST_SECONDS)
+    session.log(f"{len(names)} test sessions, {count} at a time: {', '.join(names)}")
+    nox_command = [sys.executable, "-m", "nox", "-f", str(ROOT / "noxfile.py")]
+    commands = [
+        (
+            name,
+            [
+                *nox_command,
+                *("-s", package_session(name)),
+                *(["--", *session.posargs] if session.posargs else []),
+            ],
+        )
+        for name in names
+    ]
+    status = lanes.run_lanes(commands, count, env=os.environ, cwd=str(ROOT))
+    failed = [name for name, code in status.items() if code != 0]
+    session.log(
+        "test sessions: "
+        + ", ".join(f"{n} {'ok' if c == 0 else f'exit {c}'}" for n, c in status.items())
+    )
+    if failed:
+        session.error(f"{len(failed)} of {len(status)} test sessions failed: {', '.join(failed)}")
+
+
+@nox.session(name="package-tests")
 @nox.parametrize("package", list(PACKAGES))
-def tests(session: nox.Session, package: str) -> None:
+def package_tests(session: nox.Session, package: str) -> None:
     """One package's tests in a fresh environment, with every oracle installed and required."""
     path = PACKAGES[package]
     chosen = _plan(session)  # the tests run here: the Triton packages under the interpreter

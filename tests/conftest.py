@@ -1,5 +1,5 @@
 """Tests of the repository itself (install targets, CI workflows): run by
-``nox -s "tests(package='repository')"``. They need PyPI's metadata (no GPU, no large download)."""
+``nox -s "package-tests(package='repository')"``. They need PyPI's metadata (no GPU, no large download)."""
 
 from __future__ import annotations
 

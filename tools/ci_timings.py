@@ -10,7 +10,10 @@ Two modes:
     Read such a log and print a Markdown table of every nox session (seconds, and the
     pytest counts of its last summary line), with the totals of README's test command (every
     session but the conformance ones) and of the main job (the conformance sessions); with
-    ``--json``, write the same figures and this machine's CPU model and core count.
+    ``--json``, write the same figures and this machine's CPU model and core count. Sessions
+    that ran in a lane inside another (``nox -s tests`` runs each package's test session so,
+    its lines prefixed ``[package] ``) are listed with their own times, which overlap: the
+    totals count their parent's wall time.
 
 The figures README quotes come from the JSON ``docs/ci/timings.json`` (a repository test
 checks them).
@@ -33,12 +36,19 @@ _COUNTS = re.compile(r"\b(\d+) (passed|failed|skipped|errors?|deselected)\b")
 _PYTEST_SUMMARY = re.compile(r"\b\d+ passed\b.* in [\d.]+s")
 
 
+#: A line printed by a session running inside another (``.ci/lanes.py``): ``[label] text``.
+_LANE = re.compile(r"^\[([^\]]+)\] (.*)$")
+
+
 @dataclass
 class Session:
     name: str
     seconds: int = 0
     outcome: str = "unfinished"
     counts: dict[str, int] = field(default_factory=dict)
+    #: the label of the lane it ran in (inside ``nox -s tests``), or "" for a top-level one;
+    #: a session in a lane runs beside others, so its time is part of its parent's
+    lane: str = ""
 
 
 def stamp() -> int:
@@ -49,9 +59,12 @@ def stamp() -> int:
 
 
 def parse(lines: list[str]) -> list[Session]:
-    """The sessions of a stamped log, in order (a day boundary is crossed at most once)."""
+    """The sessions of a stamped log, in order (a day boundary is crossed at most once).
+    Lines prefixed ``[label] `` belong to a session running in a lane beside others: their
+    session and pytest counts are kept apart by label."""
     sessions: list[Session] = []
-    open_at: dict[str, int] = {}
+    open_at: dict[tuple[str, str], int] = {}
+    current: dict[str, Session] = {}  # lane label -> its latest session
     last = 0
     offset = 0
     for line in lines:
@@ -64,18 +77,22 @@ def parse(lines: list[str]) -> list[Session]:
             offset += 86400
             now += 86400
         last = now
+        lane = ""
+        if in_lane := _LANE.match(text):
+            lane, text = in_lane[1], in_lane[2]
         if start := _START.search(text):
-            open_at[start[1]] = now
-            sessions.append(Session(start[1]))
+            open_at[(lane, start[1])] = now
+            current[lane] = Session(start[1], lane=lane)
+            sessions.append(current[lane])
         elif end := _END.search(text):
             name = end[1]
             for sess in reversed(sessions):
-                if sess.name == name and sess.outcome == "unfinished":
-                    sess.seconds = now - open_at.get(name, now)
+                if sess.name == name and sess.lane == lane and sess.outcome == "unfinished":
+                    sess.seconds = now - open_at.get((lane, name), now)
                     sess.outcome = end[2].replace("was ", "")
                     break
-        elif _PYTEST_SUMMARY.search(text) and sessions:
-            sessions[-1].counts = {
+        elif _PYTEST_SUMMARY.search(text) and lane in current:
+            current[lane].counts = {
                 k.rstrip("s") if k.startswith("error") else k: int(n)
                 for n, k in _COUNTS.findall(text)
             }
@@ -97,8 +114,9 @@ def cpu_model() -> str:
 
 
 def figures(sessions: list[Session]) -> dict:
-    tests = sum(s.seconds for s in sessions if not is_main_job(s.name))
-    main = sum(s.seconds for s in sessions if is_main_job(s.name))
+    top = [s for s in sessions if not s.lane]  # a lane's time is inside its parent's
+    tests = sum(s.seconds for s in top if not is_main_job(s.name))
+    main = sum(s.seconds for s in top if is_main_job(s.name))
     return {
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count()},
         "sessions": [asdict(s) for s in sessions],
@@ -112,7 +130,8 @@ def markdown(data: dict) -> str:
     rows = ["| session | wall time | tests | outcome |", "|---|--:|---|---|"]
     for s in data["sessions"]:
         counts = ", ".join(f"{n} {k}" for k, n in s["counts"].items()) or "-"
-        rows.append(f"| `{s['name']}` | {_clock(s['seconds'])} | {counts} | {s['outcome']} |")
+        name = f"`{s['name']}`" + (" (in a lane)" if s.get("lane") else "")
+        rows.append(f"| {name} | {_clock(s['seconds'])} | {counts} | {s['outcome']} |")
     rows.append(f"| **README's test command** | **{_clock(data['test_command_seconds'])}** | | |")
     rows.append(f"| **the main job (conformance)** | **{_clock(data['main_job_seconds'])}** | | |")
     rows.append(f"| **`.ci/run` in all** | **{_clock(data['total_seconds'])}** | | |")

@@ -114,3 +114,43 @@ def test_write_checked_checkpoint_requires_the_named_sha256(tmp_path: Path) -> N
     assert not (tmp_path / "bad").exists()
     path = smollm2.write_checked_checkpoint(model, found, tmp_path / "ok", source="g.json")
     assert (path / "config.json").is_file()
+
+
+def test_sessions_side_by_side_read_the_gguf_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two loaders missing the cache at once (test sessions run in lanes): the first writes
+    the file under the lock, the second waits and loads it; the GGUF is read once."""
+    import threading
+    import time
+
+    from tiny_models import tiny_model
+
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF stand-in")
+    monkeypatch.setattr(smollm2, "gguf_file", lambda: gguf)
+    monkeypatch.setenv(smollm2.CACHE_ENV, str(tmp_path / "cache"))
+    reads: list[Path] = []
+
+    def slow_read(path: Path) -> Any:
+        reads.append(path)
+        time.sleep(1.0)  # the other loader arrives while this one reads
+        return tiny_model("llama", seed=5).eval()
+
+    monkeypatch.setattr(smollm2, "_float32_from_gguf", slow_read)
+    models: list[Any] = []
+    threads = [
+        threading.Thread(target=lambda: models.append(smollm2.load_float32_model()))
+        for _ in range(2)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert reads == [gguf]
+    assert len(models) == 2
+    a, b = (m.state_dict() for m in models)  # one as read, one from the file
+    assert sorted(a) == sorted(b)
+    assert all(torch.equal(a[name], b[name]) for name in a)
+    (cached,) = [p for p in (tmp_path / "cache").iterdir() if p.suffix == ".safetensors"]
+    assert cached == smollm2.float32_cache_file(tmp_path / "cache", gguf)
