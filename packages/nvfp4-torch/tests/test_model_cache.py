@@ -154,3 +154,60 @@ def test_sessions_side_by_side_read_the_gguf_once(
     assert all(torch.equal(a[name], b[name]) for name in a)
     (cached,) = (tmp_path / "cache").glob("*.safetensors")
     assert cached == smollm2.float32_cache_file(tmp_path / "cache", gguf)
+
+
+def test_the_gguf_hash_is_remembered_by_path_and_stat(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"first")
+    cache = tmp_path / "cache"
+    first = smollm2.gguf_sha256(gguf, cache)
+    assert first == smollm2.file_sha256(gguf)
+    hashed: list[Path] = []
+    real = smollm2.file_sha256
+    monkeypatch.setattr(smollm2, "file_sha256", lambda p: hashed.append(p) or real(p))
+    assert smollm2.gguf_sha256(gguf, cache) == first
+    assert hashed == []  # remembered
+    gguf.write_bytes(b"other")  # changed in place: another mtime / ctime
+    assert smollm2.gguf_sha256(gguf, cache) == real(gguf) != first
+    assert hashed == [gguf]
+    # a damaged or foreign memo is ignored (and rewritten), never trusted
+    for text in ("{", "[1, 2]", '{"k": 3}', "\x00"):
+        (cache / smollm2.SHA256_MEMO).write_text(text)
+        assert smollm2.gguf_sha256(gguf, cache) == real(gguf)
+    assert smollm2.gguf_sha256(gguf) == real(gguf)  # no folder: hashed every time
+
+
+def test_a_cached_tokenizer_writes_the_same_checkpoint_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tokenizer folder of the cache gives a checkpoint exactly the files the GGUF gives
+    (names and bytes), and is made once."""
+    from nvfp4_checkpoints.tokenizer import hf_tokenizer_from_gguf, output_tokenizer
+
+    monkeypatch.delenv(smollm2.CACHE_ENV, raising=False)
+    assert smollm2.tokenizer_source() == smollm2.gguf_file()
+    monkeypatch.setenv(smollm2.CACHE_ENV, str(tmp_path / "cache"))
+    folder = smollm2.tokenizer_source()
+    assert folder.is_dir()
+    assert folder.parent == tmp_path / "cache"
+    direct, copied = tmp_path / "direct", tmp_path / "copied"
+    direct.mkdir()
+    copied.mkdir()
+    hf_tokenizer_from_gguf(smollm2.gguf_file(), direct)
+
+    class Given:  # what write_checkpoint hands output_tokenizer for tokenizer=folder
+        tokenizer_dir = folder
+        origin = None
+
+    assert output_tokenizer(Given(), copied) == []  # type: ignore[arg-type]
+    names = sorted(p.name for p in direct.iterdir())
+    assert names == sorted(p.name for p in copied.iterdir())
+    assert "tokenizer.json" in names
+    for name in names:
+        assert (direct / name).read_bytes() == (copied / name).read_bytes(), name
+    monkeypatch.setattr(
+        smollm2, "_exclusive", lambda lock: (_ for _ in ()).throw(AssertionError("rebuilt"))
+    )
+    assert smollm2.tokenizer_source() == folder  # found, not made again

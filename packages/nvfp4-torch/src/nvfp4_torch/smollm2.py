@@ -30,6 +30,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,10 +47,12 @@ __all__ = [
     "QuantizedModel",
     "example_checkpoint",
     "gguf_file",
+    "gguf_sha256",
     "load_float32_model",
     "load_tokenizer",
     "planes_fingerprint",
     "quantize_model",
+    "tokenizer_source",
     "write_checked_checkpoint",
     "write_nvfp4_checkpoint",
 ]
@@ -123,6 +126,42 @@ def _float32_from_gguf(path: Path) -> Any:
     return model.eval()  # type: ignore[no-untyped-call]
 
 
+#: In the cache folder: the GGUF's sha256 by its path and stat (size, mtime, ctime, inode),
+#: so a process does not hash 270 MB again (2.7 s) to find its cached files.
+SHA256_MEMO = "smollm2-gguf-sha256.json"
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def gguf_sha256(gguf: Path, folder: Path | None = None) -> str:
+    """``file_sha256(gguf)``, remembered in ``folder`` (:data:`SHA256_MEMO`) by the file's
+    path and stat: a file changed in place has another mtime or ctime and is hashed again.
+    A memo that is not a JSON object of 64-hex strings is ignored and rewritten."""
+    if folder is None:
+        return file_sha256(gguf)
+    st = gguf.stat()
+    key = f"{gguf.resolve()}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}|{st.st_ino}"
+    memo_file = folder / SHA256_MEMO
+    memo: dict[str, str] = {}
+    try:
+        raw = json.loads(memo_file.read_text(encoding="utf-8")) if memo_file.is_file() else {}
+    except (OSError, ValueError):
+        raw = {}
+    if isinstance(raw, dict):
+        memo = {k: v for k, v in raw.items() if isinstance(v, str) and _SHA256.fullmatch(v)}
+    if key in memo:
+        return memo[key]
+    digest = file_sha256(gguf)
+    memo[key] = digest
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = memo_file.with_name(f".{memo_file.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(memo, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        os.replace(tmp, memo_file)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return digest
+
+
 def float32_cache_file(folder: Path, gguf: Path) -> Path:
     """The file in ``folder`` holding the float32 weights of ``gguf``, named by a key over
     what decides them: the GGUF's bytes and the transformers and torch releases."""
@@ -130,10 +169,41 @@ def float32_cache_file(folder: Path, gguf: Path) -> Path:
     import transformers
 
     key = hashlib.sha256(
-        f"{file_sha256(gguf)} transformers {transformers.__version__} "
+        f"{gguf_sha256(gguf, folder)} transformers {transformers.__version__} "
         f"torch {torch.__version__}".encode()
     ).hexdigest()[:20]
     return folder / f"smollm2-float32-{key}.safetensors"
+
+
+def tokenizer_source() -> Path:
+    """What a checkpoint of this model takes its tokenizer from (``write_checkpoint``'s
+    ``tokenizer=``): the GGUF, or with :data:`CACHE_ENV` set a folder there holding the
+    Hugging Face tokenizer transformers builds from the GGUF (5-6 s a build), made once under
+    a lock and named by the GGUF's sha256 and the transformers release. A checkpoint given
+    the folder holds the same tokenizer files as one given the GGUF."""
+    path = gguf_file()
+    folder = os.environ.get(CACHE_ENV, "").strip()
+    if not folder:
+        return path
+    import transformers
+    from nvfp4_checkpoints.tokenizer import hf_tokenizer_from_gguf
+
+    cache = Path(folder)
+    key = hashlib.sha256(
+        f"{gguf_sha256(path, cache)} transformers {transformers.__version__}".encode()
+    ).hexdigest()[:20]
+    made = cache / f"smollm2-tokenizer-{key}"
+    if (made / "tokenizer.json").is_file():
+        return made
+    cache.mkdir(parents=True, exist_ok=True)
+    with _exclusive(cache / f".{made.name}.lock"):
+        if not (made / "tokenizer.json").is_file():
+            import tempfile
+
+            with tempfile.TemporaryDirectory(prefix=f".{made.name}.", dir=cache) as tmp:
+                hf_tokenizer_from_gguf(path, Path(tmp) / "tokenizer")
+                os.replace(Path(tmp) / "tokenizer", made)  # whole or absent
+    return made
 
 
 def _float32_from_cache(cached: Path) -> Any | None:
@@ -291,7 +361,7 @@ def write_nvfp4_checkpoint(
         flavour="modelopt",
         tensors=q.tensors,
         config=q.config,
-        tokenizer=gguf_file(),
+        tokenizer=tokenizer_source(),
         force=force,
     )
 
@@ -348,7 +418,7 @@ def example_checkpoint(dst: str | os.PathLike[str], flavour: str) -> Path:
             flavour=flavour,
             tensors=q.tensors,
             config=q.config,
-            tokenizer=gguf_file(),
+            tokenizer=tokenizer_source(),
         )
     parent = Path(os.path.abspath(dst)).parent
     with tempfile.TemporaryDirectory(prefix=".smollm2-example.", dir=parent) as tmp:
