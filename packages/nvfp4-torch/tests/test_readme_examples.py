@@ -23,6 +23,7 @@ copied where a later README runs that command again (:data:`MEMOIZED`).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import re
@@ -174,14 +175,21 @@ class Block:
 FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```[ \t]*$", re.S | re.M)
 
 
+SKIPPED_FOLDERS = {"node_modules", "build", "dist", "__pycache__"}
+
+
+@functools.cache
 def documents() -> list[Path]:
-    """Every README.md of the repository (outside hidden and build folders) and docs/*.md."""
-    skip = {"node_modules", "build", "dist", "__pycache__"}
-    found = [
-        p
-        for p in ROOT.rglob("README.md")
-        if not any(part.startswith(".") or part in skip for part in p.relative_to(ROOT).parts)
-    ]
+    """Every README.md of the repository (outside hidden and build folders) and docs/*.md.
+    The walk never enters a hidden folder: ``.nox`` holds the environments of the test
+    sessions running beside this one, created and removed while it walks."""
+    found = []
+    for folder, subfolders, files in os.walk(ROOT):
+        subfolders[:] = sorted(
+            d for d in subfolders if not d.startswith(".") and d not in SKIPPED_FOLDERS
+        )
+        if "README.md" in files:
+            found.append(Path(folder) / "README.md")
     return sorted(set(found) | set((ROOT / "docs").glob("*.md")))
 
 
