@@ -496,12 +496,16 @@ def build(session: nox.Session) -> None:
     raw = Path(session.create_tmp()) / "raw"
     machine = _host_machine()
     python = str(Path(session.bin) / "python")
+    jobs = []
     for name, path in local.items():
         out, env = dist, {}
         if name == "nvfp4-cpu":  # the compiled library: built against the older glibc
             out, env = raw, {"CC": zig_cc(python, machine)}
             session.log(f"nvfp4-cpu: CC={env['CC']}")
-        session.run("python", "-m", "build", "--no-isolation", "-o", str(out), str(path), env=env)
+        jobs.append(
+            (name, [python, "-m", "build", "--no-isolation", "-o", str(out), str(path)], env)
+        )
+    _run_side_by_side(session, jobs)
     wheels = sorted(raw.glob("*.whl"))
     if len(wheels) != 1:
         session.error(f"expected one nvfp4-cpu wheel; found {[w.name for w in wheels]}")
@@ -551,6 +555,48 @@ def build(session: nox.Session) -> None:
         shutil.rmtree(venv)  # ours, in the session's temporary folder: keeps .nox/ small
     _one_backend_one_command(session, chosen, venvs / "one-command")
     _discard_venv(session)
+
+
+def _run_side_by_side(
+    session: nox.Session, jobs: list[tuple[str, list[str], dict[str, str]]]
+) -> None:
+    """Run each ``(label, argv, env)`` in this session's environment, one per core at a
+    time (each ``python -m build`` is one process on one core: 9 packages took 50 s one
+    after another); each one's output is logged when it ends, and the first failure
+    stops the session with its output."""
+    import subprocess
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    path = os.pathsep.join([str(session.bin), os.environ.get("PATH", "")])
+
+    def run(job: tuple[str, list[str], dict[str, str]]) -> tuple[str, int, str, float]:
+        label, argv, env = job
+        start = time.monotonic()
+        proc = subprocess.run(
+            argv,
+            env={
+                **os.environ,
+                "PATH": path,
+                "VIRTUAL_ENV": str(session.virtualenv.location),
+                **env,
+            },
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+        )
+        return label, proc.returncode, proc.stdout, time.monotonic() - start
+
+    for job in jobs:
+        session.log(shlex.join(job[1]))
+    with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+        results = list(pool.map(run, jobs))
+    for label, code, output, seconds in results:
+        last = output.strip().splitlines()[-1:] or [""]
+        session.log(f"{label}: exit {code} in {seconds:.1f} s: {last[0]}")
+        if code != 0:
+            session.error(f"{label} failed (exit {code}):\n{output[-4000:]}")
 
 
 #: README's single command that installs one backend with its core from the clone.

@@ -29,8 +29,9 @@ CHECKPOINTS_TESTS = Path(__file__).resolve().parents[2] / "nvfp4-checkpoints" / 
 
 #: The backend of the tests about the command itself (the chat template, the reply, the
 #: forwards, the flavours, the stop): nvfp4-cpu, certified on T6 to give the golden tokens,
-#: at a tenth of the float64 reference's time. The golden-token and lean-decoder tests below
-#: keep the reference backend, the one the golden tokens were made with.
+#: at a tenth of the float64 reference's time, and the lean-vs-transformers comparison. The
+#: golden-token test below keeps the reference backend, the one the golden tokens were made
+#: with.
 COMMAND_BACKEND = "cpu"
 
 
@@ -284,14 +285,15 @@ def test_lean_decoder_is_the_transformers_forward_on_smollm2(smollm2_checkpoint:
     """On the T6 model and every golden prompt, the lean decoder's first greedy steps have
     the transformers forward's logits bit for bit (fused products), hence the golden tokens.
     Ten steps cover what the two decoders could disagree on (the prefill, the cached steps,
-    the positions past the prompt) at a quarter of the 40 steps' cost on the float64
-    reference; the CLI test above runs the lean decoder for 20 golden tokens, and T6 runs
-    all 40 of every prompt."""
+    the positions past the prompt) at a quarter of the 40 steps' cost; both decoders call
+    the same backend (nvfp4-cpu, certified on every golden token: a fifth of the float64
+    reference's time) with the same operands. The CLI test above runs the lean decoder for
+    20 golden tokens on the reference, and T6 runs all 40 of every prompt."""
     import nvfp4
     from nvfp4_torch import decode, loader
     from nvfp4_torch.lean_decoder import LeanDecoder
 
-    loaded = loader.load_model(smollm2_checkpoint, nvfp4.get_backend("reference"), fuse=True)
+    loaded = loader.load_model(smollm2_checkpoint, nvfp4.get_backend(COMMAND_BACKEND), fuse=True)
     golden = load_t6_golden()
     lean = LeanDecoder(loaded.model, 256)
     for p in golden["prompts"]:

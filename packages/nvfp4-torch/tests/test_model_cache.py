@@ -46,13 +46,30 @@ def test_without_the_variable_nothing_is_written(
     assert list(tmp_path.iterdir()) == []
 
 
-def test_the_cached_model_is_the_gguf_model_bit_for_bit(
+def _float32_tiny(seed: int) -> Any:
+    """A tiny llama whose config records float32, as transformers' GGUF reading gives."""
+    from tiny_models import tiny_model
+
+    model = tiny_model("llama", seed=seed)
+    model.config.dtype = torch.float32
+    return model
+
+
+def test_the_cached_model_is_the_read_model_bit_for_bit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The file is written only once it reads back as the model transformers read from the
+    GGUF (:func:`smollm2.differences`: weights, config, tied head), then loaded instead of
+    the GGUF. The real GGUF goes through the same check whenever a fresh cache is made (every
+    CI run makes one); here a tiny model stands in for transformers' reading."""
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF stand-in")
+    monkeypatch.setattr(smollm2, "gguf_file", lambda: gguf)
     monkeypatch.setenv(smollm2.CACHE_ENV, str(tmp_path / "cache"))
-    from_gguf = smollm2.load_float32_model()  # reads the GGUF and writes the file
+    monkeypatch.setattr(smollm2, "_float32_from_gguf", lambda path: _float32_tiny(7))
+    from_gguf = smollm2.load_float32_model()  # "reads the GGUF" and writes the file
     (cached,) = (tmp_path / "cache").glob("*.safetensors")  # beside it: the writers' lock
-    assert cached == smollm2.float32_cache_file(tmp_path / "cache", smollm2.gguf_file())
+    assert cached == smollm2.float32_cache_file(tmp_path / "cache", gguf)
 
     def no_gguf(path: Path) -> Any:
         raise AssertionError(f"read {path} although {cached.name} holds the model")
@@ -60,12 +77,47 @@ def test_the_cached_model_is_the_gguf_model_bit_for_bit(
     monkeypatch.setattr(smollm2, "_float32_from_gguf", no_gguf)
     second = smollm2.load_float32_model()
     _same_model(from_gguf, second)
-    # and so the quantized model, whose sha256 the T6 golden file records
+    assert smollm2.differences(from_gguf, second) == ""
     fp = [smollm2.quantize_model(m) for m in (from_gguf, second)]
     assert smollm2.planes_fingerprint(fp[0].planes, fp[0].tensors) == smollm2.planes_fingerprint(
         fp[1].planes, fp[1].tensors
     )
-    assert fp[0].config == fp[1].config
+
+
+def test_a_file_that_does_not_read_back_is_not_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer whose file loses a bit: load_float32_model raises naming the file and the
+    weight, and leaves no cache file (the next run reads the GGUF again)."""
+    from safetensors.torch import save_model as real_save
+
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF stand-in")
+    monkeypatch.setattr(smollm2, "gguf_file", lambda: gguf)
+    monkeypatch.setenv(smollm2.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(smollm2, "_float32_from_gguf", lambda path: _float32_tiny(8))
+
+    def lossy_save(model: Any, filename: str, metadata: Any = None) -> None:
+        with torch.no_grad():
+            clone = _float32_tiny(8)
+            clone.model.norm.weight[0] += 1.0
+        real_save(clone, filename, metadata=metadata)
+
+    monkeypatch.setattr("safetensors.torch.save_model", lossy_save)
+    with pytest.raises(RuntimeError, match=r"not written: read back, weight model\.norm\.weight"):
+        smollm2.load_float32_model()
+    assert list((tmp_path / "cache").glob("*.safetensors")) == []
+    assert [p for p in (tmp_path / "cache").iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_differences_names_what_differs() -> None:
+    a, b = _float32_tiny(1), _float32_tiny(1)
+    assert smollm2.differences(a, b) == ""
+    assert smollm2.differences(a, None) == "the file does not load"
+    b.config.rope_theta = 1234.0
+    assert "config keys" in smollm2.differences(a, b)
+    c = _float32_tiny(2)
+    assert smollm2.differences(a, c).startswith("weight ")
 
 
 @pytest.mark.parametrize(
@@ -124,8 +176,6 @@ def test_sessions_side_by_side_read_the_gguf_once(
     import threading
     import time
 
-    from tiny_models import tiny_model
-
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(b"GGUF stand-in")
     monkeypatch.setattr(smollm2, "gguf_file", lambda: gguf)
@@ -135,7 +185,7 @@ def test_sessions_side_by_side_read_the_gguf_once(
     def slow_read(path: Path) -> Any:
         reads.append(path)
         time.sleep(1.0)  # the other loader arrives while this one reads
-        return tiny_model("llama", seed=5).eval()
+        return _float32_tiny(5).eval()
 
     monkeypatch.setattr(smollm2, "_float32_from_gguf", slow_read)
     models: list[Any] = []

@@ -45,6 +45,7 @@ __all__ = [
     "SHARED_GLOBALS",
     "FingerprintMismatch",
     "QuantizedModel",
+    "differences",
     "example_checkpoint",
     "gguf_file",
     "gguf_sha256",
@@ -152,13 +153,20 @@ def gguf_sha256(gguf: Path, folder: Path | None = None) -> str:
         return memo[key]
     digest = file_sha256(gguf)
     memo[key] = digest
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = memo_file.with_name(f".{memo_file.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(memo, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-        os.replace(tmp, memo_file)
-    finally:
-        tmp.unlink(missing_ok=True)
+    import tempfile
+
+    try:  # a memo not written is only a hash done again next time
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f".{memo_file.name}.", suffix=".tmp", dir=folder)
+        tmp = Path(name)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(json.dumps(memo, indent=1, sort_keys=True) + "\n")
+            os.replace(tmp, memo_file)
+        finally:
+            tmp.unlink(missing_ok=True)
+    except OSError:
+        pass
     return digest
 
 
@@ -254,10 +262,41 @@ def load_float32_model() -> Any:
         tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
         try:
             save_model(model, str(tmp), metadata={"config": model.config.to_json_string()})
+            # the file must give back the GGUF's model bit for bit before anyone reads it
+            problem = differences(model, _float32_from_cache(tmp))
+            if problem:
+                raise RuntimeError(f"{cached}: not written: read back, {problem}")
             os.replace(tmp, cached)  # whole or absent, as a reader sees it
         finally:
             tmp.unlink(missing_ok=True)
     return model
+
+
+def differences(model: Any, other: Any | None) -> str:
+    """What differs between two float32 models ("" for none): the class, a weight's name,
+    dtype or bits, the config (but where each was read from), a tied lm_head untied."""
+    import torch
+
+    if other is None:
+        return "the file does not load"
+    if type(model) is not type(other):
+        return f"class {type(other).__name__}, expected {type(model).__name__}"
+    a, b = model.state_dict(), other.state_dict()
+    if sorted(a) != sorted(b):
+        return f"weights {sorted(set(a) ^ set(b))[:4]} on one side only"
+    for name in a:
+        if a[name].dtype != b[name].dtype or not torch.equal(a[name], b[name]):
+            return f"weight {name} differs"
+    ca, cb = model.config.to_dict(), other.config.to_dict()
+    for c in (ca, cb):
+        c.pop("_name_or_path", None)
+    if ca != cb:
+        keys = sorted(k for k in set(ca) | set(cb) if ca.get(k) != cb.get(k))
+        return f"config keys {keys} differ"
+    tied = (m.lm_head.weight is m.model.embed_tokens.weight for m in (model, other))
+    if len(set(tied)) != 1:
+        return "lm_head is tied to the embedding on one side only"
+    return ""
 
 
 @contextlib.contextmanager
