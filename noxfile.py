@@ -251,6 +251,12 @@ PARALLEL_TESTS = (
     "repository",
 )
 TEST_WORKERS = "NVFP4_TEST_WORKERS"
+#: Set by ``nox -s tests`` for the package sessions it runs in lanes: there the other lane
+#: keeps the second core busy, so only the session that sets the lanes' length keeps its
+#: workers (:data:`PARALLEL_IN_LANES`); the others run in one process, which saves each
+#: worker's start (plugins, numpy, torch) and the module fixtures a second worker repeats.
+IN_LANE_ENV = "NVFP4_IN_LANE"
+PARALLEL_IN_LANES = ("nvfp4-torch",)
 
 
 #: Set to 1 for the full run (nightly, before a release) instead of the quick gate.
@@ -283,6 +289,8 @@ SLOWEST_REPORTED = 8
 def _workers(package: str) -> list[str]:
     """pytest-xdist arguments for ``package``'s tests on this machine (none: one process)."""
     if package not in PARALLEL_TESTS:
+        return []
+    if os.environ.get(IN_LANE_ENV) == "1" and package not in PARALLEL_IN_LANES:
         return []
     text = os.environ.get(TEST_WORKERS, "").strip() or str(os.cpu_count() or 1)
     if not text.isdigit() or int(text) < 1:
@@ -344,7 +352,8 @@ def tests(session: nox.Session) -> None:
         )
         for name in names
     ]
-    status = lanes.run_lanes(commands, count, env=os.environ, cwd=str(ROOT))
+    env = {**os.environ, IN_LANE_ENV: "1"} if count > 1 else dict(os.environ)
+    status = lanes.run_lanes(commands, count, env=env, cwd=str(ROOT))
     failed = [name for name, code in status.items() if code != 0]
     session.log(
         "test sessions: "
@@ -502,9 +511,8 @@ def build(session: nox.Session) -> None:
         if name == "nvfp4-cpu":  # the compiled library: built against the older glibc
             out, env = raw, {"CC": zig_cc(python, machine)}
             session.log(f"nvfp4-cpu: CC={env['CC']}")
-        jobs.append(
-            (name, [python, "-m", "build", "--no-isolation", "-o", str(out), str(path)], env)
-        )
+        build = [python, "-m", "build", "--no-isolation", "-o", str(out), str(path)]
+        jobs.append((name, [build], env))
     _run_side_by_side(session, jobs)
     wheels = sorted(raw.glob("*.whl"))
     if len(wheels) != 1:
@@ -517,79 +525,71 @@ def build(session: nox.Session) -> None:
     files = sorted(str(f) for f in dist.iterdir() if f.suffix in (".whl", ".gz"))
     session.run("twine", "check", "--strict", *files)
     venvs = Path(session.create_tmp()) / "venvs"
+    constraints = Path(session.create_tmp()) / "constraints.txt"
+    text = chosen.constraints_text()
+    uv_bin = nox.virtualenv.find_uv()[1] if _uses_uv(session) else None
+    local_torch = _uv_args(chosen) if uv_bin else []
+    text += "".join(f"{r}\n" for r in local_torch[2:])
+    constraints.write_text(text)
+    checks = []
     for name, module in IMPORT_NAMES.items():
-        if name in TRITON_PACKAGES:  # the GPU backends install torch: interpreter mode here
-            extra = ["triton"]
-        else:
-            extra = []
+        # the GPU backends install torch: interpreter mode here
+        extra = ["triton"] if name in TRITON_PACKAGES else []
         venv = venvs / name
         py = str(venv / "bin" / "python")
-        constraints = Path(session.create_tmp()) / "constraints.txt"
-        text = chosen.constraints_text()
-        if _uses_uv(session):  # same resolution as README's pip command, in seconds
-            uv_bin = nox.virtualenv.find_uv()[1]
-            session.run(uv_bin, "venv", "-q", "--clear", str(venv), external=True, silent=True)
-            local_torch = _uv_args(chosen)
-            text += "".join(f"{r}\n" for r in local_torch[2:])
+        if uv_bin:  # same resolution as README's pip command, in seconds
+            create = [uv_bin, "venv", "-q", "--clear", str(venv)]
             installer = [uv_bin, "pip", "install", "--python", py, *local_torch[:2]]
         else:
-            session.run("python", "-m", "venv", "--clear", str(venv), silent=True)
+            create = [python, "-m", "venv", "--clear", str(venv)]
             installer = [py, "-m", "pip", "install"]
-        constraints.write_text(text)
-        session.run(
-            *installer,
-            "-q",
-            "-c",
-            str(constraints),
-            *chosen.index_args,
-            "--find-links",
-            str(dist),
-            name,
-            *extra,
-            external=True,
-        )
+        install = [*installer, "-q", "-c", str(constraints), *chosen.index_args]
+        install += ["--find-links", str(dist), name, *extra]
         code = f"import {module}; print({module!r}, {module}.__version__)"
         if name == "nvfp4-cpu":  # the zig-built library finds this CPU's levels (log)
             code += "; print(nvfp4_cpu.CPUBackend().availability().device)"
-        session.run(py, "-c", code, external=True)
-        shutil.rmtree(venv)  # ours, in the session's temporary folder: keeps .nox/ small
+        checks.append((f"{name} alone", [create, install, [py, "-c", code]], {}))
+    _run_side_by_side(session, checks)
+    for name in IMPORT_NAMES:  # ours, in the session's temporary folder: keeps .nox/ small
+        shutil.rmtree(venvs / name)
     _one_backend_one_command(session, chosen, venvs / "one-command")
     _discard_venv(session)
 
 
 def _run_side_by_side(
-    session: nox.Session, jobs: list[tuple[str, list[str], dict[str, str]]]
+    session: nox.Session, jobs: list[tuple[str, list[list[str]], dict[str, str]]]
 ) -> None:
-    """Run each ``(label, argv, env)`` in this session's environment, one per core at a
-    time (each ``python -m build`` is one process on one core: 9 packages took 50 s one
-    after another); each one's output is logged when it ends, and the first failure
-    stops the session with its output."""
+    """Run each ``(label, commands, env)``, its commands one after another, in this
+    session's environment, one job per core at a time (each ``python -m build`` is one
+    process on one core: 9 packages took 50 s one after another); each job's output is
+    logged when it ends, and a failure stops the session with its output."""
     import subprocess
     import time
     from concurrent.futures import ThreadPoolExecutor
 
     path = os.pathsep.join([str(session.bin), os.environ.get("PATH", "")])
+    base = {**os.environ, "PATH": path, "VIRTUAL_ENV": str(session.virtualenv.location)}
 
-    def run(job: tuple[str, list[str], dict[str, str]]) -> tuple[str, int, str, float]:
-        label, argv, env = job
+    def run(job: tuple[str, list[list[str]], dict[str, str]]) -> tuple[str, int, str, float]:
+        label, commands, env = job
         start = time.monotonic()
-        proc = subprocess.run(
-            argv,
-            env={
-                **os.environ,
-                "PATH": path,
-                "VIRTUAL_ENV": str(session.virtualenv.location),
-                **env,
-            },
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
-        )
-        return label, proc.returncode, proc.stdout, time.monotonic() - start
+        output = ""
+        for argv in commands:
+            proc = subprocess.run(
+                argv,
+                env={**base, **env},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                errors="replace",
+            )
+            output += proc.stdout
+            if proc.returncode != 0:
+                return label, proc.returncode, f"$ {shlex.join(argv)}\n{output}", 0.0
+        return label, 0, output, time.monotonic() - start
 
-    for job in jobs:
-        session.log(shlex.join(job[1]))
+    for label, commands, _ in jobs:
+        session.log(f"{label}: " + " && ".join(shlex.join(c) for c in commands))
     with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
         results = list(pool.map(run, jobs))
     for label, code, output, seconds in results:

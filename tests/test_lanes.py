@@ -87,3 +87,18 @@ def test_the_gate_knows_every_package_and_starts_nvfp4_torch_first() -> None:
     order = lanes.longest_first(list(noxfile.PACKAGES), noxfile.EXPECTED_TEST_SECONDS)
     assert order[0] == "nvfp4-torch"
     assert noxfile.package_session("nvfp4-cpu") == "package-tests(package='nvfp4-cpu')"
+
+
+def test_in_lanes_only_the_longest_session_keeps_its_pytest_workers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(noxfile.os, "cpu_count", lambda: 2)
+    monkeypatch.delenv(noxfile.TEST_WORKERS, raising=False)
+    monkeypatch.delenv(noxfile.IN_LANE_ENV, raising=False)
+    assert noxfile._workers("nvfp4-core") == ["-n", "2", "--dist", "loadfile"]
+    assert noxfile._workers("nvfp4-cpu") == []  # never: its kernels use every core
+    monkeypatch.setenv(noxfile.IN_LANE_ENV, "1")
+    assert noxfile._workers("nvfp4-core") == []
+    assert noxfile._workers("nvfp4-torch") == ["-n", "2", "--dist", "loadfile"]
+    longest = max(noxfile.EXPECTED_TEST_SECONDS, key=noxfile.EXPECTED_TEST_SECONDS.__getitem__)
+    assert (longest,) == noxfile.PARALLEL_IN_LANES
