@@ -41,21 +41,27 @@ def test_skips_fail_only_when_oracles_are_required(
         assert "forbids skips" not in result.stdout.str()
 
 
+def _required_run(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, name: str, tests: str, *args: str
+) -> pytest.RunResult:
+    """``tests`` as the file ``name``.py, run in a fresh pytest with oracles required."""
+    monkeypatch.setenv("NVFP4_REQUIRE_ORACLES", "1")
+    pytester.makeconftest(_CONFTEST)
+    pytester.makepyfile(**{name: tests})
+    return pytester.runpytest_subprocess(*args)
+
+
 def test_optional_skips_alone_pass(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("NVFP4_REQUIRE_ORACLES", "1")
-    pytester.makeconftest(_CONFTEST)
-    pytester.makepyfile(
-        test_rule="""
+    tests = """
 import pytest
 
 @pytest.mark.optional_oracle
 def test_optional():
     pytest.importorskip("no_such_optional_oracle")
 """
-    )
-    result = pytester.runpytest_subprocess("--strict-markers")
+    result = _required_run(pytester, monkeypatch, "test_rule", tests, "--strict-markers")
     result.assert_outcomes(skipped=1)
     assert result.ret == pytest.ExitCode.OK
 
@@ -64,10 +70,7 @@ def test_a_module_skipped_while_collected_fails_by_name(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # a module-level skip leaves a collection report (no keywords): named, not a crash
-    monkeypatch.setenv("NVFP4_REQUIRE_ORACLES", "1")
-    pytester.makeconftest(_CONFTEST)
-    pytester.makepyfile(
-        test_module="""
+    tests = """
 import pytest
 
 pytest.importorskip("no_such_module_oracle")
@@ -75,8 +78,7 @@ pytest.importorskip("no_such_module_oracle")
 def test_never_collected():
     assert True
 """
-    )
-    result = pytester.runpytest_subprocess()
+    result = _required_run(pytester, monkeypatch, "test_module", tests)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["*forbids skips: *test_module.py*no_such_module_oracle*"])
     assert "AttributeError" not in result.stdout.str() + result.stderr.str()
