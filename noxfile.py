@@ -507,12 +507,11 @@ def build(session: nox.Session) -> None:
     python = str(Path(session.bin) / "python")
     jobs = []
     for name, path in local.items():
-        out, env = dist, {}
+        out, cc = dist, []
         if name == "nvfp4-cpu":  # the compiled library: built against the older glibc
-            out, env = raw, {"CC": zig_cc(python, machine)}
-            session.log(f"nvfp4-cpu: CC={env['CC']}")
-        build = [python, "-m", "build", "--no-isolation", "-o", str(out), str(path)]
-        jobs.append((name, [build], env))
+            out, cc = raw, ["env", f"CC={zig_cc(python, machine)}"]
+        build = [*cc, python, "-m", "build", "--no-isolation", "-o", str(out), str(path)]
+        jobs.append((name, [build]))
     _run_side_by_side(session, jobs)
     wheels = sorted(raw.glob("*.whl"))
     if len(wheels) != 1:
@@ -548,7 +547,7 @@ def build(session: nox.Session) -> None:
         code = f"import {module}; print({module!r}, {module}.__version__)"
         if name == "nvfp4-cpu":  # the zig-built library finds this CPU's levels (log)
             code += "; print(nvfp4_cpu.CPUBackend().availability().device)"
-        checks.append((f"{name} alone", [create, install, [py, "-c", code]], {}))
+        checks.append((f"{name} alone", [create, install, [py, "-c", code]]))
     _run_side_by_side(session, checks)
     for name in IMPORT_NAMES:  # ours, in the session's temporary folder: keeps .nox/ small
         shutil.rmtree(venvs / name)
@@ -556,47 +555,23 @@ def build(session: nox.Session) -> None:
     _discard_venv(session)
 
 
-def _run_side_by_side(
-    session: nox.Session, jobs: list[tuple[str, list[list[str]], dict[str, str]]]
-) -> None:
-    """Run each ``(label, commands, env)``, its commands one after another, in this
-    session's environment, one job per core at a time (each ``python -m build`` is one
-    process on one core: 9 packages took 50 s one after another); each job's output is
-    logged when it ends, and a failure stops the session with its output."""
-    import subprocess
-    import time
-    from concurrent.futures import ThreadPoolExecutor
-
+def _run_side_by_side(session: nox.Session, jobs: list[tuple[str, list[list[str]]]]) -> None:
+    """Run each ``(label, commands)``, its commands one after another, in this session's
+    environment, one job per core at a time (``.ci/lanes.py``: each ``python -m build`` is
+    one process on one core, and 9 packages took 50 s one after another); every line is
+    printed as it comes, prefixed with the label, and a failed job fails the session."""
     path = os.pathsep.join([str(session.bin), os.environ.get("PATH", "")])
-    base = {**os.environ, "PATH": path, "VIRTUAL_ENV": str(session.virtualenv.location)}
-
-    def run(job: tuple[str, list[list[str]], dict[str, str]]) -> tuple[str, int, str, float]:
-        label, commands, env = job
-        start = time.monotonic()
-        output = ""
-        for argv in commands:
-            proc = subprocess.run(
-                argv,
-                env={**base, **env},
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                errors="replace",
-            )
-            output += proc.stdout
-            if proc.returncode != 0:
-                return label, proc.returncode, f"$ {shlex.join(argv)}\n{output}", 0.0
-        return label, 0, output, time.monotonic() - start
-
-    for label, commands, _ in jobs:
-        session.log(f"{label}: " + " && ".join(shlex.join(c) for c in commands))
-    with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
-        results = list(pool.map(run, jobs))
-    for label, code, output, seconds in results:
-        last = output.strip().splitlines()[-1:] or [""]
-        session.log(f"{label}: exit {code} in {seconds:.1f} s: {last[0]}")
-        if code != 0:
-            session.error(f"{label} failed (exit {code}):\n{output[-4000:]}")
+    env = {**os.environ, "PATH": path, "VIRTUAL_ENV": str(session.virtualenv.location)}
+    commands = [
+        (label, steps[0] if len(steps) == 1 else ["sh", "-c", " && ".join(map(shlex.join, steps))])
+        for label, steps in jobs
+    ]
+    for label, argv in commands:
+        session.log(f"{label}: {shlex.join(argv)}")
+    status = lanes.run_lanes(commands, os.cpu_count() or 1, env=env, cwd=str(ROOT))
+    failed = [f"{label} (exit {code})" for label, code in status.items() if code != 0]
+    if failed:
+        session.error(f"failed: {', '.join(failed)} (their output above)")
 
 
 #: README's single command that installs one backend with its core from the clone.

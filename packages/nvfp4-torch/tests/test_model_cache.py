@@ -18,23 +18,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _same_model(a: Any, b: Any) -> None:
-    sa, sb = a.state_dict(), b.state_dict()
-    assert sorted(sa) == sorted(sb)
-    for name in sa:
-        assert sa[name].dtype == sb[name].dtype, name
-        assert torch.equal(sa[name], sb[name]), name
-    assert type(a) is type(b)
-    ca, cb = a.config.to_dict(), b.config.to_dict()
-    for c in (ca, cb):
-        c.pop("_name_or_path", None)  # where it was read from: the GGUF's folder or nothing
-    assert ca == cb
-    # the tied lm_head stays tied (quantize_model leaves it out of the checkpoint)
-    assert (a.lm_head.weight is a.model.embed_tokens.weight) == (
-        b.lm_head.weight is b.model.embed_tokens.weight
-    )
-
-
 def test_without_the_variable_nothing_is_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -76,7 +59,6 @@ def test_the_cached_model_is_the_read_model_bit_for_bit(
 
     monkeypatch.setattr(smollm2, "_float32_from_gguf", no_gguf)
     second = smollm2.load_float32_model()
-    _same_model(from_gguf, second)
     assert smollm2.differences(from_gguf, second) == ""
     fp = [smollm2.quantize_model(m) for m in (from_gguf, second)]
     assert smollm2.planes_fingerprint(fp[0].planes, fp[0].tensors) == smollm2.planes_fingerprint(
