@@ -19,7 +19,7 @@ from nvfp4.fusion import stack_experts
 from nvfp4.planes import NVFP4Planes
 from nvfp4.shard_plan import ShardPlan, ShardRange
 from nvfp4.shard_planes import reassemble
-from nvfp4_checkpoints import open_checkpoint, write_checkpoint
+from nvfp4_checkpoints import CheckpointError, load_rank, open_checkpoint, write_checkpoint
 from nvfp4_checkpoints.cli import main
 from nvfp4_checkpoints.shard import MANIFEST, rank_checkpoint
 from small_models import byte_level_bpe, llama_config
@@ -235,7 +235,10 @@ def test_gguf_ranks_keep_the_tokenizer_and_metadata(tmp_path: Path) -> None:
             part = GGUFFile(rank_checkpoint(dst, rank))
             try:
                 for key in keys:
-                    assert part.value(key) == whole.value(key), key
+                    if key == "llama.feed_forward_length":  # the rank's: 256 = 2 x 128
+                        assert (whole.value(key), part.value(key)) == (256, 128)
+                    else:
+                        assert part.value(key) == whole.value(key), key
                 assert part.tensors["blk.0.ffn_down.weight"].ggml_type == 40  # NVFP4
             finally:
                 part.close()
@@ -516,7 +519,7 @@ def sharded(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def test_verify_refuses_a_manifest_that_disagrees_with_the_plan(
-    sharded: tuple[Path, Path], refused: Any
+    sharded: tuple[Path, Path], refused: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     src, dst = sharded
     where = dst / MANIFEST
@@ -535,6 +538,17 @@ def test_verify_refuses_a_manifest_that_disagrees_with_the_plan(
         refused("verify", str(src), str(dst), match=match, names=where)
     where.write_text("{not json")
     refused("verify", str(src), str(dst), match="JSON", names=where)
+    # a hostile manifest is refused before it is parsed: nested past the depth every JSON
+    # reader keeps (a parser's recursion), and the same through load_rank
+    where.write_text('{"tensors": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    assert run("verify", str(src), str(dst)) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "nested 100001 levels deep" in err, err
+    assert _names(err, where), err
+    with pytest.raises(CheckpointError, match="nested") as e:
+        load_rank(dst, 0, 3)
+    assert str(where) in str(e.value)
     where.write_text(good)
     assert run("verify", str(src), str(dst)) == 0
 
@@ -576,24 +590,20 @@ def test_verify_refuses_rank_folders_that_disagree_with_the_manifest(
     refused("verify", str(src), str(dst), match="extra_proj", names=dst / "rank-0")
 
 
-def foreign_gguf(path: Path) -> tuple[Path, dict[str, np.ndarray[Any, Any]]]:
-    """A llama GGUF as llama.cpp's converter writes one (no ``nvfp4.*`` keys, no config:
-    hyper-parameters in the metadata, q/k rows RoPE-permuted, no ``.scale`` of 1.0): 4
-    heads of 64, 2 KV heads. Returns the path and every NVFP4 tensor's raw bytes."""
+def write_llama_cpp_gguf(
+    path: Path, arch: str, shapes: dict[str, tuple[int, int]], **hparams: int
+) -> dict[str, np.ndarray[Any, Any]]:
+    """A GGUF as llama.cpp's converter writes one (no ``nvfp4.*`` keys, no config:
+    hyper-parameters in the metadata, no ``.scale`` of 1.0) of architecture ``arch``: random
+    valid NVFP4 tensors ``<base>.weight`` of logical ``shapes`` (N, K), ``blk.0.ffn_down``'s
+    global 0.25, an output norm; ``hparams`` by their gguf-py writer method
+    (``head_count=4`` -> ``add_head_count(4)``). Returns every NVFP4 tensor's raw bytes."""
     gguf = pytest.importorskip("gguf")
     rng = np.random.default_rng(11)
-    shapes = {
-        "blk.0.attn_q": (256, 256),
-        "blk.0.attn_k": (128, 256),
-        "blk.0.attn_output": (256, 256),
-        "blk.0.ffn_gate": (512, 256),
-        "blk.0.ffn_down": (256, 512),
-    }
-    w = gguf.GGUFWriter(path, "llama")
+    w = gguf.GGUFWriter(path, arch)
     w.add_block_count(1)
-    w.add_embedding_length(256)
-    w.add_head_count(4)
-    w.add_head_count_kv(2)
+    for key, value in hparams.items():
+        getattr(w, f"add_{key}")(value)
     raw = {}
     for base, (n, k) in shapes.items():
         b = rng.integers(0, 256, (n, k // 64, 36), dtype=np.uint8)
@@ -601,12 +611,35 @@ def foreign_gguf(path: Path) -> tuple[Path, dict[str, np.ndarray[Any, Any]]]:
         raw[base] = b.reshape(n, -1)
         w.add_tensor(f"{base}.weight", raw[base], raw_dtype=gguf.GGMLQuantizationType.NVFP4)
     w.add_tensor("blk.0.ffn_down.scale", np.array([0.25], np.float32))
-    w.add_tensor("output_norm.weight", np.ones(256, np.float32))
+    w.add_tensor("output_norm.weight", np.ones(hparams["embedding_length"], np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    return raw
+
+
+def foreign_gguf(path: Path) -> tuple[Path, dict[str, np.ndarray[Any, Any]]]:
+    """A llama GGUF as llama.cpp's converter writes one (:func:`write_llama_cpp_gguf`; q/k
+    rows RoPE-permuted): 4 heads of 64, 2 KV heads. Returns the path and every NVFP4
+    tensor's raw bytes."""
+    shapes = {
+        "blk.0.attn_q": (256, 256),
+        "blk.0.attn_k": (128, 256),
+        "blk.0.attn_output": (256, 256),
+        "blk.0.ffn_gate": (512, 256),
+        "blk.0.ffn_down": (256, 512),
+    }
+    raw = write_llama_cpp_gguf(
+        path, "llama", shapes, embedding_length=256, head_count=4, head_count_kv=2
+    )
     return path, raw
+
+
+def super_blocks(a: np.ndarray[Any, Any], start: int, stop: int) -> np.ndarray[Any, Any]:
+    """The bytes of K values ``[start, stop)`` of every row of a GGUF NVFP4 tensor's raw
+    ``[N, K / 64 * 36]`` bytes (whole 36-byte super-blocks)."""
+    return a[:, start // 64 * 36 : stop // 64 * 36]
 
 
 @pytest.mark.parametrize("tp", [2, 4])
@@ -633,14 +666,76 @@ def test_a_llama_cpp_gguf_shards_as_slices_of_its_bytes(tmp_path: Path, tp: int)
             for base, entry in tensors.items():
                 a, b, padded = entry["ranks"][rank]
                 got = np.array(f.array(f.tensors[f"{base}.weight"]))
-                want = (
-                    raw[base][a:b]
-                    if entry["dim"] == "n"
-                    else raw[base][:, a // 64 * 36 : b // 64 * 36]
-                )
+                want = raw[base][a:b] if entry["dim"] == "n" else super_blocks(raw[base], a, b)
                 assert padded == b - a
                 np.testing.assert_array_equal(got, want, err_msg=f"{base} rank {rank}")
             assert f.array(f.tensors["blk.0.ffn_down.scale"]).tolist() == [0.25]
+        finally:
+            f.close()
+    assert run("verify", str(src), str(dst)) == 0
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_a_llama_cpp_phi3_gguf_splits_its_fused_tensors_per_partition(
+    tmp_path: Path, tp: int
+) -> None:
+    # llama.cpp's Phi-3 stores gate_up_proj as blk.<i>.ffn_up (twice feed_forward_length
+    # rows, no ffn_gate) and q/k/v as attn_qkv: each rank holds its range of gate and of up
+    # (the down projection's K plan: 448 = 7 super-blocks, 4 + 3 at TP2, 2 + 2 + 2 + 1 at
+    # TP4) and of q, k and v by whole heads, and its metadata gives the width and heads it
+    # holds (llama.cpp takes a file's shapes from its metadata)
+    from nvfp4_checkpoints.gguf.file import GGUFFile
+
+    heads, kv_heads, head_dim, hidden, inter = 4, 2, 64, 256, 448
+    q_rows, kv_rows = heads * head_dim, kv_heads * head_dim
+    shapes = {
+        "blk.0.attn_qkv": (q_rows + 2 * kv_rows, hidden),
+        "blk.0.attn_output": (hidden, q_rows),
+        "blk.0.ffn_up": (2 * inter, hidden),
+        "blk.0.ffn_down": (hidden, inter),
+    }
+    src = tmp_path / "phi3.gguf"
+    raw = write_llama_cpp_gguf(
+        src,
+        "phi3",
+        shapes,
+        embedding_length=hidden,
+        feed_forward_length=inter,
+        head_count=heads,
+        head_count_kv=kv_heads,
+    )
+    dst = tmp_path / "dst"
+    assert run("shard", str(src), str(dst), "--tp", str(tp)) == 0
+    tensors = manifest_of(dst)["tensors"]
+    down = tensors["blk.0.ffn_down"]["ranks"]
+    up = tensors["blk.0.ffn_up"]
+    assert up["dim"] == "fused"
+    assert [p["label"] for p in up["partitions"]] == ["gate", "up"]
+    assert all(p["ranks"] == down for p in up["partitions"])  # the paired rule
+    assert [b - a for a, b, _ in down] == ([256, 192] if tp == 2 else [128, 128, 128, 64])
+    qkv = tensors["blk.0.attn_qkv"]
+    assert [p["label"] for p in qkv["partitions"]] == ["q", "k", "v"]
+    for rank in range(tp):
+        f = GGUFFile(rank_checkpoint(dst, rank))
+        try:
+            a, b, _ = down[rank]
+            assert f.value("phi3.feed_forward_length") == b - a
+            got = np.array(f.array(f.tensors["blk.0.ffn_up.weight"]))
+            want = np.concatenate(
+                [raw["blk.0.ffn_up"][a:b], raw["blk.0.ffn_up"][inter + a : inter + b]]
+            )
+            np.testing.assert_array_equal(got, want, err_msg=f"ffn_up rank {rank}")
+            got = np.array(f.array(f.tensors["blk.0.ffn_down.weight"]))
+            np.testing.assert_array_equal(got, super_blocks(raw["blk.0.ffn_down"], a, b))
+            offsets = (0, q_rows, q_rows + kv_rows)
+            pieces = [
+                raw["blk.0.attn_qkv"][o + p["ranks"][rank][0] : o + p["ranks"][rank][1]]
+                for o, p in zip(offsets, qkv["partitions"], strict=True)
+            ]
+            got = np.array(f.array(f.tensors["blk.0.attn_qkv.weight"]))
+            np.testing.assert_array_equal(got, np.concatenate(pieces), err_msg=f"qkv {rank}")
+            q0, q1, _ = qkv["partitions"][0]["ranks"][rank]
+            assert f.value("phi3.attention.head_count") == (q1 - q0) // head_dim
         finally:
             f.close()
     assert run("verify", str(src), str(dst)) == 0

@@ -290,7 +290,8 @@ def test_a_gguf_shards_fused_tensors_per_partition(
     tmp_path: Path, layer: Any, tp: int, align: int
 ) -> None:
     """GGUF (one global a tensor, K in 64-value super-blocks): the same per-partition cut,
-    every rank's file saying the query and KV heads it holds."""
+    every rank's file saying the query and KV heads and the (padded) intermediate size it
+    holds."""
     pytest.importorskip("gguf")
     src = write_checkpoint(
         tmp_path / "layer.gguf",
@@ -310,3 +311,4 @@ def test_a_gguf_shards_fused_tensors_per_partition(
             kv = h.kv[rank]
             assert part.config["num_attention_heads"] == h.q[rank].size
             assert part.config["num_key_value_heads"] == kv[1] - kv[0]
+            assert part.config["intermediate_size"] == want["gate"][rank][2]  # padded

@@ -73,7 +73,10 @@ def test_refuses_a_header_length_past_the_end() -> None:
 
 
 def test_refuses_a_header_that_is_not_json() -> None:
-    _refused(struct.pack("<Q", 3) + b"{no", "case.safetensors: header: not valid UTF-8 JSON")
+    _refused(
+        struct.pack("<Q", 3) + b"{no",
+        "case.safetensors: header: expected UTF-8 JSON, found text that is not valid UTF-8 JSON",
+    )
 
 
 def test_refuses_a_header_that_is_not_an_object() -> None:

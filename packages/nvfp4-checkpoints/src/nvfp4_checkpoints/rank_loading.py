@@ -37,11 +37,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from nvfp4.file_checks import parse_json
 from nvfp4.fused_plan import FusedPlan
 from nvfp4.planes import NVFP4Planes, PlaneError
 from nvfp4.shard_plan import ShardPlan, ShardRange
@@ -52,13 +51,10 @@ from .api import open_checkpoint
 from .checkpoint import Checkpoint
 from .flavours import CheckpointError
 from .hf import HFCheckpoint
-from .shard import MANIFEST, plan_for
+from .shard import MANIFEST, plan_for, read_manifest
 from .shard_layout import AnyPlan, plan_entry, plan_from_entry, recorded_partitions
 
 __all__ = ["RankShard", "load_rank"]
-
-#: The largest shard manifest read (a manifest of 100,000 tensors is a few MB).
-MAX_MANIFEST_BYTES: Final = 64_000_000
 
 
 @dataclass(frozen=True)
@@ -199,20 +195,10 @@ def _from_unsharded(path: Path, rank: int, world: int, align: int) -> RankShard:
 
 
 def _manifest(root: Path) -> dict[str, Any]:
-    where = root / MANIFEST
-    try:
-        with open(where, "rb") as f:
-            raw = f.read(MAX_MANIFEST_BYTES + 1)
-    except OSError as e:
-        raise CheckpointError(f"{where}: cannot read the shard manifest ({e.strerror})") from None
-    if len(raw) > MAX_MANIFEST_BYTES:
-        raise CheckpointError(
-            f"{where}: expected a manifest of at most {MAX_MANIFEST_BYTES} bytes, found more"
-        )
-    data = parse_json(raw, where, error=CheckpointError)
-    if not isinstance(data, dict) or not isinstance(data.get("tensors"), dict):
-        raise CheckpointError(f"{where}: expected an object with a 'tensors' object")
-    return data
+    manifest = read_manifest(root)
+    if not isinstance(manifest.get("tensors"), dict):
+        raise CheckpointError(f"{root / MANIFEST}: expected an object with a 'tensors' object")
+    return manifest
 
 
 def _from_sharded(root: Path, rank: int, world: int, align: int | None) -> RankShard:

@@ -11,9 +11,9 @@ GGUF super-blocks for GGUF; heads whole; gate/up paired with down), experts deal
 ranks with their globals, zero padding (codes 0, scale bytes 0x00) filling a partial last
 unit. Other tensors (embeddings, norms, routers) are copied to every rank, and every rank
 keeps SRC's ``config.json`` and other files (tokenizer...): the manifest, not the config,
-gives each rank's shapes. A GGUF rank's metadata gives the attention heads it holds (its
-q/k rows are RoPE-permuted per head, as llama.cpp's converter does, so the head counts must
-be the file's own). The whole DST is written under a temporary sibling and renamed at the
+gives each rank's shapes. A GGUF rank's metadata gives the attention heads and the
+feed-forward width it holds (llama.cpp takes a file's shapes from its metadata, and its q/k
+rows are RoPE-permuted per head, so the head counts must be the file's own). The whole DST is written under a temporary sibling and renamed at the
 end; an existing DST is refused unless it is an empty folder.
 
 :func:`verify_sharded` checks a sharded DST against its SRC: the manifest against the plan,
@@ -42,11 +42,12 @@ from .api import FLAVOUR_IO, open_checkpoint
 from .checkpoint import Checkpoint
 from .destination import destination
 from .flavour_io import WriteOptions
-from .folder import CheckpointError
+from .folder import CheckpointError, read_json_file
 from .gguf import GGUFCheckpoint
 from .gguf.metadata import config_from_metadata
 from .hf import DEFAULT_MAX_SHARD_BYTES, SHARD_MANIFEST
 from .shard_layout import (
+    DOWN_PROJ,
     FUSED_QKV,
     Q_PROJ,
     ShardLayout,
@@ -65,6 +66,7 @@ __all__ = [
     "is_sharded",
     "plan_for",
     "rank_checkpoint",
+    "read_manifest",
     "shard_checkpoint",
     "verify_sharded",
 ]
@@ -82,12 +84,18 @@ def _positive(value: object, what: str, unit: str = "") -> int:
 def _rank_config(
     config: Mapping[str, Any], layout: ShardLayout, rank: int, where: Path
 ) -> dict[str, Any]:
-    """A GGUF rank's config: SRC's, with the attention heads the rank holds (llama.cpp's
-    head counts describe the file's q/k rows, which are RoPE-permuted per head); a rank
-    whose query heads are no whole groups of its KV heads is refused (GGUF cannot say it)."""
+    """A GGUF rank's config: SRC's, with the attention heads and the feed-forward width the
+    rank holds. llama.cpp reads a GGUF's shapes from its metadata: its head counts describe
+    the file's q/k rows (RoPE-permuted per head) and ``feed_forward_length`` its gate / up
+    rows and down columns. A rank whose query heads are no whole groups of its KV heads is
+    refused (GGUF cannot say it)."""
     out = dict(config)
+    if layout.tp == 1:
+        return out
+    _, tp_rank = layout.split(rank)
+    out.update(_rank_ffn(config, layout, tp_rank))
     heads = heads_of(config)
-    if heads is None or layout.tp == 1:
+    if heads is None:
         return out
     cut = [
         t
@@ -103,7 +111,6 @@ def _rank_config(
     if not cut:
         return out
     h = head_plan(*heads, layout.tp, name=cut[0].name)
-    _, tp_rank = layout.split(rank)
     q = h.q[tp_rank]
     kv_start, kv_stop = h.kv[tp_rank]
     if q.size % (kv_stop - kv_start):
@@ -118,6 +125,28 @@ def _rank_config(
         head_dim=heads[2],
     )
     return out
+
+
+def _rank_ffn(config: Mapping[str, Any], layout: ShardLayout, tp_rank: int) -> dict[str, int]:
+    """The feed-forward widths TP rank ``tp_rank`` holds, for the keys ``config`` has: a
+    dense down projection's padded K range gives ``intermediate_size``, an expert's
+    ``moe_intermediate_size`` (``intermediate_size`` where the config has no such key and no
+    dense MLP, as Mixtral's). Its gate and up rows follow the same plan (the paired rule)."""
+    found: dict[str, int] = {}
+    for t in layout.tensors.values():
+        if (
+            layer_of(t.name) not in DOWN_PROJ
+            or not isinstance(t.plan, ShardPlan)
+            or t.plan.dim != "k"
+        ):
+            continue
+        key = (
+            "moe_intermediate_size"
+            if t.group is not None and "moe_intermediate_size" in config
+            else "intermediate_size"
+        )
+        found.setdefault(key, t.plan[tp_rank].padded)
+    return {key: v for key, v in found.items() if key in config}
 
 
 def source_config(ck: Checkpoint) -> dict[str, Any]:
@@ -221,22 +250,18 @@ def is_sharded(path: str | os.PathLike[str]) -> bool:
     return (Path(path) / MANIFEST).is_file()
 
 
-def _read_manifest(dst: Path) -> dict[str, Any]:
-    where = dst / MANIFEST
-    try:
-        manifest = json.loads(where.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{where}: expected a readable JSON manifest: {e}") from None
-    if not isinstance(manifest, dict):
-        raise CheckpointError(f"{where}: expected a JSON object, found {type(manifest).__name__}")
-    return manifest
+def read_manifest(dst: Path) -> dict[str, Any]:
+    """``DST/shard-manifest.json`` as a JSON object, read within the limits every JSON
+    reader keeps (:func:`~.folder.read_json_file`: its size checked before reading, its
+    depth and keys bounded)."""
+    return read_json_file(dst / MANIFEST)
 
 
 def rank_checkpoint(dst: str | os.PathLike[str], rank: int) -> Path:
     """The path to open for rank ``rank`` of the sharded ``dst``: ``DST/rank-<r>/``, or the
     ``.gguf`` file in it for a GGUF (named as the manifest's ``source``)."""
     root = Path(dst)
-    manifest = _read_manifest(root)
+    manifest = read_manifest(root)
     folder = root / f"rank-{rank}"
     if manifest.get("flavour") != "gguf":
         return folder
@@ -402,7 +427,7 @@ def verify_sharded(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> 
     """
     root = Path(dst)
     where = root / MANIFEST
-    manifest = _read_manifest(root)
+    manifest = read_manifest(root)
     tp = _positive(manifest.get("tp"), f"{where}: tp")
     ep = _positive(manifest.get("ep", 1), f"{where}: ep")
     align = _positive(manifest.get("align_blocks"), f"{where}: align_blocks", " (blocks)")

@@ -44,9 +44,11 @@ from .flavours import CheckpointError
 from .hf import HFCheckpoint
 
 __all__ = [
+    "DOWN_PROJ",
     "FUSED_GATE_UP",
     "FUSED_QKV",
     "GGUF_ALIGN",
+    "GGUF_UP",
     "SHARD_SPEC",
     "AnyPlan",
     "ExpertGroup",
@@ -54,6 +56,7 @@ __all__ = [
     "TensorLayout",
     "build_layout",
     "default_align",
+    "fused_up",
     "heads_of",
     "layer_of",
     "plan_entry",
@@ -71,7 +74,9 @@ RANK_ORDER: Final = "rank = ep_rank * tp + tp_rank"
 # The layers by their last name component, as Hugging Face checkpoints and llama.cpp's GGUF
 # names (blk.<i>.attn_output, ffn_down_exps...) call them.
 O_PROJ: Final = ("o_proj", "attn_output")
-ROW_PARALLEL: Final = (*O_PROJ, "down_proj", "w2", "ffn_down", "ffn_down_exps")
+#: The MLP's down projections (K split, paired with gate / up's N).
+DOWN_PROJ: Final = ("down_proj", "w2", "ffn_down", "ffn_down_exps")
+ROW_PARALLEL: Final = (*O_PROJ, *DOWN_PROJ)
 PAIRED_COLUMN: Final = (
     "gate_proj",
     "up_proj",
@@ -87,6 +92,10 @@ HEADS: Final = (*Q_PROJ, "k_proj", "v_proj", "attn_k", "attn_v")
 # Fused tensors (rows [q; k; v] and [gate; up]), split per partition, never as one range.
 FUSED_QKV: Final = ("qkv_proj", "Wqkv", "c_attn", "attn_qkv")
 FUSED_GATE_UP: Final = ("gate_up_proj", "w13")
+#: llama.cpp's name of an up projection that may hold gate and up fused: for Phi-3 (and
+#: GLM-4) its converter stores ``gate_up_proj`` as ``blk.<i>.ffn_up`` with twice
+#: ``feed_forward_length`` rows and writes no ``ffn_gate`` (:func:`fused_up`).
+GGUF_UP: Final = "ffn_up"
 #: A tensor's TP plan: one dimension's, or a fused tensor's partition plans.
 AnyPlan = ShardPlan | FusedPlan
 
@@ -105,6 +114,20 @@ def heads_of(config: Mapping[str, Any]) -> tuple[int, int, int] | None:
     if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (heads, kv, dim)):
         return int(heads), int(kv), int(dim)  # type: ignore[arg-type]
     return None
+
+
+def fused_up(leaf: str, n: int, config: Mapping[str, Any]) -> bool:
+    """Whether an NVFP4 tensor of layer ``leaf`` and ``n`` rows is a GGUF ``ffn_up`` holding
+    gate and up fused (rows ``[gate; up]``): ``n`` is twice ``config.json``'s
+    ``intermediate_size`` (a GGUF's ``feed_forward_length``)."""
+    inter = config.get("intermediate_size")
+    return (
+        leaf == GGUF_UP
+        and isinstance(inter, int)
+        and not isinstance(inter, bool)
+        and inter > 0
+        and n == 2 * inter
+    )
 
 
 def layer_of(name: str) -> str:
@@ -134,14 +157,17 @@ def plan_for(
       (the paired rule); any other NVFP4 tensor: N at any row;
     * fused tensors, a :class:`~nvfp4.fused_plan.FusedPlan` (every partition by its own
       plan): ``qkv_proj`` / ``Wqkv`` / ``c_attn`` (``attn_qkv``) by the heads of
-      ``config.json``, ``gate_up_proj`` / ``w13`` as two halves by the down projection's K
-      plan, and any other tensor that records ``partitions`` (MLX) each partition at any
-      row. Recorded bounds must be the plan's.
+      ``config.json``, ``gate_up_proj`` / ``w13`` (and a GGUF's ``ffn_up`` of twice the
+      intermediate size: :func:`fused_up`) as two halves by the down projection's K plan,
+      and any other tensor that records ``partitions`` (MLX) each partition at any row.
+      Recorded bounds must be the plan's.
     """
     leaf = layer_of(name)
     heads = heads_of(config)
     if leaf in FUSED_QKV or leaf in FUSED_GATE_UP or partitions is not None:
         return _fused_plan_for(name, leaf, n, tp, align, heads, partitions)
+    if fused_up(leaf, n, config):
+        return _fused_plan_for(name, FUSED_GATE_UP[0], n, tp, align, heads, None)
     if leaf in ROW_PARALLEL:
         if leaf in O_PROJ and heads is not None and heads[0] * heads[2] == k:
             return head_plan(*heads, tp, name=name).o_k()

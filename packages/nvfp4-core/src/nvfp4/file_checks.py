@@ -207,7 +207,9 @@ def parse_json(
     try:
         return json.loads(raw.decode("utf-8"), parse_int=_int, parse_constant=_refuse_constant)
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise refusal(where, f"not valid UTF-8 JSON ({e})", error) from None
+        raise refusal(
+            where, f"expected UTF-8 JSON, found text that is not valid UTF-8 JSON ({e})", error
+        ) from None
 
 
 def check_shape(
