@@ -10,9 +10,10 @@ every case of :data:`CASES` on it. Each rank resolves the backend by its name
 * ``row``: a row-parallel ``qmm`` (K split in whole blocks, optionally in 64-value units
   with a zero-padded last rank): the rank's float32 partial (``out_dtype="float32"``, x in
   the case's dtype), summed over the group in float32, cast once;
-* ``column``: a column-parallel ``qmm`` (N rows, or a fused q/k/v weight split per
-  partition by the attention head plan): each rank's own rows, and for an unreplicated split
-  the columns gathered across ranks;
+* ``column``: a column-parallel ``qmm`` (N rows, or a fused weight split per partition: q/k/v
+  by the attention head plan, gate/up by the down projection's K plan with each partition's
+  padded rows at its end): each rank's own rows, and for an unreplicated split the columns
+  gathered across ranks;
 * ``experts``: expert-parallel ``gather_qmm``: experts by index, ids of other ranks'
   experts out of range on a rank (zero rows), the float32 partials summed.
 
@@ -76,11 +77,12 @@ class Case:
 
     Attributes:
         name: the case id.
-        kind: ``"row"``, ``"column"``, ``"qkv"`` (fused q/k/v by the head plan) or
-            ``"experts"``.
+        kind: ``"row"``, ``"column"``, ``"qkv"`` (fused q/k/v by the head plan),
+            ``"gate_up"`` (fused gate/up, ``n // 2`` rows each, by the down projection's K
+            plan) or ``"experts"``.
         source: the model (and layer) the shape comes from.
         m, n, k: rows of x, output rows, contraction length.
-        align: the K plan's alignment in blocks (``"row"``).
+        align: the K plan's alignment in blocks (``"row"``, ``"gate_up"``).
         experts: E for ``"experts"``.
         heads: ``(heads, kv_heads, head_dim)`` for ``"qkv"`` and the head-planned ``"row"``.
         capability: the backend capability the case certifies.
@@ -108,6 +110,8 @@ CASES: tuple[Case, ...] = (
     Case("gate_1856", "column", "Nemotron-3-Nano-30B-A3B routed expert gate_proj (N 1,856)", 3, 1856, 64),
     Case("hidden_2880", "column", "a 2,880 hidden size (N 2,880 at any row)", 2, 2880, 32),
     Case("qkv_576", "qkv", "SmolLM2-135M fused q/k/v by 9 / 3 heads", 2, 960, 576, heads=SMOLLM2_HEADS),
+    Case("w13_640_align64", "gate_up", "a Qwen-style MoE expert's fused w13 (moe_intermediate 640: gate/up 2 x 640 rows), kernel alignment 64", 3, 1280, 64, align=4),
+    Case("w13_1856_align128", "gate_up", "a fused gate/up at Nemotron-3-Nano-30B-A3B's routed-expert width 1,856 (2 x 1,856 rows), kernel alignment 128: each partition's last rank padded", 3, 3712, 64, align=8),
     Case("experts_1856", "experts", "Nemotron-3-Nano-30B-A3B experts (E 16 of 128, K 1,856)", 12, 16, 1856, experts=16, capability="gather_qmm"),
 )  # fmt: skip
 
@@ -131,6 +135,11 @@ def write_inputs(folder: Path) -> None:
             parts = [
                 realistic_weight(rng, rows, c.k, name=f"{c.name}.{p}")
                 for p, rows in (("q", heads * hd), ("k", kv * hd), ("v", kv * hd))
+            ]
+            w, ids = fuse(parts, c.name), np.zeros(0, np.int64)
+        elif c.kind == "gate_up":  # each half its own global, as a fused checkpoint keeps
+            parts = [
+                realistic_weight(rng, c.n // 2, c.k, name=f"{c.name}.{p}") for p in ("gate", "up")
             ]
             w, ids = fuse(parts, c.name), np.zeros(0, np.int64)
         else:
@@ -166,6 +175,7 @@ def x_in(x: np.ndarray, dtype: str) -> np.ndarray:
 
 def plans_of(c: Case, world: int) -> Any:
     """The plan(s) of case ``c`` at ``world`` ranks."""
+    from nvfp4.fused_plan import fused_gate_up_plan
     from nvfp4.shard_plan import expert_plan, head_plan, shard_plan
 
     if c.kind == "row":
@@ -178,6 +188,8 @@ def plans_of(c: Case, world: int) -> Any:
         h = head_plan(*(c.heads or SMOLLM2_HEADS), world, name=c.name)
         kv = h.kv_rows_plan(name=f"{c.name}.kv")
         return [h.q_rows(), kv, kv]
+    if c.kind == "gate_up":
+        return fused_gate_up_plan(c.n // 2, world, align=c.align, name=c.name)
     return expert_plan(c.experts, world, name=c.name)
 
 
@@ -199,7 +211,7 @@ def rank_cases(ops: Any, folder: str, backend_name: str, caps: tuple[str, ...]) 
             continue
         w, x32, ids = load_case(Path(folder), c)
         plan = plans_of(c, world)
-        if c.kind == "qkv":
+        if c.kind in ("qkv", "gate_up"):
             shard = shard_fused(w, plan, rank)
         else:
             shard = shard_planes(w, plan, rank)
@@ -213,7 +225,7 @@ def rank_cases(ops: Any, folder: str, backend_name: str, caps: tuple[str, ...]) 
                 xr[:, : r.size] = x[:, r.start : r.stop]
                 partial = qmm(xr, handle, out_dtype="float32")
                 out[key] = ops.all_reduce_f32(partial).astype(x.dtype).astype(np.float32)
-            elif c.kind in ("column", "qkv"):
+            elif c.kind in ("column", "qkv", "gate_up"):
                 local = qmm(x, handle).astype(np.float32)  # exact: float16 / bfloat16 values
                 out[key] = local
                 if c.kind == "column":  # the gather: no arithmetic

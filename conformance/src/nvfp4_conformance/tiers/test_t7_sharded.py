@@ -5,9 +5,10 @@ reference.
 
 * row-parallel ``qmm`` (K in whole blocks; 64-value units; a padded last rank; o_proj by
   SmolLM2's 9 / 3 heads): the float32-reduced sum within the draft's ``[row_parallel]``;
-* column-parallel ``qmm`` (N at any row; fused q/k/v by the head plan): each rank's rows
-  within ``[qmm]`` of the certified version, and the gathered output equal to the ranks'
-  outputs bit for bit;
+* column-parallel ``qmm`` (N at any row; fused q/k/v by the head plan; fused gate/up by
+  the down projection's K plan, 64- and 128-value units): each rank's rows within ``[qmm]``
+  of the certified version, a padded row exactly 0, and the gathered output equal to the
+  ranks' outputs bit for bit;
 * expert-parallel ``gather_qmm``: within ``[gather_qmm]``, out-of-range ids exactly zero.
 
 Every rank must hold the same reduced result. T7 runs when the certified spec version is
@@ -29,7 +30,7 @@ from nvfp4_conformance.checks import error_figures
 from nvfp4_conformance.t7 import CASES, DTYPES, WORLDS, Case, load_case, plans_of, x_in
 
 ROW = [c for c in CASES if c.kind == "row"]
-COLUMN = [c for c in CASES if c.kind in ("column", "qkv")]
+COLUMN = [c for c in CASES if c.kind in ("column", "qkv", "gate_up")]
 EXPERTS = [c for c in CASES if c.kind == "experts"]
 
 _Test = TypeVar("_Test", bound=Callable[..., None])
@@ -174,18 +175,25 @@ def test_row_parallel_qmm(sharded: Sharded, nvfp4_record: Any) -> None:
     s.assert_within(figs, tol, "[row_parallel]", "row-parallel sum max|y - ref| / max|ref| =")
 
 
-def _column_reference(case: Case, world: int, rank: int, ref: np.ndarray) -> np.ndarray:
-    """The reference columns rank ``rank`` computes (per partition for q/k/v)."""
+def _column_reference(
+    case: Case, w: Any, world: int, rank: int, ref: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The reference columns rank ``rank`` computes, and which of them are padding (exactly
+    0): its range of every partition of a fused weight (``w.partitions``), each followed
+    by its padded rows."""
     plan = plans_of(case, world)
     if case.kind == "column":
         r = plan[rank]
-        return ref[:, r.start : r.stop]
-    heads, kv, hd = case.heads or (0, 0, 0)
-    offsets = (0, heads * hd, heads * hd + kv * hd)
-    return np.concatenate(
-        [ref[:, o + p[rank].start : o + p[rank].stop] for o, p in zip(offsets, plan, strict=True)],
-        axis=1,
-    )
+        return ref[:, r.start : r.stop], np.zeros(r.size, bool)
+    cols, pad = [], []
+    for offset, p in zip(w.partitions[:-1], plan, strict=True):
+        r = p[rank]
+        cols += [
+            ref[:, offset + r.start : offset + r.stop],
+            np.zeros((ref.shape[0], r.padded - r.size)),
+        ]
+        pad += [np.zeros(r.size, bool), np.ones(r.padded - r.size, bool)]
+    return np.concatenate(cols, axis=1), np.concatenate(pad)
 
 
 @_every_world("qmm", COLUMN)
@@ -196,9 +204,12 @@ def test_column_parallel_qmm(sharded: Sharded, nvfp4_record: Any, nvfp4_toleranc
     locals_ = []
     for rank, rank_outs in enumerate(s.outs):
         y = rank_outs[s.key]
-        want = _column_reference(case, s.world, rank, ref)
+        want, padded = _column_reference(case, s.w, s.world, rank, ref)
         assert y.shape == want.shape, f"{s.key} rank {rank}: shape {y.shape}, expected {want.shape}"
-        figs = s.record(nvfp4_record, y, want, tol, "[qmm]", rank=rank)
+        assert not np.any(y[:, padded]), f"{s.key} rank {rank}: a padded row's output is not 0"
+        figs = s.record(
+            nvfp4_record, y, want, tol, "[qmm]", rank=rank, padded_rows=int(padded.sum())
+        )
         s.assert_within(figs, tol, "[qmm]", rank=rank)
         locals_.append(y)
     if case.kind == "column":  # a gather has no arithmetic: the ranks' values, bit for bit
