@@ -127,6 +127,9 @@ class ModelSpec:
     kv_heads: int = 8
     vocab: int = 32000
     shard_bytes: int = 300 * MB
+    #: Phi-3's layout: q/k/v fused as ``self_attn.qkv_proj``, gate/up as ``mlp.gate_up_proj``
+    #: (one NVFP4 tensor each, one global, as ModelOpt writes fused layers).
+    fused: bool = False
 
     @property
     def head_dim(self) -> int:
@@ -136,8 +139,8 @@ class ModelSpec:
         """The Hugging Face ``config.json`` (ModelOpt's quantization block is added by the
         writer)."""
         return {
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
+            "architectures": ["Phi3ForCausalLM" if self.fused else "LlamaForCausalLM"],
+            "model_type": "phi3" if self.fused else "llama",
             "hidden_size": self.hidden,
             "intermediate_size": self.intermediate,
             "num_hidden_layers": self.layers,
@@ -150,7 +153,7 @@ class ModelSpec:
             "rope_theta": 500000.0,
             "tie_word_embeddings": False,
             "torch_dtype": "bfloat16",
-            "_name_or_path": "nvfp4-benchmark-synthetic-llama",
+            "_name_or_path": f"nvfp4-benchmark-synthetic-{'phi3' if self.fused else 'llama'}",
         }
 
     def plane_shapes(self) -> dict[str, tuple[int, int]]:
@@ -159,12 +162,18 @@ class ModelSpec:
         shapes: dict[str, tuple[int, int]] = {}
         for i in range(self.layers):
             p = f"model.layers.{i}"
-            shapes[f"{p}.self_attn.q_proj"] = (h, h)
-            shapes[f"{p}.self_attn.k_proj"] = (kv, h)
-            shapes[f"{p}.self_attn.v_proj"] = (kv, h)
+            if self.fused:
+                shapes[f"{p}.self_attn.qkv_proj"] = (h + 2 * kv, h)
+            else:
+                shapes[f"{p}.self_attn.q_proj"] = (h, h)
+                shapes[f"{p}.self_attn.k_proj"] = (kv, h)
+                shapes[f"{p}.self_attn.v_proj"] = (kv, h)
             shapes[f"{p}.self_attn.o_proj"] = (h, h)
-            shapes[f"{p}.mlp.gate_proj"] = (f, h)
-            shapes[f"{p}.mlp.up_proj"] = (f, h)
+            if self.fused:
+                shapes[f"{p}.mlp.gate_up_proj"] = (2 * f, h)
+            else:
+                shapes[f"{p}.mlp.gate_proj"] = (f, h)
+                shapes[f"{p}.mlp.up_proj"] = (f, h)
             shapes[f"{p}.mlp.down_proj"] = (h, f)
         return shapes
 

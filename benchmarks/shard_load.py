@@ -32,10 +32,17 @@ of every rank taken in 3 turns (a slow spell of the machine spread over them), e
 reading a 640 MB buffer (the weights come from memory, as in a decode step of a large
 model: warm, a rank's small shard would stay in the cache and look faster than it is).
 
-Writes ``benchmarks/results/shard_load.json`` and ``docs/benchmark_results/shard_load.md``;
-``--quick`` (a tiny checkpoint, one round) only prints.
+``--fused``: the same checkpoint in Phi-3's layout (q/k/v fused as one ``qkv_proj``, gate/up
+as one ``gate_up_proj``; ModelOpt's one global a tensor): each fused tensor is split per
+partition (q by heads, k/v by KV heads, gate and up by down's K plan), so ``load_rank``
+reads one range of rows a partition; the matmul's column-parallel layer is ``gate_up_proj``
+(both halves: twice gate_proj's rows).
 
-    python benchmarks/shard_load.py [--layers 4] [--rounds 2] [--reps 9] [--quick]
+Writes ``benchmarks/results/shard_load.json`` and ``docs/benchmark_results/shard_load.md``
+(``shard_load_fused.*`` with ``--fused``); ``--quick`` (a tiny checkpoint, one round) only
+prints.
+
+    python benchmarks/shard_load.py [--layers 4] [--rounds 2] [--reps 9] [--fused] [--quick]
 """
 
 from __future__ import annotations
@@ -66,8 +73,8 @@ from convert import (
 from machine import simd_flags
 
 REPO = Path(__file__).resolve().parents[1]
-RESULTS_JSON = REPO / "benchmarks" / "results" / "shard_load.json"
-DOCS_MD = REPO / "docs" / "benchmark_results" / "shard_load.md"
+RESULTS = REPO / "benchmarks" / "results"
+DOCS = REPO / "docs" / "benchmark_results"
 MB = 1_000_000
 SLACK = 300 * MB
 WORLDS = (1, 2, 4, 8)
@@ -94,7 +101,8 @@ RANK_CHILD = """
 import json, resource, sys, time
 import numpy as np
 import nvfp4
-from nvfp4.shard_planes import shard_planes
+from nvfp4.fused_plan import FusedPlan
+from nvfp4.shard_planes import shard_fused, shard_planes
 from nvfp4_checkpoints import load_rank, open_checkpoint
 from nvfp4_checkpoints.shard import plan_for
 
@@ -125,7 +133,9 @@ else:
     with open_checkpoint(src) as ck:
         for name in ck.quantized_names():
             n, k = ck.plane_shape(name).shape[-2:]
-            p = shard_planes(ck.planes(name), plan_for(name, n, k, world, 1, ck.config), rank)
+            plan = plan_for(name, n, k, world, 1, ck.config)
+            cut = shard_fused if isinstance(plan, FusedPlan) else shard_planes
+            p = cut(ck.planes(name), plan, rank)
             planes[name] = p.replace(codes=p.codes.copy(), scales=p.scales.copy())
         tensors = {n: np.array(ck.tensor(n)) for n in ck.tensor_names()}
     read = None
@@ -182,13 +192,15 @@ def run_world(arm: str, src: Path, world: int) -> dict[str, Any]:
     return {"wall_s": wall, "ranks": ranks}
 
 
-def qmm_times(src: Path, worlds: tuple[int, ...], reps: int) -> dict[str, Any]:
-    """The MLP of layer 0, whole against each rank's shards, one thread, median of
-    ``reps`` calls (M = 1 and 16), each after reading :data:`FLUSH_BYTES` (a cold cache)."""
+def qmm_times(src: Path, worlds: tuple[int, ...], reps: int, gate_name: str) -> dict[str, Any]:
+    """The MLP of layer 0 (``gate_name``: ``gate_proj``, or a fused ``gate_up_proj``, then
+    ``down_proj``), whole against each rank's shards, one thread, median of ``reps`` calls
+    (M = 1 and 16), each after reading :data:`FLUSH_BYTES` (a cold cache)."""
     os.environ["NVFP4_CPU_THREADS"] = "1"
     import numpy as np
     import nvfp4
-    from nvfp4.shard_planes import shard_planes
+    from nvfp4.fused_plan import FusedPlan
+    from nvfp4.shard_planes import shard_fused, shard_planes
     from nvfp4_checkpoints import open_checkpoint
     from nvfp4_checkpoints.shard import plan_for
 
@@ -200,7 +212,7 @@ def qmm_times(src: Path, worlds: tuple[int, ...], reps: int) -> dict[str, Any]:
         be, name, isa = nvfp4.get_backend("reference"), "reference", "numpy"
     layer = "model.layers.0.mlp."
     with open_checkpoint(src) as ck:
-        whole = {p: ck.planes(layer + p) for p in ("gate_proj", "down_proj")}
+        whole = {p: ck.planes(layer + p) for p in (gate_name, "down_proj")}
         whole = {
             p: w.replace(codes=w.codes.copy(), scales=w.scales.copy()) for p, w in whole.items()
         }
@@ -228,14 +240,22 @@ def qmm_times(src: Path, worlds: tuple[int, ...], reps: int) -> dict[str, Any]:
         return [statistics.median(t) for t in times]
 
     rng = np.random.default_rng(0)
-    out: dict[str, Any] = {"backend": name, "isa": isa, "threads": 1, "reps": reps, "points": []}
-    gate, down = whole["gate_proj"], whole["down_proj"]
+    out: dict[str, Any] = {
+        "backend": name,
+        "isa": isa,
+        "threads": 1,
+        "reps": reps,
+        "column_layer": gate_name,
+        "points": [],
+    }
+    gate, down = whole[gate_name], whole["down_proj"]
     handles = {"gate": be.prepare(gate), "down": be.prepare(down)}
     for m in MS:
         x = rng.standard_normal((m, gate.k)).astype(np.float32)
         h = rng.standard_normal((m, down.k)).astype(np.float32)
         for world in worlds:
-            g_plan = plan_for(layer + "gate_proj", gate.n, gate.k, world, 1, config)
+            g_plan = plan_for(layer + gate_name, gate.n, gate.k, world, 1, config)
+            cut_gate = shard_fused if isinstance(g_plan, FusedPlan) else shard_planes
             d_plan = plan_for(layer + "down_proj", down.n, down.k, world, 1, config)
             # the whole layer timed again beside every world's ranks, in the same turns
             calls = [(handles["gate"], x), (handles["down"], h)]
@@ -243,7 +263,7 @@ def qmm_times(src: Path, worlds: tuple[int, ...], reps: int) -> dict[str, Any]:
                 rr = d_plan[r]
                 hr = np.zeros((m, rr.padded), np.float32)
                 hr[:, : rr.size] = h[:, rr.start : rr.stop]
-                calls.append((be.prepare(shard_planes(gate, g_plan, r)), x))
+                calls.append((be.prepare(cut_gate(gate, g_plan, r)), x))
                 calls.append((be.prepare(shard_planes(down, d_plan, r)), hr))
             t = medians(calls)
             t_whole = t[0] + t[1]
@@ -312,10 +332,18 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def markdown(res: dict[str, Any]) -> str:
     m, src = res["machine"], res["source"]
     q = res["qmm"]
+    layout = (
+        "Phi-3 layout (q/k/v fused as one `qkv_proj`, gate/up as one `gate_up_proj`, each "
+        "split per partition)"
+        if res["spec"]["fused"]
+        else "Llama"
+    )
+    column = q["column_layer"]
     lines = [
         "# Per-rank loading: peak memory and load time per rank, sharded matmul",
         "",
-        f"Produced by `benchmarks/shard_load.py` (raw figures: `benchmarks/results/shard_load.json`) "
+        f"Produced by `benchmarks/shard_load.py{' --fused' if res['spec']['fused'] else ''}` "
+        f"(raw figures: `benchmarks/results/{res['name']}.json`) "
         f"on {res['date']}. Each world size's ranks ran as separate processes started together; "
         f"figures are the median of {res['rounds']} rounds (memory: the worst round).",
         "",
@@ -325,7 +353,7 @@ def markdown(res: dict[str, Any]) -> str:
         f"`{q['backend']}` backend, ISA path `{q['isa']}`, {q['threads']} thread",
         f"- load average at start / end: {res['load_average']['start']} / "
         f"{res['load_average']['end']} ({m['cores']} cores; other work may run alongside)",
-        f"- source: synthetic ModelOpt NVFP4 Llama ({res['spec']['layers']} layers, hidden "
+        f"- source: synthetic ModelOpt NVFP4 {layout} ({res['spec']['layers']} layers, hidden "
         f"{res['spec']['hidden']}, intermediate {res['spec']['intermediate']}, "
         f"{res['spec']['heads']}/{res['spec']['kv_heads']} heads, vocab {res['spec']['vocab']}): "
         f"{src['input_bytes'] / MB:.0f} MB in {src['shards']} safetensors files; tensors "
@@ -354,7 +382,8 @@ def markdown(res: dict[str, Any]) -> str:
         "## Loading",
         "",
         "`rank`: `load_rank(SRC, rank, N)`; `whole`: `open_checkpoint` and "
-        "`shard_planes(ck.planes(name), plan, rank)` per tensor (the path before).",
+        "`shard_planes(ck.planes(name), plan, rank)` per tensor (`shard_fused` for a fused "
+        "one; the path before).",
         "",
         "| N | arm | wall s (all ranks) | load s per rank (median / max) | load memory MB "
         "(median / max; `ru_maxrss`: max) | NVFP4 held MB per rank (max) | bytes read MB "
@@ -380,7 +409,7 @@ def markdown(res: dict[str, Any]) -> str:
             )
     lines += [
         "",
-        "## Sharded matmul (one MLP: gate_proj column-parallel, down_proj row-parallel)",
+        f"## Sharded matmul (one MLP: {column} column-parallel, down_proj row-parallel)",
         "",
         f"`{q['backend']}` backend (`{q['isa']}`), one thread, median of {q['reps']} calls "
         f"taken in {ROUNDS} turns across the whole layer and every rank, "
@@ -405,9 +434,12 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=SPEC.layers, help="decoder layers")
     ap.add_argument("--rounds", type=int, default=2, help="rounds per world size (median)")
     ap.add_argument("--reps", type=int, default=9, help="matmul calls per point (median)")
+    ap.add_argument("--fused", action="store_true", help="Phi-3's fused q/k/v and gate/up")
     ap.add_argument("--quick", action="store_true", help="tiny smoke test; prints only")
     args = ap.parse_args()
     spec = QUICK_SPEC if args.quick else dataclasses.replace(SPEC, layers=args.layers)
+    spec = dataclasses.replace(spec, fused=args.fused)
+    name = "shard_load_fused" if args.fused else "shard_load"
     rounds = 1 if args.quick else args.rounds
     t_start = time.perf_counter()
     load_start = load_average()
@@ -450,12 +482,14 @@ def main() -> int:
                         f"max {max(mems) / MB:6.0f} MB",
                         flush=True,
                     )
-        qmm = qmm_times(src, WORLDS, 5 if args.quick else args.reps)
+        gate_name = "gate_up_proj" if spec.fused else "gate_proj"
+        qmm = qmm_times(src, WORLDS, 5 if args.quick else args.reps, gate_name)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     worlds = {w: {a: summary(runs) for a, runs in arms.items()} for w, arms in raw.items()}
     result = {
         "benchmark": "shard_load",
+        "name": name,
         "quick": args.quick,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine_info(),
@@ -480,9 +514,10 @@ def main() -> int:
         )
     if args.quick:
         return 0
-    write_atomic(RESULTS_JSON, json.dumps(result, indent=1) + "\n")
-    write_atomic(DOCS_MD, markdown(result))
-    print(f"wrote {RESULTS_JSON.relative_to(REPO)} and {DOCS_MD.relative_to(REPO)}")
+    results_json, docs_md = RESULTS / f"{name}.json", DOCS / f"{name}.md"
+    write_atomic(results_json, json.dumps(result, indent=1) + "\n")
+    write_atomic(docs_md, markdown(result))
+    print(f"wrote {results_json.relative_to(REPO)} and {docs_md.relative_to(REPO)}")
     return 0 if all(g["met"] for g in result["goals"].values()) else 1
 
 
