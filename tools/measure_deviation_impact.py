@@ -3,7 +3,7 @@ Instruct, every decoder linear NVFP4) run with weights the reference encodes and
 with that one deviation switched on (``nvfp4.deviation_emulators``), against the same
 model with the plain reference weights.
 
-For every deviation of ``spec/draft/deviations.toml`` with ``scope = "real"`` and an
+For every deviation of ``spec/1.2/deviations.toml`` with ``scope = "real"`` and an
 emulation: the weights are re-encoded (encoder deviations: each projection with its
 reference global as the static input scale, so fused q/k/v and gate/up keep their shared
 global as the engines' checkpoints do) or decoded (decoder deviations) with it, the
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--update-registry",
         action="store_true",
-        help="write each measured deviation's impact into spec/draft/deviations.toml",
+        help="write each measured deviation's impact into spec/1.2/deviations.toml",
     )
     args = parser.parse_args(argv)
     if args.update_registry:
@@ -245,7 +245,7 @@ def _write_doc(report_path: Path, doc: str | None) -> int:
 def update_registry(report: dict[str, Any]) -> int:
     """Set ``impact = {t6_tokens = .., t6_kl = ..}`` in every measured entry of the
     registry (the line after its ``emulated``), through a temporary file and a rename."""
-    path = REPO / "spec" / "draft" / "deviations.toml"
+    path = REPO / "spec" / "1.2" / "deviations.toml"
     lines = path.read_text(encoding="utf-8").splitlines()
     out: list[str] = []
     current = None
@@ -284,7 +284,7 @@ def render_doc(report: dict[str, Any]) -> str:
         "reports/deviation-impact.json --doc docs/deviation-impact.md --render-only` from the "
         "report; do not edit by hand. -->",
         "",
-        "Engines depart from the NVFP4 spec in declared, bounded ways (`spec/draft/"
+        "Engines depart from the NVFP4 spec in declared, bounded ways (`spec/1.2/"
         "deviations.toml`; [the engines matrix](engines.md) says which engine has which). "
         "This page measures what those that real checkpoints meet do to a real model: the "
         "T6 model (SmolLM2-135M-Instruct, every decoder linear NVFP4, float32 activations: "

@@ -1,4 +1,4 @@
-"""T7 (sharding, spec 1.2 draft) is collected only for spec >= 1.2 or when ``--nvfp4-tiers``
+"""T7 (sharding, spec 1.2) is collected only for spec >= 1.2 or when ``--nvfp4-tiers``
 names it, so a 1.1 certificate means what it meant before T7; asked for, it spawns gloo
 ranks at 2, 3, 4 and 8 and certifies the reference backend, with a T7 certificate section."""
 
@@ -72,6 +72,6 @@ def test_t7_certifies_the_reference_backend(run_tiers: RunTiers, pytester: pytes
             assert 0 < worst["max_rel_err"] <= worst["tolerance"], (path, dtype, worst)
     assert section["worst"]["row_parallel"]["bfloat16"]["tolerance"] == 1e-2
     md = (pytester.path / "cert-reference.md").read_text(encoding="utf-8")
-    assert "## T7 sharded (spec 1.2 (draft))" in md
+    assert "## T7 sharded (spec 1.2)" in md
     assert "| row_parallel | float32 |" in md
     assert "greedy_parity" not in section

@@ -8,9 +8,11 @@ version's file (every ``spec/<X.Y>/`` folder holding ``nvfp4.md`` and ``toleranc
 * the sdist as ``src/nvfp4/spec_data/<X.Y>/tolerances.toml``, so that a wheel built from
   the sdist (no ``spec/`` there) finds them inside the package like any other file.
 
-The draft's spec data files named in :data:`DRAFT_FILES` (``spec/draft/<name>``, for
-example the deviation registry read by ``nvfp4.deviation_registry``) go to
-``nvfp4/spec_data/draft/<name>`` in the same way.
+A released folder's other files the package reads (:data:`RELEASED_EXTRA_FILES`: from 1.2
+the deviation registry read by ``nvfp4.deviation_registry``) go to
+``nvfp4/spec_data/<X.Y>/<name>`` in the same way, and the draft's files named in
+:data:`DRAFT_FILES` (``spec/draft/<name>``; none while the draft holds only its README) to
+``nvfp4/spec_data/draft/<name>``.
 
 An editable install gets nothing: it maps ``nvfp4`` to ``src/nvfp4``, and
 ``nvfp4.tolerances`` reads the checkout's ``spec/`` folder itself. A checkout must not hold
@@ -28,10 +30,13 @@ from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 #: Where the package data lives inside the package.
 SPEC_DATA = "spec_data"
 _VERSION_DIR = re.compile(r"\d+\.\d+")
-#: Files of ``spec/draft/`` the package reads (one line each, so helpers add theirs apart).
-DRAFT_FILES: tuple[str, ...] = (
-    "deviations.toml",  # nvfp4.deviation_registry
-    "tolerances.toml",  # nvfp4.tolerances.draft_tolerances ([row_parallel], spec 1.2 draft)
+#: Files of ``spec/draft/`` the package reads (one line each, so helpers add theirs apart):
+#: none while the draft holds only its README (1.2 released what it read).
+DRAFT_FILES: tuple[str, ...] = ()
+#: Files of a released folder the package reads besides ``tolerances.toml`` (every
+#: version's), where the version has them.
+RELEASED_EXTRA_FILES: tuple[str, ...] = (
+    "deviations.toml",  # nvfp4.deviation_registry (from spec 1.2)
 )
 
 
@@ -44,6 +49,17 @@ def released_tolerance_files(spec_dir: Path) -> dict[str, Path]:
         and _VERSION_DIR.fullmatch(d.name)
         and (d / "nvfp4.md").is_file()
         and (d / "tolerances.toml").is_file()
+    }
+
+
+def released_extra_files(spec_dir: Path) -> dict[str, Path]:
+    """``<version>/<name>`` -> the file, for every name of :data:`RELEASED_EXTRA_FILES` a
+    released folder holds."""
+    return {
+        f"{version}/{name}": path.parent / name
+        for version, path in released_tolerance_files(spec_dir).items()
+        for name in RELEASED_EXTRA_FILES
+        if (path.parent / name).is_file()
     }
 
 
@@ -80,6 +96,9 @@ def spec_data_map(root: Path, target: str) -> dict[str, str]:
     if not files:
         raise FileNotFoundError(f"no released spec folder under {spec_dir}")
     mapping = {str(path): f"{prefix}/{version}/tolerances.toml" for version, path in files.items()}
+    mapping.update(
+        {str(path): f"{prefix}/{name}" for name, path in released_extra_files(spec_dir).items()}
+    )
     mapping.update(
         {str(path): f"{prefix}/{name}" for name, path in draft_data_files(spec_dir).items()}
     )

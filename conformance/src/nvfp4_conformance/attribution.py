@@ -1,5 +1,5 @@
 """Attribution of failing cases to declared deviations, and the certificate's verdict
-(spec 1.2 draft, "Conformance classes and declared deviations").
+(spec 1.2, "Conformance classes and declared deviations").
 
 When a bit-exact comparison fails, the tier asks :func:`explain_dequantize` or
 :func:`explain_encoding` whether the backend's output is what the reference computes with

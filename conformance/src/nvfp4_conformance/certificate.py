@@ -266,7 +266,7 @@ def build_certificate(run: ConformanceRun) -> dict[str, Any]:
         "capabilities_not_certified": sorted(c for c, (s, _) in status.items() if s != "certified"),
         "illegal_skips": [o.nodeid for o in run.illegal_skips()],
         "t6": _t6_summary(run),
-        **t7_section(run),  # only when T7 (sharding, spec 1.2 draft) ran
+        **t7_section(run),  # only when T7 (sharding, spec 1.2) ran
         "verdict": verdict(tests, result),
         "tests": tests,
     }

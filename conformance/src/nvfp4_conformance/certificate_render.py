@@ -118,7 +118,7 @@ def _result_line(cert: dict[str, Any]) -> str:
 
 
 def _verdict_sentence(cert: dict[str, Any]) -> str:
-    """Schema 4's conformance class (spec 1.2 draft) after the result; nothing before."""
+    """Schema 4's conformance class (spec 1.2) after the result; nothing before."""
     v = cert.get("verdict")
     if not v:
         return ""

@@ -217,7 +217,7 @@ def pytest_collection_modifyitems(
         if unknown:
             raise pytest.UsageError(f"--nvfp4-tiers: unknown tiers {sorted(unknown)} (T0..T7)")
         run.tiers_selected = frozenset(wanted)
-    # T7 (sharding, spec 1.2 draft) is collected only for spec >= 1.2 or when named
+    # T7 (sharding, spec 1.2) is collected only for spec >= 1.2 or when named
     from .t7 import t7_applies
 
     if not t7_applies(run.spec_version, run.tiers_selected):

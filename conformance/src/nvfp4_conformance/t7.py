@@ -1,4 +1,4 @@
-"""Tier T7 (sharded, spec 1.2 draft "Sharding"): the backend under test on every rank of a
+"""Tier T7 (sharded, spec 1.2 "Sharding"): the backend under test on every rank of a
 real ``torch.distributed`` process group (gloo on CPUs), its weights cut by the shard plan.
 
 One spawn of :data:`MAX_WORLD` processes runs every world size: for each ``world`` in
@@ -43,7 +43,7 @@ __all__ = [
     "write_inputs",
 ]
 
-#: The spec version T7 belongs to (the 1.2 draft's "Sharding" section).
+#: The spec version T7 belongs to (1.2's "Sharding" section).
 T7_FROM_SPEC = "1.2"
 
 

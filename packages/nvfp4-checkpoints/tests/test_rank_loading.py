@@ -1,4 +1,4 @@
-"""``load_rank``: one tensor-parallel rank's shards read from a checkpoint (spec 1.2 draft,
+"""``load_rank``: one tensor-parallel rank's shards read from a checkpoint (spec 1.2,
 "Sharding"). Every rank's planes equal ``shard_planes(whole, plan_for(...), rank)`` byte for
 byte, for every tensor, world sizes 1, 2, 3, 4 and 8, in each safetensors flavour, on a
 2,880 hidden size with Nemotron-3-Nano's 1,856 intermediate (uneven K at 8) and 45 heads of

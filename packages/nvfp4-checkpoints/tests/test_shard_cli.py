@@ -1,5 +1,5 @@
 """``nvfp4 shard SRC DST [--tp N] [--ep M] [--align A]`` and ``nvfp4 verify SRC DST`` of a
-sharded DST (spec 1.2 draft, "Sharding"): per-rank checkpoints of SRC's flavour that open
+sharded DST (spec 1.2, "Sharding"): per-rank checkpoints of SRC's flavour that open
 alone (one ``.gguf`` a rank for GGUF), a manifest of every rank's range, Nemotron-3-Nano's
 1,856 and a 2,880 K whose sharded matmul sums to the unsharded reference, zero padding
 (zero GGUF super-blocks included), experts dealt to EP ranks with their globals, and bad
@@ -85,7 +85,7 @@ def test_every_flavour_shards_and_verifies(
     manifest = manifest_of(dst)
     assert (manifest["tp"], manifest["ep"], manifest["world"]) == (tp, 1, tp)
     assert manifest["flavour"] == flavour
-    assert manifest["spec_version"] == "1.2-draft"
+    assert manifest["spec_version"] == "1.2"
     assert manifest["align_blocks"] == (4 if flavour == "gguf" else 1)
     down = manifest["tensors"][DOWN]
     gate = manifest["tensors"]["model.layers.0.mlp.gate_proj"]

@@ -1,4 +1,4 @@
-"""Fused tensors in checkpoints, sharded per partition (spec 1.2 draft, "Sharding", fused
+"""Fused tensors in checkpoints, sharded per partition (spec 1.2, "Sharding", fused
 partitions): a SmolLM2-like layer (9 heads, 3 KV heads of 64) with q/k/v fused as
 ``qkv_proj`` and gate/up fused as ``gate_up_proj`` over Nemotron-3-Nano's 1,856
 intermediate, in ModelOpt and compressed-tensors (one global the fused tensor shares, no
@@ -25,7 +25,7 @@ from nvfp4.fusion import fuse
 from nvfp4.planes import NVFP4Planes
 from nvfp4.reference import qmm
 from nvfp4.shard_plan import head_plan, shard_plan
-from nvfp4.tolerances import draft_tolerances, tolerance
+from nvfp4.tolerances import tolerance
 from nvfp4_checkpoints import CheckpointError, load_rank, open_checkpoint, write_checkpoint
 from nvfp4_checkpoints.cli import main
 from nvfp4_checkpoints.shard import MANIFEST, rank_checkpoint, shard_checkpoint, verify_sharded
@@ -204,7 +204,7 @@ def test_the_sharded_layer_multiplies_to_the_reference(
         h = np.maximum(g[:, :half], 0) * g[:, half:]
         total += qmm(h, shard.planes[DOWN], out_dtype=None).astype(np.float32)
     rel = np.max(np.abs(total - ref)) / np.max(np.abs(ref))
-    assert rel <= draft_tolerances()["row_parallel"]["float32"]
+    assert rel <= tolerance("row_parallel", "float32", spec="1.2")
 
 
 def one_line(capsys: pytest.CaptureFixture[str], argv: list[str], *words: str) -> None:

@@ -1,6 +1,6 @@
 """Measure the error of row-parallel (K-sharded) NVFP4 matmuls: the ``[row_parallel]`` table
-of ``spec/draft/tolerances.toml`` (spec 1.2 draft, section "Sharding") is set from what this
-script prints.
+of ``spec/1.2/tolerances.toml`` (spec 1.2, section "Sharding for tensor and expert parallelism") is set
+from what this script prints.
 
 A row-parallel layer splits K over ``world`` ranks by the shard plan
 (:func:`nvfp4.shard_plan.shard_plan`, whole 16-value blocks, optionally in units of 64);

@@ -1,4 +1,4 @@
-"""``nvfp4.deviation_registry`` reads ``spec/draft/deviations.toml``: the committed registry
+"""``nvfp4.deviation_registry`` reads ``spec/1.2/deviations.toml``: the committed registry
 parses and says what the spec requires of it, and a malformed file is refused with one line
 naming the file, the entry, the key, the expected and the found."""
 
@@ -59,8 +59,9 @@ def test_the_committed_registry_parses_and_is_complete() -> None:
 def test_the_registry_is_read_from_the_checkout_or_the_package() -> None:
     source = reg.data_file()
     assert source.name == "deviations.toml"
-    if (REPO / "spec" / "draft").is_dir():
-        assert Path(str(source)) == REPO / "spec" / "draft" / "deviations.toml"
+    assert reg.REGISTRY_SPEC_VERSION == "1.2"
+    if (REPO / "spec" / "1.2").is_dir():  # a checkout: the released folder's file
+        assert Path(str(source)) == REPO / "spec" / "1.2" / "deviations.toml"
 
 
 def test_unknown_id_is_a_key_error_naming_the_known_ones() -> None:

@@ -1,4 +1,4 @@
-"""Fused tensors sharded per partition (spec 1.2 draft, "Sharding", fused partitions): a
+"""Fused tensors sharded per partition (spec 1.2, "Sharding", fused partitions): a
 fused q/k/v of SmolLM2's 9 heads and 3 KV heads at TP 2, 3 (uneven heads) and 4 (KV heads
 replicated), and a fused gate/up of Nemotron-3-Nano's 1,856 intermediate at TP 8 with an
 alignment of 8 blocks (a padded last rank): every rank equal byte for byte to cutting each
@@ -26,7 +26,7 @@ from nvfp4.shard_planes import (
     shard_fused_swizzled_scales,
     shard_planes,
 )
-from nvfp4.tolerances import draft_tolerances, tolerance
+from nvfp4.tolerances import tolerance
 
 HEADS, KV_HEADS, HEAD_DIM, HIDDEN = 9, 3, 64, 576  # SmolLM2-135M
 INTER = 1856  # Nemotron-3-Nano's routed expert
@@ -165,7 +165,7 @@ def test_fused_gate_up_1856_at_tp8_align8_and_its_down_sum() -> None:
         h = np.maximum(gu[:, :p], 0) * gu[:, p:]  # padded rows give h = 0
         assert not np.any(h[:, k_plan[r].size :])
         total += qmm(h, shard_planes(down, k_plan, r), out_dtype=None).astype(np.float32)
-    assert rel_error(total, ref) <= draft_tolerances()["row_parallel"]["float32"]
+    assert rel_error(total, ref) <= tolerance("row_parallel", "float32", spec="1.2")
 
 
 def test_swizzled_scales_and_expert_stacks_follow_the_same_rule() -> None:

@@ -1,4 +1,4 @@
-"""The shard plan (spec 1.2 draft, "Sharding"): the divmod rule over 16-value blocks, real
+"""The shard plan (spec 1.2, "Sharding"): the divmod rule over 16-value blocks, real
 model shapes (Nemotron-3-Nano's 1,856 at TP8, a 2,880 hidden size, a 640-wide expert with a
 kernel alignment of 64, SmolLM2-135M's 9 / 3 heads), paired layers, refusals, and the plan's
 invariants over many shapes."""

@@ -45,6 +45,11 @@ RELEASED_NUMBERS: dict[str, dict[str, dict[str, float]]] = {
         "w4a8_fp8": {"float32": 1e-6, "float16": 1e-3, "bfloat16": 1e-2},
     },
 }
+#: 1.2 (read from its TOML since it was released): 1.1's numbers, and sharding's.
+RELEASED_NUMBERS["1.2"] = {
+    **RELEASED_NUMBERS["1.1"],
+    "row_parallel": {"float32": 1e-4, "float16": 1e-3, "bfloat16": 1e-2},
+}
 
 
 def _plain(table: Any) -> dict[str, dict[str, float]]:
@@ -134,10 +139,8 @@ def test_no_file_and_a_wrong_version_fail_loudly(
         FileNotFoundError, match=r"^spec 1\.1 tolerances: .*spec_data.1\.1.*spec.1\.1"
     ):
         tolerances.data_file("1.1")
-    # the draft's files are looked up the same way, each naming what it looked for
-    with pytest.raises(FileNotFoundError, match=r"^draft spec tolerances: .*spec_data.draft"):
-        tolerances.draft_data_file()
-    with pytest.raises(FileNotFoundError, match=r"^deviation registry: .*spec.draft.deviations"):
+    # 1.2's registry is looked up the same way, naming what it looked for
+    with pytest.raises(FileNotFoundError, match=r"^deviation registry: .*spec.1\.2.deviations"):
         deviation_registry.data_file()
     wrong = tmp_path / tolerances.SPEC_DATA / "1.1"
     wrong.mkdir(parents=True)
@@ -175,11 +178,15 @@ def test_the_build_packages_every_released_version(hook: types.ModuleType) -> No
             str(spec_dir / v / "tolerances.toml"): f"{prefix}/spec_data/{v}/tolerances.toml"
             for v in spec.SUPPORTED_SPEC_VERSIONS
         } | {
+            str(spec_dir / v / "deviations.toml"): f"{prefix}/spec_data/{v}/deviations.toml"
+            for v in spec.SUPPORTED_SPEC_VERSIONS
+            if spec.version_key(v) >= (1, 2)  # the registry, from 1.2
+        } | {
             str(spec_dir / "draft" / name): f"{prefix}/spec_data/draft/{name}"
             for name in hook.DRAFT_FILES
         }, target
-        assert "deviations.toml" in hook.DRAFT_FILES
-        assert "tolerances.toml" in hook.DRAFT_FILES  # draft_tolerances: [row_parallel]
+        assert str(spec_dir / "1.2" / "deviations.toml") in mapping
+        assert hook.DRAFT_FILES == ()  # the draft holds its README only
 
 
 def test_a_wheel_from_an_sdist_takes_the_files_it_carries(

@@ -8,7 +8,7 @@
   is skipped, unless ``NVFP4_REQUIRE_ENGINES`` names its adapter (conftest.py); then the
   test fails.
 * Which deviations need a report. A deviation's ``severity`` decides the class of an engine
-  that shows it (spec 1.2 draft, "Conformance classes and declared deviations"): ``benign``
+  that shows it (spec 1.2, "Conformance classes and declared deviations"): ``benign``
   and ``lossy`` leave an engine ``compatible``, while ``unsafe`` makes it ``incompatible``
   even when the deviation is declared. ``scope`` (real checkpoints or malformed input) does
   not change the class. So an engine bug that makes an engine incompatible is an
@@ -40,7 +40,7 @@ INDEX = UPSTREAM / "README.md"
 
 class Reproducer(NamedTuple):
     adapter: str  # the nvfp4-engines adapter whose certificate found it (a seen_in value)
-    deviation: str  # its id in spec/draft/deviations.toml
+    deviation: str  # its id in spec/1.2/deviations.toml
     expected: str  # the line after "expected: "
     actual: str  # the line after "actual:   "
 

@@ -59,7 +59,7 @@ def _run(backend: Any, x: npt.NDArray[Any], input_scale: float | None) -> tuple[
     try:
         got = backend.quantize_activations(backend.from_numpy(x), input_scale)
     except Exception as exc:
-        # a refusal a declared deviation also makes (spec 1.2 draft) is named in the failure
+        # a refusal a declared deviation also makes (spec 1.2) is named in the failure
         ids = explain_refusal(lambda d: emu.quantize_activations(x, input_scale, deviations=d))
         if ids:
             raise AssertionError(f"quantize_activations raised {exc!r}{_EXPLAINED}{ids}") from exc
@@ -85,7 +85,7 @@ def _encode_and_judge(
     :func:`compare_encodings` with the reference's (exactly for the reference backend); the
     case is recorded with ``input_scale``, ``fields`` and the figures. Where the backend
     refuses or the comparison fails, the case is recorded with the declared deviations that
-    explain it (``explained_by``, spec 1.2 draft) and the test fails as before."""
+    explain it (``explained_by``, spec 1.2) and the test fails as before."""
     try:
         got, ref = _run(backend, x, input_scale)
     except AssertionError as exc:

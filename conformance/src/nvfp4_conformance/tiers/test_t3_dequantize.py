@@ -86,7 +86,7 @@ def check_dequantize(backend: Any, record: Any, case: str, planes: NVFP4Planes, 
         int(exact_mismatches(found, expected).sum()) if found.shape == expected.shape else -1
     )
     # a failing case carries the declared deviations whose emulation gives exactly this
-    # output (spec 1.2 draft); a passing one carries no explained_by, so a Hypothesis test's
+    # output (spec 1.2); a passing one carries no explained_by, so a Hypothesis test's
     # failing examples are the cases that have one (attribution.failing_explanation)
     explained = {"explained_by": explain_dequantize(found, planes, dtype)} if mismatches else {}
     record(

@@ -1,4 +1,4 @@
-"""T7 greedy parity (spec 1.2 draft, "Sharding"): T6's model decoded tensor-parallel at
+"""T7 greedy parity (spec 1.2, "Sharding"): T6's model decoded tensor-parallel at
 world sizes 2 and 3 (:data:`nvfp4_conformance.t7.PARITY_WORLDS`) must give T6's golden
 tokens, every one of them (4 prompts x 40 tokens).
 

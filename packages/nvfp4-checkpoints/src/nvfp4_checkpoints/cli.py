@@ -408,7 +408,7 @@ def _parser() -> argparse.ArgumentParser:
     v.set_defaults(func=_cmd_verify)
     sh = sub.add_parser(
         "shard",
-        help="write a pre-sharded checkpoint for tensor / expert parallelism (spec 1.2 draft)",
+        help="write a pre-sharded checkpoint for tensor / expert parallelism (spec 1.2)",
         description="Write DST/rank-<r>/ (SRC's flavour; for a GGUF, one .gguf file a rank) "
         "for r < tp * ep (rank = ep_rank * tp + tp_rank) and DST/shard-manifest.json: every "
         "NVFP4 tensor cut by the shard plan (K in whole blocks, whole 64-value super-blocks "

@@ -1,4 +1,4 @@
-"""Load one rank's share of an NVFP4 checkpoint for tensor parallelism (spec 1.2 draft,
+"""Load one rank's share of an NVFP4 checkpoint for tensor parallelism (spec 1.2,
 "Sharding"), reading that rank's bytes only.
 
 :func:`load_rank` ``(path, rank, world)`` returns a :class:`RankShard`: the rank's planes of

@@ -1,5 +1,5 @@
-"""``nvfp4 shard``: a pre-sharded checkpoint for tensor and expert parallelism (spec 1.2
-draft, "Sharding"), and its verification.
+"""``nvfp4 shard``: a pre-sharded checkpoint for tensor and expert parallelism (spec 1.2,
+"Sharding"), and its verification.
 
 ``shard_checkpoint(SRC, DST, tp=N, ep=M, align=A)`` writes ``DST/rank-<r>/`` for each of the
 ``N * M`` ranks and ``DST/shard-manifest.json``. A rank is a checkpoint of SRC's flavour

@@ -1,4 +1,4 @@
-"""What every rank of a pre-sharded checkpoint holds (spec 1.2 draft, "Sharding"): the
+"""What every rank of a pre-sharded checkpoint holds (spec 1.2, "Sharding"): the
 tensor-parallel plan of every NVFP4 tensor, the expert-parallel split of every group of
 experts, the names a rank stores them under, and the manifest that records it all.
 
@@ -66,7 +66,7 @@ __all__ = [
 ]
 
 #: The spec version whose plan the manifest follows.
-SHARD_SPEC: Final = "1.2-draft"
+SHARD_SPEC: Final = "1.2"
 #: The smallest K unit of a GGUF NVFP4 tensor, in 16-value blocks (one 64-value super-block).
 GGUF_ALIGN: Final = GGUF_SUPER_BLOCK // BLOCK_SIZE
 #: How the manifest says rank numbers are formed from the EP and TP ranks.

@@ -162,7 +162,7 @@ class BackendInfo:
         version: the distribution's version.
         package: the distribution to install to get it (used in error messages).
         notes: free-form facts the certificate repeats (for instance "W4A4 emulated").
-        deviations: ids of the spec's deviation registry (1.2 draft) this backend declares;
+        deviations: ids of the spec's deviation registry (1.2) this backend declares;
             with those whose ``seen_in`` names it, the only ones that may explain its
             failing tests.
     """

@@ -1,5 +1,5 @@
 """The reference with declared deviations: what an engine that departs from the spec in
-the declared ways computes (spec 1.2 draft, "Conformance classes and declared deviations").
+the declared ways computes (spec 1.2, "Conformance classes and declared deviations").
 
 Each emulated deviation of the registry (:mod:`nvfp4.deviation_registry`, ``emulated =
 true``) is one rule of the reference changed, at the step where the spec states it. The

@@ -1,12 +1,12 @@
-"""The deviation registry of the draft spec (1.2), read from ``spec/draft/deviations.toml``.
+"""The deviation registry of spec 1.2, read from ``spec/1.2/deviations.toml``.
 
 The registry is spec data (``nvfp4.md``, section "Conformance classes and declared
 deviations"): every way a real engine was seen to depart from the spec, with the rule it
 departs from, its scope (``real`` checkpoints or ``malformed`` input only), its severity
 (``benign``, ``lossy``, ``unsafe``), its bound and the evidence. This module reads it and
 restates none of it. Where the file is found (:func:`data_file`): an installed wheel carries
-it as package data, ``nvfp4/spec_data/draft/deviations.toml`` (``hatch_build.py``); a source
-checkout reads the repository's ``spec/draft/``.
+it as package data, ``nvfp4/spec_data/1.2/deviations.toml`` (``hatch_build.py``); a source
+checkout reads the repository's ``spec/1.2/``.
 
 The file is input like any other: every value is checked for type and range where it is
 read, and an error is one line naming the file, the entry, the key, the expected and the
@@ -56,7 +56,7 @@ BOUNDS: Final[Mapping[str, bool]] = {
     "unbounded": False,
 }
 TIERS: Final = ("T0", "T1", "T2", "T3", "T4", "T5", "T6")
-#: The file's own version: the draft's.
+#: The file's own version: the spec version that released it.
 REGISTRY_SPEC_VERSION: Final = "1.2"
 _ID: Final = re.compile(r"[a-z0-9_]{1,64}")
 _ENGINE: Final = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
@@ -114,9 +114,10 @@ class Deviation:
 
 
 def data_file() -> Traversable:
-    """``deviations.toml``: the package data of an installed wheel, else the checkout's
-    ``spec/draft/``. Raises FileNotFoundError naming both places."""
-    return spec_file("draft", "deviations.toml", "deviation registry")
+    """``deviations.toml`` of spec :data:`REGISTRY_SPEC_VERSION`: the package data of an
+    installed wheel, else the checkout's ``spec/<version>/``. Raises FileNotFoundError
+    naming both places."""
+    return spec_file(REGISTRY_SPEC_VERSION, "deviations.toml", "deviation registry")
 
 
 def _text(where: str, entry: Mapping[str, Any], key: str) -> str:
@@ -294,10 +295,10 @@ _CACHE: dict[str, tuple[Deviation, ...]] = {}
 
 def deviations() -> tuple[Deviation, ...]:
     """Every declared deviation of the registry, in file order (read once)."""
-    if "draft" not in _CACHE:
+    if REGISTRY_SPEC_VERSION not in _CACHE:
         source = data_file()
-        _CACHE["draft"] = parse(source.read_text(encoding="utf-8"), str(source))
-    return _CACHE["draft"]
+        _CACHE[REGISTRY_SPEC_VERSION] = parse(source.read_text(encoding="utf-8"), str(source))
+    return _CACHE[REGISTRY_SPEC_VERSION]
 
 
 def deviation(ident: str) -> Deviation:

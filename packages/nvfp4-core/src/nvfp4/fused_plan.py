@@ -1,8 +1,8 @@
-"""The shard plan of a fused tensor (spec 1.2 draft, section "Sharding", fused partitions):
-q/k/v concatenated along N as one tensor (``qkv_proj``, ``Wqkv``, ``c_attn``), or gate/up
-(``gate_up_proj``, ``w13``), is never split as one range of rows. Each partition is split
-by its own plan, and a rank's piece is the concatenation of its pieces of every partition,
-in partition order:
+"""The shard plan of a fused tensor (spec 1.2, section "Sharding for tensor and expert
+parallelism", fused partitions): q/k/v concatenated along N as one tensor (``qkv_proj``,
+``Wqkv``, ``c_attn``), or gate/up (``gate_up_proj``, ``w13``), is never split as one range
+of rows. Each partition is split by its own plan, and a rank's piece is the concatenation
+of its pieces of every partition, in partition order:
 
 * q by whole query heads, k and v by KV heads (replicated where fewer KV heads than ranks):
   :func:`fused_qkv_plan`, from :func:`nvfp4.shard_plan.head_plan`;

@@ -1,5 +1,6 @@
-"""The shard plan of spec 1.2 (draft), section "Sharding": which part of a tensor each rank
-of a tensor-parallel (or expert-parallel) group holds, and how much zero padding it adds.
+"""The shard plan of spec 1.2, section "Sharding for tensor and expert parallelism": which
+part of a tensor each rank of a tensor-parallel (or expert-parallel) group holds, and how
+much zero padding it adds.
 
 One rule decides every split: cut the dimension into *units*, then give them out with
 ``q, r = divmod(units, world)``; ranks ``0 .. r-1`` get ``q + 1`` units, the others ``q``, in

@@ -1,5 +1,5 @@
 """Cut NVFP4 planes into per-rank shards by a :mod:`nvfp4.shard_plan` plan, and put them
-back together (spec 1.2 draft, section "Sharding").
+back together (spec 1.2, section "Sharding for tensor and expert parallelism").
 
 * ``"n"`` plans (column-parallel) keep rows ``[start, stop)``; ``"k"`` plans (row-parallel)
   keep K columns ``[start, stop)`` -- codes at ``start / 2``, scales at ``start / 16``, so a

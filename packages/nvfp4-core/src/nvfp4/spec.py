@@ -220,9 +220,17 @@ def _spec_1_1() -> SpecTables:
     return replace(v10, version="1.1", reserved_paths=frozenset(), q8_block_size=32, q8_max=127)
 
 
+def _spec_1_2() -> SpecTables:
+    """Spec 1.2 (``spec/1.2/nvfp4.md``): 1.1's tables. What 1.2 adds (the shard plan,
+    conformance classes and declared deviations, outputs below the normal range) has its
+    code in :mod:`nvfp4.shard_plan`, :mod:`nvfp4.deviation_registry` and its numbers in
+    ``tolerances.toml`` (``[row_parallel]``)."""
+    return replace(_spec_1_1(), version="1.2")
+
+
 #: Every released version's table, by version. A release adds one; none is ever removed or
 #: edited (a released folder under ``spec/`` is immutable, and so is its table).
-_RELEASED: dict[str, SpecTables] = {"1.0": _spec_1_0(), "1.1": _spec_1_1()}
+_RELEASED: dict[str, SpecTables] = {"1.0": _spec_1_0(), "1.1": _spec_1_1(), "1.2": _spec_1_2()}
 
 
 def version_key(version: str) -> tuple[int, ...]:
@@ -243,7 +251,8 @@ SUPPORTED_SPEC_VERSIONS: Final = tuple(sorted(_RELEASED, key=version_key))
 #: The newest spec version this package implements.
 SPEC_VERSION: Final = SUPPORTED_SPEC_VERSIONS[-1]
 #: The spec version that defines the weight format a checkpoint holds (codes, scales,
-#: globals, layouts): unchanged since 1.0 (1.1 adds activation formats only). Checkpoint
+#: globals, layouts): unchanged since 1.0 (1.1 adds activation formats, 1.2 sharding and
+#: conformance classes; neither changes a weight byte). Checkpoint
 #: writers record it, so a reader pinned to 1.0 reads what any later tooling wrote.
 WEIGHT_FORMAT_VERSION: Final = "1.0"
 

@@ -7,8 +7,8 @@ carries them as package data, ``nvfp4/spec_data/<folder>/<name>``
 a source checkout (``PYTHONPATH=src``, or an editable install, which maps the package to
 ``src/``) has no ``spec_data/`` and reads the repository's ``spec/`` folder,
 ``../../../../spec`` from this package's folder. :mod:`nvfp4.tolerances` (a released
-version's ``tolerances.toml``, the draft's) and :mod:`nvfp4.deviation_registry` (the
-draft's ``deviations.toml``) find their files here.
+version's ``tolerances.toml``) and :mod:`nvfp4.deviation_registry` (1.2's
+``deviations.toml``) find their files here.
 """
 
 from __future__ import annotations

@@ -24,11 +24,10 @@ each at a rounding boundary) and ``boundary_window`` (how close to a boundary, r
 activations) and ``w4a8_fp8`` numbers per output dtype, and ``quantize_q8`` (``reference``,
 ``others``, ``boundary_window``) for int8 activation encoders.
 
-The draft of the next version (``spec/draft/tolerances.toml``, package data
-``nvfp4/spec_data/draft/tolerances.toml`` in a wheel) is read apart, by
-:func:`draft_tolerances`: it is not a released version, so no ``tolerance(...)`` lookup and
-no certificate of a released version sees it. Its ``[row_parallel]`` table (spec 1.2 draft,
-"Sharding") bounds a row-parallel (K-sharded) matmul's float32-reduced sum.
+Spec 1.2 adds ``row_parallel`` (section "Sharding"): per output dtype, the bound of a
+row-parallel (K-sharded) matmul's float32-reduced sum. Every file's values are checked
+where they are read (:func:`parse_tables`). A draft's file (``spec/draft/``, while one is
+edited) is no released version: nothing here reads it.
 
 A lookup names the version it certifies (``tolerance("qmm", "float16", spec="1.0")``): a
 1.0 certificate made after 1.1 ships must use 1.0's numbers. Without ``spec`` it gets the
@@ -41,6 +40,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final
 
+from ._moved import renamed
 from .dtypes import dtype_name
 from .spec import SPEC_VERSION, SUPPORTED_SPEC_VERSIONS, released, version_key
 from .spec_files import SPEC_DATA as SPEC_DATA  # the package data folder: <version>/ under it
@@ -54,9 +54,7 @@ __all__ = [
     "TOLERANCES",
     "TOLERANCES_SPEC_VERSION",
     "data_file",
-    "draft_data_file",
-    "draft_tolerances",
-    "parse_draft",
+    "parse_tables",
     "tolerance",
     "tolerances_for",
 ]
@@ -76,6 +74,30 @@ def data_file(version: str) -> Traversable:
     return spec_file(version, "tolerances.toml", f"spec {version} tolerances")
 
 
+def parse_tables(text: str, source: str) -> Table:
+    """The tables of a ``tolerances.toml`` text: every table's every value checked to be a
+    finite number >= 0; an error names ``source``, the table, the key and what it found, in
+    one line. ``spec_version`` and ``metric`` are not tables."""
+    try:
+        data: dict[str, Any] = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{source}: not TOML: {exc}") from None
+    data.pop("spec_version", None)
+    data.pop("metric", None)
+    tables: dict[str, Mapping[str, float]] = {}
+    for path, numbers in data.items():
+        if not isinstance(numbers, dict):
+            raise ValueError(f"{source}: [{path}]: expected a table, found {numbers!r}")
+        for key, n in numbers.items():
+            ok = isinstance(n, (int, float)) and not isinstance(n, bool)
+            if not ok or not 0.0 <= float(n) < float("inf"):
+                raise ValueError(
+                    f"{source}: [{path}] {key}: expected a finite number >= 0, found {n!r}"
+                )
+        tables[path] = MappingProxyType({k: float(n) for k, n in numbers.items()})
+    return MappingProxyType(tables)
+
+
 def _read(version: str) -> tuple[str, Table]:
     """The metric and the numbers of ``version``'s file, read-only; its ``spec_version``
     must be ``version``."""
@@ -85,11 +107,7 @@ def _read(version: str) -> tuple[str, Table]:
     if stated != version:
         raise ValueError(f"{source} states spec_version {stated!r}, expected {version!r}")
     metric = str(data.pop("metric"))
-    tables = {
-        path: MappingProxyType({key: float(n) for key, n in numbers.items()})
-        for path, numbers in data.items()
-    }
-    return metric, MappingProxyType(tables)
+    return metric, parse_tables(source.read_text(encoding="utf-8"), str(source))
 
 
 _READ: Final = {v: _read(v) for v in SUPPORTED_SPEC_VERSIONS}
@@ -162,49 +180,12 @@ TOLERANCES_SPEC_VERSION: Final = SPEC_VERSION
 TOLERANCES: Final[Table] = tolerances_for(TOLERANCES_SPEC_VERSION)
 
 
-def draft_data_file() -> Traversable:
-    """The draft's ``tolerances.toml``: the package data of an installed wheel
-    (``nvfp4/spec_data/draft/``), else the source checkout's ``spec/draft/``.
-
-    Raises:
-        FileNotFoundError: when neither exists; the message names both places.
-    """
-    return spec_file("draft", "tolerances.toml", "draft spec tolerances")
-
-
-_DRAFT: dict[str, Table] = {}
-
-
-def parse_draft(text: str, source: str = "spec/draft/tolerances.toml") -> Table:
-    """The tables of a draft ``tolerances.toml`` text: every table's every value checked to
-    be a finite number >= 0; an error names ``source``, the table, the key and what it
-    found, in one line. ``spec_version`` (the draft keeps the version it started from until
-    release) and ``metric`` are not tables."""
-    try:
-        data: dict[str, Any] = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"{source}: not TOML: {exc}") from None
-    data.pop("spec_version", None)
-    data.pop("metric", None)
-    tables: dict[str, Mapping[str, float]] = {}
-    for path, numbers in data.items():
-        if not isinstance(numbers, dict):
-            raise ValueError(f"{source}: [{path}]: expected a table, found {numbers!r}")
-        for key, n in numbers.items():
-            ok = isinstance(n, (int, float)) and not isinstance(n, bool)
-            if not ok or not 0.0 <= float(n) < float("inf"):
-                raise ValueError(
-                    f"{source}: [{path}] {key}: expected a finite number >= 0, found {n!r}"
-                )
-        tables[path] = MappingProxyType({k: float(n) for k, n in numbers.items()})
-    return MappingProxyType(tables)
-
-
-def draft_tolerances() -> Table:
-    """The numbers of the draft spec (the coming 1.2), read-only, in the shape of
-    :func:`tolerances_for` (read once, :func:`parse_draft`). ``[row_parallel]`` is the
-    sharding table."""
-    if "draft" not in _DRAFT:
-        source = draft_data_file()
-        _DRAFT["draft"] = parse_draft(source.read_text(encoding="utf-8"), str(source))
-    return _DRAFT["draft"]
+#: Spec 1.2 released the draft's numbers (``[row_parallel]``, the sharding table): the
+#: draft's readers of 1.2's days, kept one release.
+__getattr__ = renamed(
+    __name__,
+    {
+        "parse_draft": ("parse_tables", parse_tables),
+        "draft_tolerances": ("tolerances_for", lambda: tolerances_for("1.2")),
+    },
+)

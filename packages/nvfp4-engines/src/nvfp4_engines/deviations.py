@@ -1,5 +1,5 @@
 """The deviations the conformance suite has found in engines, each with the spec rule it
-breaks (the spec draft's registry's, ``spec/draft/deviations.toml``, read by id), a
+breaks (spec 1.2's registry, ``spec/1.2/deviations.toml``, read by id), a
 one-line reading and, per engine, a minimal reproducer that uses only that engine's own
 API (no nvfp4 code).
 
@@ -29,7 +29,7 @@ class Deviation:
     """One way an engine departs from the spec.
 
     Attributes:
-        key: its id in the spec draft's registry (``spec/draft/deviations.toml``), which
+        key: its id in spec 1.2's registry (``spec/1.2/deviations.toml``), which
             holds the spec rule it breaks (:attr:`rule`).
         pattern: a regular expression searched in a failed test's ``"<nodeid> <message>"``.
         reading: what the engine does instead, naming the engine's functions (the

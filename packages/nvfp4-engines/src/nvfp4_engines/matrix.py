@@ -172,7 +172,7 @@ def _deviations(cert: dict[str, Any]) -> tuple[list[tuple[Deviation, list[Test]]
 
 
 def engine_verdict(cert: dict[str, Any]) -> dict[str, Any]:
-    """The class of an engine's certificate (spec 1.2 draft): every failed test explained
+    """The class of an engine's certificate (spec 1.2): every failed test explained
     by the suite's emulation (``explained_by``, certificate schema 4) or, where the suite
     has no emulation, by the message of a declared deviation
     (:func:`nvfp4_engines.deviations.classify`); ``incompatible`` when a failure is
@@ -246,9 +246,9 @@ def _verdict_section(certs: list[dict[str, Any]], impact: dict[str, Any]) -> lis
     lines = [
         "## Verdicts",
         "",
-        'The class of each engine (spec 1.2 draft, "Conformance classes and declared '
+        'The class of each engine (spec 1.2, "Conformance classes and declared '
         'deviations"): **conformant**: every test passes; **compatible**: every failing '
-        "test is explained by a declared deviation of `spec/draft/deviations.toml` that is "
+        "test is explained by a declared deviation of `spec/1.2/deviations.toml` that is "
         "not `unsafe`; **incompatible**: a failure no declared deviation explains, or one "
         "only an `unsafe` deviation explains. A failing test is explained by **emulation** "
         "when the suite's reference with that deviation (`nvfp4.deviation_emulators`) "

@@ -2,7 +2,7 @@
 ``torch.distributed`` (gloo on CPUs, NCCL on GPUs; any initialised process group).
 
 * :func:`all_reduce_f32` - the row-parallel sum: every rank's partial output, in float32,
-  summed over the group in float32 (spec 1.2 draft, "Sharding": partials are never rounded
+  summed over the group in float32 (spec 1.2, "Sharding": partials are never rounded
   to float16 / bfloat16 before the reduction);
 * :func:`all_gather_last` - the column-parallel gather: every rank's columns, of uneven
   widths allowed (the shard plan gives ranks ``0 .. r-1`` one unit more), concatenated in

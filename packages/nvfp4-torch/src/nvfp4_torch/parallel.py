@@ -1,4 +1,4 @@
-"""Tensor- and expert-parallel NVFP4 layers on ``torch.distributed`` (spec 1.2 draft,
+"""Tensor- and expert-parallel NVFP4 layers on ``torch.distributed`` (spec 1.2,
 "Sharding"): each rank holds its shard of the weight, cut by a shard plan
 (:mod:`nvfp4.shard_plan`, :mod:`nvfp4.shard_planes`), and computes with
 :class:`~nvfp4_torch.modules.NVFP4Linear` / :class:`~nvfp4_torch.modules.NVFP4Experts`

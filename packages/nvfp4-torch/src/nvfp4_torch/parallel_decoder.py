@@ -1,7 +1,7 @@
 """Tensor-parallel greedy decoding: :class:`ParallelDecoder` is the lean batch-1 decoder
 (:class:`nvfp4_torch.lean_decoder.LeanDecoder`, the same forward code) run on every rank
 of a ``torch.distributed`` group, each rank holding its shard of every NVFP4 linear, cut by
-the shard plan of spec 1.2 (draft), section "Sharding" (:mod:`nvfp4.shard_plan`):
+the shard plan of spec 1.2, section "Sharding" (:mod:`nvfp4.shard_plan`):
 
 * q / k / v column-parallel by whole heads (:func:`nvfp4.shard_plan.head_plan`: by KV groups
   when there are at least as many KV heads as ranks, else by query heads with the KV heads
