@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 from nvfp4 import reference, spec
 from nvfp4.planes import NVFP4Planes
-from nvfp4.testing import nonfinite_blocks, q8_exact_halves, zero_blocks
+from nvfp4.testing import nonfinite_blocks, q8_exact_halves, scattered_inf, zero_blocks
 from nvfp4_triton import hardware, ops
 from nvfp4_triton.config import KernelConfig
 from nvfp4_triton.kernels.w4a8 import _e2m1_as_e4m3, _e2m1_doubled
@@ -154,12 +154,7 @@ FP8_CASES = {
     "every_value_midpoint": (lambda r: _every_e4m3_value_and_midpoint(), 1.0),
     "zeros_dynamic": (lambda r: np.zeros((2, 32), np.float32), None),
     "negative_zero": (lambda r: np.full((1, 32), -0.0, np.float32), 1.0),
-    "nonfinite_dynamic": (
-        lambda r: np.where(
-            r.random((5, 64)) < 0.05, np.float32(np.inf), r.standard_normal((5, 64))
-        ).astype(np.float32),
-        None,
-    ),
+    "nonfinite_dynamic": (lambda r: scattered_inf(r, 5, 64, 0.05), None),
     "float16_dynamic": (lambda r: r.standard_normal((17, 32)).astype(np.float16), None),
     "bfloat16_dynamic": (lambda r: r.standard_normal((3, 64)).astype(ml_dtypes.bfloat16), None),
 }

@@ -23,7 +23,13 @@ import numpy.typing as npt
 import pytest
 from nvfp4 import reference
 from nvfp4.activations import Q8Activations
-from nvfp4.testing import nonfinite_blocks, q8_exact_halves, rows_across_magnitudes, zero_blocks
+from nvfp4.testing import (
+    nonfinite_blocks,
+    q8_exact_halves,
+    rows_across_magnitudes,
+    scattered_inf,
+    zero_blocks,
+)
 
 from nvfp4_conformance.checks import is_reference
 from nvfp4_conformance.corpus import CorpusTally
@@ -114,12 +120,7 @@ FP8_CASES: dict[str, tuple[Builder, float | None]] = {
         1.0,
     ),
     "zeros": (lambda r: np.zeros((3, 64), np.float32), None),
-    "nonfinite": (
-        lambda r: np.where(
-            r.random((5, 96)) < 0.02, np.float32(np.inf), r.standard_normal((5, 96))
-        ).astype(np.float32),
-        None,
-    ),
+    "nonfinite": (lambda r: scattered_inf(r, 5, 96, 0.02), None),
     "bfloat16_input": (lambda r: r.standard_normal((16, 512)).astype(ml_dtypes.bfloat16), None),
 }
 

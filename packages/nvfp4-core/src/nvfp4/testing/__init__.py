@@ -7,7 +7,7 @@ share. Installed code imports it, so nothing here imports pytest at module level
   :func:`realistic_weight`, :func:`activations`, the shapes of a Llama layer
   :func:`llama_layer_shapes`), :func:`raw_planes` (unchecked) and the crafted activations
   of the encoder tests (:func:`rows_across_magnitudes`, :func:`zero_blocks`,
-  :func:`nonfinite_blocks`, :func:`q8_exact_halves`);
+  :func:`nonfinite_blocks`, :func:`scattered_inf`, :func:`q8_exact_halves`);
 * :mod:`nvfp4.testing.modules` - :func:`module_from_file`: a script, benchmark or build
   hook that is not an installed module, imported from its path;
 * :mod:`nvfp4.testing.properties` - Hypothesis settings and strategies of the property
@@ -30,6 +30,7 @@ from .data import (
     raw_planes,
     realistic_weight,
     rows_across_magnitudes,
+    scattered_inf,
     unrouted_nonfinite_rows,
     zero_blocks,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "realistic_weight",
     "relative_error",
     "rows_across_magnitudes",
+    "scattered_inf",
     "unrouted_nonfinite_rows",
     "zero_blocks",
 ]

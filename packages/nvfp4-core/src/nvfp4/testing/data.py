@@ -1,7 +1,7 @@
 """Seeded test data: weights as planes and activations (and :func:`raw_planes`, planes
 that skipped their own checks, for the tests that every entry point refuses them), and the
 crafted activations that the activation encoders' tests share (:func:`rows_across_magnitudes`,
-:func:`zero_blocks`, :func:`nonfinite_blocks`, :func:`q8_exact_halves`).
+:func:`zero_blocks`, :func:`nonfinite_blocks`, :func:`scattered_inf`, :func:`q8_exact_halves`).
 
 Every builder draws from the ``numpy.random.Generator`` it is given, so a seeded generator
 gives the same bytes on every run and every backend (the conformance suite's certificates
@@ -31,6 +31,7 @@ __all__ = [
     "raw_planes",
     "realistic_weight",
     "rows_across_magnitudes",
+    "scattered_inf",
     "unrouted_nonfinite_rows",
     "zero_blocks",
 ]
@@ -166,6 +167,16 @@ def nonfinite_blocks(
         rng.random((m, k)) < fraction,
         np.float32(np.nan),
         np.where(rng.random((m, k)) < fraction, np.float32(-np.inf), rng.standard_normal((m, k))),
+    ).astype(np.float32)
+
+
+def scattered_inf(
+    rng: np.random.Generator, m: int, k: int, fraction: float
+) -> npt.NDArray[np.float32]:
+    """Gaussian ``[m, k]`` float32 activations with about ``fraction`` of the elements +Inf
+    (and no NaN)."""
+    return np.where(
+        rng.random((m, k)) < fraction, np.float32(np.inf), rng.standard_normal((m, k))
     ).astype(np.float32)
 
 
