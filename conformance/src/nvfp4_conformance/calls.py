@@ -1,7 +1,7 @@
 """How the tiers call a backend's verbs and check what comes back: numpy arrays in
 (through the backend's ``from_numpy``), numpy arrays out (``to_numpy``), the output's shape
-and dtype checked before its values are; and whose activation encoder T4's references
-use (:func:`own_encoding`)."""
+and dtype checked before its values are (:func:`call_prepared` does both for a verb on
+prepared planes); and whose activation encoder T4's references use (:func:`own_encoding`)."""
 
 from __future__ import annotations
 
@@ -29,6 +29,25 @@ def assert_output(y: npt.NDArray[Any], shape: tuple[int, ...], dtype: str, what:
     assert y.dtype == OUTPUT_DTYPES[dtype], (
         f"{what}: output dtype {y.dtype}, expected {dtype} (x's dtype)"
     )
+
+
+def call_prepared(
+    backend: Any,
+    verb: str,
+    x: npt.NDArray[Any],
+    planes: Any,
+    *args: Any,
+    shape: tuple[int, ...],
+    dtype: str,
+    what: str | None = None,
+    **kwargs: Any,
+) -> npt.NDArray[Any]:
+    """``backend.<verb>(x, backend.prepare(planes), *args, **kwargs)`` as a numpy array,
+    failed unless it has ``shape`` and the output dtype ``dtype`` (:func:`assert_output`;
+    ``what`` names the call in the message, ``verb`` when not given)."""
+    y = call_verb(backend, verb, x, backend.prepare(planes), *args, **kwargs)
+    assert_output(y, shape, dtype, verb if what is None else what)
+    return y
 
 
 def own_encoding(backend: Any, verb: str, x: npt.NDArray[Any], *args: Any) -> Any:

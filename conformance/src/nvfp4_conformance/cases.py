@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 from nvfp4 import reference
 from nvfp4.planes import NVFP4Planes
-from nvfp4.testing import globals_for, random_planes, raw_planes, realistic_weight
+from nvfp4.testing import activations, globals_for, random_planes, raw_planes, realistic_weight
 
 __all__ = [
     "MalformedCase",
@@ -22,6 +22,7 @@ __all__ = [
     "codes_probe",
     "content_malformed_cases",
     "globals_for",
+    "nonfinite_rows_case",
     "random_planes",
     "raw_planes",
     "realistic_weight",
@@ -34,6 +35,20 @@ def case_rng(*key: object) -> np.random.Generator:
     """A generator seeded by a case's key (the CRC-32 of ``repr(key)``): the same numbers
     for that case on every run, machine and backend."""
     return np.random.default_rng(zlib.crc32(repr(key).encode()))
+
+
+def nonfinite_rows_case(
+    tag: str, inf: float = np.inf
+) -> tuple[NVFP4Planes, npt.NDArray[np.float32]]:
+    """The non-finite rows case of T4's ``qmm_<tag>``: realistic planes ``[16, 128]`` and
+    float32 activations ``[6, 128]`` with NaN at ``x[1, 3]`` and ``inf`` (``+inf`` or
+    ``-inf``) at ``x[4, 100]``; rows 0, 2, 3 and 5 finite."""
+    rng = case_rng(f"{tag}_nan")
+    planes = realistic_weight(rng, 16, 128, name=f"t4.{tag}_nan")
+    x = activations(rng, 6, 128, "float32")
+    x[1, 3] = np.nan
+    x[4, 100] = inf
+    return planes, x
 
 
 #: The 127 valid E4M3 scale bytes (0x00..0x7E).

@@ -8,6 +8,8 @@
   its rules for zero, empty and non-finite arrays), with a diagnosis per row group
   (partition, expert) that names the group whose error is out of line and the factor it
   is off by (a dropped or misapplied global shows up as a constant ratio);
+  :func:`record_within` records a case's figures in the certificate, pass or fail, before
+  it asserts them;
 * :func:`is_reference` - whether the backend under test is the reference itself, which
   every encoder comparison holds to exact agreement.
 """
@@ -31,6 +33,7 @@ __all__ = [
     "global_mixup_hint",
     "group_diagnosis",
     "is_reference",
+    "record_within",
 ]
 
 Explain = Callable[[tuple[int, ...]], str]
@@ -133,6 +136,27 @@ def assert_within(
         return lines
 
     return testing.assert_within(found, ref, tol, what, diagnose=diagnose if groups else None)
+
+
+def record_within(
+    record: Callable[..., None],
+    case: str,
+    found: Any,
+    ref: npt.NDArray[Any],
+    tol: float,
+    what: str,
+    *,
+    groups: Mapping[str, tuple[tuple[npt.NDArray[np.bool_] | slice, ...], float]] | None = None,
+    for_information: Mapping[str, Any] | None = None,
+    **case_figures: Any,
+) -> None:
+    """Record ``case`` in the certificate (``record``: the ``nvfp4_record`` fixture) - its
+    ``case_figures`` (dtype, shape, ...), the tolerance ``tol``, ``for_information`` (figures
+    that are not judged) and :func:`error_figures` of ``found`` against ``ref`` - pass or
+    fail, then :func:`assert_within` them."""
+    figs = error_figures(found, ref)
+    record(case, **case_figures, tolerance=tol, **(for_information or {}), **figs)
+    assert_within(found, ref, tol, what, groups=groups)
 
 
 def global_mixup_hint(

@@ -247,27 +247,35 @@ def test_bad_input_is_refused_in_one_line() -> None:
         reassemble_fused([shards[0], qkv], plan)
     with pytest.raises(PlaneError, match=r"fused shards: expected 2 \(one a rank\), found 1"):
         reassemble_fused(shards[:1], plan)
-    # replicated KV rows that differ between ranks, and nonzero padding, are refused
-    plan4 = fused_qkv_plan(HEADS, KV_HEADS, HEAD_DIM, 4, name="layers.0.qkv_proj")
-    shards4 = [shard_fused(qkv, plan4, r) for r in range(4)]
-    codes = shards4[2].codes.copy()
-    codes[2 * 64 + 10, 0] ^= 0x11  # rank 2's k rows start with KV head 1, rank 1's too
-    shards4[2] = shards4[2].replace(codes=codes)
-    with pytest.raises(
-        PlaneError,
-        match=r"rank 2 partition k codes of rows held by another rank too: expected the same "
-        r"bytes",
-    ):
-        reassemble_fused(shards4, plan4)
-    gplan = fused_gate_up_plan(INTER, 8, align=8, name="gate_up")
+    # replicated KV rows that differ between ranks, and nonzero padding, are refused: one
+    # byte of one rank's shard flipped (fused tensor, plan, rank, plane, index, xor, message)
     gate_up = fuse([planes(7, (INTER, 64), "gate"), planes(8, (INTER, 64), "up")], "gate_up")
-    gshards = [shard_fused(gate_up, gplan, r) for r in range(8)]
-    scales = gshards[7].scales.copy()
-    scales[100, 1] = 0x38  # gate's padded rows on rank 7 (64..127)
-    gshards[7] = gshards[7].replace(scales=scales)
-    with pytest.raises(
-        PlaneError,
-        match=r"rank 7 partition gate padded scale bytes \(plan 'gate_up'\): expected 0x00, "
-        r"found 0x38 at padded index \(36, 1\)",
-    ):
-        reassemble_fused(gshards, gplan)
+    tampered = [
+        (  # rank 2's k rows start with KV head 1, rank 1's too
+            qkv,
+            fused_qkv_plan(HEADS, KV_HEADS, HEAD_DIM, 4, name="layers.0.qkv_proj"),
+            2,
+            "codes",
+            (2 * 64 + 10, 0),
+            0x11,
+            r"rank 2 partition k codes of rows held by another rank too: expected the same "
+            r"bytes",
+        ),
+        (  # gate's padded rows on rank 7 (64..127), scale byte 0x00 -> 0x38
+            gate_up,
+            fused_gate_up_plan(INTER, 8, align=8, name="gate_up"),
+            7,
+            "scales",
+            (100, 1),
+            0x38,
+            r"rank 7 partition gate padded scale bytes \(plan 'gate_up'\): expected 0x00, "
+            r"found 0x38 at padded index \(36, 1\)",
+        ),
+    ]
+    for fused, fplan, rank, plane, index, xor, message in tampered:
+        rank_shards = [shard_fused(fused, fplan, r) for r in range(fplan.world)]
+        data = getattr(rank_shards[rank], plane).copy()
+        data[index] ^= xor
+        rank_shards[rank] = rank_shards[rank].replace(**{plane: data})
+        with pytest.raises(PlaneError, match=message):
+            reassemble_fused(rank_shards, fplan)

@@ -36,30 +36,20 @@ def layers_out(planes: dict[str, NVFP4Planes], plans: Any, g: Any, is_shard: boo
     be = nvfp4.get_backend("cpu")
     rank = torch.distributed.get_rank(g)
 
-    def column(name: str, gather: bool) -> ColumnParallelLinear:
-        return ColumnParallelLinear(
-            planes[name],
-            plans[name],
-            group=g,
-            gather_output=gather,
-            backend=be,
-            planes_are_shard=is_shard,
+    def layer(cls: Any, name: str, **kwargs: Any) -> Any:
+        """Layer ``name`` of class ``cls`` on this rank, from ``planes[name]`` and its plan."""
+        return cls(
+            planes[name], plans[name], group=g, backend=be, planes_are_shard=is_shard, **kwargs
         )
 
-    gate, up = column(GATE, False), column(UP, False)
-    down = RowParallelLinear(
-        planes[DOWN],
-        plans[DOWN],
-        group=g,
-        input_is_parallel=True,
-        backend=be,
-        planes_are_shard=is_shard,
-    )
+    gate = layer(ColumnParallelLinear, GATE, gather_output=False)
+    up = layer(ColumnParallelLinear, UP, gather_output=False)
+    down = layer(RowParallelLinear, DOWN, input_is_parallel=True)
     x = x_of(1, 4, HIDDEN)
     local = gate(x)
     assert local.shape[-1] == plans[DOWN][rank].padded
     mlp = down(torch.nn.functional.silu(local) * up(x))
-    return {"mlp": mlp, "head": column(HEAD, True)(x)}
+    return {"mlp": mlp, "head": layer(ColumnParallelLinear, HEAD, gather_output=True)(x)}
 
 
 def _rank_main(ops: Any, folder: str, src: str) -> None:

@@ -10,6 +10,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from nvfp4 import layouts, reference, spec
+from nvfp4.testing import rows_across_magnitudes, zero_blocks
 from nvfp4.testing.properties import draw_activations, reproducible
 from nvfp4_triton import ops
 from nvfp4_triton.config import KernelConfig
@@ -55,20 +56,14 @@ CASES = {
     "normal_dynamic_m1": (lambda r: r.standard_normal((1, 272)).astype(np.float32), None),
     "normal_dynamic_m33": (lambda r: r.standard_normal((33, 80)).astype(np.float32), None),
     "static_scale": (lambda r: r.standard_normal((5, 64)).astype(np.float32), 0.003),
-    "rows_1e-3_to_1e3": (
-        lambda r: (r.standard_normal((7, 48)) * np.logspace(-3, 3, 7)[:, None]).astype(np.float32),
-        None,
-    ),
+    "rows_1e-3_to_1e3": (lambda r: rows_across_magnitudes(r, 7, 48, -3, 3), None),
     "tiny_scales_subnormal_e4m3": (
         lambda r: (r.standard_normal((4, 64)) * 1e-3).astype(np.float32),
         1.0,
     ),
     "saturating_scales": (lambda r: (r.standard_normal((4, 64)) * 1e4).astype(np.float32), 1e-3),
     "zeros": (lambda r: np.zeros((4, 32), np.float32), None),
-    "zero_blocks": (
-        lambda r: np.where(np.arange(64) < 32, 0.0, r.standard_normal((5, 64))).astype(np.float32),
-        None,
-    ),
+    "zero_blocks": (lambda r: zero_blocks(r, 5, 64), None),
     "nonfinite_blocks": (lambda r: _nonfinite(r), None),
     "swizzle_past_128_rows": (lambda r: r.standard_normal((130, 48)).astype(np.float32), None),
     "float16": (lambda r: r.standard_normal((9, 64)).astype(np.float16), None),

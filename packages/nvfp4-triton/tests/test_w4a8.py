@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 from nvfp4 import reference, spec
 from nvfp4.planes import NVFP4Planes
+from nvfp4.testing import nonfinite_blocks, q8_exact_halves, scattered_inf, zero_blocks
 from nvfp4_triton import hardware, ops
 from nvfp4_triton.config import KernelConfig
 from nvfp4_triton.kernels.w4a8 import _e2m1_as_e4m3, _e2m1_doubled
@@ -70,31 +71,20 @@ def _check_q8(x: np.ndarray, cfg: KernelConfig) -> None:
     np.testing.assert_array_equal(d.numpy().view(np.uint16), ref.d.view(np.uint16))  # bytes
 
 
-def _ties(rng: np.random.Generator, m: int, k: int) -> np.ndarray:
-    """Blocks of amax 127 (d = 1, id = 1) whose other elements are exact halves: roundf
-    sends them away from zero (126.5 -> 127, -0.5 -> -1)."""
-    x = (rng.integers(-126, 126, size=(m, k)) + 0.5).astype(np.float32)
-    x[:, ::32] = 127.0
-    return x
-
-
 Q8_CASES = {
     "normal": lambda r: r.standard_normal((9, 96)).astype(np.float32),
-    "exact_halves": lambda r: _ties(r, 5, 64),
+    # blocks of amax 127 (d = 1, id = 1), other elements exact halves: roundf sends them
+    # away from zero (126.5 -> 127, -0.5 -> -1)
+    "exact_halves": lambda r: q8_exact_halves(r, 5, 64),
     "rows_1e-40_to_1e30": lambda r: (
         r.standard_normal((8, 64))
         * np.array([1e-40, 1e-38, 3e-37, 1e-30, 1e-7, 1, 1e8, 1e30])[:, None]
     ).astype(np.float32),
     "zeros_and_zero_blocks": lambda r: (
-        np.where(np.arange(96) < 32, 0.0, r.standard_normal((4, 96))).astype(np.float32)
-        * np.array([0, 1, -1, 0], np.float32)[:, None]
+        zero_blocks(r, 4, 96, zeros=32) * np.array([0, 1, -1, 0], np.float32)[:, None]
     ),
     "negative_zero": lambda r: np.full((2, 32), -0.0, np.float32),
-    "nonfinite_blocks": lambda r: np.where(
-        r.random((6, 96)) < 0.03,
-        np.float32(np.nan),
-        np.where(r.random((6, 96)) < 0.03, np.float32(-np.inf), r.standard_normal((6, 96))),
-    ).astype(np.float32),
+    "nonfinite_blocks": lambda r: nonfinite_blocks(r, 6, 96, 0.03),
     "float16": lambda r: r.standard_normal((17, 64)).astype(np.float16),
     "bfloat16": lambda r: r.standard_normal((3, 32)).astype(ml_dtypes.bfloat16),
 }
@@ -164,12 +154,7 @@ FP8_CASES = {
     "every_value_midpoint": (lambda r: _every_e4m3_value_and_midpoint(), 1.0),
     "zeros_dynamic": (lambda r: np.zeros((2, 32), np.float32), None),
     "negative_zero": (lambda r: np.full((1, 32), -0.0, np.float32), 1.0),
-    "nonfinite_dynamic": (
-        lambda r: np.where(
-            r.random((5, 64)) < 0.05, np.float32(np.inf), r.standard_normal((5, 64))
-        ).astype(np.float32),
-        None,
-    ),
+    "nonfinite_dynamic": (lambda r: scattered_inf(r, 5, 64, 0.05), None),
     "float16_dynamic": (lambda r: r.standard_normal((17, 32)).astype(np.float16), None),
     "bfloat16_dynamic": (lambda r: r.standard_normal((3, 64)).astype(ml_dtypes.bfloat16), None),
 }

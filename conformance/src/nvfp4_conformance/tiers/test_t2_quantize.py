@@ -28,6 +28,7 @@ from nvfp4 import deviation_emulators as emu
 from nvfp4 import reference
 from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import BLOCK_SIZE, E2M1_BOUNDS
+from nvfp4.testing import nonfinite_blocks, rows_across_magnitudes, zero_blocks
 
 from nvfp4_conformance.attribution import explain_encoding, explain_refusal
 from nvfp4_conformance.checks import is_reference
@@ -129,30 +130,15 @@ CASES: dict[str, tuple[Builder, float | None]] = {
     "normal_dynamic_m1": (lambda r: r.standard_normal((1, 4096)).astype(np.float32), None),
     "normal_dynamic_m33": (lambda r: r.standard_normal((33, 272)).astype(np.float32), None),
     "normal_static_scale": (lambda r: r.standard_normal((8, 512)).astype(np.float32), 0.003),
-    "rows_1e-3_to_1e3": (
-        lambda r: (r.standard_normal((7, 128)) * np.logspace(-3, 3, 7)[:, None]).astype(np.float32),
-        None,
-    ),
+    "rows_1e-3_to_1e3": (lambda r: rows_across_magnitudes(r, 7, 128, -3, 3), None),
     "zeros": (lambda r: np.zeros((4, 64), np.float32), None),
     # amax / 2688 underflows to 0 at amax <= 1344 * 2^-149: the global is then 1.0 (spec 1.0,
     # step 1 and its erratum); one step above, the global is the smallest subnormal 2^-149.
     "subnormal_amax_global_1": (lambda r: _subnormal(r, 1344), None),
     "subnormal_amax_global_2^-149": (lambda r: _subnormal(r, 1345), None),
-    "zero_blocks": (
-        lambda r: np.where(np.arange(128) < 64, 0.0, r.standard_normal((5, 128))).astype(
-            np.float32
-        ),
-        None,
-    ),
+    "zero_blocks": (lambda r: zero_blocks(r, 5, 128), None),
     "float16_input": (lambda r: r.standard_normal((16, 4096)).astype(np.float16), None),
-    "nonfinite_blocks": (
-        lambda r: np.where(
-            r.random((6, 128)) < 0.01,
-            np.float32(np.nan),
-            np.where(r.random((6, 128)) < 0.01, np.float32(-np.inf), r.standard_normal((6, 128))),
-        ).astype(np.float32),
-        None,
-    ),
+    "nonfinite_blocks": (lambda r: nonfinite_blocks(r, 6, 128, 0.01), None),
     "bfloat16_input": (lambda r: r.standard_normal((16, 4096)).astype(ml_dtypes.bfloat16), None),
 }
 

@@ -23,7 +23,13 @@ import numpy.typing as npt
 import pytest
 from nvfp4 import reference
 from nvfp4.activations import Q8Activations
-from nvfp4.spec import Q8_BLOCK_SIZE
+from nvfp4.testing import (
+    nonfinite_blocks,
+    q8_exact_halves,
+    rows_across_magnitudes,
+    scattered_inf,
+    zero_blocks,
+)
 
 from nvfp4_conformance.checks import is_reference
 from nvfp4_conformance.corpus import CorpusTally
@@ -42,32 +48,17 @@ def _q8(backend: Any, x: npt.NDArray[Any]) -> tuple[Q8Activations, Q8Activations
     ), reference.quantize_activations_q8(x)
 
 
-def _ties(rng: np.random.Generator, m: int, k: int) -> npt.NDArray[np.float32]:
-    """Blocks with amax 127 (d = 1, id = 1) whose other elements are exact halves k + 0.5."""
-    x = (rng.integers(-126, 126, size=(m, k)) + 0.5).astype(np.float32)
-    x[:, ::Q8_BLOCK_SIZE] = np.float32(127.0)
-    return x
-
-
 Builder = Callable[[np.random.Generator], npt.NDArray[Any]]
 Q8_CASES: dict[str, Builder] = {
-    "exact_halves": lambda r: _ties(r, 8, 256),
+    "exact_halves": lambda r: q8_exact_halves(r, 8, 256),
     "normal_m1_k4096": lambda r: r.standard_normal((1, 4096)).astype(np.float32),
     "normal_m33_k288": lambda r: r.standard_normal((33, 288)).astype(np.float32),
-    "rows_1e-30_to_1e30": lambda r: (
-        r.standard_normal((7, 128)) * np.logspace(-30, 30, 7)[:, None]
-    ).astype(np.float32),
+    "rows_1e-30_to_1e30": lambda r: rows_across_magnitudes(r, 7, 128, -30, 30),
     "d_overflows_float16": lambda r: (r.standard_normal((2, 64)) * 1e8).astype(np.float32),
     "d_underflows_float16": lambda r: (r.standard_normal((2, 64)) * 1e-9).astype(np.float32),
     "zeros": lambda r: np.zeros((3, 64), np.float32),
-    "zero_blocks": lambda r: np.where(np.arange(128) < 64, 0.0, r.standard_normal((5, 128))).astype(
-        np.float32
-    ),
-    "nonfinite_blocks": lambda r: np.where(
-        r.random((6, 128)) < 0.02,
-        np.float32(np.nan),
-        np.where(r.random((6, 128)) < 0.02, np.float32(-np.inf), r.standard_normal((6, 128))),
-    ).astype(np.float32),
+    "zero_blocks": lambda r: zero_blocks(r, 5, 128),
+    "nonfinite_blocks": lambda r: nonfinite_blocks(r, 6, 128, 0.02),
     "float16_input": lambda r: r.standard_normal((16, 1024)).astype(np.float16),
     "bfloat16_input": lambda r: r.standard_normal((16, 1024)).astype(ml_dtypes.bfloat16),
 }
@@ -129,12 +120,7 @@ FP8_CASES: dict[str, tuple[Builder, float | None]] = {
         1.0,
     ),
     "zeros": (lambda r: np.zeros((3, 64), np.float32), None),
-    "nonfinite": (
-        lambda r: np.where(
-            r.random((5, 96)) < 0.02, np.float32(np.inf), r.standard_normal((5, 96))
-        ).astype(np.float32),
-        None,
-    ),
+    "nonfinite": (lambda r: scattered_inf(r, 5, 96, 0.02), None),
     "bfloat16_input": (lambda r: r.standard_normal((16, 512)).astype(ml_dtypes.bfloat16), None),
 }
 

@@ -25,9 +25,9 @@ from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import GLOBAL_AMAX_DIVISOR
 from nvfp4.testing import activations, unrouted_nonfinite_rows
 
-from nvfp4_conformance.calls import assert_output, call_verb, own_encoding
-from nvfp4_conformance.cases import case_rng, realistic_weight
-from nvfp4_conformance.checks import as_float64, assert_within, error_figures
+from nvfp4_conformance.calls import call_prepared, call_verb, own_encoding
+from nvfp4_conformance.cases import case_rng, nonfinite_rows_case, realistic_weight
+from nvfp4_conformance.checks import as_float64, assert_within, error_figures, record_within
 from nvfp4_conformance.sizing import matmul_params
 
 DTYPES = list(OUTPUT_DTYPES)
@@ -60,21 +60,6 @@ def tolerance(nvfp4_tolerance: Any) -> Any:
     return nvfp4_tolerance
 
 
-def _gather_qmm(
-    backend: Any, x: npt.NDArray[Any], planes: NVFP4Planes, ids: npt.NDArray[Any], *, sort: bool
-) -> npt.NDArray[Any]:
-    """The backend's ``gather_qmm`` of ``x`` with ``planes`` prepared and the expert ``ids``
-    (``sorted_indices=sort``)."""
-    return call_verb(
-        backend,
-        "gather_qmm",
-        x,
-        backend.prepare(planes),
-        backend.from_numpy(ids),
-        sorted_indices=sort,
-    )
-
-
 def _partition_groups(planes: NVFP4Planes, rows: Any = slice(None)) -> dict[str, Any]:
     if planes.partitions is None:
         return {}
@@ -98,12 +83,18 @@ def test_qmm(
     planes = realistic_weight(rng, n, k, name=f"t4.qmm_{n}x{k}")
     x = activations(rng, m, k, dtype)
     ref = reference.qmm(x, planes, out_dtype=None)
-    y = call_verb(nvfp4_backend, "qmm", x, nvfp4_backend.prepare(planes))
-    assert_output(y, (m, n), dtype, "qmm")
+    y = call_prepared(nvfp4_backend, "qmm", x, planes, shape=(m, n), dtype=dtype)
     tol = float(tolerance("qmm", dtype))
-    figs = error_figures(y, ref)
-    nvfp4_record(f"M{m}_K{k}_N{n}", dtype=dtype, shape=[m, k, n], tolerance=tol, **figs)
-    assert_within(y, ref, tol, f"qmm M={m} K={k} N={n} {dtype}")
+    record_within(
+        nvfp4_record,
+        f"M{m}_K{k}_N{n}",
+        y,
+        ref,
+        tol,
+        f"qmm M={m} K={k} N={n} {dtype}",
+        dtype=dtype,
+        shape=[m, k, n],
+    )
 
 
 FUSED = [
@@ -133,12 +124,21 @@ def test_qmm_fused_partitions(
     assert len(set(np.asarray(planes.global_scale).tolist())) == len(parts) - 1
     x = activations(rng, m, k, dtype)
     ref = reference.qmm(x, planes, out_dtype=None)
-    y = call_verb(nvfp4_backend, "qmm", x, nvfp4_backend.prepare(planes))
-    assert_output(y, (m, parts[-1]), dtype, "qmm (fused)")
+    y = call_prepared(
+        nvfp4_backend, "qmm", x, planes, shape=(m, parts[-1]), dtype=dtype, what="qmm (fused)"
+    )
     tol = float(tolerance("qmm", dtype))
-    figs = error_figures(y, ref)
-    nvfp4_record(label, dtype=dtype, shape=[m, k, parts[-1]], tolerance=tol, **figs)
-    assert_within(y, ref, tol, f"qmm fused {label} {dtype}", groups=_partition_groups(planes))
+    record_within(
+        nvfp4_record,
+        label,
+        y,
+        ref,
+        tol,
+        f"qmm fused {label} {dtype}",
+        groups=_partition_groups(planes),
+        dtype=dtype,
+        shape=[m, k, parts[-1]],
+    )
 
 
 # ------------------------------------------------------------------------ gather_qmm
@@ -195,8 +195,16 @@ def _check_gather(
     e = planes.num_experts
     assert e is not None
     ref = reference.gather_qmm(x, planes, ids, out_dtype=None)
-    y = _gather_qmm(backend, x, planes, ids, sort=sort)
-    assert_output(y, (x.shape[0], planes.n), dtype, "gather_qmm")
+    y = call_prepared(
+        backend,
+        "gather_qmm",
+        x,
+        planes,
+        backend.from_numpy(ids),
+        shape=(x.shape[0], planes.n),
+        dtype=dtype,
+        sorted_indices=sort,
+    )
     oob = (ids < 0) | (ids >= e)
     tol = float(tolerance("gather_qmm", dtype))
     inb = ~oob
@@ -311,20 +319,28 @@ def test_gather_qmm_false_sorted_hint(
     x = activations(rng, 10, 64, "float32")
     ids = np.array([3, 0, 2, 1, 3, 0, 0, 2, 1, 3], dtype=np.int64)
     try:
-        y = _gather_qmm(nvfp4_backend, x, planes, ids, sort=True)
+        y = call_verb(
+            nvfp4_backend,
+            "gather_qmm",
+            x,
+            nvfp4_backend.prepare(planes),
+            nvfp4_backend.from_numpy(ids),
+            sorted_indices=True,
+        )
     except ValueError as exc:
         nvfp4_record("false sorted hint", behaviour="refused", message=str(exc)[:200])
         return
     ref = reference.gather_qmm(x, planes, ids, out_dtype=None)
-    figs = error_figures(y, ref)
     tol = float(tolerance("gather_qmm", "float32"))
-    nvfp4_record("false sorted hint", behaviour="ignored", tolerance=tol, **figs)
-    assert_within(
+    record_within(
+        nvfp4_record,
+        "false sorted hint",
         y,
         ref,
         tol,
         "gather_qmm with a false sorted_indices hint must not return wrong rows",
         groups=_expert_groups(planes, ids),
+        behaviour="ignored",
     )
 
 
@@ -374,35 +390,41 @@ def test_qmm_w4a4(
     if scale == "static":
         input_scale = float(np.abs(as_float64(x)).max() / GLOBAL_AMAX_DIVISOR * 1.5)
     ref = w4a4_reference(nvfp4_backend, x, planes, input_scale)
-    y = call_verb(
-        nvfp4_backend, "qmm_w4a4", x, nvfp4_backend.prepare(planes), input_scale=input_scale
+    y = call_prepared(
+        nvfp4_backend, "qmm_w4a4", x, planes, shape=(m, n), dtype=dtype, input_scale=input_scale
     )
-    assert_output(y, (m, n), dtype, "qmm_w4a4")
     tol = float(tolerance("w4a4", dtype))
-    figs = error_figures(y, ref)
-    nvfp4_record(
-        label, dtype=dtype, shape=[m, k, n], input_scale=input_scale, tolerance=tol, **figs
+    record_within(
+        nvfp4_record,
+        label,
+        y,
+        ref,
+        tol,
+        f"qmm_w4a4 {label} {dtype}",
+        dtype=dtype,
+        shape=[m, k, n],
+        input_scale=input_scale,
     )
-    assert_within(y, ref, tol, f"qmm_w4a4 {label} {dtype}")
 
 
 @pytest.mark.requires_capability("w4a4")
 def test_qmm_w4a4_nonfinite_rows(nvfp4_backend: Any, nvfp4_record: Any, tolerance: Any) -> None:
     """A NaN or Inf activation makes its output row non-finite and leaves the other rows
     as they would be without it (the dynamic global ignores non-finite values)."""
-    rng = case_rng("w4a4_nan")
-    planes = realistic_weight(rng, 16, 128, name="t4.w4a4_nan")
-    x = activations(rng, 6, 128, "float32")
-    x[1, 3] = np.nan
-    x[4, 100] = np.inf
-    y = call_verb(nvfp4_backend, "qmm_w4a4", x, nvfp4_backend.prepare(planes))
-    assert_output(y, (6, 16), "float32", "qmm_w4a4")
+    planes, x = nonfinite_rows_case("w4a4")
+    y = call_prepared(nvfp4_backend, "qmm_w4a4", x, planes, shape=(6, 16), dtype="float32")
     bad = np.array([1, 4])
     good = np.array([0, 2, 3, 5])
     finite_bad = [int(r) for r in bad if np.isfinite(y[r]).all()]
     assert not finite_bad, f"rows {finite_bad} hold NaN/Inf in x but came out finite"
     ref = w4a4_reference(nvfp4_backend, x, planes, None)
     tol = float(tolerance("w4a4", "float32"))
-    figs = error_figures(y[good], ref[good])
-    nvfp4_record("nonfinite_rows", dtype="float32", tolerance=tol, **figs)
-    assert_within(y[good], ref[good], tol, "qmm_w4a4 finite rows next to non-finite ones")
+    record_within(
+        nvfp4_record,
+        "nonfinite_rows",
+        y[good],
+        ref[good],
+        tol,
+        "qmm_w4a4 finite rows next to non-finite ones",
+        dtype="float32",
+    )

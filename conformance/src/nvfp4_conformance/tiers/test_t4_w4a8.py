@@ -21,9 +21,9 @@ from nvfp4.dtypes import OUTPUT_DTYPES
 from nvfp4.planes import NVFP4Planes
 from nvfp4.testing import activations, relative_error
 
-from nvfp4_conformance.calls import assert_output, call_verb, own_encoding
-from nvfp4_conformance.cases import case_rng, realistic_weight
-from nvfp4_conformance.checks import as_float64, assert_within, error_figures
+from nvfp4_conformance.calls import call_prepared, call_verb, own_encoding
+from nvfp4_conformance.cases import case_rng, nonfinite_rows_case, realistic_weight
+from nvfp4_conformance.checks import as_float64, record_within
 from nvfp4_conformance.sizing import matmul_params
 
 pytestmark = pytest.mark.min_spec("1.1")
@@ -77,19 +77,19 @@ def test_qmm_w4a8(
     planes = realistic_weight(rng, n, k, name=f"t4.w4a8_{n}x{k}")
     x = activations(rng, m, k, dtype)
     ref = q8_reference(nvfp4_backend, x, planes)
-    y = call_verb(nvfp4_backend, "qmm_w4a8", x, nvfp4_backend.prepare(planes))
-    assert_output(y, (m, n), dtype, "qmm_w4a8")
+    y = call_prepared(nvfp4_backend, "qmm_w4a8", x, planes, shape=(m, n), dtype=dtype)
     tol = float(nvfp4_tolerance("w4a8", dtype))
-    figs = error_figures(y, ref)
-    nvfp4_record(
+    record_within(
+        nvfp4_record,
         f"M{m}_K{k}_N{n}",
+        y,
+        ref,
+        tol,
+        f"qmm_w4a8 M={m} K={k} N={n} {dtype}",
+        for_information={"w4a8_vs_w4a16": _vs_w4a16(ref, x, planes)},
         dtype=dtype,
         shape=[m, k, n],
-        tolerance=tol,
-        w4a8_vs_w4a16=_vs_w4a16(ref, x, planes),
-        **figs,
     )
-    assert_within(y, ref, tol, f"qmm_w4a8 M={m} K={k} N={n} {dtype}")
 
 
 @pytest.mark.requires_capability("w4a8")
@@ -106,13 +106,13 @@ def test_qmm_w4a8_fused_partitions(
     planes = reference.quantize(w, partitions=parts, name="t4.w4a8_qkv")
     x = activations(rng, 5, 256, dtype)
     ref = q8_reference(nvfp4_backend, x, planes)
-    y = call_verb(nvfp4_backend, "qmm_w4a8", x, nvfp4_backend.prepare(planes))
-    assert_output(y, (5, 96), dtype, "qmm_w4a8")
+    y = call_prepared(nvfp4_backend, "qmm_w4a8", x, planes, shape=(5, 96), dtype=dtype)
     tol = float(nvfp4_tolerance("w4a8", dtype))
     for a, b in itertools.pairwise(parts):
-        figs = error_figures(y[:, a:b], ref[:, a:b])
-        nvfp4_record(f"partition rows {a}..{b - 1}", dtype=dtype, tolerance=tol, **figs)
-        assert_within(y[:, a:b], ref[:, a:b], tol, f"qmm_w4a8 partition rows {a}..{b - 1}")
+        rows = f"partition rows {a}..{b - 1}"
+        record_within(
+            nvfp4_record, rows, y[:, a:b], ref[:, a:b], tol, f"qmm_w4a8 {rows}", dtype=dtype
+        )
 
 
 GATHER = [("e4_m33_k256_n40", 4, 33, 256, 40), ("e3_m1_k1024_n7", 3, 1, 1024, 7)]
@@ -144,15 +144,16 @@ def test_gather_qmm_w4a8(
     ids[0] = e - 1
     if sort:
         ids = np.sort(ids)
-    y = call_verb(
+    y = call_prepared(
         nvfp4_backend,
         "gather_qmm_w4a8",
         x,
-        nvfp4_backend.prepare(planes),
+        planes,
         nvfp4_backend.from_numpy(ids),
+        shape=(m, n),
+        dtype=dtype,
         sorted_indices=sort,
     )
-    assert_output(y, (m, n), dtype, "gather_qmm_w4a8")
     ref = np.zeros((m, n), dtype=np.float64)
     valid = (ids >= 0) & (ids < e)
     for expert in np.unique(ids[valid]):
@@ -164,9 +165,16 @@ def test_gather_qmm_w4a8(
     outside = as_float64(y)[~valid]
     assert (outside == 0).all(), "rows with an out-of-range expert id must be exactly zero"
     tol = float(nvfp4_tolerance("w4a8", dtype))
-    figs = error_figures(y, ref)
-    nvfp4_record(label, dtype=dtype, sorted=sort, tolerance=tol, **figs)
-    assert_within(y, ref, tol, f"gather_qmm_w4a8 {label} {dtype}")
+    record_within(
+        nvfp4_record,
+        label,
+        y,
+        ref,
+        tol,
+        f"gather_qmm_w4a8 {label} {dtype}",
+        dtype=dtype,
+        sorted=sort,
+    )
 
 
 @pytest.mark.requires_capability("w4a8")
@@ -200,22 +208,23 @@ def _check_nonfinite_rows(
     """``qmm_<tag>`` on x with NaN in row 1, ``inf`` in row 4 and a zero row 5: those rows
     give NaN and exactly zero, rows 0, 2 and 3 stay within ``[<tag>] float32`` of
     ``reference_of(backend, x, planes)``."""
-    rng = case_rng(f"{tag}_nan")
-    planes = realistic_weight(rng, 16, 128, name=f"t4.{tag}_nan")
-    x = activations(rng, 6, 128, "float32")
-    x[1, 3] = np.nan
-    x[4, 100] = inf
+    planes, x = nonfinite_rows_case(tag, inf)
     x[5] = 0.0
-    y = call_verb(backend, f"qmm_{tag}", x, backend.prepare(planes))
-    assert_output(y, (6, 16), "float32", f"qmm_{tag}")
+    y = call_prepared(backend, f"qmm_{tag}", x, planes, shape=(6, 16), dtype="float32")
     assert np.isnan(y[[1, 4]]).all(), "rows holding NaN/Inf in x must give NaN outputs"
     assert (y[5] == 0).all(), "a zero row of x must give an exactly zero output row"
     good = np.array([0, 2, 3])
     ref = reference_of(backend, x, planes)
     tol = float(tolerance(tag, "float32"))
-    figs = error_figures(y[good], ref[good])
-    record("nonfinite_rows", dtype="float32", tolerance=tol, **figs)
-    assert_within(y[good], ref[good], tol, f"qmm_{tag} finite rows next to non-finite ones")
+    record_within(
+        record,
+        "nonfinite_rows",
+        y[good],
+        ref[good],
+        tol,
+        f"qmm_{tag} finite rows next to non-finite ones",
+        dtype="float32",
+    )
 
 
 @pytest.mark.requires_capability("w4a8")
@@ -277,23 +286,23 @@ def test_qmm_w4a8_fp8(
     elif scale == "saturating":
         input_scale = amax / 448 / 4
     ref = fp8_reference(nvfp4_backend, x, planes, input_scale)
-    y = call_verb(
-        nvfp4_backend, "qmm_w4a8_fp8", x, nvfp4_backend.prepare(planes), input_scale=input_scale
+    y = call_prepared(
+        nvfp4_backend, "qmm_w4a8_fp8", x, planes, shape=(m, n), dtype=dtype, input_scale=input_scale
     )
-    assert_output(y, (m, n), dtype, "qmm_w4a8_fp8")
     tol = float(nvfp4_tolerance("w4a8_fp8", dtype))
-    figs = error_figures(y, ref)
-    nvfp4_record(
+    record_within(
+        nvfp4_record,
         label,
+        y,
+        ref,
+        tol,
+        f"qmm_w4a8_fp8 {label} {dtype}",
+        for_information={"w4a8_vs_w4a16": _vs_w4a16(ref, x, planes)},
         dtype=dtype,
         shape=[m, k, n],
         input_scale=input_scale,
         input_scale_policy="dynamic" if input_scale is None else "static",
-        tolerance=tol,
-        w4a8_vs_w4a16=_vs_w4a16(ref, x, planes),
-        **figs,
     )
-    assert_within(y, ref, tol, f"qmm_w4a8_fp8 {label} {dtype}")
 
 
 @pytest.mark.requires_capability("w4a8_fp8")

@@ -5,7 +5,9 @@ share. Installed code imports it, so nothing here imports pytest at module level
   (:func:`relative_error`, :func:`error_figures`, :func:`assert_within`);
 * :mod:`nvfp4.testing.data` - seeded test weights and activations (:func:`random_planes`,
   :func:`realistic_weight`, :func:`activations`, the shapes of a Llama layer
-  :func:`llama_layer_shapes`) and :func:`raw_planes` (unchecked);
+  :func:`llama_layer_shapes`), :func:`raw_planes` (unchecked) and the crafted activations
+  of the encoder tests (:func:`rows_across_magnitudes`, :func:`zero_blocks`,
+  :func:`nonfinite_blocks`, :func:`scattered_inf`, :func:`q8_exact_halves`);
 * :mod:`nvfp4.testing.modules` - :func:`module_from_file`: a script, benchmark or build
   hook that is not an installed module, imported from its path;
 * :mod:`nvfp4.testing.properties` - Hypothesis settings and strategies of the property
@@ -22,10 +24,15 @@ from .data import (
     activations,
     globals_for,
     llama_layer_shapes,
+    nonfinite_blocks,
+    q8_exact_halves,
     random_planes,
     raw_planes,
     realistic_weight,
+    rows_across_magnitudes,
+    scattered_inf,
     unrouted_nonfinite_rows,
+    zero_blocks,
 )
 from .errors import as_float64, assert_within, error_figures, relative_error
 from .modules import module_from_file
@@ -41,11 +48,16 @@ __all__ = [
     "globals_for",
     "llama_layer_shapes",
     "module_from_file",
+    "nonfinite_blocks",
     "pytest_configure",
     "pytest_sessionfinish",
+    "q8_exact_halves",
     "random_planes",
     "raw_planes",
     "realistic_weight",
     "relative_error",
+    "rows_across_magnitudes",
+    "scattered_inf",
     "unrouted_nonfinite_rows",
+    "zero_blocks",
 ]

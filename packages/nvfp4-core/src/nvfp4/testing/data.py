@@ -1,5 +1,7 @@
 """Seeded test data: weights as planes and activations (and :func:`raw_planes`, planes
-that skipped their own checks, for the tests that every entry point refuses them).
+that skipped their own checks, for the tests that every entry point refuses them), and the
+crafted activations that the activation encoders' tests share (:func:`rows_across_magnitudes`,
+:func:`zero_blocks`, :func:`nonfinite_blocks`, :func:`scattered_inf`, :func:`q8_exact_halves`).
 
 Every builder draws from the ``numpy.random.Generator`` it is given, so a seeded generator
 gives the same bytes on every run and every backend (the conformance suite's certificates
@@ -17,16 +19,21 @@ import numpy.typing as npt
 from .. import reference
 from ..dtypes import OUTPUT_DTYPES
 from ..planes import NVFP4Planes
-from ..spec import BLOCK_SIZE, GLOBAL_AMAX_DIVISOR
+from ..spec import BLOCK_SIZE, GLOBAL_AMAX_DIVISOR, Q8_BLOCK_SIZE
 
 __all__ = [
     "activations",
     "globals_for",
     "llama_layer_shapes",
+    "nonfinite_blocks",
+    "q8_exact_halves",
     "random_planes",
     "raw_planes",
     "realistic_weight",
+    "rows_across_magnitudes",
+    "scattered_inf",
     "unrouted_nonfinite_rows",
+    "zero_blocks",
 ]
 
 #: The rows :func:`unrouted_nonfinite_rows` routes to no expert and fills with NaN / Inf.
@@ -130,6 +137,56 @@ def activations(rng: np.random.Generator, m: int, k: int, dtype: str) -> npt.NDA
     log-normal factors), rounded to float32 and then to the output dtype named ``dtype``."""
     x = rng.standard_normal((m, k)) * np.exp(rng.normal(0.0, 1.0, size=(m, 1)))
     return x.astype(np.float32).astype(OUTPUT_DTYPES[dtype])
+
+
+# ------------------------------------------------- crafted activations of the encoder tests
+def rows_across_magnitudes(
+    rng: np.random.Generator, m: int, k: int, lo: float, hi: float
+) -> npt.NDArray[np.float32]:
+    """Gaussian ``[m, k]`` float32 activations whose rows are scaled from ``10 ** lo`` (row
+    0) to ``10 ** hi`` (row ``m - 1``), evenly in log (``numpy.logspace(lo, hi, m)``)."""
+    return (rng.standard_normal((m, k)) * np.logspace(lo, hi, m)[:, None]).astype(np.float32)
+
+
+def zero_blocks(
+    rng: np.random.Generator, m: int, k: int, zeros: int | None = None
+) -> npt.NDArray[np.float32]:
+    """Gaussian ``[m, k]`` float32 activations whose first ``zeros`` elements of every row
+    (half of it by default) are zero: whole zero blocks next to ordinary ones."""
+    zeros = k // 2 if zeros is None else zeros
+    return np.where(np.arange(k) < zeros, 0.0, rng.standard_normal((m, k))).astype(np.float32)
+
+
+def nonfinite_blocks(
+    rng: np.random.Generator, m: int, k: int, fraction: float
+) -> npt.NDArray[np.float32]:
+    """Gaussian ``[m, k]`` float32 activations with about ``fraction`` of the elements NaN
+    and about ``fraction`` of the others -Inf: blocks holding a non-finite element next to
+    finite ones."""
+    return np.where(
+        rng.random((m, k)) < fraction,
+        np.float32(np.nan),
+        np.where(rng.random((m, k)) < fraction, np.float32(-np.inf), rng.standard_normal((m, k))),
+    ).astype(np.float32)
+
+
+def scattered_inf(
+    rng: np.random.Generator, m: int, k: int, fraction: float
+) -> npt.NDArray[np.float32]:
+    """Gaussian ``[m, k]`` float32 activations with about ``fraction`` of the elements +Inf
+    (and no NaN)."""
+    return np.where(
+        rng.random((m, k)) < fraction, np.float32(np.inf), rng.standard_normal((m, k))
+    ).astype(np.float32)
+
+
+def q8_exact_halves(rng: np.random.Generator, m: int, k: int) -> npt.NDArray[np.float32]:
+    """``[m, k]`` float32 activations whose int8 blocks (W4A8, :data:`Q8_BLOCK_SIZE` along
+    K) each start with 127 - amax 127, so ``d = 1`` and ``id = 1`` - and hold exact halves
+    ``c + 0.5`` (``c`` in ``[-126, 126)``) elsewhere: every other element a rounding tie."""
+    x = (rng.integers(-126, 126, size=(m, k)) + 0.5).astype(np.float32)
+    x[:, ::Q8_BLOCK_SIZE] = np.float32(127.0)
+    return x
 
 
 def raw_planes(
