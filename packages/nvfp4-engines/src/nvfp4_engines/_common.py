@@ -1,6 +1,7 @@
 """What every engine adapter shares: the installed engine's version (read from its
 distribution's metadata, so nothing heavy is imported), the ``BackendInfo`` of an adapter
-with the engine named in a note the engines matrix reads back, the availability probe of a
+with the engine named in a note the engines matrix reads back (built by
+:class:`EngineKernels` from the facts an adapter declares), the availability probe of a
 CPU engine and the error a kernel raises where its engine cannot run, and numpy array
 conversion for the engines whose arrays are numpy's.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -23,6 +24,7 @@ __all__ = [
     "ENGINE_NOTE",
     "PRIORITY",
     "SPEC_VERSIONS",
+    "EngineKernels",
     "activation_planes",
     "adapter_info",
     "cached_probe",
@@ -73,6 +75,28 @@ def adapter_info(
         package="nvfp4-engines",
         notes=(engine_note(distribution), *notes),
     )
+
+
+class EngineKernels:
+    """The start of an adapter's kernels object: the class declares the adapter's ``NAME``,
+    its engine's ``DISTRIBUTION``, the ``CAPABILITIES`` and the ``NOTES`` of its
+    certificate; :attr:`info` is their :func:`adapter_info`, built at construction (when
+    the engine's version is read). A subclass supplies :meth:`availability`."""
+
+    NAME: ClassVar[str]
+    DISTRIBUTION: ClassVar[str]
+    CAPABILITIES: ClassVar[frozenset[str]]
+    NOTES: ClassVar[tuple[str, ...]]
+
+    def __init__(self) -> None:
+        self.info = adapter_info(self.NAME, self.DISTRIBUTION, self.CAPABILITIES, self.notes())
+
+    def notes(self) -> tuple[str, ...]:
+        """The certificate's notes after the engine's: :attr:`NOTES`."""
+        return self.NOTES
+
+    def availability(self) -> Availability:
+        raise NotImplementedError
 
 
 def probe_engine(

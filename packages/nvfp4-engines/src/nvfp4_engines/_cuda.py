@@ -1,21 +1,26 @@
 """What the adapters over GPU-only engines (FlashInfer, vLLM, Transformer Engine) share: the
 availability probe that says "needs CUDA", with what to install, wherever no CUDA device is
 present, before the engine is imported (importing these engines without a GPU is slow or
-fails). The engine's own check runs only where a device is there."""
+fails). The engine's own check runs only where a device is there. :class:`CudaKernels`
+is the start of such an adapter's kernels object: its "GPU only" note, its availability
+and the error its kernels raise where it cannot run."""
 
 from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable
+from typing import ClassVar
 
 from nvfp4.contract import Availability
 
-from ._common import dist_version
+from ._common import EngineKernels, dist_version, require
 
-__all__ = ["NEEDS_CUDA", "cuda_device", "probe"]
+__all__ = ["GPU_ONLY_NOTE", "NEEDS_CUDA", "CudaKernels", "cuda_device", "probe"]
 
 #: Every reason a GPU-only adapter gives on a machine without CUDA starts with this.
 NEEDS_CUDA = "needs CUDA"
+#: The first note (after the engine's) of every GPU-only adapter's certificate.
+GPU_ONLY_NOTE = "GPU only: needs a CUDA device"
 
 
 def cuda_device() -> str:
@@ -57,3 +62,28 @@ def probe(engine: str, distribution: str, install: str, check: Callable[[], None
             f"({type(exc).__name__}: {exc}): {install}",
         )
     return Availability(True, device=f"{device} ({distribution} {version})")
+
+
+class CudaKernels(EngineKernels):
+    """The start of a GPU-only adapter's kernels object: beyond :class:`EngineKernels`'
+    facts, the class names ``ENGINE`` (as the adapter's messages spell it) and ``INSTALL``
+    (what to run) and supplies :meth:`check`. The notes start with :data:`GPU_ONLY_NOTE`;
+    :meth:`availability` is :func:`probe`; :meth:`ready` raises every kernel's "cannot run
+    here" error."""
+
+    ENGINE: ClassVar[str]
+    INSTALL: ClassVar[str]
+
+    def notes(self) -> tuple[str, ...]:
+        return (GPU_ONLY_NOTE, *self.NOTES)
+
+    def check(self) -> None:
+        """The engine's smallest NVFP4 call (run only on a CUDA machine with the engine)."""
+        raise NotImplementedError
+
+    def availability(self) -> Availability:
+        return probe(self.ENGINE, self.DISTRIBUTION, self.INSTALL, self.check)
+
+    def ready(self) -> None:
+        """Raise ``NVFP4 backend '<name>' cannot run here: <reason>`` unless available."""
+        require(self.NAME, self.availability())

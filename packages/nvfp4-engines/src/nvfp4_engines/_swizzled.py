@@ -33,6 +33,7 @@ from nvfp4.spec import BLOCK_SIZE, E2M1_MAX, E4M3_MAX, swizzled_scale_shape
 
 from . import _torch
 from ._common import activation_planes as canonical_activations
+from ._cuda import CudaKernels
 
 __all__ = [
     "Fp4Kernels",
@@ -153,15 +154,26 @@ def qmm_w4a4(
     return _torch.cat_parts(ys, dim=-1)
 
 
-class Fp4Kernels(_torch.TorchArrays):
+class Fp4Kernels(CudaKernels, _torch.TorchArrays):
     """The kernels the FlashInfer and vLLM adapters share, over the engine's :class:`Fp4Ops`
-    (:meth:`ops`: the engine ready, or the adapter's "cannot run here" error): ``prepare``,
-    ``quantize_activations`` and ``qmm_w4a4``, CUDA tensors in and out."""
+    (:meth:`engine_ops`; :meth:`ops`: the engine ready, or the adapter's "cannot run here"
+    error): ``prepare``, ``quantize_activations`` and ``qmm_w4a4``, CUDA tensors in and out.
+    The availability check is the engine's quantizer on one bfloat16 block of ones."""
 
     DEVICE = DEVICE
 
-    def ops(self) -> Fp4Ops:
+    def engine_ops(self) -> Fp4Ops:
+        """The engine's :class:`Fp4Ops` (imports the engine; no availability check)."""
         raise NotImplementedError
+
+    def check(self) -> None:
+        torch = _torch.torch()
+        x = torch.ones((1, BLOCK_SIZE), dtype=torch.bfloat16, device=DEVICE)
+        self.engine_ops().quantize(x, torch.ones(1, device=DEVICE))
+
+    def ops(self) -> Fp4Ops:
+        self.ready()
+        return self.engine_ops()
 
     def prepare(self, planes: NVFP4Planes) -> SwizzledWeight:
         self.ops()

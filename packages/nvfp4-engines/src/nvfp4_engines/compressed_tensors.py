@@ -50,7 +50,13 @@ from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import BLOCK_SIZE
 
 from . import _torch
-from ._common import activation_planes, adapter_info, cached_probe, dist_version, require
+from ._common import (
+    EngineKernels,
+    activation_planes,
+    cached_probe,
+    dist_version,
+    require,
+)
 
 __all__ = ["DISTRIBUTION", "NAME", "CompressedTensorsKernels", "CtWeight", "backend"]
 
@@ -142,24 +148,21 @@ def _quantize(e: _Engine, x: Any, input_scale: float | None) -> NVFP4Planes:
     )
 
 
-class CompressedTensorsKernels(_torch.TorchArrays):
+class CompressedTensorsKernels(EngineKernels, _torch.TorchArrays):
     """The kernel contract over compressed-tensors' NVFP4 compressor (``torch.Tensor`` in
     and out)."""
 
-    def __init__(self) -> None:
-        self.info = adapter_info(
-            NAME,
-            DISTRIBUTION,
-            frozenset({"dequantize", "fused_partitions", "quantize_activations"}),
-            (
-                "dequantize: NVFP4PackedCompressor.decompress (scheme NVFP4), which returns "
-                "bfloat16, cast to the asked dtype; one projection and one expert at a time",
-                "quantize_activations: generate_gparam(min, max) of x (dynamic) or "
-                "input_global_scale = 1 / input_scale (static), compute_dynamic_scales_and_zp, "
-                "NVFP4PackedCompressor.compress",
-                "absent: compressed-tensors has no NVFP4 matmul",
-            ),
-        )
+    NAME = NAME
+    DISTRIBUTION = DISTRIBUTION
+    CAPABILITIES = frozenset({"dequantize", "fused_partitions", "quantize_activations"})
+    NOTES = (
+        "dequantize: NVFP4PackedCompressor.decompress (scheme NVFP4), which returns "
+        "bfloat16, cast to the asked dtype; one projection and one expert at a time",
+        "quantize_activations: generate_gparam(min, max) of x (dynamic) or "
+        "input_global_scale = 1 / input_scale (static), compute_dynamic_scales_and_zp, "
+        "NVFP4PackedCompressor.compress",
+        "absent: compressed-tensors has no NVFP4 matmul",
+    )
 
     def availability(self) -> Availability:
         return _probe()

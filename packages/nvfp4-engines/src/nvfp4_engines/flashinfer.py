@@ -29,13 +29,10 @@ from __future__ import annotations
 from typing import Any, Final
 
 from nvfp4.backend import Frontend
-from nvfp4.contract import Availability
 from nvfp4.layouts.compressed_tensors import decode_global
 from nvfp4.spec import BLOCK_SIZE
 
 from . import _swizzled, _torch
-from ._common import adapter_info, require
-from ._cuda import probe
 from ._swizzled import Fp4Ops, SwizzledPart, SwizzledWeight
 
 __all__ = ["DISTRIBUTION", "NAME", "FlashinferKernels", "backend"]
@@ -59,17 +56,6 @@ def _fi() -> Any:
     )
 
 
-def _check() -> None:
-    torch = _torch.torch()
-    x = torch.ones((1, BLOCK_SIZE), dtype=torch.bfloat16, device="cuda")
-    _fi().fp4_quantize(x, torch.ones(1, device="cuda"), BLOCK_SIZE, False, True)
-
-
-def _ready() -> Any:
-    require(NAME, probe("FlashInfer", DISTRIBUTION, INSTALL, _check))
-    return _fi()
-
-
 def _ops(fi: Any) -> Fp4Ops:
     """``fp4_quantize`` (dynamic global: ``x.float().abs().nan_to_num().max()``, as
     FlashInfer's own tests and benchmarks compute it) and ``mm_fp4``."""
@@ -87,30 +73,26 @@ class FlashinferKernels(_swizzled.Fp4Kernels):
     ``prepare``, ``quantize_activations`` and ``qmm_w4a4`` from :class:`_swizzled.Fp4Kernels`
     over :meth:`ops`."""
 
-    def __init__(self) -> None:
-        self.info = adapter_info(
-            NAME,
-            DISTRIBUTION,
-            frozenset({"dequantize", "fused_partitions", "quantize_activations", "w4a4"}),
-            (
-                "GPU only: needs a CUDA device",
-                "quantize_activations: fp4_quantize(x, 448 * 6 / max|x| or 1 / input_scale), "
-                "swizzled scales unswizzled",
-                "w4a4: fp4_quantize then mm_fp4 with alpha = 1 / (input_gs * weight_gs), "
-                "one call per partition",
-                "dequantize: e2m1_and_ufp8sf_scale_to_float(codes, linear scales, decode "
-                "global), float32, then cast",
-            ),
-        )
+    NAME = NAME
+    DISTRIBUTION = DISTRIBUTION
+    ENGINE = "FlashInfer"
+    INSTALL = INSTALL
+    CAPABILITIES = frozenset({"dequantize", "fused_partitions", "quantize_activations", "w4a4"})
+    NOTES = (
+        "quantize_activations: fp4_quantize(x, 448 * 6 / max|x| or 1 / input_scale), "
+        "swizzled scales unswizzled",
+        "w4a4: fp4_quantize then mm_fp4 with alpha = 1 / (input_gs * weight_gs), "
+        "one call per partition",
+        "dequantize: e2m1_and_ufp8sf_scale_to_float(codes, linear scales, decode "
+        "global), float32, then cast",
+    )
 
-    def availability(self) -> Availability:
-        return probe("FlashInfer", DISTRIBUTION, INSTALL, _check)
-
-    def ops(self) -> Fp4Ops:
-        return _ops(_ready())
+    def engine_ops(self) -> Fp4Ops:
+        return _ops(_fi())
 
     def dequantize(self, w: SwizzledWeight, *, dtype: str) -> Any:
-        fi = _ready()
+        self.ready()
+        fi = _fi()
         torch = _torch.torch()
 
         def one(p: SwizzledPart) -> Any:

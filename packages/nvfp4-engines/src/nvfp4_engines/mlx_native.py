@@ -39,7 +39,7 @@ from nvfp4.layouts.mlx import MLXPlanes, from_mlx, mlx_global_scale_arg, to_mlx
 from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import BLOCK_SIZE, GLOBAL_AMAX_DIVISOR
 
-from ._common import adapter_info, cached_probe, require
+from ._common import EngineKernels, cached_probe, require
 
 __all__ = ["DISTRIBUTION", "NAME", "MlxNativeKernels", "MlxWeight", "backend"]
 
@@ -84,27 +84,23 @@ def _dtype(mx: Any, name: str) -> Any:
     return {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}[name]
 
 
-class MlxNativeKernels:
+class MlxNativeKernels(EngineKernels):
     """The kernel contract over ``mlx.core`` (``mx.array`` in and out)."""
 
-    def __init__(self) -> None:
-        self.info = adapter_info(
-            NAME,
-            DISTRIBUTION,
-            frozenset(
-                {"dequantize", "qmm", "gather_qmm", "fused_partitions", "quantize_activations"}
-            ),
-            (
-                "mx.dequantize / mx.quantized_matmul / mx.gather_qmm / mx.quantize, "
-                "mode='nvfp4', x in its own dtype",
-                "the decode global multiplied into the output after each call (MLX's "
-                "matmuls take none), float32, then one cast",
-                "quantize: mx.quantize with global_scale = amax (dynamic) or "
-                "input_scale * 2688 (static); MLX decodes with global_scale / 2688",
-                "ids outside [0, E) refused before mx.gather_qmm, which reads out of bounds "
-                "for them",
-            ),
-        )
+    NAME = NAME
+    DISTRIBUTION = DISTRIBUTION
+    CAPABILITIES = frozenset(
+        {"dequantize", "qmm", "gather_qmm", "fused_partitions", "quantize_activations"}
+    )
+    NOTES = (
+        "mx.dequantize / mx.quantized_matmul / mx.gather_qmm / mx.quantize, "
+        "mode='nvfp4', x in its own dtype",
+        "the decode global multiplied into the output after each call (MLX's "
+        "matmuls take none), float32, then one cast",
+        "quantize: mx.quantize with global_scale = amax (dynamic) or "
+        "input_scale * 2688 (static); MLX decodes with global_scale / 2688",
+        "ids outside [0, E) refused before mx.gather_qmm, which reads out of bounds for them",
+    )
 
     def availability(self) -> Availability:
         return _probe()

@@ -35,7 +35,13 @@ from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import BLOCK_SIZE
 
 from . import _torch
-from ._common import activation_planes, adapter_info, cached_probe, dist_version, require
+from ._common import (
+    EngineKernels,
+    activation_planes,
+    cached_probe,
+    dist_version,
+    require,
+)
 from ._modelopt_layout import modelopt_tensors
 
 __all__ = ["DISTRIBUTION", "NAME", "ModeloptKernels", "ModeloptWeight", "backend"]
@@ -82,22 +88,19 @@ def _qtensor_class() -> Any:
     return NVFP4QTensor
 
 
-class ModeloptKernels(_torch.TorchArrays):
+class ModeloptKernels(EngineKernels, _torch.TorchArrays):
     """The kernel contract over ModelOpt's ``NVFP4QTensor`` (``torch.Tensor`` in and out)."""
 
-    def __init__(self) -> None:
-        self.info = adapter_info(
-            NAME,
-            DISTRIBUTION,
-            frozenset({"dequantize", "fused_partitions", "quantize_activations"}),
-            (
-                "dequantize: NVFP4QTensor.dequantize(dtype, scale=weight_scale, "
-                "double_scale=weight_scale_2, block_sizes={-1: 16}), one partition at a time",
-                "quantize_activations: NVFP4QTensor.quantize(x, 16), weights_scaling_factor_2 "
-                "left to ModelOpt (amax / 2688, dynamic) or the input scale (static)",
-                "absent: ModelOpt's NVFP4 GEMM needs TensorRT-LLM's CUDA ops",
-            ),
-        )
+    NAME = NAME
+    DISTRIBUTION = DISTRIBUTION
+    CAPABILITIES = frozenset({"dequantize", "fused_partitions", "quantize_activations"})
+    NOTES = (
+        "dequantize: NVFP4QTensor.dequantize(dtype, scale=weight_scale, "
+        "double_scale=weight_scale_2, block_sizes={-1: 16}), one partition at a time",
+        "quantize_activations: NVFP4QTensor.quantize(x, 16), weights_scaling_factor_2 "
+        "left to ModelOpt (amax / 2688, dynamic) or the input scale (static)",
+        "absent: ModelOpt's NVFP4 GEMM needs TensorRT-LLM's CUDA ops",
+    )
 
     def availability(self) -> Availability:
         return _probe()

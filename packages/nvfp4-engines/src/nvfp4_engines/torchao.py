@@ -39,7 +39,13 @@ from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import BLOCK_SIZE
 
 from . import _torch
-from ._common import activation_planes, adapter_info, cached_probe, dist_version, require
+from ._common import (
+    EngineKernels,
+    activation_planes,
+    cached_probe,
+    dist_version,
+    require,
+)
 from ._modelopt_layout import modelopt_tensors
 
 __all__ = ["DISTRIBUTION", "NAME", "TorchaoKernels", "TorchaoWeight", "backend"]
@@ -77,24 +83,20 @@ def _ready() -> Any:
     return _module()
 
 
-class TorchaoKernels(_torch.TorchArrays):
+class TorchaoKernels(EngineKernels, _torch.TorchArrays):
     """The kernel contract over torchao's ``NVFP4Tensor`` (``torch.Tensor`` in and out)."""
 
-    def __init__(self) -> None:
-        self.info = adapter_info(
-            NAME,
-            DISTRIBUTION,
-            frozenset({"dequantize", "qmm", "fused_partitions", "quantize_activations"}),
-            (
-                "dequantize: NVFP4Tensor(qdata, scale, 16, float32, per_tensor_scale)"
-                ".dequantize(dtype)",
-                "qmm: F.linear(x, w.to(x.dtype)), torchao's weight-only path (decode to x's "
-                "dtype, then torch's linear), one NVFP4Tensor per partition",
-                "quantize_activations: NVFP4Tensor.to_nvfp4(x, per_tensor_scale="
-                "per_tensor_amax_to_scale(max|x|)) (dynamic) or the input scale (static)",
-                "absent on CPU: W4A4 (torch._scaled_mm on float4) and the MoE _grouped_mm",
-            ),
-        )
+    NAME = NAME
+    DISTRIBUTION = DISTRIBUTION
+    CAPABILITIES = frozenset({"dequantize", "qmm", "fused_partitions", "quantize_activations"})
+    NOTES = (
+        "dequantize: NVFP4Tensor(qdata, scale, 16, float32, per_tensor_scale).dequantize(dtype)",
+        "qmm: F.linear(x, w.to(x.dtype)), torchao's weight-only path (decode to x's "
+        "dtype, then torch's linear), one NVFP4Tensor per partition",
+        "quantize_activations: NVFP4Tensor.to_nvfp4(x, per_tensor_scale="
+        "per_tensor_amax_to_scale(max|x|)) (dynamic) or the input scale (static)",
+        "absent on CPU: W4A4 (torch._scaled_mm on float4) and the MoE _grouped_mm",
+    )
 
     def availability(self) -> Availability:
         return _probe()

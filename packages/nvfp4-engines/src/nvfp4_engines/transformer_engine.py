@@ -25,14 +25,13 @@ from typing import Any, Final
 
 import numpy as np
 from nvfp4.backend import Frontend
-from nvfp4.contract import Availability
 from nvfp4.layouts.swizzle import unswizzle_scales
 from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import BLOCK_SIZE, GLOBAL_AMAX_DIVISOR
 
 from . import _torch
-from ._common import activation_planes, adapter_info, require
-from ._cuda import probe
+from ._common import activation_planes
+from ._cuda import CudaKernels
 
 __all__ = ["DISTRIBUTION", "NAME", "TransformerEngineKernels", "backend"]
 
@@ -56,37 +55,28 @@ def _check() -> None:
         raise RuntimeError(reason)
 
 
-def _ready() -> None:
-    require(NAME, probe("Transformer Engine", DISTRIBUTION, INSTALL, _check))
-
-
-class TransformerEngineKernels(_torch.TorchArrays):
+class TransformerEngineKernels(CudaKernels, _torch.TorchArrays):
     """The kernel contract over Transformer Engine's ``NVFP4Quantizer`` (CUDA tensors)."""
 
     DEVICE = DEVICE
-
-    def __init__(self) -> None:
-        self.info = adapter_info(
-            NAME,
-            DISTRIBUTION,
-            frozenset({"quantize_activations"}),
-            (
-                "GPU only: needs a CUDA device",
-                "quantize_activations: NVFP4Quantizer(rowwise, no RHT, no stochastic "
-                "rounding)(x); TE's global from amax(x), input_scale not used",
-                "absent: TE's GEMMs quantize high-precision operands themselves",
-            ),
-        )
-
-    def availability(self) -> Availability:
-        return probe("Transformer Engine", DISTRIBUTION, INSTALL, _check)
+    NAME = NAME
+    DISTRIBUTION = DISTRIBUTION
+    ENGINE = "Transformer Engine"
+    INSTALL = INSTALL
+    CAPABILITIES = frozenset({"quantize_activations"})
+    NOTES = (
+        "quantize_activations: NVFP4Quantizer(rowwise, no RHT, no stochastic "
+        "rounding)(x); TE's global from amax(x), input_scale not used",
+        "absent: TE's GEMMs quantize high-precision operands themselves",
+    )
+    check = staticmethod(_check)
 
     def prepare(self, planes: NVFP4Planes) -> NVFP4Planes:
-        _ready()
+        self.ready()
         return planes
 
     def quantize_activations(self, x: Any, *, input_scale: float | None) -> NVFP4Planes:
-        _ready()
+        self.ready()
         q = _quantizer()(x)
         m, k = int(x.shape[0]), int(x.shape[1])
         cols = k // BLOCK_SIZE

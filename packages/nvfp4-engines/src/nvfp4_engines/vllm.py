@@ -27,12 +27,8 @@ from __future__ import annotations
 from typing import Any, Final
 
 from nvfp4.backend import Frontend
-from nvfp4.contract import Availability
-from nvfp4.spec import BLOCK_SIZE
 
-from . import _swizzled, _torch
-from ._common import adapter_info, require
-from ._cuda import probe
+from . import _swizzled
 from ._swizzled import Fp4Ops
 
 __all__ = ["DISTRIBUTION", "NAME", "VllmKernels", "backend"]
@@ -48,16 +44,9 @@ def _custom_ops() -> Any:
     return _custom_ops
 
 
-def _check() -> None:
-    torch = _torch.torch()
-    x = torch.ones((1, BLOCK_SIZE), dtype=torch.bfloat16, device="cuda")
-    _custom_ops().scaled_fp4_quant(x, torch.ones(1, device="cuda"))
-
-
-def _ready() -> Fp4Ops:
+def _ops() -> Fp4Ops:
     """``scaled_fp4_quant`` (dynamic global: ``max|x|``, the static global a calibration
     would give for this x) and ``cutlass_scaled_fp4_mm``."""
-    require(NAME, probe("vLLM", DISTRIBUTION, INSTALL, _check))
     ops = _custom_ops()
     return Fp4Ops(
         quantize=ops.scaled_fp4_quant,
@@ -73,27 +62,21 @@ class VllmKernels(_swizzled.Fp4Kernels):
     ``prepare``, ``quantize_activations`` and ``qmm_w4a4`` from :class:`_swizzled.Fp4Kernels`
     over :meth:`ops`."""
 
-    def __init__(self) -> None:
-        self.info = adapter_info(
-            NAME,
-            DISTRIBUTION,
-            frozenset({"fused_partitions", "quantize_activations", "w4a4"}),
-            (
-                "GPU only: needs a CUDA device",
-                "quantize_activations: scaled_fp4_quant(x, 448 * 6 / max|x| or "
-                "1 / input_scale), swizzled scales unswizzled",
-                "w4a4: scaled_fp4_quant then cutlass_scaled_fp4_mm with alpha = "
-                "1 / (input_gs * weight_gs), one call per partition",
-                "absent: no NVFP4 dequantize op (W4A16 is Marlin's repacked layout), no "
-                "expert-id gather",
-            ),
-        )
+    NAME = NAME
+    DISTRIBUTION = DISTRIBUTION
+    ENGINE = "vLLM"
+    INSTALL = INSTALL
+    CAPABILITIES = frozenset({"fused_partitions", "quantize_activations", "w4a4"})
+    NOTES = (
+        "quantize_activations: scaled_fp4_quant(x, 448 * 6 / max|x| or "
+        "1 / input_scale), swizzled scales unswizzled",
+        "w4a4: scaled_fp4_quant then cutlass_scaled_fp4_mm with alpha = "
+        "1 / (input_gs * weight_gs), one call per partition",
+        "absent: no NVFP4 dequantize op (W4A16 is Marlin's repacked layout), no expert-id gather",
+    )
 
-    def availability(self) -> Availability:
-        return probe("vLLM", DISTRIBUTION, INSTALL, _check)
-
-    def ops(self) -> Fp4Ops:
-        return _ready()
+    def engine_ops(self) -> Fp4Ops:
+        return _ops()
 
 
 def backend() -> Frontend:
