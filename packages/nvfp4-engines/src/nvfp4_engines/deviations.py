@@ -84,6 +84,13 @@ if v != spec:
     print(f"DEVIATION: 1.5 x 0.6875 x 0.1 decodes to {v.item()!r}; spec: {spec.item()!r}")
 """
 
+#: The end of a zero_amax_global reproducer: ``g`` the engine's global of an all-zero block,
+#: ``byte`` its scale byte.
+_ZERO_BLOCK_GLOBAL = """\
+if g.item() == 0.0 or byte > 0x7E:  # spec: global 1.0, scale byte 0x38 (1.0), codes 0
+    print(f"DEVIATION: an all-zero block: global {g.item()}, scale byte {byte:#x}")
+"""
+
 DEVIATIONS: Final[tuple[Deviation, ...]] = (
     Deviation(
         key="ggml_no_global",
@@ -379,18 +386,16 @@ import torch
 from modelopt.torch.quantization.qtensor import NVFP4QTensor
 q, scale, g = NVFP4QTensor.quantize(torch.zeros((1, 16)), 16)  # the global left to ModelOpt
 byte = scale.view(torch.uint8).item()
-if g.item() == 0.0 or byte > 0x7E:  # spec: global 1.0, scale byte 0x38 (1.0), codes 0
-    print(f"DEVIATION: an all-zero block: global {g.item()}, scale byte {byte:#x}")
-""",
+"""
+            + _ZERO_BLOCK_GLOBAL,
             "torchao": """\
 import torch
 from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor, per_tensor_amax_to_scale
 x = torch.zeros((1, 16))
 g = per_tensor_amax_to_scale(torch.max(torch.abs(x)))  # as torchao's nvfp4_linear takes it
 byte = NVFP4Tensor.to_nvfp4(x, 16, per_tensor_scale=g).scale.view(torch.uint8).item()
-if g.item() == 0.0 or byte > 0x7E:  # spec: global 1.0, scale byte 0x38 (1.0), codes 0
-    print(f"DEVIATION: an all-zero block: global {g.item()}, scale byte {byte:#x}")
-""",
+"""
+            + _ZERO_BLOCK_GLOBAL,
         },
     ),
     Deviation(
