@@ -699,12 +699,13 @@ def _certify(
     )
 
 
-#: The backends whose T7 certificate in the quick gate's main job (``nox -s conformance``
+#: The backends whose T7 (in their 1.2 certificate, or in a T7 certificate of its own for a
+#: backend certified before 1.2) in the quick gate's main job (``nox -s conformance``
 #: without NVFP4_FULL_RUN=1) includes T6's greedy parity at TP2 and TP3: each backend's run
 #: takes 1.5-2 minutes on two cores (three ranks decode 160 tokens twice), so the gate runs it
 #: for the native CPU backend and the full run, and every ``conformance-<hw>`` session, for
-#: every backend. The other backends' T7 certificates in the gate carry the sharded layers
-#: (worlds 2, 3, 4 and 8) and list the greedy parity as left out.
+#: every backend. The other backends' certificates in the gate carry T7's sharded layers
+#: (worlds 2, 3, 4 and 8) and list the greedy parity as left out (partial).
 GATE_T7_GREEDY = ("cpu",)
 #: Set (to 1) by ``nox -s conformance`` for the sessions of its second lane (another nox
 #: process): they follow the gate's T7 policy (:func:`_gate_greedy`), not a
