@@ -13,8 +13,9 @@ unit. Other tensors (embeddings, norms, routers) are copied to every rank, and e
 keeps SRC's ``config.json`` and other files (tokenizer...): the manifest, not the config,
 gives each rank's shapes. A GGUF rank's metadata gives the attention heads and the
 feed-forward width it holds (llama.cpp takes a file's shapes from its metadata, and its q/k
-rows are RoPE-permuted per head, so the head counts must be the file's own). The whole DST is written under a temporary sibling and renamed at the
-end; an existing DST is refused unless it is an empty folder.
+rows are RoPE-permuted per head, so the head counts must be the file's own). The whole DST
+is written under a temporary sibling and renamed at the end; an existing DST is refused
+unless it is an empty folder.
 
 :func:`verify_sharded` checks a sharded DST against its SRC: the manifest against the plan,
 the rank folders (as many as the manifest's world size, no more), every rank's NVFP4 tensors

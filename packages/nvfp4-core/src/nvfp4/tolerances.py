@@ -75,17 +75,26 @@ def data_file(version: str) -> Traversable:
 
 
 def parse_tables(text: str, source: str) -> Table:
-    """The tables of a ``tolerances.toml`` text: every table's every value checked to be a
-    finite number >= 0; an error names ``source``, the table, the key and what it found, in
-    one line. ``spec_version`` and ``metric`` are not tables."""
+    """The tables of a ``tolerances.toml`` text (:func:`_tables`); an error names ``source``
+    in one line."""
+    return _tables(_toml(text, source), source)
+
+
+def _toml(text: str, source: str) -> dict[str, Any]:
     try:
-        data: dict[str, Any] = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{source}: not TOML: {exc}") from None
-    data.pop("spec_version", None)
-    data.pop("metric", None)
+
+
+def _tables(data: Mapping[str, Any], source: str) -> Table:
+    """The tables of a parsed ``tolerances.toml``: every table's every value checked to be a
+    finite number >= 0; an error names ``source``, the table, the key and what it found, in
+    one line. ``spec_version`` and ``metric`` are not tables."""
     tables: dict[str, Mapping[str, float]] = {}
     for path, numbers in data.items():
+        if path in ("spec_version", "metric"):
+            continue
         if not isinstance(numbers, dict):
             raise ValueError(f"{source}: [{path}]: expected a table, found {numbers!r}")
         for key, n in numbers.items():
@@ -99,15 +108,14 @@ def parse_tables(text: str, source: str) -> Table:
 
 
 def _read(version: str) -> tuple[str, Table]:
-    """The metric and the numbers of ``version``'s file, read-only; its ``spec_version``
-    must be ``version``."""
+    """The metric and the numbers of ``version``'s file (read and parsed once), read-only;
+    its ``spec_version`` must be ``version``."""
     source = data_file(version)
-    data: dict[str, Any] = tomllib.loads(source.read_text(encoding="utf-8"))
-    stated = data.pop("spec_version", None)
+    data = _toml(source.read_text(encoding="utf-8"), str(source))
+    stated = data.get("spec_version")
     if stated != version:
         raise ValueError(f"{source} states spec_version {stated!r}, expected {version!r}")
-    metric = str(data.pop("metric"))
-    return metric, parse_tables(source.read_text(encoding="utf-8"), str(source))
+    return str(data["metric"]), _tables(data, str(source))
 
 
 _READ: Final = {v: _read(v) for v in SUPPORTED_SPEC_VERSIONS}
