@@ -1274,12 +1274,12 @@ def ggml_section(data: dict[str, Any]) -> list[str]:
         "error: vs reference on the same x (bound, this benchmark's) |",
         "|---|---|---:|---:|",
     ]
-    for arm, by_shape in checks.items():
-        for shape, c in by_shape.items():
-            lines.append(
-                f"| {arm} | {shape} | {c['q8_err']:.2e} ({c['q8_tol']:.0e}) | "
-                f"{c['w4a8_err']:.2e} ({c['w4a8_bound']:.0e}) |"
-            )
+    lines += check_rows(
+        checks,
+        lambda c: (
+            f"{c['q8_err']:.2e} ({c['q8_tol']:.0e}) | {c['w4a8_err']:.2e} ({c['w4a8_bound']:.0e})"
+        ),
+    )
     lines += [
         "",
         "The first error column shows ggml computes on exactly our weights (only the summation "
@@ -1288,6 +1288,18 @@ def ggml_section(data: dict[str, Any]) -> list[str]:
         "expected value is about 5e-3).",
     ]
     return lines
+
+
+def check_rows(
+    checks: dict[str, dict[str, dict[str, Any]]], cells: Callable[[dict[str, Any]], str]
+) -> list[str]:
+    """One Markdown row per arm (or ISA) and shape of a pre-timing check: the two names, then
+    ``cells`` of that shape's figures."""
+    return [
+        f"| {arm} | {shape} | {cells(c)} |"
+        for arm, by_shape in checks.items()
+        for shape, c in by_shape.items()
+    ]
 
 
 def w4a8_section(data: dict[str, Any]) -> list[str]:
@@ -1310,12 +1322,9 @@ def w4a8_section(data: dict[str, Any]) -> list[str]:
         "| ISA | shape | M | vs reference W4A8 (tol) | vs reference W4A16 |",
         "|---|---|---:|---:|---:|",
     ]
-    for isa, by_shape in checks.items():
-        for shape, c in by_shape.items():
-            lines.append(
-                f"| {isa} | {shape} | {c['m']} | {c['err']:.2e} ({c['tol']:.0e}) | "
-                f"{c['vs_w4a16']:.2e} |"
-            )
+    lines += check_rows(
+        checks, lambda c: f"{c['m']} | {c['err']:.2e} ({c['tol']:.0e}) | {c['vs_w4a16']:.2e}"
+    )
     return lines
 
 
