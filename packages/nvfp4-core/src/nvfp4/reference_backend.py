@@ -67,6 +67,25 @@ def _gather_kernel(
     return kernel
 
 
+def _scaled_kernel(
+    arithmetic: Callable[[npt.NDArray[Any], NVFP4Planes, float | None], npt.NDArray[np.float64]],
+) -> Callable[..., npt.NDArray[Any]]:
+    """A matmul on activations quantized with a static or dynamic input scale
+    (``qmm_w4a4``, ``qmm_w4a8_fp8``): the reference's 2-D ``arithmetic``, as ``out_dtype``."""
+
+    def kernel(
+        self: ReferenceKernels,
+        x: npt.NDArray[Any],
+        w: _Weight,
+        *,
+        input_scale: float | None,
+        out_dtype: str,
+    ) -> npt.NDArray[Any]:
+        return reference.output(arithmetic(x, w.planes, input_scale), out_dtype)
+
+    return kernel
+
+
 class ReferenceKernels:
     """Numpy, float64 accumulation, bit-exact decoding. Slow and always available."""
 
@@ -106,10 +125,7 @@ class ReferenceKernels:
     ) -> NVFP4Planes:
         return reference.quantize_activations_2d(x, input_scale)
 
-    def qmm_w4a4(
-        self, x: npt.NDArray[Any], w: _Weight, *, input_scale: float | None, out_dtype: str
-    ) -> npt.NDArray[Any]:
-        return reference.output(reference.qmm_w4a4_2d(x, w.planes, input_scale), out_dtype)
+    qmm_w4a4 = _scaled_kernel(reference.qmm_w4a4_2d)
 
     def quantize_activations_q8(self, x: npt.NDArray[Any]) -> Q8Activations:
         return reference.quantize_activations_q8_2d(x)
@@ -124,11 +140,7 @@ class ReferenceKernels:
     ) -> FP8Activations:
         return reference.quantize_activations_fp8_2d(x, input_scale)
 
-    def qmm_w4a8_fp8(
-        self, x: npt.NDArray[Any], w: _Weight, *, input_scale: float | None, out_dtype: str
-    ) -> npt.NDArray[Any]:
-        y = reference.qmm_w4a8_fp8_2d(x, w.planes, input_scale)
-        return reference.output(y, out_dtype)
+    qmm_w4a8_fp8 = _scaled_kernel(reference.qmm_w4a8_fp8_2d)
 
     def to_planes(self, w: _Weight) -> NVFP4Planes:
         return w.planes
