@@ -1,16 +1,22 @@
 """How the tiers call a backend's verbs and check what comes back: numpy arrays in
 (through the backend's ``from_numpy``), numpy arrays out (``to_numpy``), the output's shape
 and dtype checked before its values are (:func:`call_prepared` does both for a verb on
-prepared planes); and whose activation encoder T4's references use (:func:`own_encoding`)."""
+prepared planes); a T4 matmul case called, recorded and held to its tolerance
+(:func:`check_qmm`); and whose activation encoder T4's references use
+(:func:`own_encoding`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 from nvfp4 import reference
 from nvfp4.dtypes import OUTPUT_DTYPES
+from nvfp4.planes import NVFP4Planes
+
+from nvfp4_conformance.checks import record_within
 
 
 def call_verb(
@@ -48,6 +54,47 @@ def call_prepared(
     y = call_verb(backend, verb, x, backend.prepare(planes), *args, **kwargs)
     assert_output(y, shape, dtype, verb if what is None else what)
     return y
+
+
+def check_qmm(
+    backend: Any,
+    record: Callable[..., None],
+    tolerance: Callable[[str, str], Any],
+    verb: str,
+    case: str,
+    x: npt.NDArray[Any],
+    planes: NVFP4Planes,
+    ref: npt.NDArray[np.float64],
+    dtype: str,
+    *,
+    what: str | None = None,
+    for_information: Mapping[str, Any] | None = None,
+    figures: Mapping[str, Any] | None = None,
+    **kwargs: Any,
+) -> None:
+    """One T4 case of a matmul verb (``qmm``, ``qmm_w4a8``, ``qmm_w4a4``,
+    ``qmm_w4a8_fp8``): ``backend.<verb>(x, backend.prepare(planes), **kwargs)`` must have
+    shape ``[M, N]`` and dtype ``dtype`` (:func:`call_prepared`), then is recorded as
+    ``case`` - its dtype, shape ``[M, K, N]``, ``kwargs`` (the input scale the verb was
+    given), ``figures`` and ``for_information`` - and held within ``tolerance(path, dtype)``
+    of ``ref``, ``path`` being the verb less its ``qmm_`` (:func:`record_within`; a failure
+    names ``"<verb> <what> <dtype>"``, ``what`` being ``case`` when not given)."""
+    (m, k), n = x.shape, planes.n
+    y = call_prepared(backend, verb, x, planes, shape=(m, n), dtype=dtype, **kwargs)
+    tol = float(tolerance(verb.removeprefix("qmm_"), dtype))
+    record_within(
+        record,
+        case,
+        y,
+        ref,
+        tol,
+        f"{verb} {case if what is None else what} {dtype}",
+        for_information=for_information,
+        dtype=dtype,
+        shape=[m, k, n],
+        **kwargs,
+        **(figures or {}),
+    )
 
 
 def own_encoding(backend: Any, verb: str, x: npt.NDArray[Any], *args: Any) -> Any:

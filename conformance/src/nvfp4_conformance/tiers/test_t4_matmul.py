@@ -25,7 +25,7 @@ from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import GLOBAL_AMAX_DIVISOR
 from nvfp4.testing import activations, unrouted_nonfinite_rows
 
-from nvfp4_conformance.calls import call_prepared, call_verb, own_encoding
+from nvfp4_conformance.calls import call_prepared, call_verb, check_qmm, own_encoding
 from nvfp4_conformance.cases import case_rng, nonfinite_rows_case, realistic_weight
 from nvfp4_conformance.checks import as_float64, assert_within, error_figures, record_within
 from nvfp4_conformance.sizing import matmul_params
@@ -83,17 +83,17 @@ def test_qmm(
     planes = realistic_weight(rng, n, k, name=f"t4.qmm_{n}x{k}")
     x = activations(rng, m, k, dtype)
     ref = reference.qmm(x, planes, out_dtype=None)
-    y = call_prepared(nvfp4_backend, "qmm", x, planes, shape=(m, n), dtype=dtype)
-    tol = float(tolerance("qmm", dtype))
-    record_within(
+    check_qmm(
+        nvfp4_backend,
         nvfp4_record,
+        tolerance,
+        "qmm",
         f"M{m}_K{k}_N{n}",
-        y,
+        x,
+        planes,
         ref,
-        tol,
-        f"qmm M={m} K={k} N={n} {dtype}",
-        dtype=dtype,
-        shape=[m, k, n],
+        dtype,
+        what=f"M={m} K={k} N={n}",
     )
 
 
@@ -390,19 +390,16 @@ def test_qmm_w4a4(
     if scale == "static":
         input_scale = float(np.abs(as_float64(x)).max() / GLOBAL_AMAX_DIVISOR * 1.5)
     ref = w4a4_reference(nvfp4_backend, x, planes, input_scale)
-    y = call_prepared(
-        nvfp4_backend, "qmm_w4a4", x, planes, shape=(m, n), dtype=dtype, input_scale=input_scale
-    )
-    tol = float(tolerance("w4a4", dtype))
-    record_within(
+    check_qmm(
+        nvfp4_backend,
         nvfp4_record,
+        tolerance,
+        "qmm_w4a4",
         label,
-        y,
+        x,
+        planes,
         ref,
-        tol,
-        f"qmm_w4a4 {label} {dtype}",
-        dtype=dtype,
-        shape=[m, k, n],
+        dtype,
         input_scale=input_scale,
     )
 

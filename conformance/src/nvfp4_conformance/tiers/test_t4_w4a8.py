@@ -21,7 +21,7 @@ from nvfp4.dtypes import OUTPUT_DTYPES
 from nvfp4.planes import NVFP4Planes
 from nvfp4.testing import activations, relative_error
 
-from nvfp4_conformance.calls import call_prepared, call_verb, own_encoding
+from nvfp4_conformance.calls import call_prepared, call_verb, check_qmm, own_encoding
 from nvfp4_conformance.cases import case_rng, nonfinite_rows_case, realistic_weight
 from nvfp4_conformance.checks import as_float64, record_within
 from nvfp4_conformance.sizing import matmul_params
@@ -77,18 +77,18 @@ def test_qmm_w4a8(
     planes = realistic_weight(rng, n, k, name=f"t4.w4a8_{n}x{k}")
     x = activations(rng, m, k, dtype)
     ref = q8_reference(nvfp4_backend, x, planes)
-    y = call_prepared(nvfp4_backend, "qmm_w4a8", x, planes, shape=(m, n), dtype=dtype)
-    tol = float(nvfp4_tolerance("w4a8", dtype))
-    record_within(
+    check_qmm(
+        nvfp4_backend,
         nvfp4_record,
+        nvfp4_tolerance,
+        "qmm_w4a8",
         f"M{m}_K{k}_N{n}",
-        y,
+        x,
+        planes,
         ref,
-        tol,
-        f"qmm_w4a8 M={m} K={k} N={n} {dtype}",
+        dtype,
+        what=f"M={m} K={k} N={n}",
         for_information={"w4a8_vs_w4a16": _vs_w4a16(ref, x, planes)},
-        dtype=dtype,
-        shape=[m, k, n],
     )
 
 
@@ -286,22 +286,19 @@ def test_qmm_w4a8_fp8(
     elif scale == "saturating":
         input_scale = amax / 448 / 4
     ref = fp8_reference(nvfp4_backend, x, planes, input_scale)
-    y = call_prepared(
-        nvfp4_backend, "qmm_w4a8_fp8", x, planes, shape=(m, n), dtype=dtype, input_scale=input_scale
-    )
-    tol = float(nvfp4_tolerance("w4a8_fp8", dtype))
-    record_within(
+    check_qmm(
+        nvfp4_backend,
         nvfp4_record,
+        nvfp4_tolerance,
+        "qmm_w4a8_fp8",
         label,
-        y,
+        x,
+        planes,
         ref,
-        tol,
-        f"qmm_w4a8_fp8 {label} {dtype}",
+        dtype,
         for_information={"w4a8_vs_w4a16": _vs_w4a16(ref, x, planes)},
-        dtype=dtype,
-        shape=[m, k, n],
+        figures={"input_scale_policy": "dynamic" if input_scale is None else "static"},
         input_scale=input_scale,
-        input_scale_policy="dynamic" if input_scale is None else "static",
     )
 
 
