@@ -81,12 +81,15 @@ class EngineKernels:
     """The start of an adapter's kernels object: the class declares the adapter's ``NAME``,
     its engine's ``DISTRIBUTION``, the ``CAPABILITIES`` and the ``NOTES`` of its
     certificate; :attr:`info` is their :func:`adapter_info`, built at construction (when
-    the engine's version is read). A subclass supplies :meth:`availability`."""
+    the engine's version is read). :meth:`availability` is the adapter's ``probe`` (a CPU
+    engine's :func:`cached_probe`, the one its kernels :func:`require`); a subclass
+    without one supplies :meth:`availability` itself."""
 
     NAME: ClassVar[str]
     DISTRIBUTION: ClassVar[str]
     CAPABILITIES: ClassVar[frozenset[str]]
     NOTES: ClassVar[tuple[str, ...]]
+    probe: ClassVar[staticmethod[[], Availability]]
 
     def __init__(self) -> None:
         self.info = adapter_info(self.NAME, self.DISTRIBUTION, self.CAPABILITIES, self.notes())
@@ -96,7 +99,7 @@ class EngineKernels:
         return self.NOTES
 
     def availability(self) -> Availability:
-        raise NotImplementedError
+        return self.probe()
 
 
 def probe_engine(

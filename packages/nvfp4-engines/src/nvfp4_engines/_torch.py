@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ._common import dist_version
+
 __all__ = [
     "TorchArrays",
     "cat_parts",
@@ -65,10 +67,11 @@ def cat_parts(outputs: list[Any], dim: int) -> Any:
     return torch().cat(outputs, dim=dim) if len(outputs) > 1 else outputs[0]
 
 
-def cpu_device(distribution: str, version: str) -> str:
+def cpu_device(distribution: str) -> str:
     """The device line of a torch engine that runs on the CPU:
-    ``"torch <version> CPU (<distribution> <version>)"``."""
-    return f"torch {torch().__version__} CPU ({distribution} {version})"
+    ``"torch <version> CPU (<distribution> <version>)"``, the engine's version that of its
+    installed ``distribution``."""
+    return f"torch {torch().__version__} CPU ({distribution} {dist_version(distribution)})"
 
 
 class TorchArrays:

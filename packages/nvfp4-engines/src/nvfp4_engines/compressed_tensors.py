@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from nvfp4.backend import Frontend
-from nvfp4.contract import Availability
 from nvfp4.fusion import unfuse, unstack_experts
 from nvfp4.layouts.compressed_tensors import (
     WEIGHT_GLOBAL_SCALE,
@@ -54,7 +53,6 @@ from ._common import (
     EngineKernels,
     activation_planes,
     cached_probe,
-    dist_version,
     require,
 )
 
@@ -79,7 +77,7 @@ class CtWeight:
 def _check() -> str:
     planes = _quantize(_engine(), _torch.torch().ones((1, BLOCK_SIZE)), None)
     _decompress(_engine(), to_compressed_tensors(planes))
-    return _torch.cpu_device(DISTRIBUTION, dist_version(DISTRIBUTION))
+    return _torch.cpu_device(DISTRIBUTION)
 
 
 _probe = cached_probe("compressed-tensors", DISTRIBUTION, INSTALL, "its NVFP4 compressor", _check)
@@ -154,6 +152,7 @@ class CompressedTensorsKernels(EngineKernels, _torch.TorchArrays):
 
     NAME = NAME
     DISTRIBUTION = DISTRIBUTION
+    probe = staticmethod(_probe)
     CAPABILITIES = frozenset({"dequantize", "fused_partitions", "quantize_activations"})
     NOTES = (
         "dequantize: NVFP4PackedCompressor.decompress (scheme NVFP4), which returns "
@@ -163,9 +162,6 @@ class CompressedTensorsKernels(EngineKernels, _torch.TorchArrays):
         "NVFP4PackedCompressor.compress",
         "absent: compressed-tensors has no NVFP4 matmul",
     )
-
-    def availability(self) -> Availability:
-        return _probe()
 
     def prepare(self, planes: NVFP4Planes) -> CtWeight:
         _ready()

@@ -34,7 +34,6 @@ import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 from nvfp4.backend import Frontend
-from nvfp4.contract import Availability
 from nvfp4.layouts.mlx import MLXPlanes, from_mlx, mlx_global_scale_arg, to_mlx
 from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import BLOCK_SIZE, GLOBAL_AMAX_DIVISOR
@@ -89,6 +88,7 @@ class MlxNativeKernels(EngineKernels):
 
     NAME = NAME
     DISTRIBUTION = DISTRIBUTION
+    probe = staticmethod(_probe)
     CAPABILITIES = frozenset(
         {"dequantize", "qmm", "gather_qmm", "fused_partitions", "quantize_activations"}
     )
@@ -101,9 +101,6 @@ class MlxNativeKernels(EngineKernels):
         "input_scale * 2688 (static); MLX decodes with global_scale / 2688",
         "ids outside [0, E) refused before mx.gather_qmm, which reads out of bounds for them",
     )
-
-    def availability(self) -> Availability:
-        return _probe()
 
     def prepare(self, planes: NVFP4Planes) -> MlxWeight:
         mx = _mx()

@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from nvfp4.backend import Frontend
-from nvfp4.contract import Availability
 from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import BLOCK_SIZE
 
@@ -39,7 +38,6 @@ from ._common import (
     EngineKernels,
     activation_planes,
     cached_probe,
-    dist_version,
     require,
 )
 from ._modelopt_layout import modelopt_tensors
@@ -75,7 +73,7 @@ def _check() -> str:
     torch = _torch.torch()
     q, s, g = NVFP4QTensor.quantize(torch.ones((1, BLOCK_SIZE)), BLOCK_SIZE)
     q.dequantize(torch.float32, scale=s, double_scale=g, block_sizes={-1: BLOCK_SIZE})
-    return _torch.cpu_device(DISTRIBUTION, dist_version(DISTRIBUTION))
+    return _torch.cpu_device(DISTRIBUTION)
 
 
 _probe = cached_probe("ModelOpt", DISTRIBUTION, INSTALL, "NVFP4QTensor", _check)
@@ -93,6 +91,7 @@ class ModeloptKernels(EngineKernels, _torch.TorchArrays):
 
     NAME = NAME
     DISTRIBUTION = DISTRIBUTION
+    probe = staticmethod(_probe)
     CAPABILITIES = frozenset({"dequantize", "fused_partitions", "quantize_activations"})
     NOTES = (
         "dequantize: NVFP4QTensor.dequantize(dtype, scale=weight_scale, "
@@ -101,9 +100,6 @@ class ModeloptKernels(EngineKernels, _torch.TorchArrays):
         "left to ModelOpt (amax / 2688, dynamic) or the input scale (static)",
         "absent: ModelOpt's NVFP4 GEMM needs TensorRT-LLM's CUDA ops",
     )
-
-    def availability(self) -> Availability:
-        return _probe()
 
     def prepare(self, planes: NVFP4Planes) -> ModeloptWeight:
         cls = _qtensor_class()

@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from nvfp4.backend import Frontend
-from nvfp4.contract import Availability
 from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import BLOCK_SIZE
 
@@ -43,7 +42,6 @@ from ._common import (
     EngineKernels,
     activation_planes,
     cached_probe,
-    dist_version,
     require,
 )
 from ._modelopt_layout import modelopt_tensors
@@ -72,7 +70,7 @@ def _check() -> str:
     torch = _torch.torch()
     w = _module().NVFP4Tensor.to_nvfp4(torch.ones((1, BLOCK_SIZE)))
     torch.nn.functional.linear(torch.ones((1, BLOCK_SIZE)), w)
-    return _torch.cpu_device(DISTRIBUTION, dist_version(DISTRIBUTION))
+    return _torch.cpu_device(DISTRIBUTION)
 
 
 _probe = cached_probe("torchao", DISTRIBUTION, INSTALL, "NVFP4Tensor", _check)
@@ -88,6 +86,7 @@ class TorchaoKernels(EngineKernels, _torch.TorchArrays):
 
     NAME = NAME
     DISTRIBUTION = DISTRIBUTION
+    probe = staticmethod(_probe)
     CAPABILITIES = frozenset({"dequantize", "qmm", "fused_partitions", "quantize_activations"})
     NOTES = (
         "dequantize: NVFP4Tensor(qdata, scale, 16, float32, per_tensor_scale).dequantize(dtype)",
@@ -97,9 +96,6 @@ class TorchaoKernels(EngineKernels, _torch.TorchArrays):
         "per_tensor_amax_to_scale(max|x|)) (dynamic) or the input scale (static)",
         "absent on CPU: W4A4 (torch._scaled_mm on float4) and the MoE _grouped_mm",
     )
-
-    def availability(self) -> Availability:
-        return _probe()
 
     def prepare(self, planes: NVFP4Planes) -> TorchaoWeight:
         m = _ready()
