@@ -401,8 +401,16 @@ NV_INLINE int k256_mb0(const int MC) {
 }
 NV_INLINE int k256_mb(const int MC) { return (MC == 9 || MC == 10 || MC == 14 || MC >= 19) ? 6 : 5; }
 
-/* acc[16 m .. 16 m + 15] += (pe | po) * (se | so): one block's partial sums of row m, scaled. */
-NV_INLINE void k256_acc_block(float *acc, int m, __m256 pe, __m256 po, __m256 se, __m256 so) {
+/* acc[16 m .. 16 m + 15] += (pe | po) * (se | so): one block's partial sums of row m, scaled.
+ * p = the row's [even / odd rows][k parity] partial sums; with SPLIT the two k-parity chains
+ * are added first (pe = p[0][0] + p[0][1]), else p[.][0] alone holds the sum. */
+NV_INLINE void k256_acc_block(float *acc, int m, const __m256 p[2][2], __m256 se, __m256 so,
+                              const int SPLIT) {
+    __m256 pe = p[0][0], po = p[1][0];
+    if (SPLIT) {
+        pe = _mm256_add_ps(pe, p[0][1]);
+        po = _mm256_add_ps(po, p[1][1]);
+    }
     float *a = acc + m * NV_TILE;
     _mm256_store_ps(a, _mm256_fmadd_ps(pe, se, _mm256_load_ps(a)));
     _mm256_store_ps(a + 8, _mm256_fmadd_ps(po, so, _mm256_load_ps(a + 8)));
@@ -438,14 +446,7 @@ NV_INLINE void k256_rows(const float *wbuf, const float *sbuf, int nb, const flo
         const __m256 se = _mm256_load_ps(sbuf + bb * NV_TILE);    /* even rows' scales */
         const __m256 so = _mm256_load_ps(sbuf + bb * NV_TILE + 8); /* odd rows' */
 #pragma GCC unroll 6
-        for (int i = 0; i < MB; i++) {
-            __m256 pe = p[i][0][0], po = p[i][1][0];
-            if (SPLIT) {
-                pe = _mm256_add_ps(pe, p[i][0][1]);
-                po = _mm256_add_ps(po, p[i][1][1]);
-            }
-            k256_acc_block(acc, m0 + i, pe, po, se, so);
-        }
+        for (int i = 0; i < MB; i++) k256_acc_block(acc, m0 + i, p[i], se, so, SPLIT);
     }
 }
 
@@ -494,14 +495,7 @@ NV_INLINE void k256_decode_rows(const uint8_t *tc, const uint8_t *ts, int64_t le
             _mm256_store_ps(sbuf + bb * NV_TILE + 8, so);
         }
 #pragma GCC unroll 4
-        for (int i = 0; i < MB0; i++) {
-            __m256 pe = p[i][0][0], po = p[i][1][0];
-            if (SPLIT) {
-                pe = _mm256_add_ps(pe, p[i][0][1]);
-                po = _mm256_add_ps(po, p[i][1][1]);
-            }
-            k256_acc_block(acc, i, pe, po, se, so);
-        }
+        for (int i = 0; i < MB0; i++) k256_acc_block(acc, i, p[i], se, so, SPLIT);
     }
 }
 
