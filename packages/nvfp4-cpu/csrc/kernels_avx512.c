@@ -81,15 +81,7 @@ NV_INLINE void k512_small(const nv_weight *w, int64_t t0, const nv_chunk *c, con
         }
     }
 #pragma GCC unroll 4
-    for (int t = 0; t < TN; t++) {
-        const int64_t n0 = (t0 + t) * NV_TILE;
-        const __m512 g = _mm512_loadu_ps(w->rowg + n0);
-        const __mmask16 live = nv512_live(w, t0 + t);
-#pragma GCC unroll 4
-        for (int m = 0; m < MC; m++)
-            _mm512_mask_storeu_ps(c->out + c->out_rows[m] * c->ldo + n0, live,
-                                  _mm512_mul_ps(acc[m][t], g));
-    }
+    for (int t = 0; t < TN; t++) nv512_store_tile(w, c, t0 + t, &acc[0][t], 4, MC);
 }
 
 /* Larger chunks (5 <= MC <= 24 rows of x), one tile: the decoded pair is multiplied by its

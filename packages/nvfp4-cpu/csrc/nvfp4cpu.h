@@ -247,6 +247,21 @@ NV_INLINE __mmask16 nv512_live(const nv_weight *w, int64_t t) {
     const int64_t live = w->n - t * NV_TILE;
     return live >= NV_TILE ? (__mmask16)0xFFFF : (__mmask16)((1u << live) - 1u);
 }
+
+/* The epilogue of tile t for the MC rows of chunk c: output row m, columns 16t .. 16t + 15,
+ * gets acc[m * stride] (row m's 16 running sums) times the row globals, the lanes past N
+ * left unwritten. `stride` steps over a kernel's other tiles: acc[m * stride] is its
+ * acc[m][t] when called with &acc[0][t]. */
+NV_INLINE void nv512_store_tile(const nv_weight *w, const nv_chunk *c, int64_t t,
+                                const __m512 *acc, const int stride, const int MC) {
+    const int64_t n0 = t * NV_TILE;
+    const __m512 g = _mm512_loadu_ps(w->rowg + n0);
+    const __mmask16 live = nv512_live(w, t);
+#pragma GCC unroll 32
+    for (int m = 0; m < MC; m++)
+        _mm512_mask_storeu_ps(c->out + c->out_rows[m] * c->ldo + n0, live,
+                              _mm512_mul_ps(acc[m * stride], g));
+}
 #endif
 
 #endif /* NVFP4CPU_H */
