@@ -72,6 +72,43 @@ extern const nv_w4a8_kernels nv_w4a8_avx512vnni;
 extern const nv_w4a8_kernels nv_w4a8_neon_dotprod;
 #endif
 
+/* PER-CHUNK-SIZE KERNELS
+ * A SIMD level writes its tile kernel once, KERNEL(w, t, c, MC): NV_INLINE, MC rows of x
+ * times tile t. NV_Q8_KERNELS_BY_MC(KERNEL, N) compiles it once per chunk size MC = 1 .. N
+ * (N = 8 or 32 = NV_Q8_MC_LIMIT) as a non-inlined function KERNEL_MC, so every loop over the
+ * chunk's rows unrolls and the accumulators live in registers, and defines the table
+ * KERNEL_by_mc[MC] of them (entry 0 unused) that a level's qmm_tiles picks from per chunk;
+ * it checks MC_MAX, the largest chunk the level takes, has a kernel. */
+typedef void (*nv_q8_tile_fn)(const nv_weight *w, int64_t t, const nv_chunk *c);
+
+#define NV_Q8_EACH_MC_8(X, KERNEL)                                                             \
+    X(KERNEL, 1) X(KERNEL, 2) X(KERNEL, 3) X(KERNEL, 4) X(KERNEL, 5) X(KERNEL, 6) X(KERNEL, 7) \
+    X(KERNEL, 8)
+#define NV_Q8_EACH_MC_32(X, KERNEL)                                                            \
+    NV_Q8_EACH_MC_8(X, KERNEL)                                                                 \
+    X(KERNEL, 9) X(KERNEL, 10) X(KERNEL, 11) X(KERNEL, 12) X(KERNEL, 13) X(KERNEL, 14)         \
+    X(KERNEL, 15) X(KERNEL, 16) X(KERNEL, 17) X(KERNEL, 18) X(KERNEL, 19) X(KERNEL, 20)        \
+    X(KERNEL, 21) X(KERNEL, 22) X(KERNEL, 23) X(KERNEL, 24) X(KERNEL, 25) X(KERNEL, 26)        \
+    X(KERNEL, 27) X(KERNEL, 28) X(KERNEL, 29) X(KERNEL, 30) X(KERNEL, 31) X(KERNEL, 32)
+#define NV_Q8_SPECIALISE(KERNEL, MC)                                                           \
+    static __attribute__((noinline)) void KERNEL##_##MC(const nv_weight *w, int64_t t,         \
+                                                        const nv_chunk *c) {                   \
+        KERNEL(w, t, c, MC);                                                                   \
+    }
+#define NV_Q8_TABLE_ENTRY(KERNEL, MC) KERNEL##_##MC,
+#define NV_Q8_KERNELS_BY_MC(KERNEL, N, MC_MAX)                                                 \
+    _Static_assert((MC_MAX) <= (N) && (N) <= NV_Q8_MC_LIMIT, "a chunk size without a kernel"); \
+    NV_Q8_EACH_MC_##N(NV_Q8_SPECIALISE, KERNEL)                                                \
+    static const nv_q8_tile_fn KERNEL##_by_mc[N + 1] = {                                     \
+        0, NV_Q8_EACH_MC_##N(NV_Q8_TABLE_ENTRY, KERNEL)};
+
+/* Tiles [t0, t0 + nt) of chunk c, each by the kernel of the chunk's size in by_mc. */
+NV_INLINE void nv_q8_tiles_by_mc(const nv_q8_tile_fn *by_mc, const nv_weight *w, int64_t t0,
+                                 int64_t nt, const nv_chunk *c) {
+    const nv_q8_tile_fn fn = by_mc[c->mc];
+    for (int64_t t = t0; t < t0 + nt; t++) fn(w, t, c);
+}
+
 /* float16 bits -> float32, exactly (subnormals, infinities, NaN). */
 NV_INLINE float nv_f16_to_f32(uint16_t h) {
     const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;

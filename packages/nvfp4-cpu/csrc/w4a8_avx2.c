@@ -20,16 +20,6 @@
 
 #include "w4a8.h"
 
-/* Rows of x per chunk: 32 against 16 (one decode of each block for twice the rows) ran
- * 0.91-0.93x the time at M = 20, 32, 128 and 0.93-0.96x at M = 512 (4096 x 4096) and
- * M = 128 (14336 x 8192); one thread, 2-vCPU Emerald Rapids, interleaved A/B runs. */
-#ifndef NV_Q8_256_MC_MAX
-#define NV_Q8_256_MC_MAX 32
-#endif
-#define NV_Q8_256_MC_TABLE 32 /* kernels compiled: chunk sizes 1 .. 32 */
-_Static_assert(NV_Q8_256_MC_MAX <= NV_Q8_256_MC_TABLE && NV_Q8_256_MC_MAX <= NV_Q8_MC_LIMIT,
-               "a chunk size without a kernel");
-
 /* ------------------------------------------------------------------------ quantizer */
 
 /* roundf of 8 finite floats of magnitude < 2^23 (see w4a8_avx512vnni.c). */
@@ -141,7 +131,7 @@ NV_INLINE void q8_256_kernel(const nv_weight *w, int64_t t, const nv_chunk *c, c
     nv_q8_utable(ut);
     const __m256i utab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)ut));
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[2][NV_Q8_256_MC_TABLE]; /* [row group][row of x] */
+    __m256 acc[2][NV_Q8_MC_LIMIT]; /* [row group][row of x] */
 #pragma GCC unroll 16
     for (int m = 0; m < MC; m++) acc[0][m] = acc[1][m] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
@@ -188,56 +178,16 @@ NV_INLINE void q8_256_kernel(const nv_weight *w, int64_t t, const nv_chunk *c, c
     }
 }
 
-#define NV_Q8K(MC)                                                                             \
-    static __attribute__((noinline)) void q8_256_##MC(const nv_weight *w, int64_t t,           \
-                                                      const nv_chunk *c) {                  \
-        q8_256_kernel(w, t, c, MC);                                                            \
-    }
-NV_Q8K(1)
-NV_Q8K(2)
-NV_Q8K(3)
-NV_Q8K(4)
-NV_Q8K(5)
-NV_Q8K(6)
-NV_Q8K(7)
-NV_Q8K(8)
-NV_Q8K(9)
-NV_Q8K(10)
-NV_Q8K(11)
-NV_Q8K(12)
-NV_Q8K(13)
-NV_Q8K(14)
-NV_Q8K(15)
-NV_Q8K(16)
-NV_Q8K(17)
-NV_Q8K(18)
-NV_Q8K(19)
-NV_Q8K(20)
-NV_Q8K(21)
-NV_Q8K(22)
-NV_Q8K(23)
-NV_Q8K(24)
-NV_Q8K(25)
-NV_Q8K(26)
-NV_Q8K(27)
-NV_Q8K(28)
-NV_Q8K(29)
-NV_Q8K(30)
-NV_Q8K(31)
-NV_Q8K(32)
-
-typedef void (*q8_256_fn)(const nv_weight *, int64_t, const nv_chunk *);
-static const q8_256_fn q8_256_by_mc[NV_Q8_256_MC_TABLE + 1] = {
-    0,         q8_256_1,  q8_256_2,  q8_256_3,  q8_256_4,  q8_256_5,  q8_256_6,
-    q8_256_7,  q8_256_8,  q8_256_9,  q8_256_10, q8_256_11, q8_256_12, q8_256_13,
-    q8_256_14, q8_256_15, q8_256_16, q8_256_17, q8_256_18, q8_256_19, q8_256_20,
-    q8_256_21, q8_256_22, q8_256_23, q8_256_24, q8_256_25, q8_256_26, q8_256_27,
-    q8_256_28, q8_256_29, q8_256_30, q8_256_31, q8_256_32,
-};
+/* Rows of x per chunk: 32 against 16 (one decode of each block for twice the rows) ran
+ * 0.91-0.93x the time at M = 20, 32, 128 and 0.93-0.96x at M = 512 (4096 x 4096) and
+ * M = 128 (14336 x 8192); one thread, 2-vCPU Emerald Rapids, interleaved A/B runs. */
+#ifndef NV_Q8_256_MC_MAX
+#define NV_Q8_256_MC_MAX 32
+#endif
+NV_Q8_KERNELS_BY_MC(q8_256_kernel, 32, NV_Q8_256_MC_MAX)
 
 static void q8_256_qmm_tiles(const nv_weight *w, int64_t t0, int64_t nt, const nv_chunk *c) {
-    const q8_256_fn fn = q8_256_by_mc[c->mc];
-    for (int64_t t = t0; t < t0 + nt; t++) fn(w, t, c);
+    nv_q8_tiles_by_mc(q8_256_kernel_by_mc, w, t0, nt, c);
 }
 
 const nv_w4a8_kernels nv_w4a8_avx2 = {

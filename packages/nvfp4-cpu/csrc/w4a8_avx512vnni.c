@@ -22,19 +22,6 @@
 
 #include "w4a8.h"
 
-/* Rows of x per chunk, up to NV_Q8_MC_LIMIT: each block's weights are decoded once per chunk
- * (7 vector operations per 64 weights, against 13 per row and 512 weights for the dot
- * products and the scaling), so larger chunks spend less on the decode even where the
- * accumulators spill (more than 16 zmm of them). 32 rows against 16 (one thread, 2-vCPU
- * Emerald Rapids, 9 interleaved rounds): 0.89-0.91x the time at M = 32, 128 and 512,
- * 4096 x 4096, and at M = 128, 14336 x 8192; M = 20 (one chunk against two of 10) 0.89x. */
-#ifndef NV_Q8_512_MC_MAX
-#define NV_Q8_512_MC_MAX 32
-#endif
-#define NV_Q8_512_MC_TABLE 32 /* kernels compiled: chunk sizes 1 .. 32 */
-_Static_assert(NV_Q8_512_MC_MAX <= NV_Q8_512_MC_TABLE && NV_Q8_512_MC_MAX <= NV_Q8_MC_LIMIT,
-               "a chunk size without a kernel");
-
 /* ------------------------------------------------------------------------ quantizer */
 
 /* roundf of 16 finite floats of magnitude < 2^23, as int32: truncate, then one step away
@@ -106,7 +93,7 @@ NV_INLINE void q8_512_kernel(const nv_weight *w, int64_t t0, const nv_chunk *c, 
     uint8_t ut[16];
     nv_q8_utable(ut);
     const __m512i utab = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)ut));
-    __m512 acc[NV_Q8_512_MC_TABLE][2];
+    __m512 acc[NV_Q8_MC_LIMIT][2];
 #pragma GCC unroll 32
     for (int m = 0; m < MC; m++)
 #pragma GCC unroll 2
@@ -156,64 +143,34 @@ NV_INLINE void q8_512_kernel(const nv_weight *w, int64_t t0, const nv_chunk *c, 
     for (int t = 0; t < TN; t++) nv512_store_tile(w, c, t0 + t, &acc[0][t], 2, MC);
 }
 
-/* One specialised (non-inlined) function per chunk size and tile count, so every loop
- * unrolls and the accumulators live in registers. */
-#define NV_Q8K(MC, TN)                                                                         \
-    static __attribute__((noinline)) void q8_512_##MC##_##TN(const nv_weight *w, int64_t t,    \
-                                                             const nv_chunk *c) {           \
-        q8_512_kernel(w, t, c, MC, TN);                                                        \
-    }
-NV_Q8K(1, 2)
-NV_Q8K(2, 2)
-NV_Q8K(1, 1)
-NV_Q8K(2, 1)
-NV_Q8K(3, 1)
-NV_Q8K(4, 1)
-NV_Q8K(5, 1)
-NV_Q8K(6, 1)
-NV_Q8K(7, 1)
-NV_Q8K(8, 1)
-NV_Q8K(9, 1)
-NV_Q8K(10, 1)
-NV_Q8K(11, 1)
-NV_Q8K(12, 1)
-NV_Q8K(13, 1)
-NV_Q8K(14, 1)
-NV_Q8K(15, 1)
-NV_Q8K(16, 1)
-NV_Q8K(17, 1)
-NV_Q8K(18, 1)
-NV_Q8K(19, 1)
-NV_Q8K(20, 1)
-NV_Q8K(21, 1)
-NV_Q8K(22, 1)
-NV_Q8K(23, 1)
-NV_Q8K(24, 1)
-NV_Q8K(25, 1)
-NV_Q8K(26, 1)
-NV_Q8K(27, 1)
-NV_Q8K(28, 1)
-NV_Q8K(29, 1)
-NV_Q8K(30, 1)
-NV_Q8K(31, 1)
-NV_Q8K(32, 1)
+/* One tile: the kernel of every chunk size (NV_Q8_KERNELS_BY_MC, w4a8.h). */
+#define q8_512_tile(w, t, c, MC) q8_512_kernel(w, t, c, MC, 1)
 
-typedef void (*q8_512_fn)(const nv_weight *, int64_t, const nv_chunk *);
-static const q8_512_fn q8_512_one[NV_Q8_512_MC_TABLE + 1] = { /* chunk sizes 1 .. 32 */
-    0, q8_512_1_1, q8_512_2_1, q8_512_3_1, q8_512_4_1, q8_512_5_1, q8_512_6_1,
-    q8_512_7_1, q8_512_8_1, q8_512_9_1, q8_512_10_1, q8_512_11_1, q8_512_12_1,
-    q8_512_13_1, q8_512_14_1, q8_512_15_1, q8_512_16_1,
-    q8_512_17_1, q8_512_18_1, q8_512_19_1, q8_512_20_1, q8_512_21_1, q8_512_22_1,
-    q8_512_23_1, q8_512_24_1, q8_512_25_1, q8_512_26_1, q8_512_27_1, q8_512_28_1,
-    q8_512_29_1, q8_512_30_1, q8_512_31_1, q8_512_32_1,
-};
+/* Rows of x per chunk, up to NV_Q8_MC_LIMIT: each block's weights are decoded once per chunk
+ * (7 vector operations per 64 weights, against 13 per row and 512 weights for the dot
+ * products and the scaling), so larger chunks spend less on the decode even where the
+ * accumulators spill (more than 16 zmm of them). 32 rows against 16 (one thread, 2-vCPU
+ * Emerald Rapids, 9 interleaved rounds): 0.89-0.91x the time at M = 32, 128 and 512,
+ * 4096 x 4096, and at M = 128, 14336 x 8192; M = 20 (one chunk against two of 10) 0.89x. */
+#ifndef NV_Q8_512_MC_MAX
+#define NV_Q8_512_MC_MAX 32
+#endif
+/* Two tiles at once for chunks of 1 and 2 rows (specialised, non-inlined, as below). */
+static __attribute__((noinline)) void q8_512_pair_1(const nv_weight *w, int64_t t, const nv_chunk *c) {
+    q8_512_kernel(w, t, c, 1, 2);
+}
+static __attribute__((noinline)) void q8_512_pair_2(const nv_weight *w, int64_t t, const nv_chunk *c) {
+    q8_512_kernel(w, t, c, 2, 2);
+}
+
+NV_Q8_KERNELS_BY_MC(q8_512_tile, 32, NV_Q8_512_MC_MAX)
 
 static void q8_512_qmm_tiles(const nv_weight *w, int64_t t0, int64_t nt, const nv_chunk *c) {
     const int64_t end = t0 + nt;
     int64_t t = t0;
-    if (c->mc == 1) for (; t + 2 <= end; t += 2) q8_512_1_2(w, t, c);
-    if (c->mc == 2) for (; t + 2 <= end; t += 2) q8_512_2_2(w, t, c);
-    for (; t < end; t++) q8_512_one[c->mc](w, t, c);
+    if (c->mc == 1) for (; t + 2 <= end; t += 2) q8_512_pair_1(w, t, c);
+    if (c->mc == 2) for (; t + 2 <= end; t += 2) q8_512_pair_2(w, t, c);
+    for (; t < end; t++) q8_512_tile_by_mc[c->mc](w, t, c);
 }
 
 const nv_w4a8_kernels nv_w4a8_avx512vnni = {

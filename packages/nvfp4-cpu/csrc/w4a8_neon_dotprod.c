@@ -141,28 +141,10 @@ NV_INLINE void q8n_kernel(const nv_weight *w, int64_t t, const nv_chunk *c, cons
     }
 }
 
-#define NV_Q8N(MC)                                                                             \
-    static __attribute__((noinline)) void q8n_##MC(const nv_weight *w, int64_t t,             \
-                                                   const nv_chunk *c) {                     \
-        q8n_kernel(w, t, c, MC);                                                               \
-    }
-NV_Q8N(1)
-NV_Q8N(2)
-NV_Q8N(3)
-NV_Q8N(4)
-NV_Q8N(5)
-NV_Q8N(6)
-NV_Q8N(7)
-NV_Q8N(8)
-
-typedef void (*q8n_fn)(const nv_weight *, int64_t, const nv_chunk *);
-static const q8n_fn q8n_by_mc[NV_Q8_NEON_MC_MAX + 1] = {
-    0, q8n_1, q8n_2, q8n_3, q8n_4, q8n_5, q8n_6, q8n_7, q8n_8,
-};
+NV_Q8_KERNELS_BY_MC(q8n_kernel, 8, NV_Q8_NEON_MC_MAX)
 
 static void q8n_qmm_tiles(const nv_weight *w, int64_t t0, int64_t nt, const nv_chunk *c) {
-    const q8n_fn fn = q8n_by_mc[c->mc];
-    for (int64_t t = t0; t < t0 + nt; t++) fn(w, t, c);
+    nv_q8_tiles_by_mc(q8n_kernel_by_mc, w, t0, nt, c);
 }
 
 /* The activation quantizer is the portable level's (its scalar rule is the reference). */
