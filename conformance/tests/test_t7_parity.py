@@ -92,19 +92,11 @@ def test_a_cached_checkpoint_is_used_only_when_it_is_the_golden_model(tmp_path: 
 
 def test_a_cached_checkpoint_of_another_model_is_not_used(tmp_path: Any) -> None:
     """A readable checkpoint whose planes are not the golden model's (a stale cache)."""
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     from nvfp4_torch import smollm2
+    from nvfp4_torch.testing import tiny_model
 
-    config = transformers.LlamaConfig(
-        vocab_size=64,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-    )
-    model = transformers.LlamaForCausalLM(config).eval()
+    model = tiny_model("llama", seed=0, layers=1, vocab_size=64)
     smollm2.write_nvfp4_checkpoint(smollm2.quantize_model(model), tmp_path / t6.CHECKPOINT_DIR)
     assert (tmp_path / t6.CHECKPOINT_DIR / "config.json").is_file()
     assert t6.cached_checkpoint(t6.load_golden(), tmp_path) is None

@@ -35,7 +35,7 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer Llama (hidden 64, K of every linear a multiple of 32) with every decoder
     linear NVFP4, written as a ModelOpt checkpoint the way T6 writes SmolLM2."""
     from nvfp4_torch import smollm2
-    from tiny_models import tiny_model
+    from nvfp4_torch.testing import tiny_model
 
     model = tiny_model("llama", seed=3)
     q = smollm2.quantize_model(model)

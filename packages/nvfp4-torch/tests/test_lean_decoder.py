@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tiny_models import KINDS, tiny_model
+from nvfp4_torch.testing import KINDS, tiny_model
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")

@@ -31,7 +31,7 @@ def test_without_the_variable_nothing_is_written(
 
 def _float32_tiny(seed: int) -> Any:
     """A tiny llama whose config records float32, as transformers' GGUF reading gives."""
-    from tiny_models import tiny_model
+    from nvfp4_torch.testing import tiny_model
 
     model = tiny_model("llama", seed=seed)
     model.config.dtype = torch.float32
@@ -136,7 +136,7 @@ def test_write_checked_checkpoint_requires_the_named_sha256(tmp_path: Path) -> N
     """The T6 builder's check, shared by the suite and the engines' whole-model run: a
     model whose quantized fingerprint is not the golden one writes nothing and names the
     file, the key, the expected and the found sha256; the golden one is written."""
-    from tiny_models import tiny_model
+    from nvfp4_torch.testing import tiny_model
 
     model = tiny_model("llama", seed=3)
     q = smollm2.quantize_model(model)

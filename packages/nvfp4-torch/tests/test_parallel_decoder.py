@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 from nvfp4.shard_plan import head_plan
-from tiny_models import tiny_model
+from nvfp4_torch.testing import tiny_model
 
 pytest.importorskip("transformers")
 

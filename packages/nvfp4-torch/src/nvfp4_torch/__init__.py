@@ -12,6 +12,8 @@
   the conformance suite's tier T6 decodes;
 * :mod:`nvfp4_torch.parity` - the figures that compare two greedy runs (token parity,
   margins, KL).
+* :mod:`nvfp4_torch.testing` - tiny random decoder models (llama, mistral, qwen2) for the
+  tests of an integration.
 
 Importing the package imports nothing heavy; the names below load their module on first use.
 """
