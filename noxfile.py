@@ -48,7 +48,7 @@ import re
 import shlex
 import shutil
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, MutableMapping
 from pathlib import Path
 
 import nox
@@ -76,6 +76,25 @@ SUITE = ROOT / "conformance"
 #: Adapters over third-party NVFP4 engines: certified by the ``engines`` session, not
 #: backends of the hardware table (no ``conformance-<name>`` session).
 ENGINES = ROOT / "packages" / "nvfp4-engines"
+
+#: Where the sessions keep bytecode. A process that finds no ``.pyc`` compiles every module it
+#: imports: about 3,000 for torch and transformers, 6-7 s of every process that imports them
+#: (a README block, a generate command, a torchrun rank, a certification), and CI starts
+#: many. Where ``PYTHONDONTWRITEBYTECODE`` is set, as container images often do,
+#: nothing is ever kept and every process pays again. So the sessions write bytecode, under
+#: this folder (``PYTHONPYCACHEPREFIX``): once per module and environment, never into the
+#: tree; an environment's share goes with it (:func:`_discard_venv`).
+BYTECODE_CACHE = ROOT / ".nox" / "pycache"
+
+
+def keep_bytecode(environ: MutableMapping[str, str] = os.environ) -> None:
+    """Make ``environ`` (the sessions' environment) write bytecode under
+    :data:`BYTECODE_CACHE`; a ``PYTHONPYCACHEPREFIX`` already set is kept."""
+    environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    environ.setdefault("PYTHONPYCACHEPREFIX", str(BYTECODE_CACHE))
+
+
+keep_bytecode()
 
 #: Packages with their own test suites, by distribution name -> directory.
 PACKAGES = {
@@ -168,6 +187,8 @@ def _discard_venv(session: nox.Session) -> None:
     location = Path(str(getattr(session.virtualenv, "location", "") or ""))
     if location.is_dir() and (ROOT / ".nox") in location.parents:
         shutil.rmtree(location)
+        bytecode = Path(os.environ.get("PYTHONPYCACHEPREFIX", BYTECODE_CACHE))
+        shutil.rmtree(bytecode / location.relative_to(location.anchor), ignore_errors=True)
 
 
 def _uses_uv(session: nox.Session) -> bool:

@@ -243,8 +243,8 @@ def _env(cwd: Path) -> dict[str, str]:
     env["HF_HUB_OFFLINE"] = "1"
     env["TRANSFORMERS_VERBOSITY"] = "error"
     env["HOME"] = str(cwd / ".home")  # nothing a block writes lands in the user's home
-    # bytecode is written (to the environment's and the tree's ignored __pycache__): without
-    # it every block's interpreter compiled transformers' modules again, ~4 s each
+    # bytecode is kept as the session says (nox: under .nox/pycache, noxfile.keep_bytecode):
+    # without it every block's interpreter compiles torch's and transformers' modules again
     return env
 
 
