@@ -78,7 +78,7 @@ SUITE = ROOT / "conformance"
 ENGINES = ROOT / "packages" / "nvfp4-engines"
 
 #: Where the sessions keep bytecode. A process that finds no ``.pyc`` compiles every module it
-#: imports: about 3,000 for torch and transformers, 6-7 s of every process that imports them
+#: imports: about 3,000 for torch and transformers, about 6 s of every process that imports them
 #: (a README block, a generate command, a torchrun rank, a certification), and CI starts
 #: many. Where ``PYTHONDONTWRITEBYTECODE`` is set, as container images often do,
 #: nothing is ever kept and every process pays again. So the sessions write bytecode, under
