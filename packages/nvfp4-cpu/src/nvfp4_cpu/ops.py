@@ -43,8 +43,12 @@ _KIND = {"float32": 0, "float16": 1, "bfloat16": 2}
 
 
 def cast_output(y: npt.NDArray[np.float32], out_dtype: str) -> npt.NDArray[Any]:
-    """The float32 result as ``out_dtype`` (a spec dtype name), rounded to nearest even."""
-    return y if out_dtype == "float32" else y.astype(OUTPUT_DTYPES[out_dtype])
+    """The float32 result as ``out_dtype`` (a spec dtype name), rounded to nearest even;
+    a value beyond float16's range becomes +-inf, as the reference's cast gives."""
+    if out_dtype == "float32":
+        return y
+    with np.errstate(over="ignore"):  # float16 overflow to +-inf is the cast's defined result
+        return y.astype(OUTPUT_DTYPES[out_dtype])
 
 
 def weight_args(isa: str, threads: int, w: PreparedWeight) -> tuple[Any, ...]:
