@@ -59,6 +59,7 @@ from packaging.requirements import Requirement
 sys.path.insert(0, str(Path(__file__).parent / ".ci"))
 import install_targets as targets
 import lanes
+import pythons
 
 nox.needs_version = ">=2024.4.15"
 #: uv creates the environments and installs (about 10x faster than pip on 2 cores: figures in
@@ -513,7 +514,8 @@ def build(session: nox.Session) -> None:
     ``auditwheel show`` must find it consistent with that tag or an older one; then each
     package installed on its own in a fresh environment, as README says (``pip install
     --find-links dist <name>``: in-tree dependencies come from ``dist/``, the rest from the
-    index), and imported."""
+    index), and imported; last, the torch-free wheels on every other Python the packages
+    declare (:func:`_on_other_pythons`)."""
     chosen = _plan(session)
     _install(session, chosen, "build", "hatchling>=1.24", "auditwheel>=6.8", ZIGLANG, "twine")
     dist = ROOT / "dist"
@@ -573,7 +575,46 @@ def build(session: nox.Session) -> None:
     for name in IMPORT_NAMES:  # ours, in the session's temporary folder: keeps .nox/ small
         shutil.rmtree(venvs / name)
     _one_backend_one_command(session, chosen, venvs / "one-command")
+    _on_other_pythons(session, constraints, dist)
     _discard_venv(session)
+
+
+def _on_other_pythons(session: nox.Session, constraints: Path, dist: Path) -> None:
+    """The wheels of the distributions that need no torch, installed from ``dist`` on every
+    other Python the packages declare and run there, side by side (``.ci/pythons.py``): an
+    interpreter missing here is fetched with ``uv python install``, and the session fails
+    where none can be had."""
+    uv = nox.virtualenv.find_uv()[1]
+    if not uv:
+        session.error("build: checking the other Pythons needs uv (python3 -m pip install uv)")
+    jobs = []
+    work = Path(session.create_tmp()) / "pythons"
+    for version in pythons.others():
+        python = pythons.find(version, uv)
+        if python is None:
+            session.run(uv, "python", "install", version, external=True)
+            python = pythons.find(version, uv)
+        if python is None:
+            session.error(f"build: no Python {version} here, and uv could not install one")
+        session.log(f"Python {version}: {python}")
+        steps = pythons.checks(
+            python,
+            version,
+            uv=uv,
+            root=ROOT,
+            dist=dist,
+            constraints=constraints,
+            work=work / version,
+        )
+        jobs.append((f"python{version}", steps))
+    _run_side_by_side(session, jobs)
+    for version in pythons.others():
+        cert = work / version / f"conformance-cpu-python{version}.json"
+        problem = pythons.certificate_problem(cert, version)
+        if problem:
+            session.error(f"build: {problem}")
+        session.log(f"Python {version}: cpu certified on {pythons.TIERS}, nvfp4 CLI round trip")
+    shutil.rmtree(work)
 
 
 def _run_side_by_side(session: nox.Session, jobs: list[tuple[str, list[list[str]]]]) -> None:

@@ -1,0 +1,194 @@
+"""The Python versions the packages declare, and the check that runs the torch-free wheels on
+each (``.ci/pythons.py``, run by ``nox -s build``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+import tomllib
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / ".ci"))
+import pythons  # noqa: E402
+
+PYPROJECTS = [*sorted(ROOT.glob("packages/*/pyproject.toml")), ROOT / "conformance/pyproject.toml"]
+VERSION_CLASSIFIER = re.compile(r"Programming Language :: Python :: (3\.\d+)")
+#: Requirements no torch-free distribution may pull in (torch and what needs it).
+TORCH_STACK = {"torch", "triton", "transformers", "accelerate", "nvidia-modelopt", "torchao"}
+
+
+def _project(path: Path) -> dict[str, object]:
+    return dict(tomllib.loads(path.read_text(encoding="utf-8"))["project"])
+
+
+def _requirement_name(text: str) -> str:
+    return re.split(r"[\s\[<>=!~;]", text.strip(), maxsplit=1)[0].lower()
+
+
+@pytest.mark.parametrize("path", PYPROJECTS, ids=lambda p: p.parent.name)
+def test_each_package_declares_the_versions_it_is_tested_on(path: Path) -> None:
+    project = _project(path)
+    assert project["requires-python"] == f">={pythons.SUPPORTED[0]}", path
+    classifiers = [str(c) for c in project["classifiers"]]  # type: ignore[attr-defined]
+    named = tuple(m.group(1) for c in classifiers if (m := VERSION_CLASSIFIER.fullmatch(c)))
+    expected = pythons.SUPPORTED if project["name"] in pythons.TORCH_FREE else (pythons.SESSIONS,)
+    assert named == expected, f"{path}: classifiers name {named}, expected {expected}"
+
+
+def test_the_torch_free_distributions_need_no_torch() -> None:
+    by_name = {str(_project(p)["name"]): _project(p) for p in PYPROJECTS}
+    assert set(pythons.TORCH_FREE) <= set(by_name)
+    for name in pythons.TORCH_FREE:
+        deps = {_requirement_name(r) for r in by_name[name]["dependencies"]}  # type: ignore[attr-defined]
+        assert not deps & TORCH_STACK, f"{name} depends on {sorted(deps & TORCH_STACK)}"
+        local = deps & set(by_name)
+        assert local <= set(pythons.TORCH_FREE), f"{name} needs {sorted(local)} from the tree"
+
+
+def test_the_supported_versions_are_ordered_and_include_the_sessions_own() -> None:
+    as_tuples = [tuple(int(n) for n in v.split(".")) for v in pythons.SUPPORTED]
+    assert as_tuples == sorted(as_tuples)
+    assert pythons.SESSIONS in pythons.SUPPORTED
+    assert pythons.SESSIONS not in pythons.others()
+    assert len(pythons.others()) == len(pythons.SUPPORTED) - 1
+
+
+def test_the_github_gate_sets_up_every_supported_python() -> None:
+    workflow = yaml.safe_load((ROOT / ".github/workflows/tests.yml").read_text(encoding="utf-8"))
+    steps = workflow["jobs"]["tests"]["steps"]
+    setup = [s for s in steps if str(s.get("uses", "")).startswith("actions/setup-python")]
+    assert len(setup) == 1
+    listed = str(setup[0]["with"]["python-version"]).split()
+    assert sorted(listed) == sorted(pythons.SUPPORTED)
+    # setup-python makes the last one listed the default `python`: the sessions' own
+    assert listed[-1] == pythons.SESSIONS
+
+
+def _executable(path: Path, text: str = "#!/bin/sh\nexit 0\n") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+def test_candidates_are_path_first_then_pyenv_newest_patch_first(tmp_path: Path) -> None:
+    on_path = _executable(tmp_path / "bin" / "python3.12")
+    _executable(tmp_path / "bin" / "python3.13")  # another version: not a candidate
+    (tmp_path / "bin" / "python3.12x").write_text("")  # not this name
+    pyenv = tmp_path / "pyenv"
+    for patch in ("3.12.1", "3.12.10", "3.12.0rc1", "3.1.5"):
+        _executable(pyenv / "versions" / patch / "bin" / f"python{patch[:4].rstrip('.')}")
+    env = {"PATH": str(tmp_path / "bin"), "PYENV_ROOT": str(pyenv)}
+    assert pythons.candidates("3.12", env) == [
+        str(on_path),
+        str(pyenv / "versions/3.12.10/bin/python3.12"),
+        str(pyenv / "versions/3.12.1/bin/python3.12"),
+    ]
+    assert pythons.candidates("3.11", env) == []
+    with pytest.raises(ValueError, match=r"expected a version like 3\.12, found '3\.12\.1'"):
+        pythons.candidates("3.12.1", env)
+
+
+def test_candidates_skip_a_file_that_is_not_executable(tmp_path: Path) -> None:
+    plain = tmp_path / "bin" / "python3.12"
+    plain.parent.mkdir()
+    plain.write_text("")
+    env = {"PATH": str(plain.parent), "HOME": str(tmp_path / "home")}
+    assert pythons.candidates("3.12", env) == []
+
+
+def test_find_takes_the_first_candidate_that_reports_the_version(tmp_path: Path) -> None:
+    shim = _executable(tmp_path / "shims" / "python3.12")
+    real = _executable(tmp_path / "pyenv" / "versions" / "3.12.4" / "bin" / "python3.12")
+    env = {"PATH": str(shim.parent), "PYENV_ROOT": str(tmp_path / "pyenv")}
+    asked: list[str] = []
+
+    def probe(python: str, version: str) -> bool:
+        asked.append(python)
+        return python == str(real) and version == "3.12"
+
+    assert pythons.find("3.12", None, env, probe) == str(real)
+    assert asked == [str(shim), str(real)]
+    assert pythons.find("3.12", None, env, lambda p, v: False) is None
+
+
+def test_reports_runs_the_interpreter(tmp_path: Path) -> None:
+    own = "{}.{}".format(*sys.version_info[:2])
+    assert pythons.reports(sys.executable, own)
+    assert not pythons.reports(sys.executable, "3.9")
+    # a pyenv shim of a version that is not selected: exits 127
+    shim = _executable(
+        tmp_path / "python3.12", "#!/bin/sh\necho 'pyenv: not found' >&2\nexit 127\n"
+    )
+    assert not pythons.reports(str(shim), "3.12")
+    assert not pythons.reports(str(tmp_path / "missing"), "3.12")
+
+
+def _certificate(path: Path, python: str, summary: dict[str, int]) -> Path:
+    cert = {"platform": {"versions": {"python": python}}, "summary": summary}
+    path.write_text(json.dumps(cert))
+    return path
+
+
+def test_certificate_problem(tmp_path: Path) -> None:
+    good = _certificate(tmp_path / "good.json", "3.12.1", {"passed": 332})
+    assert pythons.certificate_problem(good, "3.12") is None
+    other = _certificate(tmp_path / "other.json", "3.11.7", {"passed": 332})
+    assert "expected 3.12.x, found '3.11.7'" in str(pythons.certificate_problem(other, "3.12"))
+    failed = _certificate(tmp_path / "failed.json", "3.12.1", {"passed": 330, "failed": 2})
+    assert "expected passed tests only" in str(pythons.certificate_problem(failed, "3.12"))
+    empty = _certificate(tmp_path / "empty.json", "3.12.1", {})
+    assert "expected passed tests only" in str(pythons.certificate_problem(empty, "3.12"))
+    missing = pythons.certificate_problem(tmp_path / "none.json", "3.12")
+    assert "no readable certificate (FileNotFoundError" in str(missing)
+    (tmp_path / "bad.json").write_text("{")
+    assert "JSONDecodeError" in str(pythons.certificate_problem(tmp_path / "bad.json", "3.12"))
+
+
+def test_checks_install_the_built_wheels_and_run_the_suite_and_the_cli(tmp_path: Path) -> None:
+    work = tmp_path / "3.12"
+    steps = pythons.checks(
+        "/opt/python3.12",
+        "3.12",
+        uv="uv",
+        root=ROOT,
+        dist=tmp_path / "dist",
+        constraints=tmp_path / "c.txt",
+        work=work,
+    )
+    venv_bin = str(work / "venv" / "bin")
+    assert steps[0] == [
+        "uv",
+        "venv",
+        "-q",
+        "--clear",
+        "--python",
+        "/opt/python3.12",
+        str(work / "venv"),
+    ]
+    install = steps[1]
+    assert install[:3] == ["uv", "pip", "install"]
+    assert ["--find-links", str(tmp_path / "dist")] == install[install.index("--find-links") :][:2]
+    assert {"nvfp4-core", "nvfp4-cpu[test]", "nvfp4-checkpoints", "nvfp4-conformance"} <= set(
+        install
+    )
+    # every later step runs the new environment's programs, never the session's own
+    for step in steps[2:]:
+        program = step[2] if step[0] == "env" else step[0]
+        assert program == "mkdir" or program.startswith(venv_bin + os.sep), step
+    text = [" ".join(s) for s in steps]
+    assert any("NVFP4_REQUIRE_ORACLES=1" in t and "packages/nvfp4-cpu/tests" in t for t in text)
+    certify = next(s for s in steps if "nvfp4_conformance" in s)
+    assert certify[certify.index("--nvfp4-tiers") + 1] == "T0,T1,T2,T3,T4,T5"
+    assert str(work / "conformance-cpu-python3.12.json") in certify
+    verbs = [s[1] for s in steps if s[0] == f"{venv_bin}{os.sep}nvfp4"]
+    assert verbs.count("convert") == verbs.count("verify") == 3
+    assert "shard" in verbs
+    assert "example-checkpoint" in verbs
