@@ -53,13 +53,6 @@ QMM_SHAPES = [
 ]
 
 
-@pytest.fixture(scope="session")
-def tolerance(nvfp4_tolerance: Any) -> Any:
-    """``tolerance(path, dtype)`` of the spec version being certified
-    (``spec/<v>/tolerances.toml``)."""
-    return nvfp4_tolerance
-
-
 def _partition_groups(planes: NVFP4Planes, rows: Any = slice(None)) -> dict[str, Any]:
     if planes.partitions is None:
         return {}
@@ -77,7 +70,7 @@ def _partition_groups(planes: NVFP4Planes, rows: Any = slice(None)) -> dict[str,
     ("m", "k", "n"), QMM_SHAPES, ids=[f"M{m}_K{k}_N{n}" for m, k, n in QMM_SHAPES]
 )
 def test_qmm(
-    nvfp4_backend: Any, nvfp4_record: Any, tolerance: Any, m: int, k: int, n: int, dtype: str
+    nvfp4_backend: Any, nvfp4_record: Any, nvfp4_tolerance: Any, m: int, k: int, n: int, dtype: str
 ) -> None:
     rng = case_rng("qmm", m, k, n)
     planes = realistic_weight(rng, n, k, name=f"t4.qmm_{n}x{k}")
@@ -86,7 +79,7 @@ def test_qmm(
     check_qmm(
         nvfp4_backend,
         nvfp4_record,
-        tolerance,
+        nvfp4_tolerance,
         "qmm",
         f"M{m}_K{k}_N{n}",
         x,
@@ -111,7 +104,7 @@ FUSED = [
 def test_qmm_fused_partitions(
     nvfp4_backend: Any,
     nvfp4_record: Any,
-    tolerance: Any,
+    nvfp4_tolerance: Any,
     label: str,
     parts: tuple[int, ...],
     k: int,
@@ -127,7 +120,7 @@ def test_qmm_fused_partitions(
     y = call_prepared(
         nvfp4_backend, "qmm", x, planes, shape=(m, parts[-1]), dtype=dtype, what="qmm (fused)"
     )
-    tol = float(tolerance("qmm", dtype))
+    tol = float(nvfp4_tolerance("qmm", dtype))
     record_within(
         nvfp4_record,
         label,
@@ -184,7 +177,7 @@ def _expert_groups(planes: NVFP4Planes, ids: npt.NDArray[np.int64]) -> dict[str,
 def _check_gather(
     backend: Any,
     record: Any,
-    tolerance: Any,
+    nvfp4_tolerance: Any,
     label: str,
     planes: NVFP4Planes,
     x: npt.NDArray[Any],
@@ -206,7 +199,7 @@ def _check_gather(
         sorted_indices=sort,
     )
     oob = (ids < 0) | (ids >= e)
-    tol = float(tolerance("gather_qmm", dtype))
+    tol = float(nvfp4_tolerance("gather_qmm", dtype))
     inb = ~oob
     figs = error_figures(y[inb], ref[inb])
     nonzero_oob = int(
@@ -248,7 +241,7 @@ def _check_gather(
 def test_gather_qmm(
     nvfp4_backend: Any,
     nvfp4_record: Any,
-    tolerance: Any,
+    nvfp4_tolerance: Any,
     label: str,
     e: int,
     m: int,
@@ -263,14 +256,14 @@ def test_gather_qmm(
     planes = realistic_weight(rng, n, k, experts=e, partitions=parts, name=f"t4.{label}")
     x = activations(rng, m, k, dtype)
     ids = _ids(rng, m, e, sort=sort, out_of_range=True).astype(np.int32 if sort else np.int64)
-    _check_gather(nvfp4_backend, nvfp4_record, tolerance, label, planes, x, ids, dtype, sort)
+    _check_gather(nvfp4_backend, nvfp4_record, nvfp4_tolerance, label, planes, x, ids, dtype, sort)
 
 
 @pytest.mark.requires_capability("gather_qmm")
 @pytest.mark.requires_capability("fused_partitions")
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gather_qmm_fused_expert_partitions(
-    nvfp4_backend: Any, nvfp4_record: Any, tolerance: Any, dtype: str
+    nvfp4_backend: Any, nvfp4_record: Any, nvfp4_tolerance: Any, dtype: str
 ) -> None:
     """Fused gate/up experts: globals ``(E, P)``, one per expert and partition."""
     rng = case_rng("gather_fused")
@@ -280,14 +273,22 @@ def test_gather_qmm_fused_expert_partitions(
     x = activations(rng, 20, 128, dtype)
     ids = _ids(rng, 20, 3, sort=False, out_of_range=True)
     _check_gather(
-        nvfp4_backend, nvfp4_record, tolerance, "E3_gate_up_16_16", planes, x, ids, dtype, False
+        nvfp4_backend,
+        nvfp4_record,
+        nvfp4_tolerance,
+        "E3_gate_up_16_16",
+        planes,
+        x,
+        ids,
+        dtype,
+        False,
     )
 
 
 @pytest.mark.requires_capability("gather_qmm")
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gather_qmm_out_of_range_rows_not_read(
-    nvfp4_backend: Any, nvfp4_record: Any, tolerance: Any, dtype: str
+    nvfp4_backend: Any, nvfp4_record: Any, nvfp4_tolerance: Any, dtype: str
 ) -> None:
     """Rows of x holding NaN / Inf whose expert id is out of range give exact zeros: the
     row is not computed (a masked multiply would give NaN)."""
@@ -298,7 +299,7 @@ def test_gather_qmm_out_of_range_rows_not_read(
     _check_gather(
         nvfp4_backend,
         nvfp4_record,
-        tolerance,
+        nvfp4_tolerance,
         "E4_nonfinite_out_of_range_rows",
         planes,
         x,
@@ -310,7 +311,7 @@ def test_gather_qmm_out_of_range_rows_not_read(
 
 @pytest.mark.requires_capability("gather_qmm")
 def test_gather_qmm_false_sorted_hint(
-    nvfp4_backend: Any, nvfp4_record: Any, tolerance: Any
+    nvfp4_backend: Any, nvfp4_record: Any, nvfp4_tolerance: Any
 ) -> None:
     """``sorted_indices=True`` with ids that are not sorted: refused (ValueError) or
     ignored, never wrong rows."""
@@ -331,7 +332,7 @@ def test_gather_qmm_false_sorted_hint(
         nvfp4_record("false sorted hint", behaviour="refused", message=str(exc)[:200])
         return
     ref = reference.gather_qmm(x, planes, ids, out_dtype=None)
-    tol = float(tolerance("gather_qmm", "float32"))
+    tol = float(nvfp4_tolerance("gather_qmm", "float32"))
     record_within(
         nvfp4_record,
         "false sorted hint",
@@ -373,7 +374,7 @@ W4A4 = [
 def test_qmm_w4a4(
     nvfp4_backend: Any,
     nvfp4_record: Any,
-    tolerance: Any,
+    nvfp4_tolerance: Any,
     label: str,
     m: int,
     k: int,
@@ -393,7 +394,7 @@ def test_qmm_w4a4(
     check_qmm(
         nvfp4_backend,
         nvfp4_record,
-        tolerance,
+        nvfp4_tolerance,
         "qmm_w4a4",
         label,
         x,
@@ -405,7 +406,9 @@ def test_qmm_w4a4(
 
 
 @pytest.mark.requires_capability("w4a4")
-def test_qmm_w4a4_nonfinite_rows(nvfp4_backend: Any, nvfp4_record: Any, tolerance: Any) -> None:
+def test_qmm_w4a4_nonfinite_rows(
+    nvfp4_backend: Any, nvfp4_record: Any, nvfp4_tolerance: Any
+) -> None:
     """A NaN or Inf activation makes its output row non-finite and leaves the other rows
     as they would be without it (the dynamic global ignores non-finite values)."""
     planes, x = nonfinite_rows_case("w4a4")
@@ -415,7 +418,7 @@ def test_qmm_w4a4_nonfinite_rows(nvfp4_backend: Any, nvfp4_record: Any, toleranc
     finite_bad = [int(r) for r in bad if np.isfinite(y[r]).all()]
     assert not finite_bad, f"rows {finite_bad} hold NaN/Inf in x but came out finite"
     ref = w4a4_reference(nvfp4_backend, x, planes, None)
-    tol = float(tolerance("w4a4", "float32"))
+    tol = float(nvfp4_tolerance("w4a4", "float32"))
     record_within(
         nvfp4_record,
         "nonfinite_rows",

@@ -171,7 +171,7 @@ def test_fixtures_present(nvfp4_record: Any) -> None:
 
 @pytest.mark.parametrize(("name", "op"), _params())
 def test_golden(
-    nvfp4_backend: Any, nvfp4_record: Any, tolerance_fn: Any, name: str, op: str
+    nvfp4_backend: Any, nvfp4_record: Any, nvfp4_tolerance: Any, name: str, op: str
 ) -> None:
     case = next(c for c in CASES if c["name"] == name)
     arrays = _fixtures.load_case(name)
@@ -240,7 +240,7 @@ def test_golden(
             x = args["x"]
             got = b.quantize_activations(b.from_numpy(x), scale)
             act_cache[ref.name] = got
-            window = float(tolerance_fn("quantize", "boundary_window"))
+            window = float(nvfp4_tolerance("quantize", "boundary_window"))
             figs = compare_encoding(
                 x,
                 got,
@@ -261,7 +261,7 @@ def test_golden(
             ref_q8 = Q8Activations(
                 arrays[f"{stem}_codes"], arrays[f"{stem}_d"].view(np.float16), f"{name}.{stem}"
             )
-            window = float(tolerance_fn("quantize_q8", "boundary_window"))
+            window = float(nvfp4_tolerance("quantize_q8", "boundary_window"))
             try:
                 figs = compare_q8(x, got, ref_q8, window=window)
             except AssertionError as exc:
@@ -305,7 +305,7 @@ def test_golden(
         y = np.asarray(b.to_numpy(y))
         want = arrays[key]
         assert y.shape == want.shape, f"{what}: shape {y.shape}, expected {want.shape}"
-        tol = float(tolerance_fn(meta["path"], meta["dtype"]))
+        tol = float(nvfp4_tolerance(meta["path"], meta["dtype"]))
         zero_rows = list(meta.get("zero_rows", []))
         nan_rows = list(meta.get("nan_rows", []))
         keep = np.ones(y.shape[0], dtype=bool)
@@ -355,9 +355,3 @@ def _act_planes(arrays: dict[str, npt.NDArray[Any]], key: str, name: str) -> NVF
                 name=f"{name}.{stem}",
             )
     raise AssertionError(f"{name}: unexpected quantize_activations key {key!r}")
-
-
-@pytest.fixture(scope="session")
-def tolerance_fn(nvfp4_tolerance: Any) -> Any:
-    """``tolerance(path, dtype)`` of the spec version being certified."""
-    return nvfp4_tolerance
