@@ -562,6 +562,7 @@ def build(session: nox.Session) -> None:
         if uv_bin:  # same resolution as README's pip command, in seconds
             create = [uv_bin, "venv", "-q", "--clear", str(venv)]
             installer = [uv_bin, "pip", "install", "--python", py, *local_torch[:2]]
+            installer += pythons.refresh_args(local)  # this build's wheels, not uv's copies
         else:
             create = [python, "-m", "venv", "--clear", str(venv)]
             installer = [py, "-m", "pip", "install"]
@@ -589,6 +590,7 @@ def _on_other_pythons(session: nox.Session, constraints: Path, dist: Path) -> No
         session.error("build: checking the other Pythons needs uv (python3 -m pip install uv)")
     jobs = []
     work = Path(session.create_tmp()) / "pythons"
+    pyprojects = [path / "pyproject.toml" for path in _local_packages().values()]
     for version in pythons.others():
         python = pythons.find(version, uv)
         if python is None:
@@ -596,6 +598,13 @@ def _on_other_pythons(session: nox.Session, constraints: Path, dist: Path) -> No
             python = pythons.find(version, uv)
         if python is None:
             session.error(f"build: no Python {version} here, and uv could not install one")
+        floors = None
+        if version == pythons.SUPPORTED[0]:  # the oldest Python at the declared floors
+            pins = pythons.floors(pyprojects, version)
+            floors = work / f"floors-{version}.txt"
+            floors.parent.mkdir(parents=True, exist_ok=True)
+            floors.write_text(pythons.constraints_text(pins))
+            session.log(f"Python {version} at the declared floors: {pins}")
         session.log(f"Python {version}: {python}")
         steps = pythons.checks(
             python,
@@ -605,6 +614,7 @@ def _on_other_pythons(session: nox.Session, constraints: Path, dist: Path) -> No
             dist=dist,
             constraints=constraints,
             work=work / version,
+            floors=floors,
         )
         jobs.append((f"python{version}", steps))
     _run_side_by_side(session, jobs)

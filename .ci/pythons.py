@@ -13,6 +13,10 @@ no torch (:data:`TORCH_FREE`) and runs there (:func:`checks`):
 * the ``nvfp4`` command: the tiny example checkpoint converted to every other flavour, each
   verified bit for bit against it, inspected, and cut for two tensor-parallel ranks.
 
+The oldest version runs them with every third-party requirement at the floor the pyprojects
+declare (:func:`floors`: numpy 1.26, ml_dtypes 0.5, gguf 0.19, ...), the others with the
+newest releases, as the sessions do.
+
 An interpreter of each version is looked for on ``PATH`` (``python3.12``), then among pyenv's
 versions, then among those uv manages (:func:`find`); where there is none, ``uv python
 install`` fetches one (python-build-standalone), so a fresh machine with network needs no
@@ -25,8 +29,13 @@ import json
 import os
 import re
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+
+import tomllib
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 #: Every Python minor version the packages declare, oldest first (the oldest is
 #: ``requires-python``'s bound).
@@ -40,12 +49,31 @@ TORCH_FREE: tuple[str, ...] = (
     "nvfp4-checkpoints",
     "nvfp4-conformance",
 )
+#: The extras installed with them: nvfp4-cpu's tests, GGUF for the ``nvfp4`` round trip.
+EXTRAS: dict[str, tuple[str, ...]] = {"nvfp4-cpu": ("test",), "nvfp4-checkpoints": ("gguf",)}
 #: The conformance tiers run there (T6 and T7 run a model through torch).
 TIERS = "T0,T1,T2,T3,T4,T5"
 #: Turns a skipped test into a failure (``nvfp4.testing.REQUIRE_ORACLES_ENV``).
 REQUIRE_ORACLES = "NVFP4_REQUIRE_ORACLES"
 
 _VERSION = re.compile(r"3\.\d+")
+#: Run in the environment at the floors, with the constraints file: fails unless every
+#: pinned distribution is installed at its pin (``8`` and ``8.0.0`` are one version).
+_AT_FLOORS = """\
+import importlib.metadata as md, sys
+def key(v):
+    parts = [int(p) for p in v.split(".")]
+    while parts and parts[-1] == 0:
+        parts.pop()
+    return parts
+bad = []
+for line in open(sys.argv[1], encoding="utf-8"):
+    name, want = line.strip().split("==")
+    got = md.version(name)
+    if key(got) != key(want):
+        bad.append(f"{name} {got} (floor {want})")
+sys.exit("not at the declared floors: " + ", ".join(bad) if bad else 0)
+"""
 _PROBE = "import sys; print('%d.%d' % sys.version_info[:2])"
 
 
@@ -124,24 +152,32 @@ def checks(
     dist: Path,
     constraints: Path,
     work: Path,
+    floors: Path | None = None,
 ) -> list[list[str]]:
     """The commands, one after another, that install :data:`TORCH_FREE` from ``dist`` for
-    ``python`` (of ``version``) in ``work/venv`` and run the checks of the module
-    docstring; the conformance certificate is written to ``work``."""
+    ``python`` (of ``version``) in ``work/venv`` (every third-party requirement at its
+    declared floor where ``floors`` names :func:`floors`' file) and run the checks of the
+    module docstring; the conformance certificate is written to ``work``."""
     venv = work / "venv"
     py = str(venv / "bin" / "python")
     nvfp4 = str(venv / "bin" / "nvfp4")
     ck = work / "checkpoints"
     tiny = ck / "tiny"
-    wheels = [f"{name}[test]" if name == "nvfp4-cpu" else name for name in TORCH_FREE]
+    wheels = [
+        f"{name}[{','.join(EXTRAS[name])}]" if name in EXTRAS else name for name in TORCH_FREE
+    ]
     install = [uv, "pip", "install", "-q", "--python", py, "-c", str(constraints)]
+    install += refresh_args(TORCH_FREE)
+    if floors is not None:
+        install += ["-c", str(floors)]
     cpu_tests = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     certify = [py, "-m", "nvfp4_conformance", "run", "--backend", "cpu", "--certificate"]
     certificate = str(work / f"conformance-cpu-python{version}.json")
     commands = [
         [uv, "venv", "-q", "--clear", "--python", python, str(venv)],
-        [*install, "--find-links", str(dist), *wheels, "gguf>=0.17"],
+        [*install, "--find-links", str(dist), *wheels],
         [py, "-c", f"import sys; assert sys.version.startswith('{version}.'), sys.version"],
+        *([[py, "-c", _AT_FLOORS, str(floors)]] if floors is not None else []),
         ["env", f"{REQUIRE_ORACLES}=1", *cpu_tests, str(root / "packages" / "nvfp4-cpu" / "tests")],
         [*certify, certificate, "--", "--nvfp4-tiers", TIERS, "-p", "no:cacheprovider"],
         ["mkdir", "-p", str(ck)],
@@ -175,3 +211,43 @@ def certificate_problem(path: Path, version: str) -> str | None:
     if not summary.get("passed") or set(summary) != {"passed"}:
         return f"{path}: summary: expected passed tests only, found {summary}"
     return None
+
+
+def floors(pyprojects: Iterable[Path], version: str) -> dict[str, str]:
+    """Every third-party requirement of :data:`TORCH_FREE` and :data:`EXTRAS` that applies on
+    Python ``version``, at its declared floor: the highest ``>=`` bound any of them gives
+    (``numpy>=1.26`` -> ``1.26``). A floor is a claim: the oldest declared Python installs
+    exactly these and runs the same checks, so a floor nobody runs cannot go stale."""
+    projects = {}
+    for path in pyprojects:
+        project = tomllib.loads(path.read_text(encoding="utf-8"))["project"]
+        projects[str(project["name"])] = project
+    environment = {"python_version": version, "python_full_version": f"{version}.0"}
+    found: dict[str, Version] = {}
+    for name in TORCH_FREE:
+        project = projects[name]
+        texts = list(project.get("dependencies", []))
+        for extra in EXTRAS.get(name, ()):
+            texts += project["optional-dependencies"][extra]
+        for text in texts:
+            req = Requirement(text)
+            if req.name in projects or (req.marker and not req.marker.evaluate(environment)):
+                continue
+            for spec in req.specifier:
+                if spec.operator == ">=":
+                    bound = Version(spec.version)
+                    key = canonicalize_name(req.name)
+                    found[key] = max(found.get(key, bound), bound)
+    return {name: str(bound) for name, bound in sorted(found.items())}
+
+
+def constraints_text(pins: Mapping[str, str]) -> str:
+    """``pins`` as a constraints file (``name==version`` lines)."""
+    return "".join(f"{name}=={v}\n" for name, v in pins.items())
+
+
+def refresh_args(names: Iterable[str]) -> list[str]:
+    """uv's arguments that make it read ``names`` from ``--find-links`` again: uv keeps a
+    wheel it found there by folder, name and version, so a rebuilt ``dist/`` (same version,
+    new code) would otherwise install the copy it cached the last time."""
+    return [arg for name in names for arg in ("--refresh-package", name)]

@@ -176,9 +176,12 @@ def test_checks_install_the_built_wheels_and_run_the_suite_and_the_cli(tmp_path:
     install = steps[1]
     assert install[:3] == ["uv", "pip", "install"]
     assert ["--find-links", str(tmp_path / "dist")] == install[install.index("--find-links") :][:2]
-    assert {"nvfp4-core", "nvfp4-cpu[test]", "nvfp4-checkpoints", "nvfp4-conformance"} <= set(
-        install
-    )
+    wanted = {"nvfp4-core", "nvfp4-cpu[test]", "nvfp4-checkpoints[gguf]", "nvfp4-conformance"}
+    assert wanted <= set(install)
+    assert install.count("-c") == 1  # no floors asked for: the newest releases
+    # uv keeps a find-links wheel by folder, name and version: a rebuilt dist/ must be read
+    refreshed = {install[i + 1] for i, a in enumerate(install) if a == "--refresh-package"}
+    assert refreshed == set(pythons.TORCH_FREE)
     # every later step runs the new environment's programs, never the session's own
     for step in steps[2:]:
         program = step[2] if step[0] == "env" else step[0]
@@ -192,3 +195,89 @@ def test_checks_install_the_built_wheels_and_run_the_suite_and_the_cli(tmp_path:
     assert verbs.count("convert") == verbs.count("verify") == 3
     assert "shard" in verbs
     assert "example-checkpoint" in verbs
+
+
+def test_checks_at_the_floors_add_their_constraints(tmp_path: Path) -> None:
+    floors = tmp_path / "floors.txt"
+    steps = pythons.checks(
+        "/opt/python3.10",
+        "3.10",
+        uv="uv",
+        root=ROOT,
+        dist=tmp_path / "dist",
+        constraints=tmp_path / "c.txt",
+        work=tmp_path / "3.10",
+        floors=floors,
+    )
+    install = steps[1]
+    constraint_files = [install[i + 1] for i, a in enumerate(install) if a == "-c"]
+    assert constraint_files == [str(tmp_path / "c.txt"), str(floors)]
+
+
+def _pyproject(folder: Path, name: str, deps: list[str], extras: dict[str, list[str]]) -> Path:
+    folder.mkdir()
+    path = folder / "pyproject.toml"
+    lines = [f"[project]\nname = {json.dumps(name)}\ndependencies = {json.dumps(deps)}\n"]
+    lines.append("[project.optional-dependencies]\n")
+    lines += [f"{k} = {json.dumps(v)}\n" for k, v in extras.items()]
+    path.write_text("".join(lines))
+    return path
+
+
+def test_floors_take_each_requirements_highest_lower_bound(tmp_path: Path) -> None:
+    paths = [
+        _pyproject(
+            tmp_path / "core",
+            "nvfp4-core",
+            ["numpy>=1.26", "ml_dtypes>=0.5", "tomli>=1.1; python_version < '3.11'"],
+            {"test": ["torch>=2.4"]},  # an extra the check does not install
+        ),
+        _pyproject(
+            tmp_path / "cpu", "nvfp4-cpu", ["nvfp4-core", "numpy>=1.20"], {"test": ["Pytest>=8"]}
+        ),
+        _pyproject(
+            tmp_path / "ck",
+            "nvfp4-checkpoints",
+            ["nvfp4-core", "safetensors>=0.4,<1", "NumPy>=1.27.1"],
+            {"gguf": ["gguf>=0.19"], "tokenizer": ["transformers>=4.46"]},
+        ),
+        _pyproject(tmp_path / "suite", "nvfp4-conformance", ["hypothesis", "jsonschema>=4.18"], {}),
+    ]
+    assert pythons.floors(paths, "3.10") == {
+        "gguf": "0.19",
+        "jsonschema": "4.18",
+        "ml-dtypes": "0.5",
+        "numpy": "1.27.1",  # the highest bound wins, whatever the spelling of the name
+        "pytest": "8",
+        "safetensors": "0.4",
+        "tomli": "1.1",
+    }
+    assert "tomli" not in pythons.floors(paths, "3.12")  # its marker excludes 3.12
+    assert pythons.constraints_text({"numpy": "1.26", "pytest": "8"}) == "numpy==1.26\npytest==8\n"
+
+
+def test_the_repository_s_floors_are_the_ones_the_code_needs() -> None:
+    """The floors found wrong when they were first run: ml_dtypes 0.4 has no
+    float8_e8m0fnu (nvfp4.safetensors_format reads it), gguf before 0.19 no NVFP4 type."""
+    pins = pythons.floors(PYPROJECTS, pythons.SUPPORTED[0])
+    assert pins["ml-dtypes"] == "0.5"
+    assert pins["gguf"] == "0.19"
+    assert pins["numpy"] == "1.26"
+
+
+def test_the_floor_check_compares_installed_versions(tmp_path: Path) -> None:
+    import importlib.metadata
+    import subprocess
+
+    have = importlib.metadata.version("pytest")
+    padded = tmp_path / "same.txt"
+    padded.write_text(f"pytest=={have}.0\n")  # 8.1 and 8.1.0 are one version
+    script = [sys.executable, "-c", pythons._AT_FLOORS]
+    assert subprocess.run([*script, str(padded)], check=False).returncode == 0
+    other = tmp_path / "other.txt"
+    other.write_text(f"pytest=={have}\nnumpy==1.0\n")
+    done = subprocess.run([*script, str(other)], capture_output=True, text=True, check=False)
+    assert done.returncode == 1
+    assert "not at the declared floors: numpy" in done.stderr
+    assert "(floor 1.0)" in done.stderr
+    assert "pytest" not in done.stderr

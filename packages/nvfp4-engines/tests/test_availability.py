@@ -88,7 +88,7 @@ def test_gguf_py_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(gguf_py, "dist_version", lambda _: "")
     a = gguf_py.GgufPyKernels().availability()
     assert not a.ok
-    assert "pip install 'gguf>=0.18'" in a.reason
+    assert "pip install 'gguf>=0.19'" in a.reason
 
 
 @pytest.mark.parametrize(

@@ -56,7 +56,7 @@ def import_gguf() -> ModuleType:
         return importlib.import_module("gguf")
     except ImportError:
         raise CheckpointError(
-            "GGUF support needs the 'gguf' package (pip install 'gguf>=0.17')"
+            "GGUF support needs the 'gguf' package (pip install 'gguf>=0.19')"
         ) from None
 
 

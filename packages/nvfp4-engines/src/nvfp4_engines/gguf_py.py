@@ -33,8 +33,9 @@ __all__ = ["DISTRIBUTION", "NAME", "GgufPyKernels", "backend"]
 
 NAME: Final = "gguf-py"
 DISTRIBUTION: Final = "gguf"
-#: gguf 0.18 is the first release with ``GGMLQuantizationType.NVFP4`` in ``gguf.quants``.
-INSTALL: Final = "pip install 'gguf>=0.18'"
+#: gguf 0.19 is the first release with ``GGMLQuantizationType.NVFP4`` in ``gguf.quants``
+#: (0.18.0 ends at MXFP4).
+INSTALL: Final = "pip install 'gguf>=0.19'"
 
 
 class GgufPyKernels:
