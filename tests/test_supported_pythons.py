@@ -152,33 +152,33 @@ def test_certificate_problem(tmp_path: Path) -> None:
     assert "JSONDecodeError" in str(pythons.certificate_problem(tmp_path / "bad.json", "3.12"))
 
 
-def test_checks_install_the_built_wheels_and_run_the_suite_and_the_cli(tmp_path: Path) -> None:
-    work = tmp_path / "3.12"
-    steps = pythons.checks(
-        "/opt/python3.12",
-        "3.12",
+def _steps(tmp_path: Path, version: str, floors: Path | None = None) -> list[list[str]]:
+    """:func:`pythons.checks` for an interpreter at ``/opt/python<version>``."""
+    return pythons.checks(
+        f"/opt/python{version}",
+        version,
         uv="uv",
         root=ROOT,
         dist=tmp_path / "dist",
         constraints=tmp_path / "c.txt",
-        work=work,
+        work=tmp_path / version,
+        floors=floors,
     )
+
+
+def test_checks_install_the_built_wheels_and_run_the_suite_and_the_cli(tmp_path: Path) -> None:
+    work = tmp_path / "3.12"
+    steps = _steps(tmp_path, "3.12")
     venv_bin = str(work / "venv" / "bin")
-    assert steps[0] == [
-        "uv",
-        "venv",
-        "-q",
-        "--clear",
-        "--python",
-        "/opt/python3.12",
-        str(work / "venv"),
-    ]
+    venv = str(work / "venv")
+    assert steps[0] == ["uv", "venv", "-q", "--clear", "--python", "/opt/python3.12", venv]
     install = steps[1]
     assert install[:3] == ["uv", "pip", "install"]
     assert ["--find-links", str(tmp_path / "dist")] == install[install.index("--find-links") :][:2]
     wanted = {"nvfp4-core", "nvfp4-cpu[test]", "nvfp4-checkpoints[gguf]", "nvfp4-conformance"}
     assert wanted <= set(install)
     assert install.count("-c") == 1  # no floors asked for: the newest releases
+    assert not any(pythons._AT_FLOORS in step for step in steps)
     # uv keeps a find-links wheel by folder, name and version: a rebuilt dist/ must be read
     refreshed = {install[i + 1] for i, a in enumerate(install) if a == "--refresh-package"}
     assert refreshed == set(pythons.TORCH_FREE)
@@ -197,21 +197,17 @@ def test_checks_install_the_built_wheels_and_run_the_suite_and_the_cli(tmp_path:
     assert "example-checkpoint" in verbs
 
 
-def test_checks_at_the_floors_add_their_constraints(tmp_path: Path) -> None:
+def test_checks_at_the_floors_add_their_constraints_and_check_them(tmp_path: Path) -> None:
     floors = tmp_path / "floors.txt"
-    steps = pythons.checks(
-        "/opt/python3.10",
-        "3.10",
-        uv="uv",
-        root=ROOT,
-        dist=tmp_path / "dist",
-        constraints=tmp_path / "c.txt",
-        work=tmp_path / "3.10",
-        floors=floors,
-    )
+    steps = _steps(tmp_path, "3.10", floors)
     install = steps[1]
     constraint_files = [install[i + 1] for i, a in enumerate(install) if a == "-c"]
     assert constraint_files == [str(tmp_path / "c.txt"), str(floors)]
+    at_floors = [s for s in steps if pythons._AT_FLOORS in s]
+    assert at_floors == [
+        [str(tmp_path / "3.10/venv/bin/python"), "-c", pythons._AT_FLOORS, str(floors)]
+    ]
+    assert steps.index(at_floors[0]) < min(i for i, s in enumerate(steps) if "pytest" in s)
 
 
 def _pyproject(folder: Path, name: str, deps: list[str], extras: dict[str, list[str]]) -> Path:
