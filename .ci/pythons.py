@@ -51,6 +51,11 @@ TORCH_FREE: tuple[str, ...] = (
 )
 #: The extras installed with them: nvfp4-cpu's tests, GGUF for the ``nvfp4`` round trip.
 EXTRAS: dict[str, tuple[str, ...]] = {"nvfp4-cpu": ("test",), "nvfp4-checkpoints": ("gguf",)}
+#: The model stack's floors (nvfp4-torch's ``models`` extra: transformers, accelerate, gguf,
+#: safetensors) are run by ``nox -s torch-floors`` in the full run, on the sessions' Python;
+#: torch stays at the pinned CPU build (no older one can be had here), numpy and ml_dtypes
+#: at the newest (their floors run on the oldest Python, above).
+TORCH_FLOORS_SKIP: tuple[str, ...] = ("torch", "numpy", "ml-dtypes")
 #: The conformance tiers run there (T6 and T7 run a model through torch).
 TIERS = "T0,T1,T2,T3,T4,T5"
 #: Turns a skipped test into a failure (``nvfp4.testing.REQUIRE_ORACLES_ENV``).
@@ -213,25 +218,35 @@ def certificate_problem(path: Path, version: str) -> str | None:
     return None
 
 
-def floors(pyprojects: Iterable[Path], version: str) -> dict[str, str]:
-    """Every third-party requirement of :data:`TORCH_FREE` and :data:`EXTRAS` that applies on
-    Python ``version``, at its declared floor: the highest ``>=`` bound any of them gives
-    (``numpy>=1.26`` -> ``1.26``). A floor is a claim: the oldest declared Python installs
-    exactly these and runs the same checks, so a floor nobody runs cannot go stale."""
+def floors(
+    pyprojects: Iterable[Path],
+    version: str,
+    names: Iterable[str] = TORCH_FREE,
+    extras: Mapping[str, Iterable[str]] = EXTRAS,
+    skip: Iterable[str] = (),
+) -> dict[str, str]:
+    """Every third-party requirement of ``names`` and their ``extras`` that applies on Python
+    ``version``, at its declared floor: the highest ``>=`` bound any of them gives
+    (``numpy>=1.26`` -> ``1.26``), but for the names in ``skip``. A floor is a claim: the
+    oldest declared Python installs exactly these and runs the same checks, so a floor
+    nobody runs cannot go stale."""
+    skipped = {canonicalize_name(n) for n in skip}
     projects = {}
     for path in pyprojects:
         project = tomllib.loads(path.read_text(encoding="utf-8"))["project"]
         projects[str(project["name"])] = project
     environment = {"python_version": version, "python_full_version": f"{version}.0"}
     found: dict[str, Version] = {}
-    for name in TORCH_FREE:
+    for name in names:
         project = projects[name]
         texts = list(project.get("dependencies", []))
-        for extra in EXTRAS.get(name, ()):
+        for extra in extras.get(name, ()):
             texts += project["optional-dependencies"][extra]
         for text in texts:
             req = Requirement(text)
-            if req.name in projects or (req.marker and not req.marker.evaluate(environment)):
+            if req.name in projects or canonicalize_name(req.name) in skipped:
+                continue
+            if req.marker and not req.marker.evaluate(environment):
                 continue
             for spec in req.specifier:
                 if spec.operator == ">=":

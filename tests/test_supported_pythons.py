@@ -277,3 +277,17 @@ def test_the_floor_check_compares_installed_versions(tmp_path: Path) -> None:
     assert "not at the declared floors: numpy" in done.stderr
     assert "(floor 1.0)" in done.stderr
     assert "pytest" not in done.stderr
+
+
+def test_the_torch_stack_floors_are_nvfp4_torch_s_models_extra_less_what_is_skipped() -> None:
+    pins = pythons.floors(
+        PYPROJECTS,
+        pythons.SESSIONS,
+        names=("nvfp4-torch",),
+        extras={"nvfp4-torch": ("models",)},
+        skip=pythons.TORCH_FLOORS_SKIP,
+    )
+    assert set(pins) == {"transformers", "accelerate", "gguf", "safetensors"}
+    # transformers 5.17 rebuilds an NVFP4 GGUF's tokenizer wrongly; 5.18 needs safetensors 0.8
+    assert pins["transformers"] == "5.18"
+    assert pins["safetensors"] == "0.8"

@@ -133,7 +133,7 @@ def _nox_sessions(command: str) -> list[str]:
 
 def test_the_gate_and_the_full_run_are_readmes_and_ci_s() -> None:
     """README's test command (the quick gate) is what ``.ci/run`` and the workflow's gate
-    step run; the full run is the same sessions plus ``cpu-aarch64``, with
+    step run; the full run is the same sessions plus ``cpu-aarch64`` and ``torch-floors``, with
     ``NVFP4_FULL_RUN=1``, on the schedule, release tags and by hand."""
     readme = (ROOT / "README.md").read_text()
     (gate,) = [
@@ -147,7 +147,7 @@ def test_the_gate_and_the_full_run_are_readmes_and_ci_s() -> None:
     quick = steps["The quick gate (README's test command)"]
     full = steps["The full run"]
     assert _nox_sessions(quick["run"]) == _nox_sessions(gate)
-    assert _nox_sessions(full["run"]) == [*_nox_sessions(gate), "cpu-aarch64"]
+    assert _nox_sessions(full["run"]) == [*_nox_sessions(gate), "cpu-aarch64", "torch-floors"]
     assert quick["if"] == f"env.{noxfile.FULL_RUN} != '1'"
     assert full["if"] == f"env.{noxfile.FULL_RUN} == '1'"
     triggers = workflow.get("on", workflow.get(True))  # YAML 1.1 reads the key `on` as True
