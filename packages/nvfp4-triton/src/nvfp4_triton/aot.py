@@ -26,7 +26,7 @@ from typing import Any
 from .config import KernelConfig
 from .hardware import target_has_fp8
 
-__all__ = ["TARGETS", "Launch", "compile_all", "compile_kernel", "launches", "run_fresh"]
+__all__ = ["TARGETS", "Launch", "compile_all", "compile_kernel", "launches", "run_fresh", "source"]
 
 #: (backend, arch, warp size) of every architecture a backend of this repository targets:
 #: NVIDIA Ampere, Hopper, Blackwell data-centre and consumer; AMD CDNA3 / CDNA4 (64-lane
@@ -66,17 +66,25 @@ def compile_kernel(launch: Launch, target: tuple[str, int | str, int]) -> Any:
     os.environ.pop("TRITON_INTERPRET", None)
     import triton
     from triton.backends.compiler import GPUTarget
+
+    return triton.compile(
+        source(launch),
+        target=GPUTarget(*target),
+        options={"num_warps": launch.num_warps, "num_stages": launch.num_stages},
+    )
+
+
+def source(launch: Launch) -> Any:
+    """Triton's ``ASTSource`` of ``launch``. Its divisibility attributes are listed in argument
+    order: Triton's cache key is the text of that dict, and a set's order changes with every
+    process's string hashing, so building it from the set would miss the cache (under
+    ``~/.triton/cache``) every time and recompile."""
     from triton.compiler import ASTSource
 
     names = list(launch.signature)
-    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in launch.divisible}
-    src = ASTSource(
+    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(names) if a in launch.divisible}
+    return ASTSource(
         fn=launch.fn, signature=launch.signature, constexprs=launch.constexprs, attrs=attrs
-    )
-    return triton.compile(
-        src,
-        target=GPUTarget(*target),
-        options={"num_warps": launch.num_warps, "num_stages": launch.num_stages},
     )
 
 
