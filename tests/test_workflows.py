@@ -163,6 +163,21 @@ def test_the_gate_and_the_full_run_are_readmes_and_ci_s() -> None:
     assert "full run" in readme
 
 
+def test_the_tests_job_keeps_tritons_compile_cache() -> None:
+    """The compile checks of nvfp4-cuda and nvfp4-rocm are served by Triton's cache, which
+    the job restores (from a run with the same kernels, else the newest) and saves."""
+    steps = yaml.safe_load(GITHUB_TESTS.read_text())["jobs"]["tests"]["steps"]
+    names = [s.get("name") for s in steps]
+    cache = steps[names.index("Triton's compile cache")]
+    assert cache["uses"].startswith("actions/cache@")
+    assert cache["with"]["path"] == "~/.triton/cache"
+    assert "hashFiles('packages/nvfp4-triton/src/**')" in cache["with"]["key"]
+    assert cache["with"]["key"].startswith(cache["with"]["restore-keys"])
+    assert names.index("Triton's compile cache") < names.index(
+        "The quick gate (README's test command)"
+    )
+
+
 def test_the_fuzz_is_sized_by_the_kind_of_run(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NVFP4_FUZZ_EXAMPLES", raising=False)
     monkeypatch.delenv(noxfile.FULL_RUN, raising=False)
