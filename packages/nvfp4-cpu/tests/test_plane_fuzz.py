@@ -29,6 +29,15 @@ apart and checked to still exist. CI runs :data:`CASES` cases per backend
 ``TRITON_INTERPRET=1 NVFP4_PLANE_FUZZ_BACKENDS=cuda,rocm`` fuzzes the Triton backends under
 the interpreter (10,000 cases each in about 2.5 minutes; seed 1 found their refusal of views
 with a negative stride, now a test in nvfp4-triton).
+
+Seed 20261207 at 100,000 cases fails once at each nvfp4-cpu level, on a ``qmm`` or
+``gather_qmm`` whose single output cancels (``S / max|ref|`` of 3,650 and 5,192, where
+``S = sum_k |x * w|``): 1.40e-4 and 1.51e-4 of ``max|ref|`` against ``1e-4``. That is spec
+1.0-1.2 contradicting itself (float32 accumulation in any order, yet ``max|y - ref| /
+max|ref|`` bounded on every call), not a kernel bug: ``spec/draft/changelog.md`` has the
+measurements and the floor the next version adds. The failures stay failures here (the
+backends are certified for 1.2); their message gives ``S / max|ref|`` and the error in the
+draft floor's units (0.07 and 0.04, against its factor of 2).
 """
 
 from __future__ import annotations
@@ -229,6 +238,31 @@ def _within_float32_spacing(case: Case, got: np.ndarray, full: np.ndarray) -> bo
     return float(np.abs(got - full).max(initial=0.0)) <= 2.0**-149
 
 
+def cancellation(case: Case, got: np.ndarray, full: np.ndarray) -> str:
+    """How far the failing call's sums cancel, for the message: ``S / max|ref|`` with
+    ``S[m, n] = sum_k |x[m, k] * w[n, k]|``, and the worst error in units of
+    ``sqrt(K) * 2^-24 * S`` (spec/draft's ``[accumulation_floor]``: float32 accumulation in
+    any order cannot promise ``max|y - ref| / max|ref|`` where the sum cancels, and spec
+    1.0-1.2 ask it; see spec/draft/changelog.md)."""
+    assert case.planes is not None
+    w = reference.dequantize(case.planes, "float32").astype(np.float64)
+    x = np.abs(np.asarray(case.x, np.float64))
+    if case.verb == "gather_qmm":
+        ids = np.asarray(case.ids)
+        ok = (ids >= 0) & (ids < w.shape[0])
+        s = np.zeros(full.shape)
+        s[ok] = np.einsum("mk,mnk->mn", x[ok], np.abs(w[ids[ok]]))
+    else:
+        s = x @ np.abs(w).T
+    k = x.shape[-1]
+    units = np.abs(got - full) / np.where(s > 0, np.sqrt(k) * 2.0**-24 * s, np.inf)
+    peak = float(np.abs(full).max())
+    return (
+        f"S / max|ref| = {float(s.max()) / peak:.4g}, error {float(units.max()):.3g} units of "
+        f"sqrt(K) * 2^-24 * S (spec/draft [accumulation_floor])"
+    )
+
+
 def compare(case: Case, got: Any, want: Any) -> None:
     if case.verb == "prepare":
         return
@@ -250,7 +284,10 @@ def compare(case: Case, got: Any, want: Any) -> None:
     r64 = full if case.dtype == "float32" else w64
     if finite.all():
         if np.abs(r64).max(initial=0.0) > 0 and not _within_float32_spacing(case, g64, r64):
-            assert_within(g64, r64, tolerance(case.verb, case.dtype), case.verb)
+            try:
+                assert_within(g64, r64, tolerance(case.verb, case.dtype), case.verb)
+            except AssertionError as e:
+                raise AssertionError(f"{e}; {cancellation(case, g64, full)}") from None
         return
     # outputs that overflow the output dtype are compared as infinities above; the measure
     # of the others keeps its denominator, max|ref| over every output (float64)
@@ -408,3 +445,27 @@ def test_the_float32_spacing_floor_is_one_spacing_and_only_below_the_normal_rang
         assert_within(
             full + np.array([2 * step, 0.0]), full, tolerance("gather_qmm", "float32"), "t"
         )
+
+
+def test_a_failure_on_a_cancelling_sum_says_how_far_it_cancels() -> None:
+    """A float32 sum in order on the input that shows spec 1.0-1.2's contradiction (one
+    output, K = 32: a block of +6 x 448 against one of -6 x 448, activations equal but for
+    2^-20-sized noise) fails the 1.2 tolerance, and the message gives S / max|ref| and the
+    error in the draft floor's units."""
+    codes = np.zeros((1, 16), np.uint8)
+    codes[0, :8], codes[0, 8:] = 0x77, 0xFF  # +6.0 and -6.0 in both nibbles
+    planes = NVFP4Planes(
+        codes=codes, scales=np.array([[0x7E, 0x7E]], np.uint8), global_scale=np.float32(1)
+    )
+    gen = np.random.default_rng(0)
+    a = gen.standard_normal(16).astype(np.float32)
+    b = a + np.float32(2.0**-20) * gen.standard_normal(16).astype(np.float32)
+    x = np.concatenate([a, b])[None, :].astype(np.float32)
+    case = Case(verb="qmm", planes=planes, x=x, dtype="float32")
+    w = reference.dequantize(planes, "float32")
+    acc = np.float32(0.0)
+    for xk, wk in zip(x[0], w[0], strict=True):
+        acc = np.float32(acc + np.float32(xk * wk))
+    want = reference.qmm(x, planes)
+    with pytest.raises(AssertionError, match=r"S / max\|ref\| = [\d.e+]+, error [\d.e+-]+ units"):
+        compare(case, np.array([[acc]], np.float32), want)

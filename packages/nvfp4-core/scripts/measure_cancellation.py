@@ -1,0 +1,299 @@
+"""Measure what float32 accumulation can reach where a matmul's sums cancel (spec draft).
+
+Spec 1.0-1.2 bound one call's error by ``max|y - ref| / max|ref|`` and allow float32
+accumulation "in any order". Those two cannot both hold where an output's sum cancels: the
+error of a float32 sum is a few units of ``2^-24 * S``, where ``S = sum_k |x[m,k] * w[n,k]|``
+(the decoded weights with their globals), and ``S / max|ref|`` has no bound. On the input
+of :func:`contradiction` (one output, K = 32: two blocks of +6 * 448 and -6 * 448 times
+nearly equal activations) every order ``measure_tolerances.py`` measured to set the
+tolerances is off by 27-29 % of ``max|ref|``, against a tolerance of 1e-4.
+
+This script measures, for the same orders (``measure_tolerances.VARIANTS``: one float32
+BLAS matmul, split-K in chunks of 16 and 256, per-block ``sum(x * e2m1) * e4m3`` added in
+order) and for the plain sequential loop (:func:`sequential`), the error of every output element against the float64 reference in units of
+``2^-24 * S`` (``err / (2^-24 S)``), on two corpora whose sums cancel:
+
+* ``spread``: the plane fuzz's weights, valid but not from a quantizer: random codes, scale
+  bytes drawn uniformly from 0x00-0x7E (blocks of one row up to 2^17 apart), a random
+  global ``2^U(-20, 20)``; normal x;
+* ``pairs``: blocks in pairs with the same scale byte and negated codes, the second
+  block's activations those of the first times ``1 + 2^-U(4, 22)``: sums that cancel to
+  any depth;
+* ``halves``: the same with K's first half against its second, every term of the first
+  half positive: the running sum of a sequential loop climbs to ``S / 2`` first (its worst
+  case).
+
+For a float16 / bfloat16 output (x given in that dtype, as the spec measures) the bound
+checked is ``F * 2^-24 * S`` plus one spacing of the output dtype at ``|ref|``.
+
+It also measures, on ``measure_tolerances``' own corpus (normal and heavy-tailed data over
+the T4 grid), how large ``2^-24 * S / max|ref|`` gets, so the floor's number can be chosen
+below the tolerances there: a floor under ``tolerance * max|ref|`` on every output of a
+call changes no verdict of that call.
+
+Run from ``packages/nvfp4-core``::
+
+    PYTHONPATH=src python scripts/measure_cancellation.py [--quick] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import measure_tolerances as mt
+from nvfp4 import reference as ref
+from nvfp4.dtypes import OUTPUT_DTYPES
+from nvfp4.planes import NVFP4Planes
+from nvfp4.testing import relative_error
+from nvfp4.tolerances import tolerance
+
+F32 = npt.NDArray[np.float32]
+F64 = npt.NDArray[np.float64]
+#: float32's unit roundoff.
+U32 = 2.0**-24
+
+
+def unit(k: int) -> float:
+    """The unit the errors are measured in, per ``S``: ``sqrt(K) * 2^-24``. Rounding errors
+    of a float32 sum behave like a random walk, so the error of K additions grows like
+    sqrt(K) (probabilistic rounding error analysis; the worst case, K * 2^-24, needs every
+    rounding to go one way). The measurements below show that growth."""
+    return float(np.sqrt(k)) * U32
+
+
+#: (M, N) of the cancelling cases: single outputs and a few rows and columns.
+SMALL_MN = ((1, 1), (1, 7), (3, 1), (3, 7))
+
+
+def sequential(x: F32, w: NVFP4Planes, wv: F32) -> F32:
+    """One float32 running sum per output over k = 0, 1, ..., K-1, each product
+    ``x * (e2m1 * e4m3)`` rounded before it is added: the plain scalar loop (nvfp4-cpu's
+    portable level adds element pairs this way). Not among ``measure_tolerances``' orders,
+    and the one whose error grows most with K where a sum cancels."""
+    acc = np.zeros((x.shape[0], wv.shape[0]), np.float32)
+    for k in range(x.shape[1]):
+        acc = (acc + (x[:, k : k + 1] * wv[:, k][None, :]).astype(np.float32)).astype(np.float32)
+    return acc
+
+
+#: The orders measured: ``measure_tolerances``' and the sequential loop.
+ORDERS = {**mt.VARIANTS, "sequential": sequential}
+
+
+def contradiction() -> tuple[F32, NVFP4Planes]:
+    """One output, K = 32: block 0 is +6 x 448 sixteen times, block 1 is -6 x 448, and x's
+    second half is its first plus 2^-20-sized noise. Valid planes, finite x."""
+    codes = np.zeros((1, 16), np.uint8)
+    codes[0, :8] = 0x77  # code 7 (+6.0) in both nibbles
+    codes[0, 8:] = 0xFF  # code 15 (-6.0)
+    scales = np.array([[0x7E, 0x7E]], np.uint8)  # 448
+    w = NVFP4Planes(
+        codes=codes, scales=scales, global_scale=np.asarray(1.0, np.float32), name="cancel"
+    )
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(16).astype(np.float32)
+    b = (a + np.float32(2.0**-20) * rng.standard_normal(16).astype(np.float32)).astype(np.float32)
+    return np.concatenate([a, b])[None, :].astype(np.float32), w
+
+
+def absolute_sums(x: F32, w: NVFP4Planes) -> F64:
+    """``S[m, n] = sum_k |x[m, k] * w[n, k]|`` in float64 (w decoded with its globals)."""
+    wd = ref.dequantize(w, "float32").astype(np.float64)
+    return np.asarray(np.abs(x.astype(np.float64)) @ np.abs(wd).T, np.float64)
+
+
+def spacing(v: F64, dtype: str) -> F64:
+    """One spacing of ``dtype`` at ``|v|`` (its subnormal spacing below the normal range)."""
+    info = np.finfo(OUTPUT_DTYPES[dtype])
+    mant = int(info.nmant)
+    e = np.floor(np.log2(np.maximum(np.abs(v), float(info.tiny))))
+    return np.asarray(2.0 ** (e - mant), np.float64)
+
+
+def spread_cases(quick: bool) -> Iterator[tuple[str, F32, NVFP4Planes]]:
+    seeds = 16 if quick else 256
+    for k in mt.K_VALUES:
+        for m, n in SMALL_MN:
+            for seed in range(seeds):
+                rng = np.random.default_rng([k, m, n, seed, 1])
+                codes = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
+                scales = rng.integers(0, 0x7F, (n, k // 16), dtype=np.uint8)
+                g = np.asarray(2.0 ** rng.uniform(-20, 20), np.float32)
+                w = NVFP4Planes(codes=codes, scales=scales, global_scale=g, name="spread")
+                x = rng.standard_normal((m, k)).astype(np.float32)
+                yield f"spread M={m} K={k} N={n} seed={seed}", x, w
+
+
+def pairs_cases(quick: bool) -> Iterator[tuple[str, F32, NVFP4Planes]]:
+    seeds = 16 if quick else 256
+    for k in mt.K_VALUES[1:]:  # two blocks at least
+        for m, n in SMALL_MN:
+            for seed in range(seeds):
+                rng = np.random.default_rng([k, m, n, seed, 2])
+                nb = k // 16
+                half = rng.integers(0, 256, (n, nb // 2, 8), dtype=np.uint8)
+                # negating a code flips its sign bit (bit 3 of each nibble)
+                codes = np.stack([half, half ^ 0x88], axis=2).reshape(n, k // 2)
+                s = rng.integers(0x30, 0x7F, (n, nb // 2), dtype=np.uint8)
+                scales = np.repeat(s, 2, axis=1)
+                w = NVFP4Planes(codes=codes, scales=scales, global_scale=mt.ONE, name="p")
+                xa = rng.standard_normal((m, nb // 2, 16))
+                rel = 2.0 ** -rng.uniform(4, 22, (m, nb // 2, 1))
+                xb = xa * (1 + rel)
+                x = np.stack([xa, xb], axis=2).reshape(m, k).astype(np.float32)
+                yield f"pairs M={m} K={k} N={n} seed={seed}", x, w
+
+
+def halves_cases(quick: bool) -> Iterator[tuple[str, F32, NVFP4Planes]]:
+    """The worst case of the sequential loop: every term of K's first half positive, the
+    second half the same terms negated on activations ``1 + 2^-U(4, 22)`` times larger, so
+    the running sum climbs to ``S / 2`` and comes back down to almost nothing."""
+    seeds = 4 if quick else 32
+    for k in mt.K_VALUES[1:]:
+        for m, n in SMALL_MN:
+            for seed in range(seeds):
+                rng = np.random.default_rng([k, m, n, seed, 3])
+                half = rng.integers(0, 256, (n, k // 4), dtype=np.uint8) & 0x77  # positive
+                codes = np.concatenate([half, half ^ 0x88], axis=1)
+                s = rng.integers(0x30, 0x7F, (n, k // 32), dtype=np.uint8)
+                scales = np.concatenate([s, s], axis=1)
+                w = NVFP4Planes(codes=codes, scales=scales, global_scale=mt.ONE, name="h")
+                xa = np.abs(rng.standard_normal((m, k // 2)))
+                xb = xa * (1 + 2.0 ** -rng.uniform(4, 22, (m, 1)))
+                x = np.concatenate([xa, xb], axis=1).astype(np.float32)
+                yield f"halves M={m} K={k} N={n} seed={seed}", x, w
+
+
+Worst = dict[tuple[str, str, str, int], tuple[float, str]]
+
+
+def floor_units(label: str, x: F32, w: NVFP4Planes, worst: Worst) -> None:
+    """Every order's error per output element in units of sqrt(K) * 2^-24 * S (float32
+    output), and for float16 / bfloat16 outputs in the same units after one output
+    spacing; the largest kept per (corpus, dtype, order, K)."""
+    corpus = label.split()[0]
+    wv = ref.dequantize_unscaled(w)
+    g = w.row_global()
+    for dname, dt in OUTPUT_DTYPES.items():
+        xin = x if dname == "float32" else x.astype(dt).astype(np.float32)
+        full = np.asarray(ref.qmm(xin, w, out_dtype=None), np.float64)
+        if not np.isfinite(full).all() or float(np.abs(full).max()) == 0.0:
+            continue
+        s = absolute_sums(xin, w)
+        slack = 0.0 if dname == "float32" else spacing(full, dname)
+        for vname, acc in ORDERS.items():
+            y = (acc(xin, w, wv) * g).astype(np.float32).astype(dt).astype(np.float64)
+            if not np.isfinite(y).all():
+                continue
+            err = np.maximum(np.abs(y - full) - slack, 0.0)
+            units = float((err / (unit(x.shape[1]) * s)).max())
+            key = (corpus, dname, vname, x.shape[1])
+            if key not in worst or units > worst[key][0]:
+                worst[key] = (units, label)
+
+
+def corpus_ratios(quick: bool) -> list[tuple[str, int, int, float]]:
+    """Over measure_tolerances' qmm corpus, each call's (label, K, number of outputs,
+    ``sqrt(K) * 2^-24 * max S / max|ref|``): the floor of F units is ``F`` times that
+    figure of ``max|ref|`` at most, so F times it under the tolerance changes nothing."""
+    out = []
+    for case in mt.qmm_cases(quick):
+        full = np.asarray(ref.qmm(case.x, case.w, out_dtype=None), np.float64)
+        k = case.x.shape[1]
+        r = float(unit(k) * absolute_sums(case.x, case.w).max() / np.abs(full).max())
+        out.append((case.label, k, full.size, r))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="16 seeds a shape, not 256")
+    parser.add_argument("--json", type=Path, help="also write every figure to this file")
+    parser.add_argument(
+        "--floor", type=float, default=2.0, help="the F whose effect on the corpus is shown"
+    )
+    args = parser.parse_args(argv)
+    t0 = time.perf_counter()
+
+    x, w = contradiction()
+    full = ref.qmm(x, w, out_dtype=None)
+    wv, g = ref.dequantize_unscaled(w), w.row_global()
+    demo = {
+        name: relative_error((acc(x, w, wv) * g).astype(np.float32), full)
+        for name, acc in ORDERS.items()
+    }
+    worst: Worst = {}
+    count = 0
+    for label, xc, wc in [
+        *spread_cases(args.quick),
+        *pairs_cases(args.quick),
+        *halves_cases(args.quick),
+    ]:
+        with np.errstate(over="ignore", invalid="ignore"):  # outputs past float16: skipped
+            floor_units(label, xc, wc, worst)
+        count += 1
+    ratios = corpus_ratios(args.quick)
+    elapsed = time.perf_counter() - t0
+
+    tol = tolerance("qmm", "float32")
+    print(f"# {count} cancelling cases, {elapsed:.1f} s")
+    print(f"\n[contradiction] K = 32, one output; [qmm] float32 tolerance {tol:g}")
+    for name, err in demo.items():
+        print(f"  {name:13s} max|y - ref| / max|ref| = {err:.3g}")
+    print("\n[floor] max over elements of |y - ref| / (sqrt(K) * 2^-24 * S)")
+    per: dict[tuple[str, str, str], tuple[float, str]] = {}
+    for (corpus, dname, vname, _k), (units, label) in worst.items():
+        key = (corpus, dname, vname)
+        if key not in per or units > per[key][0]:
+            per[key] = (units, label)
+    for (corpus, dname, vname), (units, label) in sorted(per.items()):
+        print(f"  {corpus:7s} {dname:9s} {vname:13s} {units:7.3f}  {label}")
+    print("\n[floor by K] float32, max over corpora and orders (and the order)")
+    for k in sorted({key[3] for key in worst}):
+        units, label, order = max(
+            (u, lab, key[2])
+            for key, (u, lab) in worst.items()
+            if key[3] == k and key[1] == "float32"
+        )
+        print(f"  K={k:5d} {units:7.3f}  ({order}, {label})")
+    print(f"\n[corpus] measure_tolerances' qmm corpus ({len(ratios)} calls): F = {args.floor:g}")
+    print("  K      calls  F*unit*S/max|ref| above the float32 tolerance  largest  (call)")
+    for k in mt.K_VALUES:
+        rows = [r for r in ratios if r[1] == k]
+        above = [r for r in rows if args.floor * r[3] > tol]
+        top = max(rows, key=lambda r: r[3])
+        print(
+            f"  {k:5d} {len(rows):6d}  {len(above):4d} ({sum(r[2] > 8 for r in above)} of them"
+            f" with M * N > 8)  {args.floor * top[3] / tol:7.3f} x tol  ({top[0]})"
+        )
+    if args.json:
+        payload = {
+            "elapsed_s": elapsed,
+            "cases": count,
+            "contradiction": demo,
+            "unit": "sqrt(K) * 2^-24 * S",
+            "floor_units": [
+                {"corpus": c, "dtype": d, "variant": v, "k": k, "max_units": u, "case": label}
+                for (c, d, v, k), (u, label) in sorted(worst.items())
+            ],
+            "floor": args.floor,
+            "corpus": [
+                {"case": label, "k": k, "outputs": size, "unit_s_over_max_ref": r}
+                for label, k, size, r in ratios
+            ],
+        }
+        args.json.write_text(json.dumps(payload, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
