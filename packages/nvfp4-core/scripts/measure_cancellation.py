@@ -43,6 +43,7 @@ import json
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +54,7 @@ import measure_tolerances as mt
 from nvfp4 import reference as ref
 from nvfp4.dtypes import OUTPUT_DTYPES
 from nvfp4.planes import NVFP4Planes
+from nvfp4.spec import E4M3_VALUES, Q8_BLOCK_SIZE
 from nvfp4.testing import relative_error
 from nvfp4.tolerances import tolerance
 
@@ -173,32 +175,75 @@ def halves_cases(quick: bool) -> Iterator[tuple[str, F32, NVFP4Planes]]:
                 yield f"halves M={m} K={k} N={n} seed={seed}", x, w
 
 
-Worst = dict[tuple[str, str, str, int], tuple[float, str]]
+Worst = dict[tuple[str, str, str, str, int], tuple[float, str]]
+#: The matmul paths measured; W4A8 int8 needs K % 32 == 0.
+PATHS = ("qmm", "w4a4", "w4a8", "w4a8_fp8")
+
+
+@dataclass(frozen=True)
+class Operands:
+    """What one path multiplies for activations ``x``: the activations the reference
+    multiplies, without their global (``a``), that global (``ga``: 1 for W4A16 and int8,
+    whose ``d`` is inside ``a``), the float64 reference and extra orders of the path."""
+
+    a: F32
+    ga: np.float32
+    full: F64
+    extra: dict[str, F32]
+
+
+def operands(path: str, x: F32, w: NVFP4Planes) -> Operands:
+    one = np.float32(1.0)
+    if path == "qmm":
+        return Operands(x, one, ref.qmm(x, w, out_dtype=None), {})
+    if path == "w4a4":
+        xp = ref.quantize_activations(x)
+        ga = np.float32(xp.global_scale)
+        return Operands(ref.dequantize_unscaled(xp), ga, ref.qmm_w4a4(x, w, out_dtype=None), {})
+    if path == "w4a8":
+        xq = ref.quantize_activations_q8(x)
+        extra = {"ggml": mt.ggml_order(xq, w)}
+        a = xq.decoded().astype(np.float32)
+        return Operands(a, one, ref.qmm_w4a8(x, w, out_dtype=None), extra)
+    xf = ref.quantize_activations_fp8(x)
+    a = E4M3_VALUES[xf.codes].astype(np.float32)
+    ga = np.float32(xf.input_scale)
+    return Operands(a, ga, ref.qmm_w4a8_fp8(x, w, out_dtype=None), {})
 
 
 def floor_units(label: str, x: F32, w: NVFP4Planes, worst: Worst) -> None:
-    """Every order's error per output element in units of sqrt(K) * 2^-24 * S (float32
-    output), and for float16 / bfloat16 outputs in the same units after one output
-    spacing; the largest kept per (corpus, dtype, order, K)."""
+    """Every path's and order's error per output element in units of
+    ``sqrt(K) * 2^-24 * S`` (S over the activations the path multiplies), for a float32
+    output, and for float16 / bfloat16 outputs after one output spacing; the largest kept
+    per (path, corpus, dtype, order, K). An output whose S is 0 must be exact (else inf)."""
     corpus = label.split()[0]
+    k = x.shape[1]
     wv = ref.dequantize_unscaled(w)
     g = w.row_global()
-    for dname, dt in OUTPUT_DTYPES.items():
-        xin = x if dname == "float32" else x.astype(dt).astype(np.float32)
-        full = np.asarray(ref.qmm(xin, w, out_dtype=None), np.float64)
-        if not np.isfinite(full).all() or float(np.abs(full).max()) == 0.0:
+    for path in PATHS:
+        if path == "w4a8" and k % Q8_BLOCK_SIZE:
             continue
-        s = absolute_sums(xin, w)
-        slack = 0.0 if dname == "float32" else spacing(full, dname)
-        for vname, acc in ORDERS.items():
-            y = (acc(xin, w, wv) * g).astype(np.float32).astype(dt).astype(np.float64)
-            if not np.isfinite(y).all():
+        for dname, dt in OUTPUT_DTYPES.items():
+            xin = x if dname == "float32" else x.astype(dt).astype(np.float32)
+            ops = operands(path, xin, w)
+            full = np.asarray(ops.full, np.float64)
+            if not np.isfinite(full).all():
                 continue
-            err = np.maximum(np.abs(y - full) - slack, 0.0)
-            units = float((err / (unit(x.shape[1]) * s)).max())
-            key = (corpus, dname, vname, x.shape[1])
-            if key not in worst or units > worst[key][0]:
-                worst[key] = (units, label)
+            s = absolute_sums(ops.a * ops.ga, w)
+            slack = 0.0 if dname == "float32" else spacing(full, dname)
+            gxw = (g * ops.ga).astype(np.float32)
+            results = {name: acc(ops.a, w, wv) for name, acc in ORDERS.items()} | ops.extra
+            for vname, y32 in results.items():
+                y = (y32 * gxw).astype(np.float32).astype(dt).astype(np.float64)
+                if not np.isfinite(y).all():
+                    continue
+                err = np.maximum(np.abs(y - full) - slack, 0.0)
+                units = np.where(s > 0, err / np.where(s > 0, unit(k) * s, 1.0), 0.0)
+                units = np.where((s == 0) & (err > 0), np.inf, units)
+                worst_units = float(units.max())
+                key = (path, corpus, dname, vname, k)
+                if key not in worst or worst_units > worst[key][0]:
+                    worst[key] = (worst_units, label)
 
 
 def corpus_ratios(quick: bool) -> list[tuple[str, int, int, float]]:
@@ -249,20 +294,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n[contradiction] K = 32, one output; [qmm] float32 tolerance {tol:g}")
     for name, err in demo.items():
         print(f"  {name:13s} max|y - ref| / max|ref| = {err:.3g}")
-    print("\n[floor] max over elements of |y - ref| / (sqrt(K) * 2^-24 * S)")
-    per: dict[tuple[str, str, str], tuple[float, str]] = {}
-    for (corpus, dname, vname, _k), (units, label) in worst.items():
-        key = (corpus, dname, vname)
+    print("\n[floor] max over elements of |y - ref| / (sqrt(K) * 2^-24 * S), per path")
+    per: dict[tuple[str, str, str], tuple[float, str, str]] = {}
+    for (path, corpus, dname, vname, _k), (units, label) in worst.items():
+        key = (path, dname, corpus)
         if key not in per or units > per[key][0]:
-            per[key] = (units, label)
-    for (corpus, dname, vname), (units, label) in sorted(per.items()):
-        print(f"  {corpus:7s} {dname:9s} {vname:13s} {units:7.3f}  {label}")
-    print("\n[floor by K] float32, max over corpora and orders (and the order)")
-    for k in sorted({key[3] for key in worst}):
+            per[key] = (units, vname, label)
+    for (path, dname, corpus), (units, vname, label) in sorted(per.items()):
+        print(f"  {path:9s} {dname:9s} {corpus:7s} {units:7.3f}  ({vname}, {label})")
+    print("\n[floor by K] max over paths, corpora, dtypes and orders")
+    for k in sorted({key[4] for key in worst}):
         units, label, order = max(
-            (u, lab, key[2])
+            (u, lab, f"{key[0]} {key[2]} {key[3]}")
             for key, (u, lab) in worst.items()
-            if key[3] == k and key[1] == "float32"
+            if key[4] == k
         )
         print(f"  K={k:5d} {units:7.3f}  ({order}, {label})")
     print(f"\n[corpus] measure_tolerances' qmm corpus ({len(ratios)} calls): F = {args.floor:g}")
@@ -282,8 +327,16 @@ def main(argv: list[str] | None = None) -> int:
             "contradiction": demo,
             "unit": "sqrt(K) * 2^-24 * S",
             "floor_units": [
-                {"corpus": c, "dtype": d, "variant": v, "k": k, "max_units": u, "case": label}
-                for (c, d, v, k), (u, label) in sorted(worst.items())
+                {
+                    "path": p,
+                    "corpus": c,
+                    "dtype": d,
+                    "variant": v,
+                    "k": k,
+                    "max_units": u,
+                    "case": label,
+                }
+                for (p, c, d, v, k), (u, label) in sorted(worst.items())
             ],
             "floor": args.floor,
             "corpus": [

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from nvfp4 import reference, spec
 from nvfp4.spec_files import tomllib
-from nvfp4.tolerances import tolerance
+from nvfp4.tolerances import tolerance, tolerances_for
 
 CORE = Path(__file__).resolve().parents[1]
 DRAFT = CORE.parents[1] / "spec" / "draft"
@@ -51,7 +51,9 @@ def test_the_floor_covers_the_input_on_which_1_2_contradicts_itself() -> None:
     off by more than 1.2's ``[qmm] float32`` on the draft's example; the draft's floor
     (``[accumulation_floor]``) holds each of them, and the float64 reference passes both."""
     floor = _toml("tolerances.toml")["accumulation_floor"]
-    assert floor["paths"] == ["qmm", "gather_qmm"]
+    # every matmul path of 1.2 (those with per-dtype numbers on max|y - ref| / max|ref|)
+    assert floor["paths"] == ["qmm", "gather_qmm", "w4a4", "w4a8", "w4a8_fp8"]
+    assert set(floor["paths"]) <= set(tolerances_for("1.2"))
     x, w = mc.contradiction()
     full = np.asarray(reference.qmm(x, w, out_dtype=None), np.float64)
     peak = float(np.abs(full).max())
@@ -65,6 +67,29 @@ def test_the_floor_covers_the_input_on_which_1_2_contradicts_itself() -> None:
         assert (np.abs(y - full) <= bound).all(), name
     y32 = np.asarray(reference.qmm(x, w), np.float64)  # float64 sum, rounded once
     assert float(np.abs(y32 - full).max()) / peak <= tol
+
+
+def test_an_exact_zero_is_asked_only_where_s_is_zero() -> None:
+    """1.0-1.2 ask y = 0 exactly when max|ref| = 0; where the sum cancels to exactly 0 a
+    float32 order does not give it (one BLAS call, the sequential loop), and the floor
+    holds them; only S = 0 (a zero row of x) leaves no room."""
+    x, w = mc.contradiction()
+    x[0, 16:] = x[0, :16]  # the second block's activations equal the first's: ref = 0
+    x = np.concatenate([x, np.zeros_like(x)])  # and a zero row: S = 0
+    full = np.asarray(reference.qmm(x, w, out_dtype=None), np.float64)
+    assert not full.any()
+    factor = _toml("tolerances.toml")["accumulation_floor"]["factor"]
+    bound = factor * mc.unit(x.shape[1]) * mc.absolute_sums(x, w)
+    assert bound[0, 0] > 0
+    assert bound[1, 0] == 0
+    wv, g = reference.dequantize_unscaled(w), w.row_global()
+    nonzero = 0
+    for name, order in mc.ORDERS.items():
+        y = (order(x, w, wv) * g).astype(np.float32).astype(np.float64)
+        nonzero += bool(y[0, 0] != 0)
+        assert (np.abs(y - full) <= bound).all(), name
+        assert y[1, 0] == 0, name
+    assert nonzero >= 1  # 1.2's "exactly 0" fails some float32 order here
 
 
 def test_the_floor_is_the_one_the_changelog_gives() -> None:
