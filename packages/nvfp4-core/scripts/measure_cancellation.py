@@ -44,7 +44,6 @@ It takes about seven minutes on two cores (``--quick``: 30 s).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -267,9 +266,7 @@ def corpus_ratios(quick: bool) -> list[tuple[str, int, int, float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="16 seeds a shape, not 256")
-    parser.add_argument("--json", type=Path, help="also write every figure to this file")
+    parser = mt.script_parser(__doc__, "16 seeds a shape, not 256")
     parser.add_argument(
         "--floor",
         type=float,

@@ -658,10 +658,17 @@ def measure_encoders(quick: bool) -> dict[str, dict[str, float]]:
 
 
 # ------------------------------------------------------------------------------ main
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer, smaller shapes")
+def script_parser(doc: str, quick: str) -> argparse.ArgumentParser:
+    """The options every measurement script of this folder takes: ``--quick`` (what it
+    does is ``quick``) and ``--json``."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help=quick)
     parser.add_argument("--json", type=Path, help="also write every figure to this file")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = script_parser(__doc__, "fewer, smaller shapes")
     parser.add_argument(
         "--only", choices=("w4a8",), help="measure only spec 1.1's W4A8 paths and encoders"
     )
