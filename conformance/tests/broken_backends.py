@@ -15,9 +15,12 @@ import pytest
 from nvfp4 import reference
 from nvfp4.activations import FP8Activations, Q8Activations
 from nvfp4.contract import Availability
+from nvfp4.dtypes import OUTPUT_DTYPES
 from nvfp4.planes import NVFP4Planes
 from nvfp4.reference_backend import ReferenceKernels
 from nvfp4.spec import E2M1_VALUES, E4M3_MAX, E4M3_NAN_BYTE, E4M3_VALUES, Q8_BLOCK_SIZE, Q8_MAX
+
+BFLOAT16 = OUTPUT_DTYPES["bfloat16"]
 
 
 class _Broken(ReferenceKernels):
@@ -76,6 +79,27 @@ class IgnoreOutOfRange(_Broken):
         e = w.planes.num_experts or 1
         ids = np.clip(np.asarray(expert_ids), 0, e - 1)
         return super().gather_qmm(x, w, ids, sorted_indices=sorted_indices, out_dtype=out_dtype)
+
+
+class NarrowX(_Broken):
+    """Rounds x to a narrower type before ``qmm``, as a kernel on tensor cores might: float32
+    to TF32 (10 mantissa bits, round to nearest even), float16 to bfloat16, bfloat16 to
+    float16."""
+
+    NAME = "broken-narrow-x"
+
+    def qmm(self, x: Any, w: Any, *, out_dtype: str) -> Any:
+        a = np.asarray(x)
+        if a.dtype == np.float32:
+            bits = a.view(np.uint32).astype(np.uint64)
+            bits = (bits + 0xFFF + ((bits >> 13) & 1)) & ~np.uint64(0x1FFF)
+            a = bits.astype(np.uint32).view(np.float32)
+        elif a.dtype == np.float16:
+            a = a.astype(BFLOAT16).astype(np.float32).astype(np.float16)
+        else:
+            with np.errstate(over="ignore"):
+                a = a.astype(np.float32).astype(np.float16).astype(a.dtype)
+        return super().qmm(a, w, out_dtype=out_dtype)
 
 
 class LaxPrepare(_Broken):
@@ -284,6 +308,7 @@ BACKENDS: dict[str, type[_Broken]] = {
         ScaleGlobalFirst,
         DropGlobal,
         IgnoreOutOfRange,
+        NarrowX,
         LaxPrepare,
         Skipper,
         TiesDown,

@@ -173,6 +173,26 @@ def test_ignored_out_of_range_ids_fail_gather_only(run_suite: Run) -> None:
     assert "out-of-range expert id must be exactly zero" in msg
 
 
+def test_x_rounded_to_a_narrower_type_fails_the_precision_case(run_suite: Run) -> None:
+    """float32 x through TF32, float16 through bfloat16 and bfloat16 through float16: the
+    pass-through case fails for each dtype, with its figures in the certificate."""
+    result, cert = run_suite("broken-narrow-x", "T4", "-k", "test_qmm")
+    assert result.ret == 1
+    failed = _by_outcome(cert, "failed")
+    precision = {n: t for n, t in failed.items() if "test_qmm_keeps_the_precision_of_x" in n}
+    assert {n.rsplit("[", 1)[1] for n in precision} == {"float32]", "float16]", "bfloat16]"}
+    assert all("x kept at" in t["message"] for t in precision.values())
+    # the realistic cases catch most rounding of float32 and float16 x, but bfloat16 x taken
+    # through float16 changes nothing inside float16's range: only the new case sees it
+    plain = {n: "failed" for n in failed if "test_qmm[" in n}
+    plain |= {n: "passed" for n in _by_outcome(cert, "passed") if "test_qmm[" in n}
+    for dtype, least_failed in (("float32", 10), ("float16", 10)):
+        outcomes = [o for n, o in plain.items() if n.endswith(f"-{dtype}]")]
+        assert outcomes.count("failed") >= least_failed, (dtype, outcomes)
+    bf16 = [o for n, o in plain.items() if n.endswith("-bfloat16]")]
+    assert bf16 == ["passed"] * 15
+
+
 def test_a_backend_cannot_skip_validation(run_suite: Run) -> None:
     """A kernels object whose prepare would take anything still passes the refusal tiers:
     core validates structure and content before any backend sees the planes."""

@@ -8,7 +8,8 @@ The error measure is spec 1.0's: ``max|y - ref| / max|ref|`` per output dtype, a
 measured ``max|err|``, ``max|ref|`` and ratio go into the certificate, pass or fail. The
 output dtype is x's dtype (the verbs' default). MoE rows whose expert id is outside
 ``[0, E)`` must be exactly zero - even when that row of ``x`` holds NaN or Inf, since the
-row must not be read.
+row must not be read. One case checks directly that x keeps the precision it was given
+(:func:`test_qmm_keeps_the_precision_of_x`).
 """
 
 from __future__ import annotations
@@ -75,19 +76,69 @@ def test_qmm(
     rng = case_rng("qmm", m, k, n)
     planes = realistic_weight(rng, n, k, name=f"t4.qmm_{n}x{k}")
     x = activations(rng, m, k, dtype)
+    backend = (nvfp4_backend, nvfp4_record, nvfp4_tolerance)
+    check_plain_qmm(backend, f"M{m}_K{k}_N{n}", x, planes, dtype, f"M={m} K={k} N={n}")
+
+
+def check_plain_qmm(
+    backend: tuple[Any, Any, Any], case: str, x: Any, planes: NVFP4Planes, dtype: str, what: str
+) -> None:
+    """``qmm`` of one global against the float64 reference (``backend``: the suite's
+    backend, record and tolerance fixtures)."""
     ref = reference.qmm(x, planes, out_dtype=None)
-    check_qmm(
-        nvfp4_backend,
-        nvfp4_record,
-        nvfp4_tolerance,
-        "qmm",
-        f"M{m}_K{k}_N{n}",
-        x,
-        planes,
-        ref,
-        dtype,
-        what=f"M={m} K={k} N={n}",
+    check_qmm(*backend, "qmm", case, x, planes, ref, dtype, what=what)
+
+
+def pass_through(k: int, n: int) -> NVFP4Planes:
+    """``[n, k]`` planes (``n <= k``) whose row ``j`` is 1.0 at column ``j`` and 0 elsewhere
+    (code 2 = 1.0, scale byte 0x38 = 1.0, global 1): ``y[m, j] = x[m, j]`` exactly, one
+    product and zeros, in any order of accumulation."""
+    codes = np.zeros((n, k), np.uint8)
+    codes[np.arange(n), np.arange(n)] = 2
+    return NVFP4Planes(
+        codes=reference.pack_codes(codes),
+        scales=np.full((n, k // 16), 0x38, np.uint8),
+        global_scale=np.asarray(1.0, np.float32),
+        name="t4.pass_through",
     )
+
+
+def x_finer_than_narrower_types(rng: np.random.Generator, m: int, k: int, dtype: str) -> Any:
+    """``[m, k]`` activations in ``dtype`` that every narrower type changes by more than the
+    tolerance: float32 values ``1 + 2^-12 + j 2^-20`` (j < 128), which float16 and TF32 (10
+    mantissa bits) and bfloat16 round by at least 2^-12 (2.4e-4 of max|ref|, against
+    1e-4); float16 values ``1 + (2j + 1) 2^-9`` (j < 16), which bfloat16 rounds by 2^-9
+    (1.8e-3 of max|ref|, against 1e-3); bfloat16 values ``2^20 (1 + j 2^-7)``, past float16's
+    range (65504). Random signs."""
+    j = rng.integers(0, 128 if dtype == "float32" else 16, (m, k))
+    if dtype == "float32":
+        mag = 1.0 + 2.0**-12 + j * 2.0**-20
+    elif dtype == "float16":
+        mag = 1.0 + (2 * j + 1) * 2.0**-9
+    else:
+        mag = 2.0**20 * (1.0 + j * 2.0**-7)
+    x = np.where(rng.random((m, k)) < 0.5, -mag, mag)
+    out = x.astype(OUTPUT_DTYPES[dtype])
+    assert np.array_equal(out.astype(np.float64), x), "the values must be exact in dtype"
+    return out
+
+
+@pytest.mark.requires_capability("qmm")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_qmm_keeps_the_precision_of_x(
+    nvfp4_backend: Any, nvfp4_record: Any, nvfp4_tolerance: Any, dtype: str
+) -> None:
+    """An implementation MUST NOT round x to a type narrower than the one it was given
+    (spec, "Tolerances"), tested directly: a weight that passes x through (``y = x``
+    exactly) and activations every narrower type changes: float32 x through TF32 or
+    float16, float16 x through bfloat16, bfloat16 x through float16 (out of its range). The
+    realistic cases above catch most rounding of float32 and float16 x as well, but not
+    bfloat16 x taken through float16, which changes nothing inside float16's range."""
+    m, k, n = 3, 64, 24
+    x = x_finer_than_narrower_types(case_rng("qmm_x_precision", m, k, n), m, k, dtype)
+    backend = (nvfp4_backend, nvfp4_record, nvfp4_tolerance)
+    what = f"x kept at {dtype} (M={m} K={k} N={n}, y = x)"
+    check_plain_qmm(backend, "x_precision", x, pass_through(k, n), dtype, what)
 
 
 FUSED = [
