@@ -128,6 +128,48 @@ def test_qmm_w4a8_is_the_integer_product() -> None:
     assert 0 < err < 0.05  # the activation quantization error: present and small
 
 
+def _all_ones(n: int, k: int, *, negative_second_block: bool = False) -> NVFP4Planes:
+    """Weights of 1.0 (code 2, scale byte 0x38, global 1); -1.0 (code 10) in the second
+    16-element block of every row when asked."""
+    codes = np.full((n, k), 2, np.uint8)
+    if negative_second_block:
+        codes[:, 16:32] = 10
+    return NVFP4Planes(
+        codes=ref.pack_codes(codes),
+        scales=np.full((n, k // 16), 0x38, np.uint8),
+        global_scale=np.asarray(1.0, np.float32),
+    )
+
+
+def test_an_infinite_d_follows_the_spec_terms() -> None:
+    """A finite block past 127 x 65504 has d = inf (float16). The spec's terms are
+    ``isum_j * (e4m3 / 2) * d`` per 16-element weight block: both blocks' sums positive
+    give +inf (per element, the codes that round to 0 would make 0 * inf = NaN); opposite
+    signs give NaN, as does a block whose sum is 0; a NaN block stays NaN."""
+    x = np.ones((4, 32), np.float32)
+    x[:, ::2] = 1e10  # d = 1e10 / 127: inf in float16; the 1.0 elements get code 0
+    x[2, 16:] = 0.0  # the second weight block's integer sum is 0
+    x[3, 5] = np.nan
+    q = ref.quantize_activations_q8(x)
+    assert np.isinf(q.d[:3]).all()
+    assert (q.codes[0, 1::2] == 0).all()
+    y = ref.qmm_w4a8(x, _all_ones(2, 32), out_dtype=None)
+    assert (y[0] == np.inf).all()
+    assert (y[1] == np.inf).all()
+    assert np.isnan(y[2]).all()  # 0 * inf in the second block's term
+    assert np.isnan(y[3]).all()
+    mixed = ref.qmm_w4a8(x[:1], _all_ones(2, 32, negative_second_block=True), out_dtype=None)
+    assert np.isnan(mixed).all()  # +inf and -inf terms
+    # rows with a finite d are the exact product, as before
+    z = np.linspace(-1, 1, 64, dtype=np.float32)[None, :]
+    w = _all_ones(3, 64)
+    np.testing.assert_array_equal(
+        ref.qmm_w4a8(z, w, out_dtype=None),
+        ref.quantize_activations_q8(z).decoded()
+        @ ref.dequantize(w, "float32").T.astype(np.float64),
+    )
+
+
 def test_gather_qmm_w4a8_rows_and_globals() -> None:
     rng = np.random.default_rng(8)
     w = ref.quantize(rng.standard_normal((3, 7, 64)).astype(np.float32) * [[[1]], [[10]], [[100]]])

@@ -397,3 +397,29 @@ def test_qmm_w4a8_fp8_half_dtypes_and_nonfinite_rows(isa: str) -> None:
     good = [0, 2]
     ref = reference.qmm_w4a8_fp8(x[good], p, input_scale=0.01, out_dtype=None)
     check_close("w4a8_fp8", "float32", y[good], ref, isa)
+
+
+def test_rows_with_an_infinite_d_give_the_spec_infinities(isa: str) -> None:
+    """A finite block past 127 x 65504 (d = inf in float16): every level's outputs for that
+    row are the reference's, +inf, -inf or NaN element for element (the kernels that add a
+    32-element block's halves before d would give an infinity where a term is NaN; such rows
+    are recomputed); the other rows are untouched, and NaN rows stay NaN."""
+    rng = np.random.default_rng(12)
+    p = heavy_tailed_weight(40, 96)
+    x = rng.standard_normal((6, 96)).astype(np.float32)
+    x[1, :32] *= 1e10  # d = inf in block 0 of row 1
+    x[3, 40:64] = 3e38  # and in block 1 of row 3
+    x[4, 7] = np.nan
+    b = CPUBackend(isa=isa, threads=2)
+    y = b.qmm_w4a8(x, b.prepare(p))
+    want = reference.qmm_w4a8(x, p)
+    for r in (1, 3, 4):
+        np.testing.assert_array_equal(y[r], want[r], err_msg=f"{isa} row {r}")
+    assert np.isinf(y[1]).any() or np.isnan(y[1]).all()
+    finite = [0, 2, 5]
+    check_close("w4a8", "float32", y[finite], reference.qmm_w4a8(x, p, out_dtype=None)[finite], isa)
+    stack = reference.quantize(rng.standard_normal((2, 40, 96)).astype(np.float32))
+    ids = np.array([1, 0, 1, 0, 1, -1])
+    yg = b.gather_qmm_w4a8(x, b.prepare(stack), ids)
+    wg = reference.gather_qmm_w4a8(x, stack, ids)
+    np.testing.assert_array_equal(yg[[1, 3, 4, 5]], wg[[1, 3, 4, 5]], err_msg=f"{isa} gather")

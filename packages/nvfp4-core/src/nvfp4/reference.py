@@ -529,12 +529,40 @@ def quantize_activations_q8_2d(x: npt.NDArray[Any], *, name: str = "activation")
 
 def w4a8_from_activations(xq: Q8Activations, w: NVFP4Planes) -> npt.NDArray[np.float64]:
     """W4A8 int8 product of given activation planes and a 2-D weight, in float64:
-    ``(sum_k code * d * e2m1 * e4m3) * global`` (every product exact; spec 1.1, "W4A8")."""
+    ``(sum_k code * d * e2m1 * e4m3) * global`` (every product exact; spec 1.1, "W4A8").
+
+    A row with an infinite ``d`` (a finite block whose ``amax / 127`` is beyond float16's
+    65504) takes the spec's block form instead, :func:`w4a8_block_form`: per element,
+    ``code * inf`` would be NaN wherever a code or a weight is 0, where the spec's terms
+    ``isum_j * (e4m3 / 2) * d`` are infinite unless the block's integer sum is 0."""
     xd = xq.decoded()
     wd = dequantize_unscaled(w).astype(np.float64)
+    g = w.row_global().astype(np.float64)
     with np.errstate(invalid="ignore"):
-        y: npt.NDArray[np.float64] = (xd @ wd.T) * w.row_global().astype(np.float64)
+        y: npt.NDArray[np.float64] = (xd @ wd.T) * g
+    infinite: npt.NDArray[np.bool_] = np.asarray(np.isinf(xq.d.astype(np.float64)).any(axis=1))
+    if infinite.any():
+        with np.errstate(invalid="ignore"):
+            y[infinite] = w4a8_block_form(xq, w, infinite) * g
     return y
+
+
+def w4a8_block_form(
+    xq: Q8Activations, w: NVFP4Planes, rows: npt.NDArray[np.bool_]
+) -> npt.NDArray[np.float64]:
+    """Spec 1.1's W4A8 product for the rows ``rows`` of ``xq``, before the global:
+    ``sum over j of isum_j * (e4m3(s_j) / 2) * d[m, j // 2]``, ``isum_j`` the integer sum
+    over weight block j of ``2 * e2m1 * code`` (exact in float64), each term exact in
+    float64 (or an infinity, or NaN for ``0 * inf``)."""
+    nb = w.k // BLOCK_SIZE
+    codes = xq.codes[rows].astype(np.float64).reshape(-1, nb, BLOCK_SIZE)  # [R, nb, 16]
+    twice = 2.0 * E2M1_VALUES[unpack_codes(w.codes)].astype(np.float64)
+    isum = np.einsum("rjt,njt->rnj", codes, twice.reshape(w.n, nb, BLOCK_SIZE))  # [R, N, nb]
+    half_scale = E4M3_VALUES[w.scales].astype(np.float64) / 2.0  # [N, nb]
+    d = np.repeat(xq.d[rows].astype(np.float64), 2, axis=1)  # [R, nb]: block j uses d[j // 2]
+    terms = isum * half_scale[None, :, :] * d[:, None, :]
+    out: npt.NDArray[np.float64] = terms.sum(axis=2)
+    return out
 
 
 def qmm_w4a8(x: Any, w: NVFP4Planes, *, out_dtype: Any = np.float32) -> npt.NDArray[Any]:

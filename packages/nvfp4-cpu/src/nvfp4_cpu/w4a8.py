@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from nvfp4 import reference
 from nvfp4.activations import FP8Activations, Q8Activations
 from nvfp4.reference import fp8_input_scale_from_amax
 from nvfp4.spec import E4M3_VALUES, Q8_BLOCK_SIZE
@@ -74,7 +75,8 @@ def qmm_w4a8(
     out_dtype: str = "float32",
 ) -> npt.NDArray[Any]:
     """W4A8 int8 ``y = q8(x) @ decode(w).T`` (see the module docstring)."""
-    return cast_output(matmul_f32(native, "nvfp4cpu_qmm_w4a8", isa, threads, x, w), out_dtype)
+    y = matmul_f32(native, "nvfp4cpu_qmm_w4a8", isa, threads, x, w)
+    return cast_output(_infinite_d_rows(native, threads, x, w, y), out_dtype)
 
 
 def gather_qmm_w4a8(
@@ -91,7 +93,41 @@ def gather_qmm_w4a8(
     sorted or not (a stable counting sort in C); an id outside ``[0, E)`` gives an exactly
     zero row and reads nothing."""
     y = matmul_f32(native, "nvfp4cpu_gather_qmm_w4a8", isa, threads, x, w, expert_ids)
-    return cast_output(y, out_dtype)
+    return cast_output(_infinite_d_rows(native, threads, x, w, y, expert_ids), out_dtype)
+
+
+def _infinite_d_rows(
+    native: Native,
+    threads: int,
+    x: npt.NDArray[Any],
+    w: PreparedWeight,
+    y: npt.NDArray[np.float32],
+    expert_ids: npt.NDArray[Any] | None = None,
+) -> npt.NDArray[np.float32]:
+    """``y`` with its rows of finite x but non-finite outputs recomputed by the reference.
+
+    A block of finite x whose ``amax / 127`` is beyond float16's 65504 has ``d = inf``.
+    Spec 1.1 multiplies ``d`` into each 16-element weight block's term, so that row's
+    outputs are infinities of the terms' signs or NaN (``0 * inf``, or both infinities);
+    the AVX-512, NEON and portable kernels add a 32-element block's two halves before
+    multiplying by ``d`` and can give an infinity where the spec's terms give NaN. Such
+    rows (activations past 8.3e6; found by the activation fuzz) are rare, so they are
+    recomputed in float64 by :mod:`nvfp4.reference` (its encoder is bit-identical to this
+    backend's); rows holding NaN or Inf are NaN either way and stay as they are."""
+    a = np.asarray(x)
+    redo = np.isfinite(a).all(axis=1) & ~np.isfinite(y).all(axis=1)
+    if not redo.any():
+        return y
+    planes = w.to_planes(native, threads)
+    rows = np.ascontiguousarray(a[redo], dtype=np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if expert_ids is None:
+            fixed = reference.qmm_w4a8_2d(rows, planes)
+        else:
+            ids = np.asarray(expert_ids, dtype=np.int64)[redo]
+            fixed = reference.gather_qmm_w4a8_2d(rows, planes, ids)
+        y[redo] = fixed.astype(np.float32)
+    return y
 
 
 def quantize_activations_fp8(
@@ -148,5 +184,6 @@ def qmm_w4a8_fp8(
         ptr(y, ctypes.c_float),
     )
     native.check(rc, f"qmm_w4a8_fp8({w.name!r})")
-    y *= np.float32(xq.input_scale)
+    with np.errstate(over="ignore"):  # past float32's range: inf, as the reference's cast
+        y *= np.float32(xq.input_scale)
     return cast_output(y, out_dtype)
