@@ -238,6 +238,62 @@ def test_qmm_w4a8_nonfinite_and_zero_rows(
     )
 
 
+def _signed_blocks(k: int, n: int) -> NVFP4Planes:
+    """``[n, k]`` weights of +-1.0 (codes 2 / 10, scale byte 0x38, global 1): row 0 all +1,
+    row 1 +1 then -1 in its second 16-element block, the others random signs."""
+    codes = np.full((n, k), 2, np.uint8)
+    codes[1, 16:32] = 10
+    rng = case_rng("w4a8_infinite_d", k, n)
+    codes[2:] = np.where(rng.random((n - 2, k)) < 0.5, 2, 10)
+    return NVFP4Planes(
+        codes=reference.pack_codes(codes),
+        scales=np.full((n, k // 16), 0x38, np.uint8),
+        global_scale=np.asarray(1.0, np.float32),
+        name="t4.w4a8_signed_blocks",
+    )
+
+
+@pytest.mark.requires_capability("w4a8")
+def test_qmm_w4a8_rows_with_an_infinite_d(
+    nvfp4_backend: Any, nvfp4_record: Any, nvfp4_tolerance: Any
+) -> None:
+    """A finite block past 127 x 65504 has ``d = inf`` (float16). Spec 1.1's terms are per
+    16-element weight block, ``isum_j * (e4m3 / 2) * d``: row 1 of x (its first block all
+    1e10) gives +inf against the all-positive weight row and NaN against the row whose two
+    blocks have opposite signs (+inf and -inf terms); each output of the infinite rows is
+    the reference's, NaN or an infinity of the same sign, and the finite rows stay within
+    ``[w4a8]``. An implementation that adds two blocks' terms before ``d`` fails here."""
+    m, k, n = 4, 64, 9
+    planes = _signed_blocks(k, n)
+    x = activations(case_rng("w4a8_infinite_d", m, k, n), m, k, "float32")
+    x[1, :32] = 1e10
+    x[2, 32:48] = -3e12  # half a block: d = inf in block 1, codes 0 in its other half
+    y = call_prepared(nvfp4_backend, "qmm_w4a8", x, planes, shape=(m, n), dtype="float32")
+    ref = q8_reference(nvfp4_backend, x, planes)
+    assert ref[1, 0] == np.inf, "the case itself: both terms +inf"
+    assert np.isnan(ref[1, 1]), "the case itself: a +inf and a -inf term"
+    for r in (1, 2):
+        got, want = as_float64(y)[r], ref[r]
+        assert np.array_equal(np.isnan(got), np.isnan(want)), (
+            f"row {r} with an infinite d: NaN at {np.flatnonzero(np.isnan(got)).tolist()}, "
+            f"expected at {np.flatnonzero(np.isnan(want)).tolist()}"
+        )
+        inf = np.isinf(want)
+        assert np.array_equal(got[inf], want[inf]), f"row {r}: infinities differ from the terms'"
+        assert not np.isinf(got[~inf]).any(), f"row {r}: an infinity where the terms give NaN"
+    good = np.array([0, 3])
+    tol = float(nvfp4_tolerance("w4a8", "float32"))
+    record_within(
+        nvfp4_record,
+        "infinite_d",
+        y[good],
+        ref[good],
+        tol,
+        "qmm_w4a8 finite rows next to rows with an infinite d",
+        dtype="float32",
+    )
+
+
 @pytest.mark.requires_capability("w4a8")
 def test_qmm_w4a8_refuses_k_not_multiple_of_32(nvfp4_backend: Any) -> None:
     planes = reference.quantize(np.ones((4, 48), np.float32), name="t4.w4a8_k48")
