@@ -51,6 +51,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
@@ -121,7 +122,7 @@ def absolute_sums(x: F32, w: NVFP4Planes) -> F64:
 
 def spacing(v: F64, dtype: str) -> F64:
     """One spacing of ``dtype`` at ``|v|`` (its subnormal spacing below the normal range)."""
-    info = np.finfo(OUTPUT_DTYPES[dtype])
+    info = ml_dtypes.finfo(OUTPUT_DTYPES[dtype])  # numpy < 2 has no finfo of bfloat16
     mant = int(info.nmant)
     e = np.floor(np.log2(np.maximum(np.abs(v), float(info.tiny))))
     return np.asarray(2.0 ** (e - mant), np.float64)

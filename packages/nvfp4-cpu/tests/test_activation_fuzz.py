@@ -78,7 +78,7 @@ def _x(rng: random.Random, gen: np.random.Generator, call: Call, q8: bool) -> No
     k = 32 * rng.randint(1, 8) if q8 else 16 * rng.randint(1, 12)
     x = gen.standard_normal((m, k)) * 2.0 ** gen.uniform(-40, 40, (m, 1))
     r = rng.random()
-    big = float(np.finfo(DTYPES[call.dtype]).max)
+    big = float(ml_dtypes.finfo(DTYPES[call.dtype]).max)  # numpy < 2 has no finfo of bfloat16
     if r < 0.10:
         call.what.append("NaN / Inf elements")
         for _ in range(rng.randint(1, 3)):
