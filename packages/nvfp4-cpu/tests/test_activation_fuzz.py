@@ -30,7 +30,8 @@ float32's range; all fixed. Seed 20261207 at 100,000 cases then passed on cpu an
 Open: under the Triton interpreter (``TRITON_INTERPRET=1 NVFP4_PLANE_FUZZ_BACKENDS=cuda,rocm``,
 1,000 cases each) 4 cuda cases encode bfloat16 activations holding subnormals as zero codes
 where the reference gives 127 (their ``d`` is 0 in float16, so no product changes; float32
-subnormals agree), which points at the interpreter's bfloat16 conversion; unchecked on a GPU.
+subnormals agree): the interpreter converts bfloat16 subnormals to float32 wrongly (9.18e-41
+becomes 0.0; nvfp4-triton's README), a GPU exactly.
 """
 
 from __future__ import annotations
