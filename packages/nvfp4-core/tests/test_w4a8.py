@@ -16,6 +16,7 @@ from nvfp4 import reference as ref
 from nvfp4.activations import FP8Activations, Q8Activations
 from nvfp4.planes import NVFP4Planes, PlaneError
 from nvfp4.spec import E2M1_VALUES, E4M3_VALUES
+from nvfp4.testing import unit_scale_planes
 
 F32 = npt.NDArray[np.float32]
 
@@ -134,11 +135,7 @@ def _all_ones(n: int, k: int, *, negative_second_block: bool = False) -> NVFP4Pl
     codes = np.full((n, k), 2, np.uint8)
     if negative_second_block:
         codes[:, 16:32] = 10
-    return NVFP4Planes(
-        codes=ref.pack_codes(codes),
-        scales=np.full((n, k // 16), 0x38, np.uint8),
-        global_scale=np.asarray(1.0, np.float32),
-    )
+    return unit_scale_planes(codes)
 
 
 def test_an_infinite_d_follows_the_spec_terms() -> None:

@@ -24,7 +24,7 @@ from nvfp4 import reference
 from nvfp4.dtypes import OUTPUT_DTYPES
 from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import GLOBAL_AMAX_DIVISOR
-from nvfp4.testing import activations, unrouted_nonfinite_rows
+from nvfp4.testing import activations, unit_scale_planes, unrouted_nonfinite_rows
 
 from nvfp4_conformance.calls import call_prepared, call_verb, check_qmm, own_encoding
 from nvfp4_conformance.cases import case_rng, nonfinite_rows_case, realistic_weight
@@ -95,12 +95,7 @@ def pass_through(k: int, n: int) -> NVFP4Planes:
     product and zeros, in any order of accumulation."""
     codes = np.zeros((n, k), np.uint8)
     codes[np.arange(n), np.arange(n)] = 2
-    return NVFP4Planes(
-        codes=reference.pack_codes(codes),
-        scales=np.full((n, k // 16), 0x38, np.uint8),
-        global_scale=np.asarray(1.0, np.float32),
-        name="t4.pass_through",
-    )
+    return unit_scale_planes(codes, name="t4.pass_through")
 
 
 def x_finer_than_narrower_types(rng: np.random.Generator, m: int, k: int, dtype: str) -> Any:

@@ -19,7 +19,7 @@ import pytest
 from nvfp4 import reference
 from nvfp4.dtypes import OUTPUT_DTYPES
 from nvfp4.planes import NVFP4Planes
-from nvfp4.testing import activations, relative_error
+from nvfp4.testing import activations, relative_error, unit_scale_planes
 
 from nvfp4_conformance.calls import call_prepared, call_verb, check_qmm, own_encoding
 from nvfp4_conformance.cases import case_rng, nonfinite_rows_case, realistic_weight
@@ -245,12 +245,7 @@ def _signed_blocks(k: int, n: int) -> NVFP4Planes:
     codes[1, 16:32] = 10
     rng = case_rng("w4a8_infinite_d", k, n)
     codes[2:] = np.where(rng.random((n - 2, k)) < 0.5, 2, 10)
-    return NVFP4Planes(
-        codes=reference.pack_codes(codes),
-        scales=np.full((n, k // 16), 0x38, np.uint8),
-        global_scale=np.asarray(1.0, np.float32),
-        name="t4.w4a8_signed_blocks",
-    )
+    return unit_scale_planes(codes, name="t4.w4a8_signed_blocks")
 
 
 @pytest.mark.requires_capability("w4a8")

@@ -5,8 +5,8 @@ share. Installed code imports it, so nothing here imports pytest at module level
   (:func:`relative_error`, :func:`error_figures`, :func:`assert_within`);
 * :mod:`nvfp4.testing.data` - seeded test weights and activations (:func:`random_planes`,
   :func:`realistic_weight`, :func:`activations`, the shapes of a Llama layer
-  :func:`llama_layer_shapes`), :func:`raw_planes` (unchecked) and the crafted activations
-  of the encoder tests (:func:`rows_across_magnitudes`, :func:`zero_blocks`,
+  :func:`llama_layer_shapes`), :func:`raw_planes` (unchecked), :func:`unit_scale_planes`
+  (the weight is its codes) and the crafted activations of the encoder tests (:func:`rows_across_magnitudes`, :func:`zero_blocks`,
   :func:`nonfinite_blocks`, :func:`scattered_inf`, :func:`q8_exact_halves`);
 * :mod:`nvfp4.testing.modules` - :func:`module_from_file`: a script, benchmark or build
   hook that is not an installed module, imported from its path;
@@ -31,6 +31,7 @@ from .data import (
     realistic_weight,
     rows_across_magnitudes,
     scattered_inf,
+    unit_scale_planes,
     unrouted_nonfinite_rows,
     zero_blocks,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "relative_error",
     "rows_across_magnitudes",
     "scattered_inf",
+    "unit_scale_planes",
     "unrouted_nonfinite_rows",
     "zero_blocks",
 ]

@@ -32,6 +32,7 @@ __all__ = [
     "realistic_weight",
     "rows_across_magnitudes",
     "scattered_inf",
+    "unit_scale_planes",
     "unrouted_nonfinite_rows",
     "zero_blocks",
 ]
@@ -187,6 +188,19 @@ def q8_exact_halves(rng: np.random.Generator, m: int, k: int) -> npt.NDArray[np.
     x = (rng.integers(-126, 126, size=(m, k)) + 0.5).astype(np.float32)
     x[:, ::Q8_BLOCK_SIZE] = np.float32(127.0)
     return x
+
+
+def unit_scale_planes(codes: Any, name: str = "w") -> NVFP4Planes:
+    """Planes of the E2M1 codes ``[n, k]`` (one code a byte, unpacked) with every scale
+    byte 0x38 (1.0) and global 1, so the weight is ``e2m1(codes)`` exactly: code 2 is 1.0,
+    10 is -1.0, 0 is 0. For cases whose expected output follows from the codes alone."""
+    c = np.asarray(codes, dtype=np.uint8)
+    return NVFP4Planes(
+        codes=reference.pack_codes(c),
+        scales=np.full((c.shape[0], c.shape[1] // BLOCK_SIZE), 0x38, np.uint8),
+        global_scale=np.asarray(1.0, np.float32),
+        name=name,
+    )
 
 
 def raw_planes(
