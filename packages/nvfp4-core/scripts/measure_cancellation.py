@@ -4,9 +4,9 @@ Spec 1.0-1.2 bound one call's error by ``max|y - ref| / max|ref|`` and allow flo
 accumulation "in any order". Those two cannot both hold where an output's sum cancels: the
 error of a float32 sum is a few units of ``2^-24 * S``, where ``S = sum_k |x[m,k] * w[n,k]|``
 (the decoded weights with their globals), and ``S / max|ref|`` has no bound. On the input
-of :func:`contradiction` (one output, K = 32: two blocks of +6 * 448 and -6 * 448 times
-nearly equal activations) every order ``measure_tolerances.py`` measured to set the
-tolerances is off by 27-29 % of ``max|ref|``, against a tolerance of 1e-4.
+of :func:`nvfp4.testing.cancelling_blocks` (one output, K = 32: two blocks of +6 * 448 and
+-6 * 448 times nearly equal activations) every order ``measure_tolerances.py`` measured to
+set the tolerances is off by 27-29 % of ``max|ref|``, against a tolerance of 1e-4.
 
 This script measures, for the same orders (``measure_tolerances.VARIANTS``: one float32
 BLAS matmul, split-K in chunks of 16 and 256, per-block ``sum(x * e2m1) * e4m3`` added in
@@ -62,7 +62,7 @@ from nvfp4.dtypes import OUTPUT_DTYPES
 from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import E4M3_VALUES, Q8_BLOCK_SIZE
 from nvfp4.spec_files import tomllib
-from nvfp4.testing import relative_error
+from nvfp4.testing import cancelling_blocks, relative_error
 from nvfp4.tolerances import tolerance
 
 F32 = npt.NDArray[np.float32]
@@ -96,22 +96,6 @@ def sequential(x: F32, w: NVFP4Planes, wv: F32) -> F32:
 
 #: The orders measured: ``measure_tolerances``' and the sequential loop.
 ORDERS = {**mt.VARIANTS, "sequential": sequential}
-
-
-def contradiction() -> tuple[F32, NVFP4Planes]:
-    """One output, K = 32: block 0 is +6 x 448 sixteen times, block 1 is -6 x 448, and x's
-    second half is its first plus 2^-20-sized noise. Valid planes, finite x."""
-    codes = np.zeros((1, 16), np.uint8)
-    codes[0, :8] = 0x77  # code 7 (+6.0) in both nibbles
-    codes[0, 8:] = 0xFF  # code 15 (-6.0)
-    scales = np.array([[0x7E, 0x7E]], np.uint8)  # 448
-    w = NVFP4Planes(
-        codes=codes, scales=scales, global_scale=np.asarray(1.0, np.float32), name="cancel"
-    )
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal(16).astype(np.float32)
-    b = (a + np.float32(2.0**-20) * rng.standard_normal(16).astype(np.float32)).astype(np.float32)
-    return np.concatenate([a, b])[None, :].astype(np.float32), w
 
 
 def absolute_sums(x: F32, w: NVFP4Planes) -> F64:
@@ -279,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         args.floor = float(tomllib.loads(draft.read_text())["accumulation_floor"]["factor"])
     t0 = time.perf_counter()
 
-    x, w = contradiction()
+    x, w = cancelling_blocks()
     full = ref.qmm(x, w, out_dtype=None)
     wv, g = ref.dequantize_unscaled(w), w.row_global()
     demo = {

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from nvfp4 import reference, spec
 from nvfp4.spec_files import tomllib
+from nvfp4.testing import cancelling_blocks
 from nvfp4.tolerances import tolerance, tolerances_for
 
 CORE = Path(__file__).resolve().parents[1]
@@ -54,7 +55,7 @@ def test_the_floor_covers_the_input_on_which_1_2_contradicts_itself() -> None:
     # every matmul path of 1.2 (those with per-dtype numbers on max|y - ref| / max|ref|)
     assert floor["paths"] == ["qmm", "gather_qmm", "w4a4", "w4a8", "w4a8_fp8"]
     assert set(floor["paths"]) <= set(tolerances_for("1.2"))
-    x, w = mc.contradiction()
+    x, w = cancelling_blocks()
     full = np.asarray(reference.qmm(x, w, out_dtype=None), np.float64)
     peak = float(np.abs(full).max())
     bound = floor["factor"] * mc.unit(x.shape[1]) * mc.absolute_sums(x, w)
@@ -73,7 +74,7 @@ def test_an_exact_zero_is_asked_only_where_s_is_zero() -> None:
     """1.0-1.2 ask y = 0 exactly when max|ref| = 0; where the sum cancels to exactly 0 a
     float32 order does not give it (one BLAS call, the sequential loop), and the floor
     holds them; only S = 0 (a zero row of x) leaves no room."""
-    x, w = mc.contradiction()
+    x, w = cancelling_blocks()
     x[0, 16:] = x[0, :16]  # the second block's activations equal the first's: ref = 0
     x = np.concatenate([x, np.zeros_like(x)])  # and a zero row: S = 0
     full = np.asarray(reference.qmm(x, w, out_dtype=None), np.float64)

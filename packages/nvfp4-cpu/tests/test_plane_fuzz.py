@@ -56,7 +56,7 @@ import pytest
 from nvfp4 import reference
 from nvfp4.planes import NVFP4Planes, PlaneError
 from nvfp4.registry import discover
-from nvfp4.testing import assert_within
+from nvfp4.testing import assert_within, cancelling_blocks
 from nvfp4.tolerances import tolerance
 
 CASES = int(os.environ.get("NVFP4_PLANE_FUZZ_CASES", "2000"))
@@ -453,15 +453,7 @@ def test_a_failure_on_a_cancelling_sum_says_how_far_it_cancels() -> None:
     output, K = 32: a block of +6 x 448 against one of -6 x 448, activations equal but for
     2^-20-sized noise) fails the 1.2 tolerance, and the message gives S / max|ref| and the
     error in the draft floor's units."""
-    codes = np.zeros((1, 16), np.uint8)
-    codes[0, :8], codes[0, 8:] = 0x77, 0xFF  # +6.0 and -6.0 in both nibbles
-    planes = NVFP4Planes(
-        codes=codes, scales=np.array([[0x7E, 0x7E]], np.uint8), global_scale=np.float32(1)
-    )
-    gen = np.random.default_rng(0)
-    a = gen.standard_normal(16).astype(np.float32)
-    b = a + np.float32(2.0**-20) * gen.standard_normal(16).astype(np.float32)
-    x = np.concatenate([a, b])[None, :].astype(np.float32)
+    x, planes = cancelling_blocks()
     case = Case(verb="qmm", planes=planes, x=x, dtype="float32")
     w = reference.dequantize(planes, "float32")
     acc = np.float32(0.0)

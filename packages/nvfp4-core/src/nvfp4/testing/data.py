@@ -23,6 +23,7 @@ from ..spec import BLOCK_SIZE, GLOBAL_AMAX_DIVISOR, Q8_BLOCK_SIZE
 
 __all__ = [
     "activations",
+    "cancelling_blocks",
     "globals_for",
     "llama_layer_shapes",
     "nonfinite_blocks",
@@ -201,6 +202,26 @@ def unit_scale_planes(codes: Any, name: str = "w") -> NVFP4Planes:
         global_scale=np.asarray(1.0, np.float32),
         name=name,
     )
+
+
+def cancelling_blocks() -> tuple[npt.NDArray[np.float32], NVFP4Planes]:
+    """``(x [1, 32], planes [1, 32])``, valid and finite, whose one output cancels: weight
+    block 0 is +6 x 448 sixteen times and block 1 -6 x 448, x's second half its first plus
+    2^-20-sized noise. Every float32 order of the sum is off by a large part of the result
+    (spec draft 1.3, "Tolerances")."""
+    codes = np.zeros((1, 16), np.uint8)
+    codes[0, :8] = 0x77  # code 7 (+6.0) in both nibbles
+    codes[0, 8:] = 0xFF  # code 15 (-6.0)
+    planes = NVFP4Planes(
+        codes=codes,
+        scales=np.array([[0x7E, 0x7E]], np.uint8),  # 448
+        global_scale=np.asarray(1.0, np.float32),
+        name="cancel",
+    )
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(16).astype(np.float32)
+    b = (a + np.float32(2.0**-20) * rng.standard_normal(16).astype(np.float32)).astype(np.float32)
+    return np.concatenate([a, b])[None, :].astype(np.float32), planes
 
 
 def raw_planes(
