@@ -70,6 +70,7 @@ def check_qmm(
     what: str | None = None,
     for_information: Mapping[str, Any] | None = None,
     figures: Mapping[str, Any] | None = None,
+    a: Any = None,
     **kwargs: Any,
 ) -> None:
     """One T4 case of a matmul verb (``qmm``, ``qmm_w4a8``, ``qmm_w4a4``,
@@ -78,10 +79,14 @@ def check_qmm(
     ``case`` - its dtype, shape ``[M, K, N]``, ``kwargs`` (the input scale the verb was
     given), ``figures`` and ``for_information`` - and held within ``tolerance(path, dtype)``
     of ``ref``, ``path`` being the verb less its ``qmm_`` (:func:`record_within`; a failure
-    names ``"<verb> <what> <dtype>"``, ``what`` being ``case`` when not given)."""
+    names ``"<verb> <what> <dtype>"``, ``what`` being ``case`` when not given). From spec
+    1.3 an output also conforms within its accumulation floor, over ``a``: what the path
+    multiplied (x when not given; the activations the backend's encoder gave for W4A4 and
+    W4A8)."""
     (m, k), n = x.shape, planes.n
     y = call_prepared(backend, verb, x, planes, shape=(m, n), dtype=dtype, **kwargs)
-    tol = float(tolerance(verb.removeprefix("qmm_"), dtype))
+    path = verb.removeprefix("qmm_")
+    tol = float(tolerance(path, dtype))
     record_within(
         record,
         case,
@@ -90,11 +95,25 @@ def check_qmm(
         tol,
         f"{verb} {case if what is None else what} {dtype}",
         for_information=for_information,
+        allowance=floor_of(tolerance, path, x if a is None else a, planes, ref, dtype),
         dtype=dtype,
         shape=[m, k, n],
         **kwargs,
         **(figures or {}),
     )
+
+
+def floor_of(
+    tolerance: Any, path: str, a: Any, w: Any, ref: Any, dtype: str, expert_ids: Any = None
+) -> npt.NDArray[np.float64] | None:
+    """The accumulation floor of every output (``tolerance``: the ``nvfp4_tolerance``
+    fixture, :class:`~nvfp4_conformance.spec_tolerances.SpecBounds`), ``None`` where the
+    version certified has none; a plain ``(path, dtype)`` callable has none either."""
+    allowance = getattr(tolerance, "allowance", None)
+    if allowance is None:
+        return None
+    floor: npt.NDArray[np.float64] | None = allowance(path, a, w, ref, dtype, expert_ids)
+    return floor
 
 
 def own_encoding(backend: Any, verb: str, x: npt.NDArray[Any], *args: Any) -> Any:

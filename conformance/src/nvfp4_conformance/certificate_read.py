@@ -27,7 +27,7 @@ TIER_NAMES = {
     "T7": "sharded",
 }
 #: Figures a test measures against the ``tolerance`` it records, most telling first.
-_MEASURED = ("max_rel_err", "disagreement_fraction")
+_MEASURED = ("max_rel_err_beyond_floor", "max_rel_err", "disagreement_fraction")
 
 
 def read_certificate(path: str | Path) -> dict[str, Any]:

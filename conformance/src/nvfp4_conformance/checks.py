@@ -4,7 +4,8 @@
   elements differ, the first few with found and expected values, and a caller-supplied
   explanation of each (the code, scale byte and global behind a decoded element);
 * :func:`error_figures` / :func:`assert_within` - T4: ``max|y - ref|``, ``max|ref|`` and
-  their ratio against a tolerance (the one measure of :mod:`nvfp4.testing.errors`, with
+  their ratio against a tolerance (from spec 1.3 over the outputs beyond their accumulation
+  floor) (the one measure of :mod:`nvfp4.testing.errors`, with
   its rules for zero, empty and non-finite arrays), with a diagnosis per row group
   (partition, expert) that names the group whose error is out of line and the factor it
   is off by (a dropped or misapplied global shows up as a constant ratio);
@@ -120,10 +121,13 @@ def assert_within(
     what: str,
     *,
     groups: Mapping[str, tuple[tuple[npt.NDArray[np.bool_] | slice, ...], float]] | None = None,
+    allowance: npt.NDArray[np.float64] | None = None,
 ) -> dict[str, Any]:
-    """Fail unless ``max|found - ref| / max|ref| <= tol`` (and ``found`` is finite); return
-    the error figures otherwise. ``groups`` (label -> (index, global)) names row groups -
-    partitions, experts - for the diagnosis of a failure."""
+    """Fail unless ``max|found - ref| / max|ref| <= tol`` (and ``found`` is finite) - over
+    the outputs beyond their accumulation floor when ``allowance`` gives it (spec 1.3,
+    :meth:`~nvfp4_conformance.spec_tolerances.SpecBounds.allowance`); return the error
+    figures otherwise. ``groups`` (label -> (index, global)) names row groups - partitions,
+    experts - for the diagnosis of a failure."""
 
     def diagnose() -> list[str]:
         assert groups is not None
@@ -135,7 +139,9 @@ def assert_within(
         lines.extend(global_mixup_hint(found, ref, groups))
         return lines
 
-    return testing.assert_within(found, ref, tol, what, diagnose=diagnose if groups else None)
+    return testing.assert_within(
+        found, ref, tol, what, diagnose=diagnose if groups else None, allowance=allowance
+    )
 
 
 def record_within(
@@ -148,15 +154,17 @@ def record_within(
     *,
     groups: Mapping[str, tuple[tuple[npt.NDArray[np.bool_] | slice, ...], float]] | None = None,
     for_information: Mapping[str, Any] | None = None,
+    allowance: npt.NDArray[np.float64] | None = None,
     **case_figures: Any,
 ) -> None:
     """Record ``case`` in the certificate (``record``: the ``nvfp4_record`` fixture) - its
     ``case_figures`` (dtype, shape, ...), the tolerance ``tol``, ``for_information`` (figures
-    that are not judged) and :func:`error_figures` of ``found`` against ``ref`` - pass or
-    fail, then :func:`assert_within` them."""
-    figs = error_figures(found, ref)
+    that are not judged) and :func:`error_figures` of ``found`` against ``ref`` (with the
+    accumulation floor's figures where ``allowance`` is given) - pass or fail, then
+    :func:`assert_within` them."""
+    figs = error_figures(found, ref, allowance, tol)
     record(case, **case_figures, tolerance=tol, **(for_information or {}), **figs)
-    assert_within(found, ref, tol, what, groups=groups)
+    assert_within(found, ref, tol, what, groups=groups, allowance=allowance)
 
 
 def global_mixup_hint(

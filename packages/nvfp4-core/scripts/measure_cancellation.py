@@ -51,13 +51,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import measure_tolerances as mt
 from nvfp4 import reference as ref
+from nvfp4.accumulation_floor import absolute_sums, output_spacing, unit
 from nvfp4.dtypes import OUTPUT_DTYPES
 from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import E4M3_VALUES, Q8_BLOCK_SIZE
@@ -67,18 +67,6 @@ from nvfp4.tolerances import tolerance
 
 F32 = npt.NDArray[np.float32]
 F64 = npt.NDArray[np.float64]
-#: float32's unit roundoff.
-U32 = 2.0**-24
-
-
-def unit(k: int) -> float:
-    """The unit the errors are measured in, per ``S``: ``sqrt(K) * 2^-24``. Rounding errors
-    of a float32 sum behave like a random walk, so the error of K additions grows like
-    sqrt(K) (probabilistic rounding error analysis; the worst case, K * 2^-24, needs every
-    rounding to go one way). The measurements below show that growth."""
-    return float(np.sqrt(k)) * U32
-
-
 #: (M, N) of the cancelling cases: single outputs and a few rows and columns.
 SMALL_MN = ((1, 1), (1, 7), (3, 1), (3, 7))
 
@@ -96,20 +84,6 @@ def sequential(x: F32, w: NVFP4Planes, wv: F32) -> F32:
 
 #: The orders measured: ``measure_tolerances``' and the sequential loop.
 ORDERS = {**mt.VARIANTS, "sequential": sequential}
-
-
-def absolute_sums(x: F32, w: NVFP4Planes) -> F64:
-    """``S[m, n] = sum_k |x[m, k] * w[n, k]|`` in float64 (w decoded with its globals)."""
-    wd = ref.dequantize(w, "float32").astype(np.float64)
-    return np.asarray(np.abs(x.astype(np.float64)) @ np.abs(wd).T, np.float64)
-
-
-def spacing(v: F64, dtype: str) -> F64:
-    """One spacing of ``dtype`` at ``|v|`` (its subnormal spacing below the normal range)."""
-    info = ml_dtypes.finfo(OUTPUT_DTYPES[dtype])  # numpy < 2 has no finfo of bfloat16
-    mant = int(info.nmant)
-    e = np.floor(np.log2(np.maximum(np.abs(v), float(info.tiny))))
-    return np.asarray(2.0 ** (e - mant), np.float64)
 
 
 def spread_cases(quick: bool) -> Iterator[tuple[str, F32, NVFP4Planes]]:
@@ -221,7 +195,7 @@ def floor_units(label: str, x: F32, w: NVFP4Planes, worst: Worst) -> None:
             if not np.isfinite(full).all():
                 continue
             s = absolute_sums(ops.a * ops.ga, w)
-            slack = 0.0 if dname == "float32" else spacing(full, dname)
+            slack = output_spacing(full, dname)
             gxw = (g * ops.ga).astype(np.float32)
             results = {name: acc(ops.a, w, wv) for name, acc in ORDERS.items()} | ops.extra
             for vname, y32 in results.items():

@@ -358,6 +358,9 @@ def test_tolerances_module_equals_toml(
     data = dict(toml_data)
     assert data.pop("spec_version") == version
     assert data.pop("metric") == tolerances.METRIC
+    floor = data.pop(tolerances.FLOOR_TABLE, None)
+    read = tolerances.accumulation_floor(version)
+    assert (None if read is None else {"factor": read.factor, "paths": list(read.paths)}) == floor
     mirrored = {path: dict(table) for path, table in tolerance_table.items()}
     assert data == mirrored, (
         f"nvfp4.tolerances.tolerances_for({version!r}) differs from "

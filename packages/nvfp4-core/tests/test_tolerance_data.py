@@ -50,6 +50,17 @@ RELEASED_NUMBERS["1.2"] = {
     **RELEASED_NUMBERS["1.1"],
     "row_parallel": {"float32": 1e-4, "float16": 1e-3, "bfloat16": 1e-2},
 }
+#: 1.3: 1.2's numbers; its accumulation floor is no table of numbers (RELEASED_FLOORS).
+RELEASED_NUMBERS["1.3"] = RELEASED_NUMBERS["1.2"]
+#: The accumulation floor of each version: none before 1.3.
+RELEASED_FLOORS: dict[str, tolerances.AccumulationFloor | None] = {
+    "1.0": None,
+    "1.1": None,
+    "1.2": None,
+    "1.3": tolerances.AccumulationFloor(
+        factor=2.5, paths=("qmm", "gather_qmm", "w4a4", "w4a8", "w4a8_fp8")
+    ),
+}
 
 
 def _plain(table: Any) -> dict[str, dict[str, float]]:
@@ -66,6 +77,7 @@ def test_released_numbers_are_unchanged(version: str) -> None:
         for key, number in numbers.items():
             assert type(number) is float, f"[{path}] {key} = {number!r}"
             assert tolerances.tolerance(path, key, spec=version) == number
+    assert tolerances.accumulation_floor(version) == RELEASED_FLOORS[version]
 
 
 def test_module_names_are_unchanged() -> None:
@@ -80,9 +92,11 @@ def test_module_names_are_unchanged() -> None:
         "METRIC",
         "TOLERANCES",
         "TOLERANCES_SPEC_VERSION",
+        "accumulation_floor",
         "tolerance",
         "tolerances_for",
     }
+    assert tolerances.accumulation_floor() == RELEASED_FLOORS[newest]
 
 
 # ------------------------------------------------------------- where the files are read
@@ -126,7 +140,7 @@ def test_package_data_wins_and_is_what_is_read(
     )
     monkeypatch.setattr(spec_files.resources, "files", lambda _package: tmp_path)
     assert Path(str(tolerances.data_file(version))) == data / "tolerances.toml"
-    _, table = tolerances._read(version)
+    _, table, _ = tolerances._read(version)
     assert table["qmm"]["float32"] == 5e-5 != tolerances.TOLERANCES["qmm"]["float32"]
 
 
@@ -180,7 +194,7 @@ def test_the_build_packages_every_released_version(hook: types.ModuleType) -> No
         } | {
             str(spec_dir / v / "deviations.toml"): f"{prefix}/spec_data/{v}/deviations.toml"
             for v in spec.SUPPORTED_SPEC_VERSIONS
-            if spec.version_key(v) >= (1, 2)  # the registry, from 1.2
+            if (spec_dir / v / "deviations.toml").is_file()  # the registry: 1.2's (1.3 keeps it)
         } | {
             str(spec_dir / "draft" / name): f"{prefix}/spec_data/draft/{name}"
             for name in hook.DRAFT_FILES

@@ -26,7 +26,7 @@ from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import GLOBAL_AMAX_DIVISOR
 from nvfp4.testing import activations, unit_scale_planes, unrouted_nonfinite_rows
 
-from nvfp4_conformance.calls import call_prepared, call_verb, check_qmm, own_encoding
+from nvfp4_conformance.calls import call_prepared, call_verb, check_qmm, floor_of, own_encoding
 from nvfp4_conformance.cases import case_rng, nonfinite_rows_case, realistic_weight
 from nvfp4_conformance.checks import as_float64, assert_within, error_figures, record_within
 from nvfp4_conformance.sizing import matmul_params
@@ -175,6 +175,7 @@ def test_qmm_fused_partitions(
         tol,
         f"qmm fused {label} {dtype}",
         groups=_partition_groups(planes),
+        allowance=floor_of(nvfp4_tolerance, "qmm", x, planes, ref, dtype),
         dtype=dtype,
         shape=[m, k, parts[-1]],
     )
@@ -247,7 +248,9 @@ def _check_gather(
     oob = (ids < 0) | (ids >= e)
     tol = float(nvfp4_tolerance("gather_qmm", dtype))
     inb = ~oob
-    figs = error_figures(y[inb], ref[inb])
+    floor = floor_of(nvfp4_tolerance, "gather_qmm", x, planes, ref, dtype, ids)
+    floor_in = None if floor is None else floor[inb]
+    figs = error_figures(y[inb], ref[inb], floor_in, tol)
     nonzero_oob = int(
         np.count_nonzero(as_float64(y[oob]) != 0) + np.count_nonzero(np.isnan(as_float64(y[oob])))
     )
@@ -277,6 +280,7 @@ def _check_gather(
         tol,
         f"gather_qmm {label} {dtype}",
         groups=_expert_groups(planes, ids[inb]),
+        allowance=floor_in,
     )
 
 
@@ -387,6 +391,7 @@ def test_gather_qmm_false_sorted_hint(
         tol,
         "gather_qmm with a false sorted_indices hint must not return wrong rows",
         groups=_expert_groups(planes, ids),
+        allowance=floor_of(nvfp4_tolerance, "gather_qmm", x, planes, ref, "float32", ids),
         behaviour="ignored",
     )
 
@@ -394,13 +399,14 @@ def test_gather_qmm_false_sorted_hint(
 # ----------------------------------------------------------------------------- W4A4
 def w4a4_reference(
     backend: Any, x: npt.NDArray[Any], w: NVFP4Planes, input_scale: Any
-) -> npt.NDArray[np.float64]:
+) -> tuple[npt.NDArray[np.float64], NVFP4Planes]:
     """Spec 1.0's W4A4 reference: ``(decoded x @ decoded w.T) * global_x * global_w`` in
     float64, with x quantized by the backend's own activation encoder when it declares one
-    (its encoder is judged in T2), else by the reference's."""
+    (its encoder is judged in T2), else by the reference's; and those activation planes
+    (what the path multiplies: the accumulation floor's ``a``)."""
     xp = own_encoding(backend, "quantize_activations", x, input_scale)
     with np.errstate(invalid="ignore"):
-        return reference.w4a4_from_activations(xp, w)
+        return reference.w4a4_from_activations(xp, w), xp
 
 
 W4A4 = [
@@ -436,7 +442,7 @@ def test_qmm_w4a4(
     input_scale = None
     if scale == "static":
         input_scale = float(np.abs(as_float64(x)).max() / GLOBAL_AMAX_DIVISOR * 1.5)
-    ref = w4a4_reference(nvfp4_backend, x, planes, input_scale)
+    ref, xp = w4a4_reference(nvfp4_backend, x, planes, input_scale)
     check_qmm(
         nvfp4_backend,
         nvfp4_record,
@@ -447,6 +453,7 @@ def test_qmm_w4a4(
         planes,
         ref,
         dtype,
+        a=xp,
         input_scale=input_scale,
     )
 
@@ -463,8 +470,9 @@ def test_qmm_w4a4_nonfinite_rows(
     good = np.array([0, 2, 3, 5])
     finite_bad = [int(r) for r in bad if np.isfinite(y[r]).all()]
     assert not finite_bad, f"rows {finite_bad} hold NaN/Inf in x but came out finite"
-    ref = w4a4_reference(nvfp4_backend, x, planes, None)
+    ref, xp = w4a4_reference(nvfp4_backend, x, planes, None)
     tol = float(nvfp4_tolerance("w4a4", "float32"))
+    floor = floor_of(nvfp4_tolerance, "w4a4", xp, planes, ref, "float32")
     record_within(
         nvfp4_record,
         "nonfinite_rows",
@@ -472,5 +480,6 @@ def test_qmm_w4a4_nonfinite_rows(
         ref[good],
         tol,
         "qmm_w4a4 finite rows next to non-finite ones",
+        allowance=None if floor is None else floor[good],
         dtype="float32",
     )

@@ -21,7 +21,7 @@ from nvfp4.dtypes import OUTPUT_DTYPES
 from nvfp4.planes import NVFP4Planes
 from nvfp4.testing import activations, relative_error, unit_scale_planes
 
-from nvfp4_conformance.calls import call_prepared, call_verb, check_qmm, own_encoding
+from nvfp4_conformance.calls import call_prepared, call_verb, check_qmm, floor_of, own_encoding
 from nvfp4_conformance.cases import case_rng, nonfinite_rows_case, realistic_weight
 from nvfp4_conformance.checks import as_float64, record_within
 from nvfp4_conformance.sizing import matmul_params
@@ -46,18 +46,23 @@ SHAPES = [
 ]
 
 
-def q8_reference(backend: Any, x: npt.NDArray[Any], w: NVFP4Planes) -> npt.NDArray[np.float64]:
-    """W4A8 int8 in float64 on the backend's own int8 activations (or the reference's)."""
+Expected = tuple[npt.NDArray[np.float64], Any]
+
+
+def q8_reference(backend: Any, x: npt.NDArray[Any], w: NVFP4Planes) -> Expected:
+    """W4A8 int8 in float64 on the backend's own int8 activations (or the reference's), and
+    those activations (what the path multiplies: the accumulation floor's ``a``)."""
     xq = own_encoding(backend, "quantize_activations_q8", x)
-    return reference.w4a8_from_activations(xq, w)
+    return reference.w4a8_from_activations(xq, w), xq
 
 
 def fp8_reference(
     backend: Any, x: npt.NDArray[Any], w: NVFP4Planes, scale: float | None
-) -> npt.NDArray[np.float64]:
-    """W4A8 FP8 in float64 on the backend's own FP8 activations (or the reference's)."""
+) -> Expected:
+    """W4A8 FP8 in float64 on the backend's own FP8 activations (or the reference's), and
+    those activations."""
     xq = own_encoding(backend, "quantize_activations_fp8", x, scale)
-    return reference.w4a8_fp8_from_activations(xq, w)
+    return reference.w4a8_fp8_from_activations(xq, w), xq
 
 
 def _vs_w4a16(ref: npt.NDArray[np.float64], x: npt.NDArray[Any], w: NVFP4Planes) -> float:
@@ -76,7 +81,7 @@ def test_qmm_w4a8(
     rng = case_rng("w4a8", m, k, n)
     planes = realistic_weight(rng, n, k, name=f"t4.w4a8_{n}x{k}")
     x = activations(rng, m, k, dtype)
-    ref = q8_reference(nvfp4_backend, x, planes)
+    ref, xq = q8_reference(nvfp4_backend, x, planes)
     check_qmm(
         nvfp4_backend,
         nvfp4_record,
@@ -89,6 +94,7 @@ def test_qmm_w4a8(
         dtype,
         what=f"M={m} K={k} N={n}",
         for_information={"w4a8_vs_w4a16": _vs_w4a16(ref, x, planes)},
+        a=xq,
     )
 
 
@@ -105,13 +111,21 @@ def test_qmm_w4a8_fused_partitions(
     w[64:80] *= 100.0
     planes = reference.quantize(w, partitions=parts, name="t4.w4a8_qkv")
     x = activations(rng, 5, 256, dtype)
-    ref = q8_reference(nvfp4_backend, x, planes)
+    ref, xq = q8_reference(nvfp4_backend, x, planes)
     y = call_prepared(nvfp4_backend, "qmm_w4a8", x, planes, shape=(5, 96), dtype=dtype)
     tol = float(nvfp4_tolerance("w4a8", dtype))
+    floor = floor_of(nvfp4_tolerance, "w4a8", xq, planes, ref, dtype)
     for a, b in itertools.pairwise(parts):
         rows = f"partition rows {a}..{b - 1}"
         record_within(
-            nvfp4_record, rows, y[:, a:b], ref[:, a:b], tol, f"qmm_w4a8 {rows}", dtype=dtype
+            nvfp4_record,
+            rows,
+            y[:, a:b],
+            ref[:, a:b],
+            tol,
+            f"qmm_w4a8 {rows}",
+            allowance=None if floor is None else floor[:, a:b],
+            dtype=dtype,
         )
 
 
@@ -161,7 +175,8 @@ def test_gather_qmm_w4a8(
         we = NVFP4Planes(
             planes.codes[expert], planes.scales[expert], planes.global_scale[expert], name="e"
         )
-        ref[rows] = q8_reference(nvfp4_backend, x[rows], we)
+        ref[rows] = q8_reference(nvfp4_backend, x[rows], we)[0]
+    xq = own_encoding(nvfp4_backend, "quantize_activations_q8", x)
     outside = as_float64(y)[~valid]
     assert (outside == 0).all(), "rows with an out-of-range expert id must be exactly zero"
     tol = float(nvfp4_tolerance("w4a8", dtype))
@@ -172,6 +187,8 @@ def test_gather_qmm_w4a8(
         ref,
         tol,
         f"gather_qmm_w4a8 {label} {dtype}",
+        # int8 activations are per row: x's, whatever rows are routed together
+        allowance=floor_of(nvfp4_tolerance, "w4a8", xq, planes, ref, dtype, ids),
         dtype=dtype,
         sorted=sort,
     )
@@ -203,7 +220,7 @@ def _check_nonfinite_rows(
     tolerance: Any,
     tag: str,
     inf: float,
-    reference_of: Callable[[Any, npt.NDArray[Any], NVFP4Planes], npt.NDArray[np.float64]],
+    reference_of: Callable[[Any, npt.NDArray[Any], NVFP4Planes], Expected],
 ) -> None:
     """``qmm_<tag>`` on x with NaN in row 1, ``inf`` in row 4 and a zero row 5: those rows
     give NaN and exactly zero, rows 0, 2 and 3 stay within ``[<tag>] float32`` of
@@ -214,8 +231,9 @@ def _check_nonfinite_rows(
     assert np.isnan(y[[1, 4]]).all(), "rows holding NaN/Inf in x must give NaN outputs"
     assert (y[5] == 0).all(), "a zero row of x must give an exactly zero output row"
     good = np.array([0, 2, 3])
-    ref = reference_of(backend, x, planes)
+    ref, a = reference_of(backend, x, planes)
     tol = float(tolerance(tag, "float32"))
+    floor = floor_of(tolerance, tag, a, planes, ref, "float32")
     record_within(
         record,
         "nonfinite_rows",
@@ -223,6 +241,7 @@ def _check_nonfinite_rows(
         ref[good],
         tol,
         f"qmm_{tag} finite rows next to non-finite ones",
+        allowance=None if floor is None else floor[good],
         dtype="float32",
     )
 
@@ -264,7 +283,7 @@ def test_qmm_w4a8_rows_with_an_infinite_d(
     x[1, :32] = 1e10
     x[2, 32:48] = -3e12  # half a block: d = inf in block 1, codes 0 in its other half
     y = call_prepared(nvfp4_backend, "qmm_w4a8", x, planes, shape=(m, n), dtype="float32")
-    ref = q8_reference(nvfp4_backend, x, planes)
+    ref, xq = q8_reference(nvfp4_backend, x, planes)
     assert ref[1, 0] == np.inf, "the case itself: both terms +inf"
     assert np.isnan(ref[1, 1]), "the case itself: a +inf and a -inf term"
     for r in (1, 2):
@@ -278,6 +297,7 @@ def test_qmm_w4a8_rows_with_an_infinite_d(
         assert not np.isinf(got[~inf]).any(), f"row {r}: an infinity where the terms give NaN"
     good = np.array([0, 3])
     tol = float(nvfp4_tolerance("w4a8", "float32"))
+    floor = floor_of(nvfp4_tolerance, "w4a8", xq, planes, ref, "float32")
     record_within(
         nvfp4_record,
         "infinite_d",
@@ -285,6 +305,7 @@ def test_qmm_w4a8_rows_with_an_infinite_d(
         ref[good],
         tol,
         "qmm_w4a8 finite rows next to rows with an infinite d",
+        allowance=None if floor is None else floor[good],
         dtype="float32",
     )
 
@@ -336,7 +357,7 @@ def test_qmm_w4a8_fp8(
         input_scale = amax / 448 * 1.5
     elif scale == "saturating":
         input_scale = amax / 448 / 4
-    ref = fp8_reference(nvfp4_backend, x, planes, input_scale)
+    ref, xq = fp8_reference(nvfp4_backend, x, planes, input_scale)
     check_qmm(
         nvfp4_backend,
         nvfp4_record,
@@ -349,6 +370,7 @@ def test_qmm_w4a8_fp8(
         dtype,
         for_information={"w4a8_vs_w4a16": _vs_w4a16(ref, x, planes)},
         figures={"input_scale_policy": "dynamic" if input_scale is None else "static"},
+        a=xq,
         input_scale=input_scale,
     )
 

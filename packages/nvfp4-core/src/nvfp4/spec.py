@@ -228,9 +228,21 @@ def _spec_1_2() -> SpecTables:
     return replace(_spec_1_1(), version="1.2")
 
 
+def _spec_1_3() -> SpecTables:
+    """Spec 1.3 (``spec/1.3/nvfp4.md``): 1.2's tables. What 1.3 adds, the accumulation floor
+    of the matmul bound, is a number of ``tolerances.toml`` (``[accumulation_floor]``,
+    :func:`nvfp4.tolerances.accumulation_floor`) computed by :mod:`nvfp4.accumulation_floor`."""
+    return replace(_spec_1_2(), version="1.3")
+
+
 #: Every released version's table, by version. A release adds one; none is ever removed or
 #: edited (a released folder under ``spec/`` is immutable, and so is its table).
-_RELEASED: dict[str, SpecTables] = {"1.0": _spec_1_0(), "1.1": _spec_1_1(), "1.2": _spec_1_2()}
+_RELEASED: dict[str, SpecTables] = {
+    "1.0": _spec_1_0(),
+    "1.1": _spec_1_1(),
+    "1.2": _spec_1_2(),
+    "1.3": _spec_1_3(),
+}
 
 
 def version_key(version: str) -> tuple[int, ...]:

@@ -25,8 +25,12 @@ activations) and ``w4a8_fp8`` numbers per output dtype, and ``quantize_q8`` (``r
 ``others``, ``boundary_window``) for int8 activation encoders.
 
 Spec 1.2 adds ``row_parallel`` (section "Sharding"): per output dtype, the bound of a
-row-parallel (K-sharded) matmul's float32-reduced sum. Every file's values are checked
-where they are read (:func:`parse_tables`). A draft's file (``spec/draft/``, while one is
+row-parallel (K-sharded) matmul's float32-reduced sum. Spec 1.3 adds
+``[accumulation_floor]``, which is not a table of numbers per dtype: the factor of the bound
+an output element of a matmul path also conforms within where its sum cancels, and the paths
+it applies to (:func:`accumulation_floor`; :mod:`nvfp4.accumulation_floor` computes the
+bound). Every file's values are checked where they are read (:func:`parse_tables`,
+:func:`parse_floor`). A draft's file (``spec/draft/``, while one is
 edited) is no released version: nothing here reads it.
 
 A lookup names the version it certifies (``tolerance("qmm", "float16", spec="1.0")``): a
@@ -37,10 +41,12 @@ newest version's. :data:`TOLERANCES` is the newest version's table.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final
 
 from ._moved import renamed
+from .contract import VERBS
 from .dtypes import dtype_name
 from .spec import SPEC_VERSION, SUPPORTED_SPEC_VERSIONS, released, version_key
 from .spec_files import SPEC_DATA as SPEC_DATA  # the package data folder: <version>/ under it
@@ -50,16 +56,35 @@ if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
 
 __all__ = [
+    "FLOOR_TABLE",
     "METRIC",
     "TOLERANCES",
     "TOLERANCES_SPEC_VERSION",
+    "AccumulationFloor",
+    "accumulation_floor",
     "data_file",
+    "parse_floor",
     "parse_tables",
     "tolerance",
     "tolerances_for",
 ]
 
 Table = Mapping[str, Mapping[str, float]]
+
+#: The table of a ``tolerances.toml`` (from spec 1.3) that holds the accumulation floor.
+FLOOR_TABLE: Final = "accumulation_floor"
+#: Keys of a file that are not tables of numbers.
+_NOT_NUMBERS: Final = ("spec_version", "metric", FLOOR_TABLE)
+
+
+@dataclass(frozen=True)
+class AccumulationFloor:
+    """Spec 1.3's floor of the matmul bound (``nvfp4.md``, "Tolerances"): an output element
+    ``(m, n)`` of a path in :attr:`paths` also conforms when ``|y - ref| <= factor *
+    sqrt(K) * 2^-24 * S[m, n] + spacing(|ref[m, n]|)`` (:mod:`nvfp4.accumulation_floor`)."""
+
+    factor: float
+    paths: tuple[str, ...]
 
 
 def data_file(version: str) -> Traversable:
@@ -90,10 +115,11 @@ def _toml(text: str, source: str) -> dict[str, Any]:
 def _tables(data: Mapping[str, Any], source: str) -> Table:
     """The tables of a parsed ``tolerances.toml``: every table's every value checked to be a
     finite number >= 0; an error names ``source``, the table, the key and what it found, in
-    one line. ``spec_version`` and ``metric`` are not tables."""
+    one line. ``spec_version``, ``metric`` and ``[accumulation_floor]`` (:func:`parse_floor`)
+    are not tables of numbers."""
     tables: dict[str, Mapping[str, float]] = {}
     for path, numbers in data.items():
-        if path in ("spec_version", "metric"):
+        if path in _NOT_NUMBERS:
             continue
         if not isinstance(numbers, dict):
             raise ValueError(f"{source}: [{path}]: expected a table, found {numbers!r}")
@@ -107,21 +133,56 @@ def _tables(data: Mapping[str, Any], source: str) -> Table:
     return MappingProxyType(tables)
 
 
-def _read(version: str) -> tuple[str, Table]:
-    """The metric and the numbers of ``version``'s file (read and parsed once), read-only;
-    its ``spec_version`` must be ``version``."""
+def parse_floor(data: Mapping[str, Any], tables: Table, source: str) -> AccumulationFloor | None:
+    """The ``[accumulation_floor]`` of a parsed ``tolerances.toml`` (``None`` where the file
+    has none: before spec 1.3), checked: exactly the keys ``factor`` (a finite number > 0)
+    and ``paths`` (a non-empty list of distinct names of the file's tables of matmul verbs). An error names ``source``, the key and what it found, in
+    one line."""
+    if FLOOR_TABLE not in data:
+        return None
+    floor = data[FLOOR_TABLE]
+    where = f"{source}: [{FLOOR_TABLE}]"
+    if not isinstance(floor, dict):
+        raise ValueError(f"{where}: expected a table, found {floor!r}")
+    if set(floor) != {"factor", "paths"}:
+        raise ValueError(f"{where}: expected the keys factor and paths, found {sorted(floor)}")
+    factor, paths = floor["factor"], floor["paths"]
+    number = isinstance(factor, (int, float)) and not isinstance(factor, bool)
+    if not number or not 0.0 < float(factor) < float("inf"):
+        raise ValueError(f"{where} factor: expected a finite number > 0, found {factor!r}")
+    # the paths of the matmul verbs (a verb's capability names its tolerance table)
+    matmul = sorted({v.capability for v in VERBS.values() if v.kind == "matmul"} & set(tables))
+    if (
+        not isinstance(paths, list)
+        or not paths
+        or len(set(map(str, paths))) != len(paths)
+        or not all(isinstance(p, str) and p in matmul for p in paths)
+    ):
+        raise ValueError(
+            f"{where} paths: expected a non-empty list of distinct paths among "
+            f"{', '.join(matmul)}, found {paths!r}"
+        )
+    return AccumulationFloor(factor=float(factor), paths=tuple(paths))
+
+
+def _read(version: str) -> tuple[str, Table, AccumulationFloor | None]:
+    """The metric, the numbers and the floor of ``version``'s file (read and parsed once),
+    read-only; its ``spec_version`` must be ``version``."""
     source = data_file(version)
     data = _toml(source.read_text(encoding="utf-8"), str(source))
     stated = data.get("spec_version")
     if stated != version:
         raise ValueError(f"{source} states spec_version {stated!r}, expected {version!r}")
-    return str(data["metric"]), _tables(data, str(source))
+    tables = _tables(data, str(source))
+    return str(data["metric"]), tables, parse_floor(data, tables, str(source))
 
 
 _READ: Final = {v: _read(v) for v in SUPPORTED_SPEC_VERSIONS}
 
 #: Every released version's numbers, by version (read once, at import).
-_BY_VERSION: dict[str, Table] = {v: table for v, (_, table) in _READ.items()}
+_BY_VERSION: dict[str, Table] = {v: table for v, (_, table, _) in _READ.items()}
+#: Every released version's floor (``None`` before 1.3), by version.
+_FLOORS: dict[str, AccumulationFloor | None] = {v: f for v, (_, _, f) in _READ.items()}
 
 #: The matmul error measure the numbers bound (:func:`nvfp4.testing.relative_error`): the
 #: newest file's ``metric``.
@@ -143,6 +204,19 @@ def tolerances_for(version: str | None = None) -> Table:
             the versions that have them.
     """
     return released(_BY_VERSION, _newest() if version is None else version, "tolerances")
+
+
+def accumulation_floor(version: str | None = None) -> AccumulationFloor | None:
+    """The accumulation floor of spec ``version`` (default: the newest this package has),
+    ``None`` for a version without one (1.0-1.2: every call is held to
+    ``max|y - ref| / max|ref|`` alone).
+
+    Raises:
+        SpecVersionError: for a version without numbers here.
+    """
+    v = _newest() if version is None else version
+    released(_BY_VERSION, v, "tolerances")
+    return _FLOORS.get(v)
 
 
 def tolerance(path: str, dtype: Any, spec: str | None = None) -> float:
