@@ -145,8 +145,11 @@ def test_the_sums_are_those_of_what_each_path_multiplies() -> None:
     for m, e in enumerate(ids[:2]):
         np.testing.assert_allclose(got[m], brute(x[m : m + 1], ed[e])[0, 0], rtol=2**-22)
     assert not got[2].any()
-    with pytest.raises(ValueError, match=r"x must be \[M, K\], found shape \(64,\)"):
-        absolute_sums(x[0], w)
+    stacked = absolute_sums(np.stack([x, 2 * x]), w)  # x [..., K]: S [..., N]
+    assert stacked.shape == (2, 3, 5)
+    np.testing.assert_array_equal(stacked[1], 2 * stacked[0])
+    with pytest.raises(ValueError, match=r"x must be \[\.\.\., K\], found shape \(\)"):
+        absolute_sums(np.float32(1), w)
 
 
 def test_the_spacing_is_the_output_dtypes() -> None:

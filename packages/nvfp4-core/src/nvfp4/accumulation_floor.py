@@ -60,11 +60,12 @@ def _unscaled(a: Any) -> tuple[F64, F64]:
         values = E4M3_VALUES[a.codes].astype(np.float64)
         return np.abs(values), np.full(values.shape[0], abs(float(a.input_scale)))
     values = np.asarray(a)
-    if values.ndim != 2:
-        raise ValueError(f"absolute sums: x must be [M, K], found shape {values.shape}")
+    if values.ndim < 1:
+        raise ValueError(f"absolute sums: x must be [..., K], found shape {values.shape}")
     if values.dtype.name == "bfloat16":
         values = values.astype(np.float32)
-    return np.abs(values.astype(np.float64)), np.ones(values.shape[0])
+    rows = np.abs(values.astype(np.float64)).reshape(-1, values.shape[-1])
+    return rows, np.ones(rows.shape[0])
 
 
 def absolute_sums(a: Any, w: NVFP4Planes, expert_ids: Any = None) -> F64:
@@ -73,7 +74,8 @@ def absolute_sums(a: Any, w: NVFP4Planes, expert_ids: Any = None) -> F64:
     globals).
 
     Args:
-        a: what the path multiplies: x ``[M, K]`` (W4A16, any float dtype), or the
+        a: what the path multiplies: x ``[..., K]`` (W4A16, any float dtype; ``S`` is then
+            ``[..., N]``), or the
             activations the path quantized, decoded here: :class:`~nvfp4.planes.NVFP4Planes`
             (W4A4), :class:`~nvfp4.activations.Q8Activations` (W4A8 int8: an infinite ``d``
             gives an infinite ``S``), :class:`~nvfp4.activations.FP8Activations`.
@@ -95,7 +97,10 @@ def absolute_sums(a: Any, w: NVFP4Planes, expert_ids: Any = None) -> F64:
         ids = np.asarray(expert_ids, dtype=np.int64).reshape(-1)
         sums = np.abs(per_expert(values, w, ids, unscaled))
     with np.errstate(invalid="ignore"):
-        return np.asarray(sums * row_global[:, None], np.float64)
+        out = np.asarray(sums * row_global[:, None], np.float64)
+    activations = isinstance(a, (NVFP4Planes, Q8Activations, FP8Activations))
+    lead = out.shape[:1] if activations else np.shape(a)[:-1]
+    return out.reshape(*lead, out.shape[-1])
 
 
 def output_spacing(v: Any, dtype: Any) -> F64:
