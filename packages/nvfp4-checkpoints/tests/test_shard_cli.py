@@ -398,11 +398,22 @@ def _names(err: str, path: object) -> bool:
     whole = str(path)
     if whole in err:
         return True
-    head, cut, rest = err.partition("...")
-    if not cut or not head.split():
-        return False
-    tail = rest.split(": ", 1)[0]
-    return whole.startswith(head.split()[-1]) and whole.endswith(tail) and len(tail) > 0
+    # every place "..." starts: a cut next to a "." of the path itself shows as "...."
+    for at in (i for i in range(len(err) - 2) if err.startswith("...", i)):
+        head, tail = err[:at].split(), err[at + 3 :].split(": ", 1)[0]
+        if head and tail and whole.startswith(head[-1]) and whole.endswith(tail):
+            return True
+    return False
+
+
+def test_a_cut_next_to_a_dot_of_the_path_still_names_it() -> None:
+    """The elision of a long path can fall beside a "." of the path (``/tmp/x/.nox/...``
+    cut after its dot shows ``/tmp/x/....package``): the path is still named; another path
+    is not."""
+    path = Path("/tmp/ci51875de/.nox/package-tests/dst/rank-1")
+    assert _names("nvfp4: error: /tmp/ci51875de/....package-tests/dst/rank-1: bad", path)
+    assert _names("nvfp4: error: /tmp/ci51875de/...package-tests/dst/rank-1: bad", path)
+    assert not _names("nvfp4: error: /tmp/ci51875de/....other/dst/rank-1: bad", path)
 
 
 @pytest.fixture
