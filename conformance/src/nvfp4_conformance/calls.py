@@ -2,8 +2,8 @@
 (through the backend's ``from_numpy``), numpy arrays out (``to_numpy``), the output's shape
 and dtype checked before its values are (:func:`call_prepared` does both for a verb on
 prepared planes); a T4 matmul case called, recorded and held to its tolerance
-(:func:`check_qmm`); and whose activation encoder T4's references use
-(:func:`own_encoding`)."""
+(:func:`check_qmm`; some of its rows only, :func:`check_rows`); and whose activation
+encoder T4's references use (:func:`own_encoding`)."""
 
 from __future__ import annotations
 
@@ -114,6 +114,36 @@ def floor_of(
         return None
     floor: npt.NDArray[np.float64] | None = allowance(path, a, w, ref, dtype, expert_ids)
     return floor
+
+
+def check_rows(
+    record: Callable[..., None],
+    tolerance: Any,
+    path: str,
+    case: str,
+    y: npt.NDArray[Any],
+    ref: npt.NDArray[np.float64],
+    rows: npt.NDArray[np.intp],
+    what: str,
+    *,
+    a: Any,
+    planes: NVFP4Planes,
+) -> None:
+    """The float32 outputs of ``rows`` only (the other rows non-finite, or exact, by their
+    own rule), recorded as ``case`` and held within ``tolerance(path, "float32")`` of
+    ``ref`` - each output within its accumulation floor over ``a`` too, from spec 1.3
+    (:func:`record_within`, :func:`floor_of`)."""
+    floor = floor_of(tolerance, path, a, planes, ref, "float32")
+    record_within(
+        record,
+        case,
+        y[rows],
+        ref[rows],
+        float(tolerance(path, "float32")),
+        what,
+        allowance=None if floor is None else floor[rows],
+        dtype="float32",
+    )
 
 
 def own_encoding(backend: Any, verb: str, x: npt.NDArray[Any], *args: Any) -> Any:

@@ -23,9 +23,10 @@ class SpecBounds:
     version; :meth:`allowance` its accumulation floor."""
 
     def __init__(self, spec_version: str) -> None:
-        from nvfp4.tolerances import tolerances_for
+        from nvfp4.tolerances import tolerance, tolerances_for
 
         tolerances_for(spec_version)  # an unknown version fails here, once
+        self._tolerance = tolerance
         self.spec_version = spec_version
         try:
             from nvfp4.tolerances import accumulation_floor
@@ -36,9 +37,7 @@ class SpecBounds:
         self.__doc__ = f"tolerance(path, dtype) of NVFP4 spec {spec_version}"
 
     def __call__(self, path: str, dtype: Any) -> float:
-        from nvfp4.tolerances import tolerance
-
-        return float(tolerance(path, dtype, spec=self.spec_version))
+        return float(self._tolerance(path, dtype, spec=self.spec_version))
 
     def allowance(
         self, path: str, a: Any, w: Any, ref: Any, dtype: Any, expert_ids: Any = None

@@ -26,7 +26,14 @@ from nvfp4.planes import NVFP4Planes
 from nvfp4.spec import GLOBAL_AMAX_DIVISOR
 from nvfp4.testing import activations, unit_scale_planes, unrouted_nonfinite_rows
 
-from nvfp4_conformance.calls import call_prepared, call_verb, check_qmm, floor_of, own_encoding
+from nvfp4_conformance.calls import (
+    call_prepared,
+    call_verb,
+    check_qmm,
+    check_rows,
+    floor_of,
+    own_encoding,
+)
 from nvfp4_conformance.cases import case_rng, nonfinite_rows_case, realistic_weight
 from nvfp4_conformance.checks import as_float64, assert_within, error_figures, record_within
 from nvfp4_conformance.sizing import matmul_params
@@ -471,15 +478,16 @@ def test_qmm_w4a4_nonfinite_rows(
     finite_bad = [int(r) for r in bad if np.isfinite(y[r]).all()]
     assert not finite_bad, f"rows {finite_bad} hold NaN/Inf in x but came out finite"
     ref, xp = w4a4_reference(nvfp4_backend, x, planes, None)
-    tol = float(nvfp4_tolerance("w4a4", "float32"))
-    floor = floor_of(nvfp4_tolerance, "w4a4", xp, planes, ref, "float32")
-    record_within(
+    what = "qmm_w4a4 finite rows next to non-finite ones"
+    check_rows(
         nvfp4_record,
+        nvfp4_tolerance,
+        "w4a4",
         "nonfinite_rows",
-        y[good],
-        ref[good],
-        tol,
-        "qmm_w4a4 finite rows next to non-finite ones",
-        allowance=None if floor is None else floor[good],
-        dtype="float32",
+        y,
+        ref,
+        good,
+        what,
+        a=xp,
+        planes=planes,
     )

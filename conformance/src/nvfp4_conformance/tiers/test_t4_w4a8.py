@@ -21,7 +21,14 @@ from nvfp4.dtypes import OUTPUT_DTYPES
 from nvfp4.planes import NVFP4Planes
 from nvfp4.testing import activations, relative_error, unit_scale_planes
 
-from nvfp4_conformance.calls import call_prepared, call_verb, check_qmm, floor_of, own_encoding
+from nvfp4_conformance.calls import (
+    call_prepared,
+    call_verb,
+    check_qmm,
+    check_rows,
+    floor_of,
+    own_encoding,
+)
 from nvfp4_conformance.cases import case_rng, nonfinite_rows_case, realistic_weight
 from nvfp4_conformance.checks import as_float64, record_within
 from nvfp4_conformance.sizing import matmul_params
@@ -232,18 +239,8 @@ def _check_nonfinite_rows(
     assert (y[5] == 0).all(), "a zero row of x must give an exactly zero output row"
     good = np.array([0, 2, 3])
     ref, a = reference_of(backend, x, planes)
-    tol = float(tolerance(tag, "float32"))
-    floor = floor_of(tolerance, tag, a, planes, ref, "float32")
-    record_within(
-        record,
-        "nonfinite_rows",
-        y[good],
-        ref[good],
-        tol,
-        f"qmm_{tag} finite rows next to non-finite ones",
-        allowance=None if floor is None else floor[good],
-        dtype="float32",
-    )
+    what = f"qmm_{tag} finite rows next to non-finite ones"
+    check_rows(record, tolerance, tag, "nonfinite_rows", y, ref, good, what, a=a, planes=planes)
 
 
 @pytest.mark.requires_capability("w4a8")
@@ -295,18 +292,10 @@ def test_qmm_w4a8_rows_with_an_infinite_d(
         inf = np.isinf(want)
         assert np.array_equal(got[inf], want[inf]), f"row {r}: infinities differ from the terms'"
         assert not np.isinf(got[~inf]).any(), f"row {r}: an infinity where the terms give NaN"
+    what = "qmm_w4a8 finite rows next to rows with an infinite d"
     good = np.array([0, 3])
-    tol = float(nvfp4_tolerance("w4a8", "float32"))
-    floor = floor_of(nvfp4_tolerance, "w4a8", xq, planes, ref, "float32")
-    record_within(
-        nvfp4_record,
-        "infinite_d",
-        y[good],
-        ref[good],
-        tol,
-        "qmm_w4a8 finite rows next to rows with an infinite d",
-        allowance=None if floor is None else floor[good],
-        dtype="float32",
+    check_rows(
+        nvfp4_record, nvfp4_tolerance, "w4a8", "infinite_d", y, ref, good, what, a=xq, planes=planes
     )
 
 
