@@ -81,6 +81,22 @@ class IgnoreOutOfRange(_Broken):
         return super().gather_qmm(x, w, ids, sorted_indices=sorted_indices, out_dtype=out_dtype)
 
 
+class RefuseOutOfRange(_Broken):
+    """Raises on an expert id outside [0, E) instead of giving a zero row (as an engine that
+    guards an unchecked gather does): only the cases with such ids can fail."""
+
+    NAME = "broken-refuse-out-of-range"
+
+    def gather_qmm(
+        self, x: Any, w: Any, expert_ids: Any, *, sorted_indices: bool, out_dtype: str
+    ) -> Any:
+        e = w.planes.num_experts or 1
+        ids = np.asarray(expert_ids)
+        if ((ids < 0) | (ids >= e)).any():
+            raise ValueError(f"gather_qmm: an expert id outside [0, {e})")
+        return super().gather_qmm(x, w, ids, sorted_indices=sorted_indices, out_dtype=out_dtype)
+
+
 class NarrowX(_Broken):
     """Rounds x to a narrower type before ``qmm``, as a kernel on tensor cores might: float32
     to TF32 (10 mantissa bits, round to nearest even), float16 to bfloat16, bfloat16 to
@@ -308,6 +324,7 @@ BACKENDS: dict[str, type[_Broken]] = {
         ScaleGlobalFirst,
         DropGlobal,
         IgnoreOutOfRange,
+        RefuseOutOfRange,
         NarrowX,
         LaxPrepare,
         Skipper,

@@ -385,3 +385,22 @@ def test_run_command_writes_both_certificate_files(
     assert "| device | Triton interpreter on CPU |" in md
     assert data["imported_from"]["nvfp4_conformance"].endswith("__init__.py")
     assert "certificate written" in proc.stdout
+
+
+def test_a_case_a_backend_raises_on_fails_alone_in_t7(run_suite: Run) -> None:
+    """T7 runs every case on the ranks of one spawn: a backend that raises on one case (an
+    expert id outside a rank's experts) fails that case's tests with its message, and every
+    other case is still judged (each rank joins the collectives with zeros)."""
+    pytest.importorskip("nvfp4_torch.ranks")  # the parity extra (torch)
+    result, cert = run_suite("broken-refuse-out-of-range", "T7", "-k", "not greedy_parity")
+    assert result.ret == 1
+    failed = _by_outcome(cert, "failed", "T7")
+    assert failed
+    assert all("test_expert_parallel_gather_qmm[" in n for n in failed), sorted(failed)
+    for t in failed.values():
+        assert "the backend raised on rank " in t["message"]
+        assert "ValueError: gather_qmm: an expert id outside [0, " in t["message"]
+    passed = _by_outcome(cert, "passed", "T7")
+    assert any("test_row_parallel_qmm[" in n for n in passed)
+    assert any("test_column_parallel_qmm[" in n for n in passed)
+    assert not _by_outcome(cert, "error", "T7")

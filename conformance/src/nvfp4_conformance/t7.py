@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "CANCELLING_FROM_SPEC",
     "CASES",
     "MAX_WORLD",
     "PARITY_WORLDS",
@@ -86,6 +87,10 @@ class Case:
         experts: E for ``"experts"``.
         heads: ``(heads, kv_heads, head_dim)`` for ``"qkv"`` and the head-planned ``"row"``.
         capability: the backend capability the case certifies.
+        cancels: a ``"row"`` case whose data cancel across K's halves
+            (:func:`nvfp4.testing.cancelling_halves`): judged from spec
+            :data:`CANCELLING_FROM_SPEC` on, where a row-parallel sum has the accumulation
+            floor.
     """
 
     name: str
@@ -98,8 +103,13 @@ class Case:
     experts: int = 0
     heads: tuple[int, int, int] | None = None
     capability: str = "qmm"
+    cancels: bool = False
 
 
+#: The spec version from which a row-parallel sum has the accumulation floor (1.4), so from
+#: which the cases that cancel (``Case.cancels``) are judged: under 1.2 and 1.3 no float32
+#: implementation conforms on them.
+CANCELLING_FROM_SPEC = "1.4"
 SMOLLM2_HEADS = (9, 3, 64)
 CASES: tuple[Case, ...] = (
     Case("down_1856", "row", "Nemotron-3-Nano-30B-A3B routed expert down_proj (K 1,856)", 3, 32, 1856),
@@ -107,6 +117,7 @@ CASES: tuple[Case, ...] = (
     Case("o_2880", "row", "a 2,880 hidden size (o_proj / down_proj K)", 2, 24, 2880),
     Case("down_640_align64", "row", "a 640-wide MoE expert down_proj, kernel alignment 64", 3, 32, 640, align=4),
     Case("o_576_heads", "row", "SmolLM2-135M o_proj, K split by 9 / 3 heads", 2, 40, 576, heads=SMOLLM2_HEADS),
+    Case("o_576_cancelling", "row", "SmolLM2-135M o_proj's K (576), data whose halves of K cancel: at TP2 one rank's partial against the other's", 3, 8, 576, cancels=True),
     Case("gate_1856", "column", "Nemotron-3-Nano-30B-A3B routed expert gate_proj (N 1,856)", 3, 1856, 64),
     Case("hidden_2880", "column", "a 2,880 hidden size (N 2,880 at any row)", 2, 2880, 32),
     Case("qkv_576", "qkv", "SmolLM2-135M fused q/k/v by 9 / 3 heads", 2, 960, 576, heads=SMOLLM2_HEADS),
@@ -120,7 +131,7 @@ def write_inputs(folder: Path) -> None:
     """The weights (reference-quantized, realistic) and activations of every case, one
     ``<case>.npz`` each, with expert ids for ``"experts"``."""
     from nvfp4.fusion import fuse
-    from nvfp4.testing import activations
+    from nvfp4.testing import activations, cancelling_halves
 
     from .cases import case_rng, realistic_weight
 
@@ -142,9 +153,15 @@ def write_inputs(folder: Path) -> None:
                 realistic_weight(rng, c.n // 2, c.k, name=f"{c.name}.{p}") for p in ("gate", "up")
             ]
             w, ids = fuse(parts, c.name), np.zeros(0, np.int64)
+        elif c.cancels:  # to 2^-18..2^-22 of S; a realistic global (a layer's 2^-8)
+            x, w = cancelling_halves(
+                rng, c.m, c.n, c.k, global_scale=2.0**-8, depth=(18.0, 22.0), name=c.name
+            )
+            ids = np.zeros(0, np.int64)
         else:
             w, ids = realistic_weight(rng, c.n, c.k, name=c.name), np.zeros(0, np.int64)
-        x = activations(rng, c.m, c.k, "float32")
+        if not c.cancels:
+            x = activations(rng, c.m, c.k, "float32")
         np.savez(
             folder / f"{c.name}.npz",
             codes=w.codes,
@@ -195,7 +212,10 @@ def plans_of(c: Case, world: int) -> Any:
 
 def rank_cases(ops: Any, folder: str, backend_name: str, caps: tuple[str, ...]) -> None:
     """Every case on this rank (``ops``: a :class:`nvfp4_torch.ranks.GroupOps`); writes
-    ``<folder>/w<world>_r<rank>.npz``."""
+    ``<folder>/w<world>_r<rank>.npz``. What the backend raises for one case and dtype is
+    kept as ``<case>|<dtype>|error`` (the case's tests fail with it) and the rank goes on
+    with zeros in that case's collectives: one case the backend refuses (an expert id
+    outside a rank's experts) leaves every other case judged."""
     import nvfp4
     from nvfp4.shard_planes import shard_fused, shard_planes
 
@@ -215,32 +235,42 @@ def rank_cases(ops: Any, folder: str, backend_name: str, caps: tuple[str, ...]) 
             shard = shard_fused(w, plan, rank)
         else:
             shard = shard_planes(w, plan, rank)
-        handle = backend.prepare(shard)
+        # what this rank holds of the output: the whole [M, N] of a sum, its rows otherwise
+        width = shard.n if c.kind in ("column", "qkv", "gate_up") else c.n
+        handle: Any = None
         for dtype in DTYPES:
             x = x_in(x32, dtype)
             key = f"{c.name}|{dtype}"
-            if c.kind == "row":
-                r = plan[rank]
-                xr = np.zeros((c.m, r.padded), dtype=x.dtype)
-                xr[:, : r.size] = x[:, r.start : r.stop]
-                partial = qmm(xr, handle, out_dtype="float32")
-                out[key] = ops.all_reduce_f32(partial).astype(x.dtype).astype(np.float32)
-            elif c.kind in ("column", "qkv", "gate_up"):
-                local = qmm(x, handle).astype(np.float32)  # exact: float16 / bfloat16 values
+            try:
+                handle = backend.prepare(shard) if handle is None else handle
+                if c.kind == "row":
+                    r = plan[rank]
+                    xr = np.zeros((c.m, r.padded), dtype=x.dtype)
+                    xr[:, : r.size] = x[:, r.start : r.stop]
+                    local = qmm(xr, handle, out_dtype="float32")
+                elif c.kind == "experts":
+                    local_ids = (ids - plan[rank].start).astype(np.int64)
+                    y = backend.gather_qmm(
+                        backend.from_numpy(x),
+                        handle,
+                        backend.from_numpy(local_ids),
+                        out_dtype="float32",
+                    )
+                    local = np.asarray(backend.to_numpy(y), dtype=np.float32)
+                else:
+                    local = qmm(x, handle).astype(np.float32)  # exact: float16 / bfloat16 values
+            # whatever the backend raises fails this case's tests (with its message), not
+            # the tier; the rank still joins the collectives below, with zeros, so the
+            # other ranks are not left waiting
+            except Exception as exc:
+                out[f"{key}|error"] = np.array(f"rank {rank}: {type(exc).__name__}: {exc}")
+                local = np.zeros((c.m, width), np.float32)
+            if c.kind in ("row", "experts"):  # the all-reduce of the partials
+                out[key] = ops.all_reduce_f32(local).astype(x.dtype).astype(np.float32)
+            else:
                 out[key] = local
                 if c.kind == "column":  # the gather: no arithmetic
                     out[f"{key}|gathered"] = ops.all_gather_last(local, plan.sizes)
-            else:
-                r = plan[rank]
-                local_ids = (ids - r.start).astype(np.int64)
-                y = backend.gather_qmm(
-                    backend.from_numpy(x),
-                    handle,
-                    backend.from_numpy(local_ids),
-                    out_dtype="float32",
-                )
-                partial = np.asarray(backend.to_numpy(y), dtype=np.float32)
-                out[key] = ops.all_reduce_f32(partial).astype(x.dtype).astype(np.float32)
     np.savez(Path(folder) / f"w{world}_r{rank}.npz", **out)
 
 

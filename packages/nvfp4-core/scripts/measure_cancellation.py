@@ -30,6 +30,14 @@ For a float16 / bfloat16 output (x given in that dtype, as the spec measures) th
 counted after one spacing of the output dtype at ``|ref|``. An output whose ``S`` is 0 must
 be exact.
 
+It also measures row-parallel (K-sharded) ``qmm`` on the same corpora (``--row-parallel``,
+fewer seeds a shape): K split over 2, 3, 4 and 8 ranks by the shard plan, each rank's
+partial by every order above times its global, kept in float32, the partials summed in
+float32 by every reduction ``measure_shard_tolerances.py`` measures (rank order, reverse,
+a pairwise tree), then cast once to the output dtype: spec 1.2's rule, whose
+``[row_parallel]`` bound has no floor in 1.3. The error is counted in units of the whole
+call's ``sqrt(K) * 2^-24 * S`` (S over all of K).
+
 It also measures, on ``measure_tolerances``' own corpus (normal and heavy-tailed data over
 the T4 grid), how large ``sqrt(K) * 2^-24 * S / max|ref|`` gets, so the floor's number can
 be judged against the tolerances there: a floor under ``tolerance * max|ref|`` on every
@@ -37,9 +45,11 @@ output of a call changes no verdict of that call.
 
 Run from ``packages/nvfp4-core``::
 
-    PYTHONPATH=src python scripts/measure_cancellation.py [--quick] [--json PATH] [--floor F]
+    PYTHONPATH=src python scripts/measure_cancellation.py [--quick] [--row-parallel]
+        [--json PATH] [--floor F]
 
-It takes about seven minutes on two cores (``--quick``: 30 s).
+It takes about seven minutes on two cores (``--quick``: 30 s; ``--row-parallel`` adds
+about ten).
 """
 
 from __future__ import annotations
@@ -47,28 +57,38 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import measure_tolerances as mt
+from measure_shard_tolerances import REDUCTIONS
 from nvfp4 import reference as ref
 from nvfp4.accumulation_floor import absolute_sums, output_spacing, unit
 from nvfp4.dtypes import OUTPUT_DTYPES
 from nvfp4.planes import NVFP4Planes
-from nvfp4.spec import E4M3_VALUES, Q8_BLOCK_SIZE
-from nvfp4.spec_files import tomllib
-from nvfp4.testing import cancelling_blocks, relative_error
-from nvfp4.tolerances import tolerance
+from nvfp4.shard_plan import shard_plan
+from nvfp4.shard_planes import shard_planes
+from nvfp4.spec import E4M3_VALUES, Q8_BLOCK_SIZE, SPEC_VERSION
+from nvfp4.testing import cancelling_blocks, cancelling_halves, relative_error
+from nvfp4.tolerances import accumulation_floor, tolerance
 
 F32 = npt.NDArray[np.float32]
 F64 = npt.NDArray[np.float64]
 #: (M, N) of the cancelling cases: single outputs and a few rows and columns.
 SMALL_MN = ((1, 1), (1, 7), (3, 1), (3, 7))
+#: Seeds a shape of the cancelling corpora: all of them, and the row-parallel measurement's
+#: (four worlds times three reductions a case).
+SEEDS = {"quick": 16, "full": 256, "row_parallel": 32}
+#: Seeds a shape of the ``halves`` corpus (the same three uses).
+HALVES_SEEDS = {"quick": 4, "full": 32, "row_parallel": 8}
+#: The world sizes of the row-parallel measurement: T7's.
+WORLDS = (2, 3, 4, 8)
 
 
 def sequential(x: F32, w: NVFP4Planes, wv: F32) -> F32:
@@ -86,8 +106,7 @@ def sequential(x: F32, w: NVFP4Planes, wv: F32) -> F32:
 ORDERS = {**mt.VARIANTS, "sequential": sequential}
 
 
-def spread_cases(quick: bool) -> Iterator[tuple[str, F32, NVFP4Planes]]:
-    seeds = 16 if quick else 256
+def spread_cases(seeds: int) -> Iterator[tuple[str, F32, NVFP4Planes]]:
     for k in mt.K_VALUES:
         for m, n in SMALL_MN:
             for seed in range(seeds):
@@ -100,8 +119,7 @@ def spread_cases(quick: bool) -> Iterator[tuple[str, F32, NVFP4Planes]]:
                 yield f"spread M={m} K={k} N={n} seed={seed}", x, w
 
 
-def pairs_cases(quick: bool) -> Iterator[tuple[str, F32, NVFP4Planes]]:
-    seeds = 16 if quick else 256
+def pairs_cases(seeds: int) -> Iterator[tuple[str, F32, NVFP4Planes]]:
     for k in mt.K_VALUES[1:]:  # two blocks at least
         for m, n in SMALL_MN:
             for seed in range(seeds):
@@ -120,24 +138,23 @@ def pairs_cases(quick: bool) -> Iterator[tuple[str, F32, NVFP4Planes]]:
                 yield f"pairs M={m} K={k} N={n} seed={seed}", x, w
 
 
-def halves_cases(quick: bool) -> Iterator[tuple[str, F32, NVFP4Planes]]:
+def halves_cases(seeds: int) -> Iterator[tuple[str, F32, NVFP4Planes]]:
     """The worst case of the sequential loop: every term of K's first half positive, the
     second half the same terms negated on activations ``1 + 2^-U(4, 22)`` times larger, so
     the running sum climbs to ``S / 2`` and comes back down to almost nothing."""
-    seeds = 4 if quick else 32
     for k in mt.K_VALUES[1:]:
         for m, n in SMALL_MN:
             for seed in range(seeds):
                 rng = np.random.default_rng([k, m, n, seed, 3])
-                half = rng.integers(0, 256, (n, k // 4), dtype=np.uint8) & 0x77  # positive
-                codes = np.concatenate([half, half ^ 0x88], axis=1)
-                s = rng.integers(0x30, 0x7F, (n, k // 32), dtype=np.uint8)
-                scales = np.concatenate([s, s], axis=1)
-                w = NVFP4Planes(codes=codes, scales=scales, global_scale=mt.ONE, name="h")
-                xa = np.abs(rng.standard_normal((m, k // 2)))
-                xb = xa * (1 + 2.0 ** -rng.uniform(4, 22, (m, 1)))
-                x = np.concatenate([xa, xb], axis=1).astype(np.float32)
+                x, w = cancelling_halves(rng, m, n, k, name="h")
                 yield f"halves M={m} K={k} N={n} seed={seed}", x, w
+
+
+def cancelling_cases(run: str) -> Iterator[tuple[str, F32, NVFP4Planes]]:
+    """The three corpora with the seeds of ``run`` (a key of :data:`SEEDS`)."""
+    yield from spread_cases(SEEDS[run])
+    yield from pairs_cases(SEEDS[run])
+    yield from halves_cases(HALVES_SEEDS[run])
 
 
 Worst = dict[tuple[str, str, str, str, int], tuple[float, str]]
@@ -199,16 +216,101 @@ def floor_units(label: str, x: F32, w: NVFP4Planes, worst: Worst) -> None:
             gxw = (g * ops.ga).astype(np.float32)
             results = {name: acc(ops.a, w, wv) for name, acc in ORDERS.items()} | ops.extra
             for vname, y32 in results.items():
-                y = (y32 * gxw).astype(np.float32).astype(dt).astype(np.float64)
-                if not np.isfinite(y).all():
-                    continue
-                err = np.maximum(np.abs(y - full) - slack, 0.0)
-                units = np.where(s > 0, err / np.where(s > 0, unit(k) * s, 1.0), 0.0)
-                units = np.where((s == 0) & (err > 0), np.inf, units)
-                worst_units = float(units.max())
-                key = (path, corpus, dname, vname, k)
-                if key not in worst or worst_units > worst[key][0]:
-                    worst[key] = (worst_units, label)
+                y = (y32 * gxw).astype(np.float32).astype(dt)
+                units = floor_units_of(y, full, s, slack, k)
+                keep_worst(worst, (path, corpus, dname, vname, k), units, label)
+
+
+def floor_units_of(y: npt.NDArray[Any], full: F64, s: F64, slack: F64, k: int) -> float:
+    """The largest error of output ``y`` against the float64 reference ``full``, beyond one
+    output spacing ``slack``, in units of ``sqrt(k) * 2^-24 * s`` (``s``: the call's
+    :func:`absolute_sums`); NaN where ``y`` is not finite (not measured), inf where an
+    output whose ``s`` is 0 is not exact."""
+    y64 = np.asarray(y, np.float64)
+    if not np.isfinite(y64).all():
+        return float("nan")
+    err = np.maximum(np.abs(y64 - full) - slack, 0.0)
+    units = np.where(s > 0, err / np.where(s > 0, unit(k) * s, 1.0), 0.0)
+    units = np.where((s == 0) & (err > 0), np.inf, units)
+    return float(units.max())
+
+
+#: One rank's float32 partial output, its global applied: ``(x columns of the rank in
+#: float32, the rank's shard, the output dtype x was given in) -> [M, N]``.
+Partial = Callable[[F32, NVFP4Planes, Any], F32]
+
+
+def order_partials() -> dict[str, Partial]:
+    """Every order of :data:`ORDERS` as a rank's partial: its float32 sum times the shard's
+    global."""
+
+    def partial(acc: mt.Accumulate) -> Partial:
+        def run(xr: F32, shard: NVFP4Planes, _dtype: Any) -> F32:
+            wv = ref.dequantize_unscaled(shard)
+            return (acc(xr, shard, wv) * shard.row_global()).astype(np.float32)
+
+        return run
+
+    return {name: partial(acc) for name, acc in ORDERS.items()}
+
+
+def backend_partials(names: list[str]) -> dict[str, Partial]:
+    """Each installed backend's ``qmm`` (float32 output, x in the output dtype, as T7 gives
+    it) as a rank's partial: checked against the floor, never used to set it."""
+    import nvfp4
+
+    def partial(backend: Any) -> Partial:
+        def run(xr: F32, shard: NVFP4Planes, dtype: Any) -> F32:
+            y = backend.qmm(
+                backend.from_numpy(xr.astype(dtype)), backend.prepare(shard), out_dtype="float32"
+            )
+            return np.asarray(backend.to_numpy(y), np.float32)
+
+        return run
+
+    return {f"backend {name}": partial(nvfp4.get_backend(name)) for name in names}
+
+
+def row_parallel_units(
+    label: str, x: F32, w: NVFP4Planes, worst: Worst, partials: dict[str, Partial]
+) -> None:
+    """Row-parallel ``qmm`` at every world of :data:`WORLDS` that has a block a rank: each
+    rank's x columns (zero past its shard's end, as padding) times its shard by every one
+    of ``partials``, in float32; the partials summed in float32 by every reduction, cast
+    once to the output dtype; the error in units of the whole call's
+    ``sqrt(K) * 2^-24 * S``. Kept per (``row_parallel TP<world>``, corpus, dtype,
+    ``partial+reduction``, K)."""
+    corpus = label.split()[0]
+    k = x.shape[1]
+    for world in WORLDS:
+        if k // 16 < world:
+            continue
+        plan = shard_plan(k, world, dim="k")
+        shards = [shard_planes(w, plan, r) for r in range(world)]
+        for dname, dt in OUTPUT_DTYPES.items():
+            xin = x if dname == "float32" else x.astype(dt).astype(np.float32)
+            full = np.asarray(ref.qmm(xin, w, out_dtype=None), np.float64)
+            if not np.isfinite(full).all():
+                continue
+            s = absolute_sums(xin, w)
+            slack = output_spacing(full, dname)
+            ranks = []
+            for shard, r in zip(shards, plan, strict=True):
+                xr = np.zeros((x.shape[0], r.padded), np.float32)
+                xr[:, : r.size] = xin[:, r.start : r.stop]
+                ranks.append((xr, shard))
+            for pname, partial in partials.items():
+                parts = [partial(xr, shard, dt) for xr, shard in ranks]
+                for rname, reduce in REDUCTIONS.items():
+                    y = reduce(list(parts)).astype(dt)
+                    key = (f"row_parallel TP{world}", corpus, dname, f"{pname}+{rname}", k)
+                    keep_worst(worst, key, floor_units_of(y, full, s, slack, k), label)
+
+
+def keep_worst(worst: Worst, key: tuple[str, str, str, str, int], units: float, label: str) -> None:
+    """Keep ``units`` under ``key`` when it is the largest seen (NaN: not measured)."""
+    if units == units and (key not in worst or units > worst[key][0]):
+        worst[key] = (units, label)
 
 
 def corpus_ratios(quick: bool) -> list[tuple[str, int, int, float]]:
@@ -224,53 +326,44 @@ def corpus_ratios(quick: bool) -> list[tuple[str, int, int, float]]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = mt.script_parser(__doc__, "16 seeds a shape, not 256")
-    parser.add_argument(
-        "--floor",
-        type=float,
-        help="the F whose effect on the corpus is shown (default: spec/draft's factor)",
-    )
-    args = parser.parse_args(argv)
-    if args.floor is None:
-        draft = Path(__file__).resolve().parents[3] / "spec" / "draft" / "tolerances.toml"
-        args.floor = float(tomllib.loads(draft.read_text())["accumulation_floor"]["factor"])
-    t0 = time.perf_counter()
+def order_outputs(x: F32, w: NVFP4Planes, world: int | None = None) -> dict[str, F32]:
+    """Each order's float32 output of one ``qmm`` call (the global after accumulation); with
+    ``world``, row-parallel over that many ranks: each rank's partial by the order, times
+    its global, the partials summed in float32 in rank order."""
+    if world is None:
+        wv, g = ref.dequantize_unscaled(w), w.row_global()
+        return {name: (acc(x, w, wv) * g).astype(np.float32) for name, acc in ORDERS.items()}
+    plan = shard_plan(x.shape[1], world, dim="k")
+    out = {}
+    for name, acc in ORDERS.items():
+        y = np.zeros((x.shape[0], w.n), np.float32)
+        for r in plan:
+            shard = shard_planes(w, plan, r.rank)
+            xr = np.zeros((x.shape[0], r.padded), np.float32)
+            xr[:, : r.size] = x[:, r.start : r.stop]
+            wv = ref.dequantize_unscaled(shard)
+            y += (acc(xr, shard, wv) * shard.row_global()).astype(np.float32)
+        out[name] = y
+    return out
 
-    x, w = cancelling_blocks()
-    full = ref.qmm(x, w, out_dtype=None)
-    wv, g = ref.dequantize_unscaled(w), w.row_global()
-    demo = {
-        name: relative_error((acc(x, w, wv) * g).astype(np.float32), full)
-        for name, acc in ORDERS.items()
-    }
-    worst: Worst = {}
-    count = 0
-    for label, xc, wc in [
-        *spread_cases(args.quick),
-        *pairs_cases(args.quick),
-        *halves_cases(args.quick),
-    ]:
-        with np.errstate(over="ignore", invalid="ignore"):  # outputs past float16: skipped
-            floor_units(label, xc, wc, worst)
-        count += 1
-    ratios = corpus_ratios(args.quick)
-    elapsed = time.perf_counter() - t0
 
-    tol = tolerance("qmm", "float32")
-    print(f"# {count} cancelling cases, {elapsed:.1f} s")
-    print(f"\n[contradiction] K = 32, one output; [qmm] float32 tolerance {tol:g}")
-    for name, err in demo.items():
-        print(f"  {name:13s} max|y - ref| / max|ref| = {err:.3g}")
-    print("\n[floor] max over elements of |y - ref| / (sqrt(K) * 2^-24 * S), per path")
+def contradiction(x: F32, w: NVFP4Planes, world: int | None = None) -> dict[str, float]:
+    """Each order's ``max|y - ref| / max|ref|`` on one call (:func:`order_outputs`)."""
+    full = np.asarray(ref.qmm(x, w, out_dtype=None), np.float64)
+    return {name: relative_error(y, full) for name, y in order_outputs(x, w, world).items()}
+
+
+def print_worst(worst: Worst, title: str) -> None:
+    """The largest units per (path, dtype, corpus), then per K, of ``worst``."""
+    print(f"\n[{title}] max over elements of |y - ref| / (sqrt(K) * 2^-24 * S)")
     per: dict[tuple[str, str, str], tuple[float, str, str]] = {}
     for (path, corpus, dname, vname, _k), (units, label) in worst.items():
         key = (path, dname, corpus)
         if key not in per or units > per[key][0]:
             per[key] = (units, vname, label)
     for (path, dname, corpus), (units, vname, label) in sorted(per.items()):
-        print(f"  {path:9s} {dname:9s} {corpus:7s} {units:7.3f}  ({vname}, {label})")
-    print("\n[floor by K] max over paths, corpora, dtypes and orders")
+        print(f"  {path:16s} {dname:9s} {corpus:7s} {units:7.3f}  ({vname}, {label})")
+    print(f"\n[{title} by K] max over paths, corpora, dtypes and orders")
     for k in sorted({key[4] for key in worst}):
         units, label, order = max(
             (u, lab, f"{key[0]} {key[2]} {key[3]}")
@@ -278,6 +371,82 @@ def main(argv: list[str] | None = None) -> int:
             if key[4] == k
         )
         print(f"  K={k:5d} {units:7.3f}  ({order}, {label})")
+
+
+def worst_rows(worst: Worst) -> list[dict[str, Any]]:
+    """``worst`` as JSON rows."""
+    return [
+        {"path": p, "corpus": c, "dtype": d, "variant": v, "k": k, "max_units": u, "case": label}
+        for (p, c, d, v, k), (u, label) in sorted(worst.items())
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = mt.script_parser(__doc__, "16 seeds a shape, not 256")
+    parser.add_argument(
+        "--floor",
+        type=float,
+        help="the F whose effect on the corpus is shown (default: the newest spec's factor)",
+    )
+    parser.add_argument(
+        "--row-parallel",
+        action="store_true",
+        help="also measure row-parallel qmm at 2, 3, 4 and 8 ranks (32 seeds a shape)",
+    )
+    parser.add_argument(
+        "--backend",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="with --row-parallel: also check this installed backend's qmm as each rank's "
+        "partial (not used to set the factor; repeatable)",
+    )
+    args = parser.parse_args(argv)
+    if args.floor is None:
+        floor = accumulation_floor(SPEC_VERSION)
+        if floor is None:
+            parser.error(f"spec {SPEC_VERSION} has no accumulation floor: give --floor")
+        args.floor = floor.factor
+    t0 = time.perf_counter()
+
+    x, w = cancelling_blocks()
+    demo = contradiction(x, w)
+    worst: Worst = {}
+    count = 0
+    for label, xc, wc in cancelling_cases("quick" if args.quick else "full"):
+        with np.errstate(over="ignore", invalid="ignore"):  # outputs past float16: skipped
+            floor_units(label, xc, wc, worst)
+        count += 1
+    row_worst: Worst = {}
+    backend_worst: Worst = {}
+    row_count = 0
+    demo_tp2: dict[str, float] = {}
+    if args.row_parallel:
+        demo_tp2 = contradiction(x, w, world=2)
+        orders, backends = order_partials(), backend_partials(args.backend)
+        for label, xc, wc in cancelling_cases("quick" if args.quick else "row_parallel"):
+            with np.errstate(over="ignore", invalid="ignore"):
+                row_parallel_units(label, xc, wc, row_worst, orders)
+                row_parallel_units(label, xc, wc, backend_worst, backends)
+            row_count += 1
+    ratios = corpus_ratios(args.quick)
+    elapsed = time.perf_counter() - t0
+
+    tol = tolerance("qmm", "float32")
+    row_tol = tolerance("row_parallel", "float32")
+    print(f"# {count} cancelling cases, {row_count} of them row-parallel, {elapsed:.1f} s")
+    print(f"\n[contradiction] K = 32, one output; [qmm] float32 tolerance {tol:g}")
+    for name, err in demo.items():
+        print(f"  {name:13s} max|y - ref| / max|ref| = {err:.3g}")
+    if demo_tp2:
+        print(f"\n[contradiction, TP2] the same call row-parallel; [row_parallel] {row_tol:g}")
+        for name, err in demo_tp2.items():
+            print(f"  {name:13s} max|y - ref| / max|ref| = {err:.3g}")
+    print_worst(worst, "floor")
+    if row_worst:
+        print_worst(row_worst, "row-parallel floor")
+    if backend_worst:
+        print_worst(backend_worst, "row-parallel floor, backends (checked, not used)")
     print(f"\n[corpus] measure_tolerances' qmm corpus ({len(ratios)} calls): F = {args.floor:g}")
     print("  K      calls  F*unit*S/max|ref| above the float32 tolerance  largest  (call)")
     for k in mt.K_VALUES:
@@ -292,20 +461,14 @@ def main(argv: list[str] | None = None) -> int:
         payload = {
             "elapsed_s": elapsed,
             "cases": count,
+            "row_parallel_cases": row_count,
             "contradiction": demo,
+            "contradiction_tp2": demo_tp2,
             "unit": "sqrt(K) * 2^-24 * S",
-            "floor_units": [
-                {
-                    "path": p,
-                    "corpus": c,
-                    "dtype": d,
-                    "variant": v,
-                    "k": k,
-                    "max_units": u,
-                    "case": label,
-                }
-                for (p, c, d, v, k), (u, label) in sorted(worst.items())
-            ],
+            "floor_units": worst_rows(worst),
+            "row_parallel_floor_units": worst_rows(row_worst),
+            "row_parallel_backends_floor_units": worst_rows(backend_worst),
+            "backends": args.backend,
             "floor": args.floor,
             "corpus": [
                 {"case": label, "k": k, "outputs": size, "unit_s_over_max_ref": r}

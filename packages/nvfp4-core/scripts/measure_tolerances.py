@@ -162,9 +162,16 @@ def qmm_cases(quick: bool) -> Iterator[Case]:
 
 # ------------------------------------------------------------ implementations (W4A16)
 def split_k(x: F32, wv: F32, chunk: int) -> F32:
-    """float32 partial sums over K chunks, added one after the other in float32."""
+    """float32 partial sums over K chunks, added one after the other in float32; a K that
+    is not a multiple of the chunk (a row-parallel rank's shard) ends in a masked chunk:
+    its missing terms are zeros, which change no float32 sum."""
     m, k = x.shape
     c = min(chunk, k)
+    if k % c:
+        pad = c - k % c
+        x = np.pad(x, ((0, 0), (0, pad)))
+        wv = np.pad(wv, ((0, 0), (0, pad)))
+        k += pad
     xb = x.reshape(m, k // c, c).transpose(1, 0, 2)  # [K/c, M, c]
     wb = wv.reshape(wv.shape[0], k // c, c).transpose(1, 2, 0)  # [K/c, c, N]
     partial = np.matmul(xb, wb)  # float32 [K/c, M, N]

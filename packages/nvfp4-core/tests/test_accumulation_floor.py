@@ -67,6 +67,33 @@ def test_the_floor_covers_the_input_on_which_1_2_contradicts_itself() -> None:
     assert error_figures(y32, full)["max_rel_err"] <= tol
 
 
+def test_1_4_gives_a_row_parallel_sum_the_floor_of_the_unsharded_call() -> None:
+    """The cancelling blocks one on each of two ranks (spec 1.2's row-parallel arithmetic:
+    each rank's float32 partial times its global, the partials summed in float32): every
+    order is off by more than ``[row_parallel] float32``, which 1.2 and 1.3 hold the sum to
+    alone; 1.4's floor of the unsharded call (K and S over every rank's terms) holds each
+    of them."""
+    floor_14 = accumulation_floor("1.4")
+    assert floor_14 is not None
+    assert "row_parallel" in floor_14.paths
+    assert floor_14.factor == FLOOR.factor
+    for version in ("1.2", "1.3"):
+        old = accumulation_floor(version)
+        assert old is None or "row_parallel" not in old.paths, version
+    x, w = cancelling_blocks()
+    full = np.asarray(reference.qmm(x, w, out_dtype=None), np.float64)
+    floor = allowance(floor_14, absolute_sums(x, w), full, "float32", x.shape[1])
+    tol = tolerance("row_parallel", "float32", spec="1.4")
+    assert tol == tolerance("row_parallel", "float32", spec="1.2")
+    outputs = mc.order_outputs(x, w, world=2)
+    assert set(outputs) == set(mc.ORDERS)
+    for name, y in outputs.items():
+        with pytest.raises(AssertionError, match=r"max\|err\|/max\|ref\| = "):
+            assert_within(y, full, tol, "row_parallel")  # 1.2's and 1.3's rule
+        figs = assert_within(y, full, tol, "row_parallel", allowance=floor)  # 1.4's
+        assert figs["floor_decides"] == 1, name
+
+
 def test_an_exact_zero_is_asked_only_where_s_is_zero() -> None:
     """1.0-1.2 ask y = 0 exactly when max|ref| = 0; where the sum cancels to exactly 0 a
     float32 order does not give it, and the floor holds them; only S = 0 (a zero row of x)
@@ -172,8 +199,8 @@ def test_the_spacing_is_the_output_dtypes() -> None:
         ("factor = 2.5\npaths = []", "paths: expected a non-empty list of distinct paths"),
         ("factor = 2.5\npaths = ['qmm', 'qmm']", "found ['qmm', 'qmm']"),
         (
-            "factor = 2.5\npaths = ['row_parallel']",
-            "among gather_qmm, qmm, w4a4, w4a8, w4a8_fp8, found",
+            "factor = 2.5\npaths = ['dequantize']",
+            "among gather_qmm, qmm, row_parallel, w4a4, w4a8, w4a8_fp8, found",
         ),
         ("factor = 2.5\npaths = 'qmm'", "found 'qmm'"),
         ("factor = 2.5", "expected the keys factor and paths, found ['factor']"),

@@ -52,6 +52,8 @@ RELEASED_NUMBERS["1.2"] = {
 }
 #: 1.3: 1.2's numbers; its accumulation floor is no table of numbers (RELEASED_FLOORS).
 RELEASED_NUMBERS["1.3"] = RELEASED_NUMBERS["1.2"]
+#: 1.4: 1.3's numbers; its floor also covers row-parallel sums (RELEASED_FLOORS).
+RELEASED_NUMBERS["1.4"] = RELEASED_NUMBERS["1.3"]
 #: The accumulation floor of each version: none before 1.3.
 RELEASED_FLOORS: dict[str, tolerances.AccumulationFloor | None] = {
     "1.0": None,
@@ -59,6 +61,9 @@ RELEASED_FLOORS: dict[str, tolerances.AccumulationFloor | None] = {
     "1.2": None,
     "1.3": tolerances.AccumulationFloor(
         factor=2.5, paths=("qmm", "gather_qmm", "w4a4", "w4a8", "w4a8_fp8")
+    ),
+    "1.4": tolerances.AccumulationFloor(
+        factor=2.5, paths=("qmm", "gather_qmm", "w4a4", "w4a8", "w4a8_fp8", "row_parallel")
     ),
 }
 

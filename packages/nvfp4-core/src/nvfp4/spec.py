@@ -235,6 +235,13 @@ def _spec_1_3() -> SpecTables:
     return replace(_spec_1_2(), version="1.3")
 
 
+def _spec_1_4() -> SpecTables:
+    """Spec 1.4 (``spec/1.4/nvfp4.md``): 1.3's tables. What 1.4 adds, the accumulation floor
+    on a row-parallel sum, is a path of ``tolerances.toml``'s ``[accumulation_floor]``
+    (``row_parallel``)."""
+    return replace(_spec_1_3(), version="1.4")
+
+
 #: Every released version's table, by version. A release adds one; none is ever removed or
 #: edited (a released folder under ``spec/`` is immutable, and so is its table).
 _RELEASED: dict[str, SpecTables] = {
@@ -242,6 +249,7 @@ _RELEASED: dict[str, SpecTables] = {
     "1.1": _spec_1_1(),
     "1.2": _spec_1_2(),
     "1.3": _spec_1_3(),
+    "1.4": _spec_1_4(),
 }
 
 

@@ -29,7 +29,8 @@ row-parallel (K-sharded) matmul's float32-reduced sum. Spec 1.3 adds
 ``[accumulation_floor]``, which is not a table of numbers per dtype: the factor of the bound
 an output element of a matmul path also conforms within where its sum cancels, and the paths
 it applies to (:func:`accumulation_floor`; :mod:`nvfp4.accumulation_floor` computes the
-bound). Every file's values are checked where they are read (:func:`parse_tables`,
+bound). Spec 1.4 names ``row_parallel`` among those paths (:data:`SUM_TABLES`): a
+row-parallel sum conforms within the floor of the unsharded call. Every file's values are checked where they are read (:func:`parse_tables`,
 :func:`parse_floor`). A draft's file (``spec/draft/``, while one is
 edited) is no released version: nothing here reads it.
 
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FLOOR_TABLE",
     "METRIC",
+    "SUM_TABLES",
     "TOLERANCES",
     "TOLERANCES_SPEC_VERSION",
     "AccumulationFloor",
@@ -73,6 +75,10 @@ Table = Mapping[str, Mapping[str, float]]
 
 #: The table of a ``tolerances.toml`` (from spec 1.3) that holds the accumulation floor.
 FLOOR_TABLE: Final = "accumulation_floor"
+#: Tables of a ``tolerances.toml`` that bound a matmul's sum but belong to no verb: the
+#: float32-reduced sum of a row-parallel matmul (``[row_parallel]``, from spec 1.2). The
+#: floor's ``paths`` may name them (spec 1.4) besides the matmul verbs' tables.
+SUM_TABLES: Final = ("row_parallel",)
 #: Keys of a file that are not tables of numbers.
 _NOT_NUMBERS: Final = ("spec_version", "metric", FLOOR_TABLE)
 
@@ -136,7 +142,8 @@ def _tables(data: Mapping[str, Any], source: str) -> Table:
 def parse_floor(data: Mapping[str, Any], tables: Table, source: str) -> AccumulationFloor | None:
     """The ``[accumulation_floor]`` of a parsed ``tolerances.toml`` (``None`` where the file
     has none: before spec 1.3), checked: exactly the keys ``factor`` (a finite number > 0)
-    and ``paths`` (a non-empty list of distinct names of the file's tables of matmul verbs). An error names ``source``, the key and what it found, in
+    and ``paths`` (a non-empty list of distinct names of the file's tables of matmul verbs,
+    or of :data:`SUM_TABLES`). An error names ``source``, the key and what it found, in
     one line."""
     if FLOOR_TABLE not in data:
         return None
@@ -150,8 +157,10 @@ def parse_floor(data: Mapping[str, Any], tables: Table, source: str) -> Accumula
     number = isinstance(factor, (int, float)) and not isinstance(factor, bool)
     if not number or not 0.0 < float(factor) < float("inf"):
         raise ValueError(f"{where} factor: expected a finite number > 0, found {factor!r}")
-    # the paths of the matmul verbs (a verb's capability names its tolerance table)
-    matmul = sorted({v.capability for v in VERBS.values() if v.kind == "matmul"} & set(tables))
+    # the paths of the matmul verbs (a verb's capability names its tolerance table) and the
+    # sums of sharded matmuls
+    verbs = {v.capability for v in VERBS.values() if v.kind == "matmul"}
+    matmul = sorted((verbs | set(SUM_TABLES)) & set(tables))
     if (
         not isinstance(paths, list)
         or not paths

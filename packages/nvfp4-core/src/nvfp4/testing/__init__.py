@@ -6,8 +6,8 @@ share. Installed code imports it, so nothing here imports pytest at module level
 * :mod:`nvfp4.testing.data` - seeded test weights and activations (:func:`random_planes`,
   :func:`realistic_weight`, :func:`activations`, the shapes of a Llama layer
   :func:`llama_layer_shapes`), :func:`raw_planes` (unchecked), :func:`unit_scale_planes`
-  (the weight is its codes), :func:`cancelling_blocks` (a sum no float32 order gets near)
-  and the crafted activations of the encoder tests (:func:`rows_across_magnitudes`,
+  (the weight is its codes), :func:`cancelling_blocks` (a sum no float32 order gets near),
+  :func:`cancelling_halves` (sums that cancel across K's halves) and the crafted activations of the encoder tests (:func:`rows_across_magnitudes`,
   :func:`zero_blocks`, :func:`nonfinite_blocks`, :func:`scattered_inf`,
   :func:`q8_exact_halves`);
 * :mod:`nvfp4.testing.modules` - :func:`module_from_file`: a script, benchmark or build
@@ -25,6 +25,7 @@ from __future__ import annotations
 from .data import (
     activations,
     cancelling_blocks,
+    cancelling_halves,
     globals_for,
     llama_layer_shapes,
     nonfinite_blocks,
@@ -49,6 +50,7 @@ __all__ = [
     "as_float64",
     "assert_within",
     "cancelling_blocks",
+    "cancelling_halves",
     "error_figures",
     "globals_for",
     "llama_layer_shapes",

@@ -24,6 +24,7 @@ from ..spec import BLOCK_SIZE, GLOBAL_AMAX_DIVISOR, Q8_BLOCK_SIZE
 __all__ = [
     "activations",
     "cancelling_blocks",
+    "cancelling_halves",
     "globals_for",
     "llama_layer_shapes",
     "nonfinite_blocks",
@@ -208,7 +209,7 @@ def cancelling_blocks() -> tuple[npt.NDArray[np.float32], NVFP4Planes]:
     """``(x [1, 32], planes [1, 32])``, valid and finite, whose one output cancels: weight
     block 0 is +6 x 448 sixteen times and block 1 -6 x 448, x's second half its first plus
     2^-20-sized noise. Every float32 order of the sum is off by a large part of the result
-    (spec draft 1.3, "Tolerances")."""
+    (spec 1.3, "Tolerances")."""
     codes = np.zeros((1, 16), np.uint8)
     codes[0, :8] = 0x77  # code 7 (+6.0) in both nibbles
     codes[0, 8:] = 0xFF  # code 15 (-6.0)
@@ -222,6 +223,40 @@ def cancelling_blocks() -> tuple[npt.NDArray[np.float32], NVFP4Planes]:
     a = rng.standard_normal(16).astype(np.float32)
     b = (a + np.float32(2.0**-20) * rng.standard_normal(16).astype(np.float32)).astype(np.float32)
     return np.concatenate([a, b])[None, :].astype(np.float32), planes
+
+
+def cancelling_halves(
+    rng: np.random.Generator,
+    m: int,
+    n: int,
+    k: int,
+    *,
+    global_scale: float = 1.0,
+    depth: tuple[float, float] = (4.0, 22.0),
+    name: str = "halves",
+) -> tuple[npt.NDArray[np.float32], NVFP4Planes]:
+    """``(x [m, k], planes [n, k])``, valid and finite, whose every output cancels across
+    K's halves: the first half's codes non-negative, the second half the same codes negated
+    under the same scale bytes (drawn from 0x30-0x7E), x's first half ``|normal|`` and its
+    second half the first times ``1 + 2^-U(depth)`` (one factor a row: the outputs cancel
+    to about ``2^-depth`` of ``S``). A sequential sum
+    climbs to ``S / 2`` and comes back down to almost nothing; split at K's middle (a
+    row-parallel layer at two ranks) each rank's partial is half of ``S`` and the two
+    cancel in the all-reduce. ``k`` a multiple of 32."""
+    if k % (2 * BLOCK_SIZE):
+        raise ValueError(f"cancelling_halves: k must be a multiple of 32, found {k}")
+    half = rng.integers(0, 256, (n, k // 4), dtype=np.uint8) & 0x77  # sign bits clear
+    codes = np.concatenate([half, half ^ 0x88], axis=1)  # negating flips each sign bit
+    s = rng.integers(0x30, 0x7F, (n, k // 32), dtype=np.uint8)
+    planes = NVFP4Planes(
+        codes=codes,
+        scales=np.concatenate([s, s], axis=1),
+        global_scale=np.asarray(global_scale, np.float32),
+        name=name,
+    )
+    xa = np.abs(rng.standard_normal((m, k // 2)))
+    xb = xa * (1 + 2.0 ** -rng.uniform(*depth, (m, 1)))
+    return np.concatenate([xa, xb], axis=1).astype(np.float32), planes
 
 
 def raw_planes(
