@@ -240,7 +240,10 @@ if code != 8:
     ),
     Deviation(
         key="mlx_low_precision",
-        pattern=r"qmm .*(float16|bfloat16): max\|err\|/max\|ref\|",
+        # T4's qmm cases, and T7's row- and column-parallel qmm (each rank's qmm is the same
+        # call), in float16 / bfloat16
+        pattern=r"qmm .*(float16|bfloat16): max\|err\|/max\|ref\||"
+        r"test_(row|column)_parallel_qmm(_cancelling)?\[tp\d+-\w+-(float16|bfloat16)\]",
         reading="mx.quantized_matmul computes in x's dtype and returns float16 / bfloat16 "
         "before the decode global can be applied: float16 overflows to inf, and both miss "
         "the W4A16 tolerance",
