@@ -334,17 +334,16 @@ def order_outputs(x: F32, w: NVFP4Planes, world: int | None = None) -> dict[str,
         wv, g = ref.dequantize_unscaled(w), w.row_global()
         return {name: (acc(x, w, wv) * g).astype(np.float32) for name, acc in ORDERS.items()}
     plan = shard_plan(x.shape[1], world, dim="k")
-    out = {}
-    for name, acc in ORDERS.items():
-        y = np.zeros((x.shape[0], w.n), np.float32)
-        for r in plan:
-            shard = shard_planes(w, plan, r.rank)
-            xr = np.zeros((x.shape[0], r.padded), np.float32)
-            xr[:, : r.size] = x[:, r.start : r.stop]
-            wv = ref.dequantize_unscaled(shard)
-            y += (acc(xr, shard, wv) * shard.row_global()).astype(np.float32)
-        out[name] = y
-    return out
+    ranks = []
+    for r in plan:
+        xr = np.zeros((x.shape[0], r.padded), np.float32)
+        xr[:, : r.size] = x[:, r.start : r.stop]
+        ranks.append((xr, shard_planes(w, plan, r.rank)))
+    in_rank_order = REDUCTIONS["rank order"]
+    return {
+        name: in_rank_order([partial(xr, shard, np.float32) for xr, shard in ranks])
+        for name, partial in order_partials().items()
+    }
 
 
 def contradiction(x: F32, w: NVFP4Planes, world: int | None = None) -> dict[str, float]:
