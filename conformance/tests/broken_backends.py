@@ -15,7 +15,7 @@ import pytest
 from nvfp4 import reference
 from nvfp4.activations import FP8Activations, Q8Activations
 from nvfp4.contract import Availability
-from nvfp4.dtypes import OUTPUT_DTYPES
+from nvfp4.dtypes import OUTPUT_DTYPES, dtype_name
 from nvfp4.planes import NVFP4Planes
 from nvfp4.reference_backend import ReferenceKernels
 from nvfp4.spec import E2M1_VALUES, E4M3_MAX, E4M3_NAN_BYTE, E4M3_VALUES, Q8_BLOCK_SIZE, Q8_MAX
@@ -116,6 +116,21 @@ class NarrowX(_Broken):
             with np.errstate(over="ignore"):
                 a = a.astype(np.float32).astype(np.float16).astype(a.dtype)
         return super().qmm(a, w, out_dtype=out_dtype)
+
+
+class PartialsInXDtype(_Broken):
+    """Returns ``qmm`` in x's dtype whatever ``out_dtype`` asks, then converts, as torchao's
+    weight-only ``F.linear`` does: a row-parallel layer's partials are rounded to x's dtype
+    before the all-reduce (the declared deviation ``partials_in_activation_dtype`` of spec
+    1.5's registry)."""
+
+    NAME = "test-partials-in-x-dtype"
+    DEVIATIONS = ("partials_in_activation_dtype",)
+
+    def qmm(self, x: Any, w: Any, *, out_dtype: str) -> Any:
+        a = np.asarray(x)
+        y = super().qmm(a, w, out_dtype=dtype_name(a.dtype))
+        return np.asarray(y).astype(OUTPUT_DTYPES[out_dtype])
 
 
 class LaxPrepare(_Broken):
@@ -326,6 +341,7 @@ BACKENDS: dict[str, type[_Broken]] = {
         IgnoreOutOfRange,
         RefuseOutOfRange,
         NarrowX,
+        PartialsInXDtype,
         LaxPrepare,
         Skipper,
         TiesDown,

@@ -5,6 +5,7 @@ follows the registry's severities."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -137,3 +138,55 @@ def test_a_group_of_failures_keeps_each_error_s_first_line() -> None:
     assert "  [1] AssertionError: codes differ at (0, 3)" in lines
     assert "  [2] ValueError: K = 48 refused" in lines
     assert "more" not in lines
+
+
+def _cancelling_sum(world: int, dtype: str) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """``(y, ref, partials)``: a row-parallel sum of partials that cancel, each rounded to
+    ``dtype`` (the deviation's arithmetic), its reference and the exact partials."""
+    from nvfp4.testing import cancelling_halves
+
+    x, w = cancelling_halves(np.random.default_rng(world), 2, 4, 64 * world, depth=(6.0, 12.0))
+    full = reference.dequantize(w, "float32").astype(np.float64)
+    a = x.astype(np.float64)
+    cut = np.linspace(0, a.shape[1], world + 1).astype(int)
+    parts = [a[:, i:j] @ full[:, i:j].T for i, j in itertools.pairwise(cut)]
+    ref = a @ full.T
+    y = emu.row_parallel_sum(parts, dtype, deviations=["partials_in_activation_dtype"])
+    return y.astype(np.float64), ref, parts
+
+
+def test_a_row_parallel_sum_is_explained_within_its_declared_bound_only(
+    declared: Callable[..., frozenset[str] | None],
+) -> None:
+    """Partials rounded to bfloat16: explained for a backend that declares the deviation (or
+    that the registry's seen_in names) under spec 1.5, never under 1.4 (1.2's registry has
+    no such id), and not an output outside the bound."""
+    y, ref, parts = _cancelling_sum(3, "bfloat16")
+    assert np.abs(y - ref).max() > 1e-2 * np.abs(ref).max(), "the case departs from the rule"
+    what = "partials_in_activation_dtype"
+    assert attribution.explain_row_parallel_sum(y, ref, None, parts, "bfloat16") == [what]
+    declared("my-engine", (), "1.5")
+    assert attribution.explain_row_parallel_sum(y, ref, None, parts, "bfloat16") is None
+    declared("torchao", (), "1.5")
+    assert attribution.explain_row_parallel_sum(y, ref, None, parts, "bfloat16") == [what]
+    declared("my-engine", [what], "1.5")
+    assert attribution.explain_row_parallel_sum(y, ref, None, parts, "bfloat16") == [what]
+    wrong = y.copy()
+    wrong[0, 0] += 2 * emu.partials_relative_bound(parts, "bfloat16", 1.0)[0, 0] + 1.0
+    assert attribution.explain_row_parallel_sum(wrong, ref, None, parts, "bfloat16") is None
+    nan = y.copy()
+    nan[1, 1] = np.nan
+    assert attribution.explain_row_parallel_sum(nan, ref, None, parts, "bfloat16") is None
+    assert declared("torchao", (), "1.4") is not None
+    assert attribution.explain_row_parallel_sum(y, ref, None, parts, "bfloat16") is None
+    with pytest.raises(
+        ValueError, match=r"does not hold: partials_in_activation_dtype \(registry of spec 1\.2\)"
+    ):
+        declared("my-engine", [what], "1.4")
+
+
+def test_the_verdict_names_the_registry_of_the_certified_version() -> None:
+    failed = {"nodeid": "t7", "outcome": "failed", "explained_by": ["partials_in_activation_dtype"]}
+    assert attribution.verdict([failed], "failed", "1.5")["registry_spec_version"] == "1.5"
+    assert attribution.verdict([failed], "failed", "1.5")["class"] == "compatible"
+    assert attribution.verdict([], "certified", "1.4")["registry_spec_version"] == "1.2"

@@ -138,7 +138,7 @@ def test_scale_times_global_first_is_attributed_and_compatible(run_suite: Run) -
         "explained": {"scale_times_global_first": len(failed)},
         "unexplained": [],
         "unsafe": [],
-        "registry_spec_version": "1.2",
+        "registry_spec_version": "1.5",
     }
     assert all(t["explained_by"] is None for t in cert["tests"] if t["outcome"] == "passed")
 
@@ -404,3 +404,24 @@ def test_a_case_a_backend_raises_on_fails_alone_in_t7(run_suite: Run) -> None:
     assert any("test_row_parallel_qmm[" in n for n in passed)
     assert any("test_column_parallel_qmm[" in n for n in passed)
     assert not _by_outcome(cert, "error", "T7")
+
+
+def test_partials_in_x_dtype_are_explained_in_t7_and_compatible(run_suite: Run) -> None:
+    """A backend whose partials come back in x's dtype (as torchao's) fails only the
+    row-parallel sums whose partials cancel, in float16 / bfloat16; it declares spec 1.5's
+    ``partials_in_activation_dtype``, every such failure is within that deviation's bound,
+    so the certificate's class is compatible, not incompatible."""
+    pytest.importorskip("nvfp4_torch.ranks")  # the parity extra (torch)
+    result, cert = run_suite("test-partials-in-x-dtype", "T7", "-k", "row_parallel")
+    assert result.ret == 1
+    assert cert["spec_version"] == "1.5"
+    failed = _by_outcome(cert, "failed", "T7")
+    assert failed
+    for nodeid, t in failed.items():
+        assert "test_row_parallel_qmm_cancelling[" in nodeid, nodeid
+        assert "float32]" not in nodeid, nodeid
+        assert t["explained_by"] == ["partials_in_activation_dtype"], nodeid
+    assert any("test_row_parallel_qmm[" in n for n in _by_outcome(cert, "passed", "T7"))
+    v = cert["verdict"]
+    assert (v["class"], v["unexplained"], v["registry_spec_version"]) == ("compatible", [], "1.5")
+    assert v["explained"] == {"partials_in_activation_dtype": len(failed)}

@@ -32,7 +32,7 @@ from .t6 import load_golden as load_t6_golden
 
 #: Spec versions this suite has tests for (the run uses the newest one that the suite,
 #: nvfp4-core and the backend under test all implement, unless --nvfp4-spec says otherwise).
-SUITE_SPEC_VERSIONS: tuple[str, ...] = ("1.0", "1.1", "1.2", "1.3", "1.4")
+SUITE_SPEC_VERSIONS: tuple[str, ...] = ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5")
 
 __all__ = [
     "SUITE_SPEC_VERSIONS",

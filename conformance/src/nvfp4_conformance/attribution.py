@@ -4,7 +4,9 @@
 When a bit-exact comparison fails, the tier asks :func:`explain_dequantize` or
 :func:`explain_encoding` whether the backend's output is what the reference computes with
 one declared deviation switched on (or two, where no single one explains it): the
-emulations of :mod:`nvfp4.deviation_emulators`. The answer (a list of deviation ids, or
+emulations of :mod:`nvfp4.deviation_emulators`. A failing row-parallel sum (T7) asks
+:func:`explain_row_parallel_sum` whether every element is within the bound of a declared
+``partials_relative`` deviation (spec 1.5's registry). The answer (a list of deviation ids, or
 ``None``) is recorded with the failing case as ``explained_by``; nothing is loosened: the
 test still fails. A backend that raises where an emulated ``refuses`` deviation refuses the
 same input is explained by that deviation.
@@ -15,7 +17,10 @@ entry's ``seen_in`` names it, and those its ``BackendInfo.deviations`` declares
 of 64 and MLX's K multiple of 32 both refuse K = 48), each engine's failure is explained by
 its own; a backend the registry names nowhere has no declared deviation, so its failures
 stay unexplained until one enters the registry with evidence. Outside a run (no
-:func:`declare_for`), every deviation takes part.
+:func:`declare_for`), every deviation of the newest registry takes part. A run attributes
+with the registry of the spec version it certifies (:func:`nvfp4.deviation_registry.
+registry_version`: 1.2's for 1.2-1.4), so an older version's certificate names only the
+ids that version had.
 
 :func:`verdict` turns a certificate's tests into its class: ``conformant`` (no failure),
 ``compatible`` (every failing test explained, by deviations none of which is ``unsafe``),
@@ -43,38 +48,51 @@ __all__ = [
     "explain_dequantize",
     "explain_encoding",
     "explain_refusal",
+    "explain_row_parallel_sum",
     "verdict",
 ]
 
 _REFUSALS = tuple(d.id for d in registry.deviations() if d.emulated and d.bound == "refuses")
 _DECODE = tuple(sorted(emu.DECODER_DEVIATIONS - set(_REFUSALS)))
 _ENCODE = tuple(sorted(emu.ENCODER_DEVIATIONS - set(_REFUSALS)))
+_SUMS = tuple(d.id for d in registry.deviations() if d.emulated and d.bound == "partials_relative")
 #: The deviations declared for the backend under test (None: every deviation).
 _declared: frozenset[str] | None = None
+#: The spec version the run certifies (None: the newest registry's).
+_spec: str | None = None
 
 
-def declare_for(backend: str | None, declared: Iterable[str] = ()) -> frozenset[str] | None:
-    """Attribute failures only to the deviations whose ``seen_in`` names ``backend`` and to
-    the registry ids in ``declared`` (the backend's own declaration; an id the registry does
-    not hold is a ``ValueError``); ``None``: to every deviation again. Returns that set."""
-    global _declared
+def declare_for(
+    backend: str | None, declared: Iterable[str] = (), spec: str | None = None
+) -> frozenset[str] | None:
+    """Attribute failures only to the deviations of the registry spec ``spec`` uses (``None``:
+    the newest) whose ``seen_in`` names ``backend`` and to the registry ids in ``declared``
+    (the backend's own declaration; an id that registry does not hold is a ``ValueError``);
+    ``backend=None``: to every deviation of the newest registry again. Returns that set."""
+    global _declared, _spec
     if backend is None:
-        _declared = None
+        _declared, _spec = None, None
         return None
+    devs = registry.deviations(spec)
     own = frozenset(declared)
-    known = {d.id for d in registry.deviations()}
+    known = {d.id for d in devs}
     if own - known:
         raise ValueError(
             f"backend {backend!r} declares deviations the registry does not hold: "
-            f"{', '.join(sorted(own - known))} (registry of spec {registry.REGISTRY_SPEC_VERSION})"
+            f"{', '.join(sorted(own - known))} (registry of spec "
+            f"{registry.registry_version(spec)})"
         )
-    _declared = own | {d.id for d in registry.deviations() if backend in d.seen_in}
+    _declared = own | {d.id for d in devs if backend in d.seen_in}
+    _spec = spec
     return _declared
 
 
 def _candidates(ids: Sequence[str]) -> tuple[str, ...]:
-    """``ids`` less those not declared for the backend under test, in order."""
-    return tuple(ids) if _declared is None else tuple(i for i in ids if i in _declared)
+    """``ids`` less those not declared for the backend under test (and those the certified
+    version's registry does not hold), in order."""
+    if _declared is None:
+        return tuple(ids)
+    return tuple(i for i in ids if i in _declared)
 
 
 def _first(
@@ -163,6 +181,38 @@ def explain_refusal(run: Callable[[Sequence[str]], Any]) -> list[str] | None:
     return None
 
 
+def explain_row_parallel_sum(
+    found: Any,
+    ref: Any,
+    floor: Any,
+    partials: Sequence[Any],
+    dtype: str,
+) -> list[str] | None:
+    """The declared ``partials_relative`` deviation within whose bound every element of a
+    row-parallel sum ``found`` is (``|found - ref| <= floor + b * gamma_w * sum_r |p_r|``,
+    :func:`nvfp4.deviation_emulators.partials_relative_bound`; NaN where ``ref`` is NaN, an
+    infinity equal to ``ref``'s), or ``None``. ``floor``: the accumulation floor of the
+    unsharded call (``None``: none); ``partials``: each rank's float64 partial."""
+    y = np.asarray(found, dtype=np.float64)
+    want = np.asarray(ref, dtype=np.float64)
+    if y.shape != want.shape:
+        return None
+    for ident in _candidates(_SUMS):
+        b = registry.deviation(ident, _spec).bound_value
+        allowed = emu.partials_relative_bound(partials, dtype, float(b or 0.0))
+        if floor is not None:
+            allowed = allowed + np.asarray(floor, dtype=np.float64)
+        nan = np.isnan(want)
+        if not np.array_equal(np.isnan(y), nan):
+            continue
+        with np.errstate(invalid="ignore"):
+            err = np.abs(y - want)
+        ok = np.where(np.isinf(want), y == want, err <= allowed)
+        if ok[~nan].all():
+            return [ident]
+    return None
+
+
 def decode_or_explain(
     record: Callable[..., None], case: str, planes: NVFP4Planes, dtype: str, call: Callable[[], Any]
 ) -> Any:
@@ -216,9 +266,12 @@ def failing_explanation(test: Mapping[str, Any]) -> list[str] | None:
     return list(dict.fromkeys(i for ids in failing for i in ids))
 
 
-def verdict(tests: Sequence[Mapping[str, Any]], result: str) -> dict[str, Any]:
-    """The certificate's ``verdict``: its class, how many failing tests each deviation
-    explains, the unexplained failing tests and the unsafe deviations claimed."""
+def verdict(
+    tests: Sequence[Mapping[str, Any]], result: str, spec: str | None = None
+) -> dict[str, Any]:
+    """The certificate's ``verdict`` for spec version ``spec`` (``None``: the newest
+    registry): its class, how many failing tests each deviation explains, the unexplained
+    failing tests and the unsafe deviations claimed."""
     explained: dict[str, int] = {}
     unexplained: list[str] = []
     for t in tests:
@@ -230,7 +283,7 @@ def verdict(tests: Sequence[Mapping[str, Any]], result: str) -> dict[str, Any]:
             continue
         for i in ids:
             explained[i] = explained.get(i, 0) + 1
-    unsafe = sorted(i for i in explained if not registry.deviation(i).admissible)
+    unsafe = sorted(i for i in explained if not registry.deviation(i, spec).admissible)
     failing = bool(unexplained or explained) or result == "failed"
     if not failing:
         cls = "conformant"
@@ -243,5 +296,5 @@ def verdict(tests: Sequence[Mapping[str, Any]], result: str) -> dict[str, Any]:
         "explained": dict(sorted(explained.items())),
         "unexplained": unexplained,
         "unsafe": unsafe,
-        "registry_spec_version": registry.REGISTRY_SPEC_VERSION,
+        "registry_spec_version": registry.registry_version(spec),
     }

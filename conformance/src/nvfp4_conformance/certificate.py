@@ -267,7 +267,7 @@ def build_certificate(run: ConformanceRun) -> dict[str, Any]:
         "illegal_skips": [o.nodeid for o in run.illegal_skips()],
         "t6": _t6_summary(run),
         **t7_section(run),  # only when T7 (sharding, spec 1.2) ran
-        "verdict": verdict(tests, result),
+        "verdict": verdict(tests, result, run.spec_version),
         "tests": tests,
     }
 

@@ -162,9 +162,10 @@ def _resolve(run: ConformanceRun, config: pytest.Config) -> None:
     run.backend_name = name
     run.backend = backend
     # failures are explained only by the deviations declared for this backend: by the
-    # registry's seen_in, or by the backend itself (ids of the registry only)
+    # registry's seen_in, or by the backend itself (ids of the registry of the certified
+    # version only)
     try:
-        attribution.declare_for(name, getattr(backend.info, "deviations", ()) or ())
+        attribution.declare_for(name, getattr(backend.info, "deviations", ()) or (), spec)
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
     run.spec_version = spec

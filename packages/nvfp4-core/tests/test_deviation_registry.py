@@ -1,5 +1,6 @@
-"""``nvfp4.deviation_registry`` reads ``spec/1.2/deviations.toml``: the committed registry
-parses and says what the spec requires of it, and a malformed file is refused with one line
+"""``nvfp4.deviation_registry`` reads ``spec/1.2/deviations.toml`` and ``spec/1.5/``'s: the
+committed registries parse and say what the spec requires of them (1.5's is 1.2's and one
+more), each spec version uses its own, and a malformed file is refused with one line
 naming the file, the entry, the key, the expected and the found."""
 
 from __future__ import annotations
@@ -32,9 +33,10 @@ emulated = true
 """
 
 
-def test_the_committed_registry_parses_and_is_complete() -> None:
-    devs = reg.deviations()
-    assert len(devs) == 21
+@pytest.mark.parametrize(("version", "count"), [("1.2", 21), ("1.5", 22)])
+def test_the_committed_registry_parses_and_is_complete(version: str, count: int) -> None:
+    devs = reg.deviations(version)
+    assert len(devs) == count
     ids = [d.id for d in devs]
     assert len(set(ids)) == len(ids)
     for d in devs:
@@ -56,12 +58,62 @@ def test_the_committed_registry_parses_and_is_complete() -> None:
     assert reg.deviation("k_multiple_of_64").bound == "refuses"
 
 
+def test_1_5_keeps_1_2_s_entries_and_adds_one() -> None:
+    old, new = reg.deviations("1.2"), reg.deviations("1.5")
+    assert new[: len(old)] == old
+    assert [d.id for d in new[len(old) :]] == ["partials_in_activation_dtype"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "registry"),
+    [
+        ("1.0", "1.2"),
+        ("1.1", "1.2"),
+        ("1.2", "1.2"),
+        ("1.3", "1.2"),
+        ("1.4", "1.2"),
+        ("1.5", "1.5"),
+        ("1.10", "1.5"),
+        (None, "1.5"),
+    ],
+)
+def test_each_spec_version_uses_the_newest_registry_released_by_then(
+    spec: str | None, registry: str
+) -> None:
+    assert reg.registry_version(spec) == registry
+
+
+def test_a_malformed_spec_version_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"expected a spec version X\.Y, found 'one'"):
+        reg.registry_version("one")
+
+
 def test_the_registry_is_read_from_the_checkout_or_the_package() -> None:
-    source = reg.data_file()
-    assert source.name == "deviations.toml"
-    assert reg.REGISTRY_SPEC_VERSION == "1.2"
-    if (REPO / "spec" / "1.2").is_dir():  # a checkout: the released folder's file
-        assert Path(str(source)) == REPO / "spec" / "1.2" / "deviations.toml"
+    assert reg.REGISTRY_SPEC_VERSION == "1.5"
+    for version in reg.REGISTRY_VERSIONS:
+        source = reg.data_file(version)
+        assert source.name == "deviations.toml"
+        if (REPO / "spec" / version).is_dir():  # a checkout: the released folder's file
+            assert Path(str(source)) == REPO / "spec" / version / "deviations.toml"
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        (
+            'tiers = ["T3"]',
+            'tiers = ["T7"]',
+            "key 'tiers': expected tiers among T0, T1, T2, T3, T4, T5, T6, found 'T7'",
+        ),
+        ('bound = "ulps"', 'bound = "partials_relative"', "key 'bound': expected one of ulps"),
+    ],
+)
+def test_a_1_2_file_may_not_use_what_1_5_added(old: str, new: str, message: str) -> None:
+    text = GOOD.replace(old, new, 1)
+    with pytest.raises(reg.DeviationRegistryError, match=re.escape(message)):
+        reg.parse(text, "x.toml", "1.2")
+    (d,) = reg.parse(text.replace('spec_version = "1.2"', 'spec_version = "1.5"'), "x.toml", "1.5")
+    assert new.split(" = ")[1].strip('["]') in (d.bound, *d.tiers)
 
 
 def test_unknown_id_is_a_key_error_naming_the_known_ones() -> None:
@@ -70,7 +122,7 @@ def test_unknown_id_is_a_key_error_naming_the_known_ones() -> None:
 
 
 def test_a_good_file_parses() -> None:
-    (d,) = reg.parse(GOOD, "x.toml")
+    (d,) = reg.parse(GOOD, "x.toml", "1.2")
     assert d.id == "scale_times_global_first"
     assert d.bound_value == 1.0
     assert d.emulated
@@ -160,7 +212,7 @@ def test_a_malformed_file_is_one_line_naming_what_and_where(
 ) -> None:
     assert old in GOOD
     with pytest.raises(reg.DeviationRegistryError, match=re.escape(message)) as info:
-        reg.parse(GOOD.replace(old, new, 1), "x.toml")
+        reg.parse(GOOD.replace(old, new, 1), "x.toml", "1.2")
     text = str(info.value)
     assert "\n" not in text
     assert text.startswith("x.toml: ")
@@ -169,10 +221,10 @@ def test_a_malformed_file_is_one_line_naming_what_and_where(
 def test_duplicate_ids_no_entries_and_bad_toml_are_refused() -> None:
     body = GOOD.split("\n", 2)[2]
     with pytest.raises(reg.DeviationRegistryError, match="id declared twice"):
-        reg.parse(GOOD + "\n" + body, "x.toml")
+        reg.parse(GOOD + "\n" + body, "x.toml", "1.2")
     with pytest.raises(reg.DeviationRegistryError, match="expected 1 to 1000"):
-        reg.parse('spec_version = "1.2"\n', "x.toml")
+        reg.parse('spec_version = "1.2"\n', "x.toml", "1.2")
     with pytest.raises(reg.DeviationRegistryError, match=r"x\.toml: not TOML"):
-        reg.parse("[[deviation", "x.toml")
+        reg.parse("[[deviation", "x.toml", "1.2")
     with pytest.raises(reg.DeviationRegistryError, match="expected at most 1048576 bytes"):
-        reg.parse("#" * (1 << 20 + 1), "x.toml")
+        reg.parse("#" * (1 << 20 + 1), "x.toml", "1.2")

@@ -54,6 +54,8 @@ RELEASED_NUMBERS["1.2"] = {
 RELEASED_NUMBERS["1.3"] = RELEASED_NUMBERS["1.2"]
 #: 1.4: 1.3's numbers; its floor also covers row-parallel sums (RELEASED_FLOORS).
 RELEASED_NUMBERS["1.4"] = RELEASED_NUMBERS["1.3"]
+#: 1.5: 1.4's numbers and floor (it adds a deviation to the registry, no number).
+RELEASED_NUMBERS["1.5"] = RELEASED_NUMBERS["1.4"]
 #: The accumulation floor of each version: none before 1.3.
 RELEASED_FLOORS: dict[str, tolerances.AccumulationFloor | None] = {
     "1.0": None,
@@ -66,6 +68,7 @@ RELEASED_FLOORS: dict[str, tolerances.AccumulationFloor | None] = {
         factor=2.5, paths=("qmm", "gather_qmm", "w4a4", "w4a8", "w4a8_fp8", "row_parallel")
     ),
 }
+RELEASED_FLOORS["1.5"] = RELEASED_FLOORS["1.4"]
 
 
 def _plain(table: Any) -> dict[str, dict[str, float]]:
@@ -158,8 +161,10 @@ def test_no_file_and_a_wrong_version_fail_loudly(
         FileNotFoundError, match=r"^spec 1\.1 tolerances: .*spec_data.1\.1.*spec.1\.1"
     ):
         tolerances.data_file("1.1")
-    # 1.2's registry is looked up the same way, naming what it looked for
+    # the registries are looked up the same way, naming what they looked for
     with pytest.raises(FileNotFoundError, match=r"^deviation registry: .*spec.1\.2.deviations"):
+        deviation_registry.data_file("1.4")
+    with pytest.raises(FileNotFoundError, match=r"^deviation registry: .*spec.1\.5.deviations"):
         deviation_registry.data_file()
     wrong = tmp_path / tolerances.SPEC_DATA / "1.1"
     wrong.mkdir(parents=True)

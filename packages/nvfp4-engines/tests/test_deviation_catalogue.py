@@ -1,5 +1,5 @@
-"""The engines' deviation catalogue (``nvfp4_engines.deviations``) and the spec draft's
-registry (``spec/1.2/deviations.toml``, read by ``nvfp4.deviation_registry``) name the same
+"""The engines' deviation catalogue (``nvfp4_engines.deviations``) and the newest registry
+(``spec/1.5/deviations.toml``, read by ``nvfp4.deviation_registry``) name the same
 deviations. (Here, not in core's tests: core does not depend on nvfp4-engines.)"""
 
 from __future__ import annotations

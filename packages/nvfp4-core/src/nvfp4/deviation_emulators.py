@@ -28,7 +28,13 @@ deviation                   the step it changes
 ``k_multiple_of_64``        refuses K % 64 != 0 (encoder and decoder)
 ``mlx_k_multiple_of_32``    refuses K % 32 != 0 (encoder and decoder)
 ``torchao_no_float16``      the encoder refuses float16 x
+``partials_in_activation_dtype`` row-parallel sum (spec 1.5's registry): each rank's
+                            partial rounded to the output dtype before the sum
 =========================== ====================================================
+
+A ``partials_relative`` deviation has, besides its emulation (:func:`row_parallel_sum`),
+the bound its registry entry states (:func:`partials_relative_bound`): T7 attributes a
+failing row-parallel sum to it when every element is within that bound.
 
 A refusal raises :class:`DeviationRefusal` (a ``ValueError``) naming the deviation. The
 deviations not emulated (``emulated = false``: unsafe memory behaviour, non-finite
@@ -66,9 +72,13 @@ __all__ = [
     "EMULATED",
     "ENCODER_DEVIATIONS",
     "NOT_EMULATED",
+    "SUM_DEVIATIONS",
     "DeviationRefusal",
     "dequantize",
+    "partials_relative_bound",
     "quantize_activations",
+    "row_parallel_sum",
+    "unit_roundoff",
 ]
 
 #: Deviations of the encoder (:func:`quantize_activations`).
@@ -97,8 +107,10 @@ DECODER_DEVIATIONS: Final = frozenset(
         "mlx_k_multiple_of_32",
     }
 )
+#: Deviations of a row-parallel sum (:func:`row_parallel_sum`; spec 1.5's registry).
+SUM_DEVIATIONS: Final = frozenset({"partials_in_activation_dtype"})
 #: Every deviation emulated here.
-EMULATED: Final = ENCODER_DEVIATIONS | DECODER_DEVIATIONS
+EMULATED: Final = ENCODER_DEVIATIONS | DECODER_DEVIATIONS | SUM_DEVIATIONS
 #: The registry's deviations that are not (``emulated = false``).
 NOT_EMULATED: Final = frozenset(d.id for d in _registry() if not d.emulated)
 
@@ -306,3 +318,46 @@ def dequantize(
         return v
     with np.errstate(over="ignore"):
         return v.astype(out_dtype)
+
+
+def unit_roundoff(dtype: Any) -> float:
+    """Half the machine epsilon of an output dtype: the largest relative error of one
+    round-to-nearest into it (2^-24 float32, 2^-11 float16, 2^-8 bfloat16)."""
+    # the spacing of 1.0 is the machine epsilon (numpy's spacing works for bfloat16 too)
+    return float(np.spacing(np.asarray(1.0, resolve_dtype(dtype)))) / 2
+
+
+def row_parallel_sum(
+    partials: Iterable[Any], dtype: Any, *, deviations: Iterable[str] = ()
+) -> npt.NDArray[Any]:
+    """The reduced sum of a row-parallel layer from its ranks' exact partials (float64, each
+    ``[M, N]``), in ``dtype``: the reference's (the float64 sum, one cast: what the spec's
+    float32 partials and all-reduce approximate) or, with ``partials_in_activation_dtype``,
+    each partial first rounded to ``dtype`` as an engine that returns partials in x's dtype
+    does (the sum then in float64: the rounding of the partials alone)."""
+    chosen = _check(deviations, SUM_DEVIATIONS, "row_parallel_sum")
+    out_dtype = resolve_dtype(dtype)
+    parts = [np.asarray(p, dtype=np.float64) for p in partials]
+    if not parts:
+        raise ValueError("row_parallel_sum: expected the partials of at least one rank")
+    with np.errstate(over="ignore", invalid="ignore"):
+        if "partials_in_activation_dtype" in chosen:
+            parts = [p.astype(out_dtype).astype(np.float64) for p in parts]
+        out: npt.NDArray[Any] = np.sum(parts, axis=0).astype(out_dtype)
+    return out
+
+
+def partials_relative_bound(partials: Iterable[Any], dtype: Any, b: float) -> npt.NDArray[Any]:
+    """A ``partials_relative`` bound (spec 1.5, "Conformance classes and declared
+    deviations") per element: ``b * gamma_w * sum_r |p_r|``, with ``w`` the number of
+    partials, ``gamma_w = w u / (1 - w u)`` and ``u`` the unit roundoff of ``dtype``
+    (:func:`unit_roundoff`); it bounds rounding each partial to ``dtype`` and summing them in
+    ``dtype`` in any order (or in float32, then one cast), to within ``b = 1``."""
+    parts = [np.abs(np.asarray(p, dtype=np.float64)) for p in partials]
+    if not parts:
+        raise ValueError("partials_relative_bound: expected the partials of at least one rank")
+    wu = len(parts) * unit_roundoff(dtype)
+    if not 0 <= wu < 1:
+        raise ValueError(f"partials_relative_bound: w * u = {wu} must be below 1")
+    bound: npt.NDArray[np.float64] = float(b) * (wu / (1 - wu)) * np.sum(parts, axis=0)
+    return bound

@@ -1,12 +1,19 @@
-"""The deviation registry of spec 1.2, read from ``spec/1.2/deviations.toml``.
+"""The deviation registry, read from ``spec/<X.Y>/deviations.toml`` (1.2's, and 1.5's that
+adds to it).
 
 The registry is spec data (``nvfp4.md``, section "Conformance classes and declared
 deviations"): every way a real engine was seen to depart from the spec, with the rule it
 departs from, its scope (``real`` checkpoints or ``malformed`` input only), its severity
 (``benign``, ``lossy``, ``unsafe``), its bound and the evidence. This module reads it and
 restates none of it. Where the file is found (:func:`data_file`): an installed wheel carries
-it as package data, ``nvfp4/spec_data/1.2/deviations.toml`` (``hatch_build.py``); a source
-checkout reads the repository's ``spec/1.2/``.
+it as package data, ``nvfp4/spec_data/<X.Y>/deviations.toml`` (``hatch_build.py``); a source
+checkout reads the repository's ``spec/<X.Y>/``.
+
+Registries are versioned with the spec: a spec version uses the newest registry released at or
+before it (:func:`registry_version`: 1.2-1.4 use 1.2's, 1.5 its own), so a certificate of an
+older version is attributed as it was when that version was released. 1.5's registry is 1.2's
+entries unchanged plus a deviation of T7, with a bound kind and a tier 1.2's file may not
+use (:data:`SINCE`).
 
 The file is input like any other: every value is checked for type and range where it is
 read, and an error is one line naming the file, the entry, the key, the expected and the
@@ -37,6 +44,7 @@ __all__ = [
     "deviation",
     "deviations",
     "parse",
+    "registry_version",
 ]
 
 #: The conformance classes, best first (the ``verdict`` of a certificate).
@@ -52,12 +60,18 @@ BOUNDS: Final[Mapping[str, bool]] = {
     "max_relative": True,
     "global_relative": True,
     "scale_steps": True,
+    "partials_relative": True,
     "refuses": False,
     "unbounded": False,
 }
-TIERS: Final = ("T0", "T1", "T2", "T3", "T4", "T5", "T6")
-#: The file's own version: the spec version that released it.
-REGISTRY_SPEC_VERSION: Final = "1.2"
+TIERS: Final = ("T0", "T1", "T2", "T3", "T4", "T5", "T6", "T7")
+#: Bound kinds and tiers a registry may use only from the spec version given (1.2's file
+#: predates them).
+SINCE: Final[Mapping[str, str]] = {"partials_relative": "1.5", "T7": "1.5"}
+#: The spec versions that released a registry file, oldest first.
+REGISTRY_VERSIONS: Final = ("1.2", "1.5")
+#: The newest registry: the one a run without a spec version uses.
+REGISTRY_SPEC_VERSION: Final = REGISTRY_VERSIONS[-1]
 _ID: Final = re.compile(r"[a-z0-9_]{1,64}")
 _ENGINE: Final = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 _MAX_TEXT: Final = 2000
@@ -113,11 +127,32 @@ class Deviation:
         return self.severity != "unsafe"
 
 
-def data_file() -> Traversable:
-    """``deviations.toml`` of spec :data:`REGISTRY_SPEC_VERSION`: the package data of an
-    installed wheel, else the checkout's ``spec/<version>/``. Raises FileNotFoundError
-    naming both places."""
-    return spec_file(REGISTRY_SPEC_VERSION, "deviations.toml", "deviation registry")
+def _key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split("."))
+
+
+def registry_version(spec: str | None = None) -> str:
+    """The registry spec version ``spec`` uses: the newest of :data:`REGISTRY_VERSIONS` at or
+    before it (``None``: the newest; a version before 1.2, which has no classes, 1.2's).
+    Raises ValueError for a malformed version."""
+    if spec is None:
+        return REGISTRY_SPEC_VERSION
+    if not re.fullmatch(r"\d+\.\d+", str(spec)):
+        raise ValueError(f"deviation registry: expected a spec version X.Y, found {spec!r}")
+    older = [v for v in REGISTRY_VERSIONS if _key(v) <= _key(spec)]
+    return older[-1] if older else REGISTRY_VERSIONS[0]
+
+
+def data_file(spec: str | None = None) -> Traversable:
+    """``deviations.toml`` of the registry ``spec`` uses (:func:`registry_version`): the
+    package data of an installed wheel, else the checkout's ``spec/<version>/``. Raises
+    FileNotFoundError naming both places."""
+    return spec_file(registry_version(spec), "deviations.toml", "deviation registry")
+
+
+def _allowed(names: tuple[str, ...], version: str) -> tuple[str, ...]:
+    """``names`` less those :data:`SINCE` reserves for a newer registry than ``version``."""
+    return tuple(n for n in names if n not in SINCE or _key(SINCE[n]) <= _key(version))
 
 
 def _text(where: str, entry: Mapping[str, Any], key: str) -> str:
@@ -182,7 +217,7 @@ def _impact(where: str, value: Any) -> Mapping[str, float] | None:
     return out
 
 
-def _entry(source: str, index: int, entry: Any) -> Deviation:
+def _entry(source: str, index: int, entry: Any, version: str) -> Deviation:
     where = f"{source}: deviation {index}"
     if not isinstance(entry, dict):
         raise DeviationRegistryError(f"{where}: expected a table, found {_show(entry)}")
@@ -199,7 +234,7 @@ def _entry(source: str, index: int, entry: Any) -> Deviation:
         )
     scope = _choice(where, entry, "scope", SCOPES)
     severity = _choice(where, entry, "severity", SEVERITIES)
-    bound = _choice(where, entry, "bound", tuple(BOUNDS))
+    bound = _choice(where, entry, "bound", _allowed(tuple(BOUNDS), version))
     value = entry.get("bound_value")
     if BOUNDS[bound]:
         if (
@@ -228,10 +263,11 @@ def _entry(source: str, index: int, entry: Any) -> Deviation:
             f"{where}: key 'emulated': expected true or false, found {_show(emulated)}"
         )
     tiers = _strings(where, entry, "tiers")
-    bad = [t for t in tiers if t not in TIERS]
+    known = _allowed(TIERS, version)
+    bad = [t for t in tiers if t not in known]
     if bad:
         raise DeviationRegistryError(
-            f"{where}: key 'tiers': expected tiers among {', '.join(TIERS)}, found {bad[0]!r}"
+            f"{where}: key 'tiers': expected tiers among {', '.join(known)}, found {bad[0]!r}"
         )
     return Deviation(
         id=ident,
@@ -251,8 +287,11 @@ def _entry(source: str, index: int, entry: Any) -> Deviation:
     )
 
 
-def parse(text: str, source: str = "deviations.toml") -> tuple[Deviation, ...]:
-    """The deviations of a registry file's ``text`` (``source`` names it in errors), in
+def parse(
+    text: str, source: str = "deviations.toml", version: str = REGISTRY_SPEC_VERSION
+) -> tuple[Deviation, ...]:
+    """The deviations of the registry file of spec ``version`` (one of
+    :data:`REGISTRY_VERSIONS`) whose text is ``text`` (``source`` names it in errors), in
     file order. Raises :class:`DeviationRegistryError` for anything malformed."""
     if len(text.encode("utf-8", "surrogatepass")) > _MAX_BYTES:
         raise DeviationRegistryError(
@@ -263,10 +302,9 @@ def parse(text: str, source: str = "deviations.toml") -> tuple[Deviation, ...]:
     except tomllib.TOMLDecodeError as exc:
         raise DeviationRegistryError(f"{source}: not TOML: {exc}") from None
     stated = data.get("spec_version")
-    if stated != REGISTRY_SPEC_VERSION:
+    if stated != version:
         raise DeviationRegistryError(
-            f"{source}: key 'spec_version': expected {REGISTRY_SPEC_VERSION!r}, "
-            f"found {_show(stated)}"
+            f"{source}: key 'spec_version': expected {version!r}, found {_show(stated)}"
         )
     extra = sorted(set(data) - {"spec_version", "deviation"})
     if extra:
@@ -279,7 +317,7 @@ def parse(text: str, source: str = "deviations.toml") -> tuple[Deviation, ...]:
             f"{source}: key 'deviation': expected 1 to {_MAX_ENTRIES} [[deviation]] tables, "
             f"found {_show(entries)}"
         )
-    out = tuple(_entry(source, i, e) for i, e in enumerate(entries))
+    out = tuple(_entry(source, i, e, version) for i, e in enumerate(entries))
     seen: set[str] = set()
     for d in out:
         if d.id in seen:
@@ -293,20 +331,23 @@ def parse(text: str, source: str = "deviations.toml") -> tuple[Deviation, ...]:
 _CACHE: dict[str, tuple[Deviation, ...]] = {}
 
 
-def deviations() -> tuple[Deviation, ...]:
-    """Every declared deviation of the registry, in file order (read once)."""
-    if REGISTRY_SPEC_VERSION not in _CACHE:
-        source = data_file()
-        _CACHE[REGISTRY_SPEC_VERSION] = parse(source.read_text(encoding="utf-8"), str(source))
-    return _CACHE[REGISTRY_SPEC_VERSION]
+def deviations(spec: str | None = None) -> tuple[Deviation, ...]:
+    """Every declared deviation of the registry spec ``spec`` uses (``None``: the newest), in
+    file order (each file read once)."""
+    version = registry_version(spec)
+    if version not in _CACHE:
+        source = data_file(version)
+        _CACHE[version] = parse(source.read_text(encoding="utf-8"), str(source), version)
+    return _CACHE[version]
 
 
-def deviation(ident: str) -> Deviation:
-    """The deviation ``ident``; KeyError naming the known ids when there is none."""
-    for d in deviations():
+def deviation(ident: str, spec: str | None = None) -> Deviation:
+    """The deviation ``ident`` of the registry ``spec`` uses; KeyError naming the known ids
+    when there is none."""
+    for d in deviations(spec):
         if d.id == ident:
             return d
     raise KeyError(
-        f"deviation registry: no deviation {ident!r}; expected one of "
-        f"{', '.join(d.id for d in deviations())}"
+        f"deviation registry {registry_version(spec)}: no deviation {ident!r}; expected one "
+        f"of {', '.join(d.id for d in deviations(spec))}"
     )

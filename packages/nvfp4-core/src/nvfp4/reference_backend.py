@@ -25,7 +25,7 @@ __all__ = ["SPEC_VERSIONS", "ReferenceKernels", "backend"]
 #: The NVFP4 spec versions the reference backend is certified for, named here: never
 #: ``nvfp4.SUPPORTED_SPEC_VERSIONS``, which would make it claim every version a newer
 #: nvfp4-core adds. A version is added here when it passes its conformance run.
-SPEC_VERSIONS: tuple[str, ...] = ("1.0", "1.1", "1.2", "1.3", "1.4")
+SPEC_VERSIONS: tuple[str, ...] = ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5")
 
 
 class _Weight:

@@ -242,6 +242,13 @@ def _spec_1_4() -> SpecTables:
     return replace(_spec_1_3(), version="1.4")
 
 
+def _spec_1_5() -> SpecTables:
+    """Spec 1.5 (``spec/1.5/nvfp4.md``): 1.4's tables and numbers. What 1.5 adds, a declared
+    deviation of T7 and its bound kind, is registry data (``spec/1.5/deviations.toml``, read
+    by :mod:`nvfp4.deviation_registry`)."""
+    return replace(_spec_1_4(), version="1.5")
+
+
 #: Every released version's table, by version. A release adds one; none is ever removed or
 #: edited (a released folder under ``spec/`` is immutable, and so is its table).
 _RELEASED: dict[str, SpecTables] = {
@@ -250,6 +257,7 @@ _RELEASED: dict[str, SpecTables] = {
     "1.2": _spec_1_2(),
     "1.3": _spec_1_3(),
     "1.4": _spec_1_4(),
+    "1.5": _spec_1_5(),
 }
 
 

@@ -37,7 +37,7 @@ __all__ = ["CAPABILITIES", "PRIORITY", "SPEC_VERSIONS", "CPUBackend", "CPUKernel
 #: The NVFP4 spec versions this backend is certified for, named here: never
 #: ``nvfp4.SUPPORTED_SPEC_VERSIONS``, which would make it claim every version a newer
 #: nvfp4-core adds. A version is added here when it passes its conformance run.
-SPEC_VERSIONS: tuple[str, ...] = ("1.0", "1.1", "1.2", "1.3", "1.4")
+SPEC_VERSIONS: tuple[str, ...] = ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5")
 
 #: Above ``reference`` (0): picked automatically when installed and available.
 PRIORITY = 50

@@ -42,7 +42,7 @@ PRIORITY: Final = -100
 #: The NVFP4 spec versions the adapters are certified for, named here: never
 #: ``nvfp4.SUPPORTED_SPEC_VERSIONS``, which would make an adapter claim every version a newer
 #: nvfp4-core adds. A version is added here when an adapter passes its conformance run.
-SPEC_VERSIONS: Final[tuple[str, ...]] = ("1.0", "1.1", "1.2", "1.3", "1.4")
+SPEC_VERSIONS: Final[tuple[str, ...]] = ("1.0", "1.1", "1.2", "1.3", "1.4", "1.5")
 
 #: The first note of every adapter starts with this; the engines matrix reads the engine and
 #: its version from it (``"engine: gguf 0.19.0"``).

@@ -177,8 +177,11 @@ def engine_verdict(cert: dict[str, Any]) -> dict[str, Any]:
     """The class of an engine's certificate (spec 1.2): every failed test explained
     by the suite's emulation (``explained_by``, certificate schema 4) or, where the suite
     has no emulation, by the message of a declared deviation
-    (:func:`nvfp4_engines.deviations.classify`); ``incompatible`` when a failure is
-    unexplained or an explaining deviation is ``unsafe``."""
+    (:func:`nvfp4_engines.deviations.classify`) that the registry of the certificate's spec
+    version holds (1.2's for 1.2-1.4); ``incompatible`` when a failure is unexplained or an
+    explaining deviation is ``unsafe``."""
+    spec = cert.get("spec_version")
+    held = {d.id for d in registry.deviations(spec)}
     claimed: dict[str, int] = {}
     by = {"emulation": 0, "message": 0}
     unexplained: list[str] = []
@@ -188,13 +191,13 @@ def engine_verdict(cert: dict[str, Any]) -> dict[str, Any]:
             by["emulation"] += 1
         else:
             d = classify(t.get("message") or "", t["nodeid"], cert["backend"]["name"])
-            ids = [d.key] if d is not None else []
+            ids = [d.key] if d is not None and d.key in held else []
             by["message"] += bool(ids)
         if not ids:
             unexplained.append(t["nodeid"])
         for i in ids:
             claimed[i] = claimed.get(i, 0) + 1
-    unsafe = [i for i in claimed if not registry.deviation(i).admissible]
+    unsafe = [i for i in claimed if not registry.deviation(i, spec).admissible]
     if not claimed and not unexplained and cert["result"] != "failed":
         cls = "conformant"
     elif unexplained or unsafe or not claimed:
@@ -250,11 +253,13 @@ def _verdict_section(certs: list[dict[str, Any]], impact: dict[str, Any]) -> lis
         "",
         'The class of each engine (spec 1.2, "Conformance classes and declared '
         'deviations"): **conformant**: every test passes; **compatible**: every failing '
-        "test is explained by a declared deviation of `spec/1.2/deviations.toml` that is "
+        "test is explained by a declared deviation of the registry of the certified spec "
+        "version (`spec/1.5/deviations.toml`; 1.2's for 1.2-1.4) that is "
         "not `unsafe`; **incompatible**: a failure no declared deviation explains, or one "
         "only an `unsafe` deviation explains. A failing test is explained by **emulation** "
         "when the suite's reference with that deviation (`nvfp4.deviation_emulators`) "
-        "gives exactly the engine's output (certificate schema 4, `explained_by`), else by "
+        "gives exactly the engine's output, or every element is within the bound of a "
+        "`partials_relative` one (certificate schema 4, `explained_by`), else by "
         "**message** when its failure message is the one the deviation's reading predicts "
         "(`nvfp4_engines.deviations`). **Real checkpoints**: the deviation changes what "
         "real weights or models compute; **malformed input**: only NaN / Inf, all-zero or "
