@@ -27,6 +27,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
+from .spec import version_key
 from .spec_files import spec_file, tomllib
 
 if TYPE_CHECKING:
@@ -127,10 +128,6 @@ class Deviation:
         return self.severity != "unsafe"
 
 
-def _key(version: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in version.split("."))
-
-
 def registry_version(spec: str | None = None) -> str:
     """The registry spec version ``spec`` uses: the newest of :data:`REGISTRY_VERSIONS` at or
     before it (``None``: the newest; a version before 1.2, which has no classes, 1.2's).
@@ -139,7 +136,7 @@ def registry_version(spec: str | None = None) -> str:
         return REGISTRY_SPEC_VERSION
     if not re.fullmatch(r"\d+\.\d+", str(spec)):
         raise ValueError(f"deviation registry: expected a spec version X.Y, found {spec!r}")
-    older = [v for v in REGISTRY_VERSIONS if _key(v) <= _key(spec)]
+    older = [v for v in REGISTRY_VERSIONS if version_key(v) <= version_key(spec)]
     return older[-1] if older else REGISTRY_VERSIONS[0]
 
 
@@ -152,7 +149,9 @@ def data_file(spec: str | None = None) -> Traversable:
 
 def _allowed(names: tuple[str, ...], version: str) -> tuple[str, ...]:
     """``names`` less those :data:`SINCE` reserves for a newer registry than ``version``."""
-    return tuple(n for n in names if n not in SINCE or _key(SINCE[n]) <= _key(version))
+    return tuple(
+        n for n in names if n not in SINCE or version_key(SINCE[n]) <= version_key(version)
+    )
 
 
 def _text(where: str, entry: Mapping[str, Any], key: str) -> str:
