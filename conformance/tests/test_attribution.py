@@ -190,3 +190,39 @@ def test_the_verdict_names_the_registry_of_the_certified_version() -> None:
     assert attribution.verdict([failed], "failed", "1.5")["registry_spec_version"] == "1.5"
     assert attribution.verdict([failed], "failed", "1.5")["class"] == "compatible"
     assert attribution.verdict([], "certified", "1.4")["registry_spec_version"] == "1.2"
+
+
+def test_row_parallel_bounds_used_measures_the_worst_element_against_its_bound(
+    declared: Callable[..., frozenset[str] | None],
+) -> None:
+    """The fraction of the bound a sum uses: the worst element's error beyond the floor over
+    its bound (a fraction in (0, 1] for the deviation's own arithmetic, exactly 1.5 for an
+    element moved to 1.5 times its bound, 0 within the floor) and ``inf`` for what no bound
+    covers (NaN for a finite reference, another shape); none where nothing is declared."""
+    y, ref, parts = _cancelling_sum(4, "float16")
+    what = "partials_in_activation_dtype"
+    declared("torchao", (), "1.5")
+    used = attribution.row_parallel_bounds_used(y, ref, None, parts, "float16")
+    assert set(used) == {what}
+    assert 0 < used[what] <= 1, used
+    bound = emu.partials_relative_bound(parts, "float16", 1.0)
+    worse = ref.copy()
+    i = np.unravel_index(np.argmax(bound), bound.shape)
+    worse[i] += 1.5 * bound[i]
+    assert attribution.row_parallel_bounds_used(worse, ref, None, parts, "float16")[
+        what
+    ] == pytest.approx(1.5, rel=1e-12)
+    assert attribution.explain_row_parallel_sum(worse, ref, None, parts, "float16") is None
+    floor = np.abs(y - ref)
+    assert attribution.row_parallel_bounds_used(y, ref, floor, parts, "float16") == {what: 0.0}
+    nan = y.copy()
+    nan[0, 0] = np.nan
+    assert attribution.row_parallel_bounds_used(nan, ref, None, parts, "float16") == {
+        what: float("inf")
+    }
+    assert attribution.row_parallel_bounds_used(y[:1], ref, None, parts, "float16") == {
+        what: float("inf")
+    }
+    declared("my-engine", (), "1.5")
+    assert attribution.row_parallel_bounds_used(y, ref, None, parts, "float16") == {}
+    assert attribution.within_bound({}) is None

@@ -409,8 +409,9 @@ def test_a_case_a_backend_raises_on_fails_alone_in_t7(run_suite: Run) -> None:
 def test_partials_in_x_dtype_are_explained_in_t7_and_compatible(run_suite: Run) -> None:
     """A backend whose partials come back in x's dtype (as torchao's) fails only the
     row-parallel sums whose partials cancel, in float16 / bfloat16; it declares spec 1.5's
-    ``partials_in_activation_dtype``, every such failure is within that deviation's bound,
-    so the certificate's class is compatible, not incompatible."""
+    ``partials_in_activation_dtype``, every such failure is within that deviation's bound
+    (each records the fraction of it used), so the certificate's class is compatible, not
+    incompatible."""
     pytest.importorskip("nvfp4_torch.ranks")  # the parity extra (torch)
     result, cert = run_suite("test-partials-in-x-dtype", "T7", "-k", "row_parallel")
     assert result.ret == 1
@@ -421,6 +422,9 @@ def test_partials_in_x_dtype_are_explained_in_t7_and_compatible(run_suite: Run) 
         assert "test_row_parallel_qmm_cancelling[" in nodeid, nodeid
         assert "float32]" not in nodeid, nodeid
         assert t["explained_by"] == ["partials_in_activation_dtype"], nodeid
+        # the failing case records how much of the bound it uses: within it, and not nothing
+        used = t["cases"][-1]["bound_used"]["partials_in_activation_dtype"]
+        assert 0 < used <= 1, (nodeid, used)
     assert any("test_row_parallel_qmm[" in n for n in _by_outcome(cert, "passed", "T7"))
     v = cert["verdict"]
     assert (v["class"], v["unexplained"], v["registry_spec_version"]) == ("compatible", [], "1.5")

@@ -91,6 +91,27 @@ def test_a_failing_tier_says_so_with_its_worst_error(cert: dict[str, Any]) -> No
     assert "max|y-ref|/max|ref| = 0.5 > 0.01" in md
 
 
+def test_a_failing_test_names_what_explains_it_and_how_much_of_its_bound(
+    cert: dict[str, Any],
+) -> None:
+    """A failing test reads "explained by" its deviations, with the fraction of a bound the
+    failing case used where it measured one, or "unexplained"."""
+    bad = copy.deepcopy(cert)
+    tests = [t for t in bad["tests"] if "test_t4_matmul.py::" in t["nodeid"]]
+    for t in tests:
+        t["outcome"] = "failed"
+        t["message"] = "AssertionError: over the tolerance"
+    tests[0]["explained_by"] = ["partials_in_activation_dtype"]
+    tests[0]["cases"][-1]["bound_used"] = {"partials_in_activation_dtype": 0.2219}
+    tests[1]["explained_by"] = ["scale_times_global_first"]
+    tests[2]["explained_by"] = None
+    md = render_markdown(bad)
+    short = [t["nodeid"].split("::", 1)[1] for t in tests]
+    assert f"`{short[0]}` - explained by `partials_in_activation_dtype` (0.22 of its bound)" in md
+    assert f"`{short[1]}` - explained by `scale_times_global_first`\n" in md
+    assert f"`{short[2]}` - unexplained" in md
+
+
 def test_partial_run_says_what_was_left_out_and_why(cert: dict[str, Any]) -> None:
     summary = _summary(render_markdown(cert))
     assert "Left out (not run, so not certified):" in summary

@@ -7,8 +7,9 @@ one declared deviation switched on (or two, where no single one explains it): th
 emulations of :mod:`nvfp4.deviation_emulators`. A failing row-parallel sum (T7) asks
 :func:`explain_row_parallel_sum` whether every element is within the bound of a declared
 ``partials_relative`` deviation (spec 1.5's registry). The answer (a list of deviation ids, or
-``None``) is recorded with the failing case as ``explained_by``; nothing is loosened: the
-test still fails. A backend that raises where an emulated ``refuses`` deviation refuses the
+``None``) is recorded with the failing case as ``explained_by`` (and, for a sum, how much of
+each bound it uses: :func:`row_parallel_bounds_used`); nothing is loosened: the test still
+fails. A backend that raises where an emulated ``refuses`` deviation refuses the
 same input is explained by that deviation.
 
 Only the deviations declared for the backend under test take part: those whose registry
@@ -49,7 +50,9 @@ __all__ = [
     "explain_encoding",
     "explain_refusal",
     "explain_row_parallel_sum",
+    "row_parallel_bounds_used",
     "verdict",
+    "within_bound",
 ]
 
 _REFUSALS = tuple(d.id for d in registry.deviations() if d.emulated and d.bound == "refuses")
@@ -181,6 +184,55 @@ def explain_refusal(run: Callable[[Sequence[str]], Any]) -> list[str] | None:
     return None
 
 
+def row_parallel_bounds_used(
+    found: Any,
+    ref: Any,
+    floor: Any,
+    partials: Sequence[Any],
+    dtype: str,
+) -> dict[str, float]:
+    """For each declared ``partials_relative`` deviation taking part: the largest fraction of
+    its bound (:func:`nvfp4.deviation_emulators.partials_relative_bound`) that an element of
+    the row-parallel sum ``found`` uses beyond ``floor``, ``max(|found - ref| - floor, 0) /
+    (b * gamma_w * sum_r |p_r|)``: at most 1 where every element is within the bound. It is
+    ``inf`` where an element is outside a zero bound, where ``found`` is NaN and ``ref`` is not
+    (or the other way round), where an infinite ``ref`` is not matched, or where the shapes
+    differ. ``floor``: the accumulation floor of the unsharded call (``None``: none);
+    ``partials``: each rank's float64 partial."""
+    y = np.asarray(found, dtype=np.float64)
+    want = np.asarray(ref, dtype=np.float64)
+    idents = _candidates(_SUMS)
+    if y.shape != want.shape:
+        return dict.fromkeys(idents, float("inf"))
+    nan = np.isnan(want)
+    with np.errstate(invalid="ignore"):
+        beyond = np.abs(y - want) - (0.0 if floor is None else np.asarray(floor, np.float64))
+    beyond = np.maximum(beyond, 0.0)[~nan]
+    # an infinite reference is matched exactly or not at all; NaN where ref is NaN only
+    broken = not np.array_equal(np.isnan(y), nan) or bool(
+        np.any((np.isinf(want) & (y != want))[~nan])
+    )
+    finite = ~np.isinf(want[~nan])
+    used: dict[str, float] = {}
+    for ident in idents:
+        if broken:
+            used[ident] = float("inf")
+            continue
+        b = float(registry.deviation(ident, _spec).bound_value or 0.0)
+        bound = emu.partials_relative_bound(partials, dtype, b)[~nan]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            frac = np.where(beyond == 0, 0.0, beyond / bound)[finite]
+        used[ident] = float(frac.max()) if frac.size else 0.0
+    return used
+
+
+def within_bound(used: Mapping[str, float]) -> list[str] | None:
+    """The first deviation of :func:`row_parallel_bounds_used` whose bound holds every
+    element (a fraction of at most 1), or ``None``."""
+    first = next((ident for ident, f in used.items() if f <= 1), None)
+    return None if first is None else [first]
+
+
 def explain_row_parallel_sum(
     found: Any,
     ref: Any,
@@ -189,28 +241,10 @@ def explain_row_parallel_sum(
     dtype: str,
 ) -> list[str] | None:
     """The declared ``partials_relative`` deviation within whose bound every element of a
-    row-parallel sum ``found`` is (``|found - ref| <= floor + b * gamma_w * sum_r |p_r|``,
-    :func:`nvfp4.deviation_emulators.partials_relative_bound`; NaN where ``ref`` is NaN, an
-    infinity equal to ``ref``'s), or ``None``. ``floor``: the accumulation floor of the
-    unsharded call (``None``: none); ``partials``: each rank's float64 partial."""
-    y = np.asarray(found, dtype=np.float64)
-    want = np.asarray(ref, dtype=np.float64)
-    if y.shape != want.shape:
-        return None
-    for ident in _candidates(_SUMS):
-        b = registry.deviation(ident, _spec).bound_value
-        allowed = emu.partials_relative_bound(partials, dtype, float(b or 0.0))
-        if floor is not None:
-            allowed = allowed + np.asarray(floor, dtype=np.float64)
-        nan = np.isnan(want)
-        if not np.array_equal(np.isnan(y), nan):
-            continue
-        with np.errstate(invalid="ignore"):
-            err = np.abs(y - want)
-        ok = np.where(np.isinf(want), y == want, err <= allowed)
-        if ok[~nan].all():
-            return [ident]
-    return None
+    row-parallel sum ``found`` is (``|found - ref| <= floor + b * gamma_w * sum_r |p_r|``;
+    NaN where ``ref`` is NaN, an infinity equal to ``ref``'s), or ``None``: :func:`within_bound`
+    of :func:`row_parallel_bounds_used`."""
+    return within_bound(row_parallel_bounds_used(found, ref, floor, partials, dtype))
 
 
 def decode_or_explain(

@@ -402,12 +402,18 @@ def _tests(cert: dict[str, Any]) -> list[str]:
 
 
 def _explained(t: dict[str, Any]) -> str:
-    """`` - explained by `id` `` for a failing test of schema 4, `` - unexplained`` where
-    nothing explains it; nothing for older schemas."""
+    """`` - explained by `id` `` for a failing test of schema 4 (with the fraction of its
+    bound the failing case uses, where the case measured one: a ``partials_relative``
+    deviation), `` - unexplained`` where nothing explains it; nothing for older schemas."""
     if "explained_by" not in t or t["outcome"] not in ("failed", "error"):
         return ""
     ids = t["explained_by"]
-    return f" - explained by {', '.join(f'`{i}`' for i in ids)}" if ids else " - unexplained"
+    if not ids:
+        return " - unexplained"
+    used = (t.get("cases") or [{}])[-1].get("bound_used") or {}
+    return " - explained by " + ", ".join(
+        f"`{i}`" + (f" ({used[i]:.2g} of its bound)" if i in used else "") for i in ids
+    )
 
 
 def render_markdown(cert: dict[str, Any]) -> str:

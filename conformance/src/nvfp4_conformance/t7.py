@@ -27,9 +27,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from nvfp4.shard_plan import ShardRange
 
 __all__ = [
     "CANCELLING_FROM_SPEC",
@@ -39,6 +42,7 @@ __all__ = [
     "T7_FROM_SPEC",
     "WORLDS",
     "Case",
+    "rank_columns",
     "run_ranks",
     "t7_applies",
     "write_inputs",
@@ -210,6 +214,14 @@ def plans_of(c: Case, world: int) -> Any:
     return expert_plan(c.experts, world, name=c.name)
 
 
+def rank_columns(x: np.ndarray, r: ShardRange) -> np.ndarray:
+    """A row-parallel rank's columns of ``x [M, K]``: its K range ``r`` (a shard plan's
+    rank, :class:`nvfp4.shard_plan.ShardRange`), zero-padded to ``r.padded``."""
+    xr = np.zeros((x.shape[0], r.padded), dtype=x.dtype)
+    xr[:, : r.size] = x[:, r.start : r.stop]
+    return xr
+
+
 def rank_cases(ops: Any, folder: str, backend_name: str, caps: tuple[str, ...]) -> None:
     """Every case on this rank (``ops``: a :class:`nvfp4_torch.ranks.GroupOps`); writes
     ``<folder>/w<world>_r<rank>.npz``. What the backend raises for one case and dtype is
@@ -244,10 +256,7 @@ def rank_cases(ops: Any, folder: str, backend_name: str, caps: tuple[str, ...]) 
             try:
                 handle = backend.prepare(shard) if handle is None else handle
                 if c.kind == "row":
-                    r = plan[rank]
-                    xr = np.zeros((c.m, r.padded), dtype=x.dtype)
-                    xr[:, : r.size] = x[:, r.start : r.stop]
-                    local = qmm(xr, handle, out_dtype="float32")
+                    local = qmm(rank_columns(x, plan[rank]), handle, out_dtype="float32")
                 elif c.kind == "experts":
                     local_ids = (ids - plan[rank].start).astype(np.int64)
                     y = backend.gather_qmm(

@@ -76,3 +76,21 @@ def test_an_engine_verdict_follows_the_registry() -> None:
     passed = {"nodeid": "c", "outcome": "passed", "message": ""}
     assert matrix.engine_verdict(_cert([passed], "certified"))["class"] == "conformant"
     assert matrix.engine_verdict(_cert([passed], "failed"))["class"] == "incompatible"
+
+
+def test_a_bounded_deviation_shows_the_worst_fraction_of_its_bound() -> None:
+    """The deviations section gives, for a deviation whose failing cases measured how much
+    of its bound they use (T7's ``bound_used``), the worst of them; nothing for the others."""
+    certs = matrix.load_certificates(ROOT / "reports" / "engines")
+    torchao = next(c for c in certs if c["backend"]["name"] == "torchao")
+    key = "partials_in_activation_dtype"
+    sums = [t for t in torchao["tests"] if "test_row_parallel_qmm_cancelling[" in t["nodeid"]]
+    failed = [t for t in sums if t["outcome"] == "failed"]
+    assert failed, "the committed torchao certificate has no failing row-parallel sum"
+    for i, t in enumerate(failed):
+        t["cases"][-1]["bound_used"] = {key: 0.1 * (i + 1)}
+    md = matrix.render(certs, [], None)
+    (line,) = [x for x in md.splitlines() if x.startswith(f"**{key}**")]
+    assert line.endswith(f"; the worst uses {0.1 * len(failed):.2g} of its bound."), line
+    (other,) = [x for x in md.splitlines() if x.startswith("**zero_amax_global**")][:1]
+    assert "of its bound" not in other

@@ -41,6 +41,7 @@ from nvfp4_conformance.t7 import (
     Case,
     load_case,
     plans_of,
+    rank_columns,
     x_in,
 )
 
@@ -125,20 +126,17 @@ class Sharded:
     def record(
         self,
         nvfp4_record: Any,
-        y: np.ndarray,
-        ref: np.ndarray,
+        figs: dict[str, Any],
         tol: float,
         tolerance_of: str,
         *,
         rank: int | None = None,
-        allowance: np.ndarray | None = None,
         **fields: Any,
-    ) -> dict[str, Any]:
-        """``error_figures(y, ref)`` (with the accumulation floor's figures where
-        ``allowance`` is given: spec 1.3 on), recorded (pass or fail) with the case's source,
-        dtype, world size (and ``rank``, for one rank's output), ``fields`` and the
+    ) -> None:
+        """Record ``figs`` (:func:`error_figures` of an output, pass or fail) with the case's
+        source, dtype, world size (and ``rank``, for one rank's output), ``fields`` and the
         tolerance."""
-        c, figs = self.case, error_figures(y, ref, allowance, tol)
+        c = self.case
         at, which = ("", {}) if rank is None else (f" rank {rank}", {"rank": rank})
         nvfp4_record(
             f"{c.name} TP{self.world}{at} {self.dtype}",
@@ -151,7 +149,6 @@ class Sharded:
             tolerance_of=tolerance_of,
             **figs,
         )
-        return figs
 
     def assert_within(
         self,
@@ -224,14 +221,15 @@ def _check_row_parallel(
     floor = floor_of(nvfp4_tolerance, "row_parallel", s.x, s.w, ref, s.dtype)
     plan = plans_of(case, s.world)
     ranks = [[r.start, r.stop, r.padded] for r in plan]
+    figs = error_figures(y, ref, floor, tol)
     explained: dict[str, Any] = {}
-    if not _judged(error_figures(y, ref, floor, tol)) <= tol:
-        explained["explained_by"] = attribution.explain_row_parallel_sum(
+    if not _judged(figs) <= tol:
+        # how much of each declared partials_relative bound the sum uses (at most 1: within)
+        used = attribution.row_parallel_bounds_used(
             y, ref, floor, _exact_partials(s, plan), s.dtype
         )
-    figs = s.record(
-        nvfp4_record, y, ref, tol, "[row_parallel]", ranks=ranks, allowance=floor, **explained
-    )
+        explained = {"explained_by": attribution.within_bound(used), "bound_used": used}
+    s.record(nvfp4_record, figs, tol, "[row_parallel]", ranks=ranks, **explained)
     assert y.shape == (case.m, case.n)
     s.assert_within(figs, tol, "[row_parallel]", "row-parallel sum max|y - ref| / max|ref| =")
 
@@ -241,12 +239,10 @@ def _exact_partials(s: Sharded, plan: Any) -> list[np.ndarray]:
     and its columns of x, zero-padded): what a ``partials_relative`` bound is relative to."""
     from nvfp4.shard_planes import shard_planes
 
-    out = []
-    for r, rank in enumerate(plan):
-        xr = np.zeros((s.case.m, rank.padded), dtype=s.x.dtype)
-        xr[:, : rank.size] = s.x[:, rank.start : rank.stop]
-        out.append(reference.qmm(xr, shard_planes(s.w, plan, r), out_dtype=None))
-    return out
+    return [
+        reference.qmm(rank_columns(s.x, rank), shard_planes(s.w, plan, r), out_dtype=None)
+        for r, rank in enumerate(plan)
+    ]
 
 
 @_every_world("qmm", ROW)
@@ -303,16 +299,8 @@ def test_column_parallel_qmm(sharded: Sharded, nvfp4_record: Any, nvfp4_toleranc
         allowance = None if floor is None else _column_reference(case, s.w, s.world, rank, floor)[0]
         assert y.shape == want.shape, f"{s.key} rank {rank}: shape {y.shape}, expected {want.shape}"
         assert not np.any(y[:, padded]), f"{s.key} rank {rank}: a padded row's output is not 0"
-        figs = s.record(
-            nvfp4_record,
-            y,
-            want,
-            tol,
-            "[qmm]",
-            rank=rank,
-            allowance=allowance,
-            padded_rows=int(padded.sum()),
-        )
+        figs = error_figures(y, want, allowance, tol)
+        s.record(nvfp4_record, figs, tol, "[qmm]", rank=rank, padded_rows=int(padded.sum()))
         s.assert_within(figs, tol, "[qmm]", rank=rank)
         locals_.append(y)
     if case.kind == "column":  # a gather has no arithmetic: the ranks' values, bit for bit
@@ -334,15 +322,8 @@ def test_expert_parallel_gather_qmm(
     tol = float(nvfp4_tolerance("gather_qmm", s.dtype))
     outside = (s.ids < 0) | (s.ids >= case.experts)
     floor = floor_of(nvfp4_tolerance, "gather_qmm", s.x, s.w, ref, s.dtype, s.ids)
-    figs = s.record(
-        nvfp4_record,
-        y,
-        ref,
-        tol,
-        "[gather_qmm]",
-        allowance=floor,
-        out_of_range_rows=int(outside.sum()),
-    )
+    figs = error_figures(y, ref, floor, tol)
+    s.record(nvfp4_record, figs, tol, "[gather_qmm]", out_of_range_rows=int(outside.sum()))
     assert outside.any()
     assert not np.any(y[outside]), f"{case.name} TP{s.world}: rows of out-of-range ids not zero"
     s.assert_within(figs, tol, "[gather_qmm]", "expert-parallel max_rel_err")

@@ -173,6 +173,19 @@ def _deviations(cert: dict[str, Any]) -> tuple[list[tuple[Deviation, list[Test]]
     return list(found.values()), unclassified
 
 
+def _bound_used(tests: list[Test], key: str) -> float | None:
+    """The largest fraction of deviation ``key``'s bound that a failing case of ``tests``
+    used (the suite's ``bound_used`` figure, T7's row-parallel sums from spec 1.5), or
+    ``None`` where no case measured one."""
+    fractions = [
+        float(c["bound_used"][key])
+        for t in tests
+        for c in t.get("cases") or []
+        if key in (c.get("bound_used") or {})
+    ]
+    return max(fractions) if fractions else None
+
+
 def engine_verdict(cert: dict[str, Any]) -> dict[str, Any]:
     """The class of an engine's certificate (spec 1.2): every failed test explained
     by the suite's emulation (``explained_by``, certificate schema 4) or, where the suite
@@ -426,9 +439,11 @@ def render(
             continue
         lines += [f"### `{name}` ({engine_of(c)})", ""]
         for d, tests in found:
+            used = _bound_used(tests, d.key)
+            within = "" if used is None else f"; the worst uses {used:.2g} of its bound"
             lines += [
                 f"**{d.key}** - {len(tests)} failed test{'s' if len(tests) > 1 else ''}, first "
-                f"`{tests[0]['nodeid'].split('::', 1)[-1]}`.",
+                f"`{tests[0]['nodeid'].split('::', 1)[-1]}`{within}.",
                 "",
                 f"- Spec rule: {d.rule}.",
                 f"- Reading: {d.reading}.",
